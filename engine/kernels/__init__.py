@@ -1,0 +1,1 @@
+"""Triton kernels, each beside its plain-torch `*_ref`; the wrappers fall back to the reference off-GPU."""

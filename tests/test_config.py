@@ -1,0 +1,36 @@
+import pytest
+from pydantic import ValidationError
+
+from engine.config import ThinkerConfig, load_preset
+
+
+def test_presets_have_the_spec_dimensions():
+    big = load_preset("nemotron-voicechat-11b")
+    t = big.thinker
+    assert (t.num_layers, t.d_inner, t.conv_dim, t.in_proj_dim) == (56, 10240, 12288, 22656)
+    assert t.layer_pattern.count("M") == 27
+    assert t.layer_pattern.count("-") == 25
+    assert t.layer_pattern.count("*") == 4
+    assert big.clock.input_samples == 1280
+    assert big.codec.samples_per_frame == big.clock.output_samples == 1764
+    tiny = load_preset("tiny")
+    assert tiny.codec.samples_per_frame == 1764
+    assert tiny.thinker.hidden_size < t.hidden_size
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ValueError, match="unknown preset 'huge'.*tiny"):
+        load_preset("huge")
+
+
+def test_inconsistent_fields_name_the_field():
+    with pytest.raises(ValidationError, match="n_groups"):
+        ThinkerConfig(mamba_num_heads=10, n_groups=3)
+    with pytest.raises(ValidationError, match="layer_pattern"):
+        ThinkerConfig(layer_pattern="MX")
+    with pytest.raises(ValidationError, match="num_key_value_heads"):
+        ThinkerConfig(num_attention_heads=10, num_key_value_heads=4)
+    with pytest.raises(ValidationError, match="codec.upsample"):
+        load_preset("tiny", codec={"upsample": (9, 7, 5)})
+    with pytest.raises(ValidationError, match="extra"):
+        ThinkerConfig(hiden_size=3)

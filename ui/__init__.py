@@ -1,0 +1,1 @@
+"""Chorus ui package."""
