@@ -1,15 +1,30 @@
 """Causal depthwise conv1d update for one new column over slot-indexed state.
 
-Knows tensors only. `causal_conv1d_update` dispatches to the Triton kernel on CUDA and to the plain-torch
-`causal_conv1d_update_ref` elsewhere.
+Knows tensors only. `causal_conv1d_update` dispatches to the Triton kernel (`causal_conv1d_update_triton`)
+on CUDA and to the plain-torch `causal_conv1d_update_ref` elsewhere. Triton is imported guarded, so this
+module imports (and the reference runs) where Triton is missing.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 
 from engine.kernels._rows import write_rows
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the reference still works without Triton
+    triton = None
+    tl = None
+
+
+def _jit(fn):
+    """`triton.jit` where Triton is installed; otherwise the plain function, which is then never launched."""
+    return triton.jit(fn) if triton is not None else fn
 
 
 def causal_conv1d_update_ref(
@@ -39,6 +54,143 @@ def causal_conv1d_update_ref(
     return torch.where(valid[:, None], out, torch.zeros_like(out)).to(x.dtype)
 
 
-def causal_conv1d_update(x, conv_state, weight, bias, state_indices, silu=True):
+@_jit
+def _causal_conv1d_update_kernel(
+    x_ptr,
+    state_ptr,
+    weight_ptr,
+    bias_ptr,
+    idx_ptr,
+    out_ptr,
+    dim,
+    stride_x_b,
+    stride_x_d,
+    stride_state_slot,
+    stride_state_d,
+    stride_state_w,
+    stride_weight_d,
+    stride_weight_w,
+    stride_bias_d,
+    stride_idx_b,
+    stride_out_b,
+    stride_out_d,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program per (block of channels, batch row).
+    pid_d = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < dim
+    out_ptrs = out_ptr + pid_b * stride_out_b + offs_d * stride_out_d
+
+    slot = tl.load(idx_ptr + pid_b * stride_idx_b).to(tl.int64)
+    if slot < 0:  # padding row: zero output, no state access at all
+        tl.store(out_ptrs, tl.zeros([BLOCK_D], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=mask_d)
+        return
+
+    state_ptrs = state_ptr + slot * stride_state_slot + offs_d * stride_state_d
+    weight_ptrs = weight_ptr + offs_d * stride_weight_d
+    # The new column, rounded to the state's dtype as the reference's window is.
+    x_new = tl.load(x_ptr + pid_b * stride_x_b + offs_d * stride_x_d, mask=mask_d, other=0.0)
+    x_new = x_new.to(state_ptr.dtype.element_ty)
+
+    if HAS_BIAS:
+        acc = tl.load(bias_ptr + offs_d * stride_bias_d, mask=mask_d, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # Walk the window oldest first: read column j + 1 before overwriting column j with it, so each state
+    # element is read before it is written, by the same thread.
+    cur = tl.load(state_ptrs, mask=mask_d, other=0.0)
+    for j in tl.static_range(WIDTH - 1):
+        if j + 1 < WIDTH - 1:
+            nxt = tl.load(state_ptrs + (j + 1) * stride_state_w, mask=mask_d, other=0.0)
+        else:
+            nxt = x_new
+        w_j = tl.load(weight_ptrs + j * stride_weight_w, mask=mask_d, other=0.0)
+        acc += cur.to(tl.float32) * w_j.to(tl.float32)
+        tl.store(state_ptrs + j * stride_state_w, nxt, mask=mask_d)
+        cur = nxt
+    w_last = tl.load(weight_ptrs + (WIDTH - 1) * stride_weight_w, mask=mask_d, other=0.0)
+    acc += cur.to(tl.float32) * w_last.to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def causal_conv1d_update_triton(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state_indices: torch.Tensor,
+    silu: bool = True,
+) -> torch.Tensor:
+    """Triton version of `causal_conv1d_update_ref`: same contract, one program per (row, channel block).
+
+    Shapes (b = batch rows, S = slots, d = channels, w = kernel width, w >= 2):
+      x [b, d] fp32 or bf16
+      conv_state [S, d, w - 1] (the last w - 1 inputs, oldest first; any strides), usually x's dtype,
+        mutated in place for rows whose index is >= 0: shifted left by one, x appended
+      weight [d, w], any float dtype
+      bias [d] or None
+      state_indices [b] int64 or int32, the slot of each row, -1 for a padding row
+    Returns [b, d] in x's dtype. The window is rounded to conv_state's dtype like the reference's, then
+    multiplied and summed in fp32. A padding row gets zeros and never reads or writes state. Rows with an
+    index >= 0 must name distinct slots (the scheduler's invariant).
+    """
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use causal_conv1d_update_ref")
+    b, d = x.shape
+    if weight.dim() != 2 or weight.shape[0] != d or weight.shape[1] < 2:
+        raise ValueError(f"weight must be [d, w] with w >= 2, got {tuple(weight.shape)} for d={d}")
+    width = weight.shape[1]
+    if conv_state.dim() != 3 or conv_state.shape[1:] != (d, width - 1):
+        raise ValueError(f"conv_state {tuple(conv_state.shape)} must be [S, {d}, {width - 1}]")
+    if bias is not None and bias.shape != (d,):
+        raise ValueError(f"bias must be [d], got {tuple(bias.shape)}")
+    if state_indices.shape != (b,):
+        raise ValueError("state_indices must be [b]")
+    out = torch.empty_like(x)
+    if b == 0:
+        return out
+    block_d = min(256, triton.next_power_of_2(d))
+    grid = (triton.cdiv(d, block_d), b)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _causal_conv1d_update_kernel[grid](
+            x,
+            conv_state,
+            weight,
+            bias if bias is not None else weight,
+            state_indices,
+            out,
+            d,
+            *x.stride(),
+            *conv_state.stride(),
+            *weight.stride(),
+            bias.stride(0) if bias is not None else 0,
+            state_indices.stride(0),
+            *out.stride(),
+            WIDTH=width,
+            HAS_BIAS=bias is not None,
+            SILU=silu,
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state_indices: torch.Tensor,
+    silu: bool = True,
+) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
+    if triton is not None and x.is_cuda:
+        return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
     return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu)
