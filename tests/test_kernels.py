@@ -50,9 +50,8 @@ def _close(name: str, got: torch.Tensor, want: torch.Tensor, tol: tuple[float, f
     diff = (got.double() - want.double()).abs()
     atol, rtol = tol
     scale = want.double().abs().max().item()
-    print(
-        f"{name}: max abs diff {diff.max().item():.3e}, mean abs diff {diff.mean().item():.3e}, max |want| {scale:.3e}"
-    )
+    mean = diff.mean().item()
+    print(f"{name}: max abs diff {diff.max().item():.3e}, mean abs diff {mean:.3e}, max |want| {scale:.3e}")
     assert got.shape == want.shape and got.dtype == want.dtype
     bound = atol + rtol * want.double().abs()
     worst = (diff - bound).max().item()
