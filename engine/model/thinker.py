@@ -1,0 +1,336 @@
+"""The thinker: a NemotronH hybrid backbone (Mamba2 / attention / MLP blocks) with a text and a function head.
+
+Steps a batch of slots one frame at a time, or prefills many positions per slot in one chunked forward;
+all per-slot state (Mamba conv and SSM state, a bounded ring KV cache per attention layer, positions,
+previous tokens) is preallocated as `[num_slots + 1, ...]` buffers, the extra row being the scratch row
+that padding rows write to. Knows tensors and slot indices; knows nothing of time, sessions or tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.config import ThinkerConfig
+from engine.model.mamba import Mamba2Mixer, _normal
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+class MLP(nn.Module):
+    """Squared-ReLU MLP, no gate, no bias."""
+
+    def __init__(self, cfg: ThinkerConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.relu(self.up_proj(x)).square())
+
+
+class Attention(nn.Module):
+    """Grouped-query attention without positional encoding, over a per-slot ring KV cache of `window` entries.
+
+    With no RoPE the order of cached entries is irrelevant, so position p lives at ring index p % window
+    and a conversation never reaches a context limit: it attends to its last `window` positions.
+    """
+
+    def __init__(self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.nq, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.window = cfg.attention_window
+        self.scale = self.d**-0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nq * self.d, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False, dtype=dtype)
+        shape = (state_rows, self.nkv, self.window, self.d)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def step(self, x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
+        """x [b, hidden]; rows [b]; pos [b] position of this token. dense: rows[i] is i or the scratch row."""
+        b = x.shape[0]
+        g = self.nq // self.nkv
+        q = self.q_proj(x).view(b, self.nkv, g, self.d)
+        ring = pos % self.window
+        self.k_cache[rows, :, ring] = self.k_proj(x).view(b, self.nkv, self.d)
+        self.v_cache[rows, :, ring] = self.v_proj(x).view(b, self.nkv, self.d)
+        if dense:
+            k, v = self.k_cache[:b], self.v_cache[:b]
+        else:
+            k, v = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale  # [b, nkv, g, W]
+        valid = torch.arange(self.window, device=x.device)[None, :] <= pos[:, None]
+        scores = scores.masked_fill(~valid[:, None, None, :], -torch.inf)
+        out = torch.matmul(scores.softmax(-1).to(v.dtype), v)  # [b, nkv, g, d]
+        return self.o_proj(out.reshape(b, self.nq * self.d))
+
+    def prefill(self, x: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
+        """x [b, T, hidden] (T <= window) at positions pos0[b] .. pos0 + T - 1; rows distinct."""
+        b, T, _ = x.shape
+        g, W = self.nq // self.nkv, self.window
+        q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4)  # [b, kv, g, T, d]
+        k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2)  # [b, kv, T, d]
+        v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2)
+        k_old, v_old = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
+        # position held by ring entry j before this chunk, and whether query t may see it
+        j = torch.arange(W, device=x.device)
+        held = pos0[:, None] - 1 - torch.remainder(pos0[:, None] - 1 - j, W)  # [b, W]
+        t = torch.arange(T, device=x.device)
+        query_pos = pos0[:, None] + t  # [b, T]
+        see_old = (held[:, None, :] >= 0) & (held[:, None, :] > query_pos[:, :, None] - W)  # [b, T, W]
+        see_new = t[None, :, None] >= t[None, None, :]  # [1, T, T] causal
+        s_old = torch.matmul(q, k_old[:, :, None].transpose(-1, -2)).float()
+        s_new = torch.matmul(q, k[:, :, None].transpose(-1, -2)).float()
+        s_old = s_old.masked_fill(~see_old[:, None, None], -torch.inf)
+        s_new = s_new.masked_fill(~see_new[:, None, None], -torch.inf)
+        p = (torch.cat([s_old, s_new], dim=-1) * self.scale).softmax(-1).to(v.dtype)
+        out = torch.matmul(p[..., :W], v_old[:, :, None]) + torch.matmul(p[..., W:], v[:, :, None])
+        ring = torch.remainder(query_pos, W)  # [b, T]
+        self.k_cache[rows[:, None], :, ring] = k.transpose(1, 2)
+        self.v_cache[rows[:, None], :, ring] = v.transpose(1, 2)
+        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, T, self.nq * self.d))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block around one mixer (`M` Mamba2, `*` attention, `-` MLP)."""
+
+    def __init__(self, kind: str, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kind = kind
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype)
+        if kind == "M":
+            self.mixer: nn.Module = Mamba2Mixer(cfg, state_rows, dtype)
+        elif kind == "*":
+            self.mixer = Attention(cfg, state_rows, dtype)
+        else:
+            self.mixer = MLP(cfg, dtype)
+
+    def step(self, h: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
+        x = self.norm(h)
+        if self.kind == "M":
+            return h + self.mixer.step(x, rows)
+        if self.kind == "*":
+            return h + self.mixer.step(x, rows, pos, dense)
+        return h + self.mixer(x)
+
+    def prefill(self, h: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
+        x = self.norm(h)
+        if self.kind == "M":
+            return h + self.mixer.prefill(x, rows)
+        if self.kind == "*":
+            return h + self.mixer.prefill(x, rows, pos0)
+        return h + self.mixer(x)
+
+
+class Backbone(nn.Module):
+    """`stt_model.llm`: the blocks and the final norm."""
+
+    def __init__(self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(k, cfg, state_rows, dtype) for k in cfg.layer_pattern)
+        self.norm_f = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype)
+
+
+@dataclass
+class ThinkerOutput:
+    """One step's result per batch row."""
+
+    hidden: torch.Tensor  # [b, hidden] final hidden (after norm_f)
+    text_logits: torch.Tensor  # [b, vocab] fp32
+    func_logits: torch.Tensor  # [b, vocab] fp32
+    text_token: torch.Tensor  # [b] int64, greedy unless forced
+    func_token: torch.Tensor  # [b] int64, greedy unless forced
+
+
+class Thinker(nn.Module):
+    """NemotronH thinker with per-slot state. Module names follow the release's `stt_model.*` tensors."""
+
+    def __init__(
+        self, cfg: ThinkerConfig, num_slots: int, pad_id: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__()
+        self.cfg, self.num_slots, self.pad_id, self.dtype = cfg, num_slots, pad_id, dtype
+        rows = num_slots + 1  # the last row is scratch for padding rows
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.llm = Backbone(cfg, rows, dtype)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.function_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        self.register_buffer("pos", torch.zeros(rows, dtype=torch.long), persistent=False)
+        self.register_buffer("prev_text", torch.full((rows,), pad_id, dtype=torch.long), persistent=False)
+        self.register_buffer("prev_func", torch.full((rows,), pad_id, dtype=torch.long), persistent=False)
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_dummy(self, seed: int) -> None:
+        """Seeded random weights, scaled so activations stay O(1) through every layer."""
+        gen = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.num_layers)
+        _normal(self.embed_tokens.weight, 1.0, gen)
+        _normal(self.lm_head.weight, std, gen)
+        _normal(self.function_head.weight, std, gen)
+        for block in self.llm.layers:
+            block.norm.weight.fill_(1.0)
+            m = block.mixer
+            if block.kind == "M":
+                m.init_dummy(gen, std, out_std)
+            elif block.kind == "*":
+                for lin in (m.q_proj, m.k_proj, m.v_proj):
+                    _normal(lin.weight, std, gen)
+                _normal(m.o_proj.weight, out_std, gen)
+            else:
+                _normal(m.up_proj.weight, std, gen)
+                _normal(m.down_proj.weight, out_std, gen)
+        self.llm.norm_f.weight.fill_(1.0)
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Return the masked slots ([num_slots] bool) to the state of a fresh pool."""
+        self._check(mask, (self.num_slots,), torch.bool, "mask")
+        rows = torch.cat([mask, mask.new_zeros(1)])
+        for block in self.llm.layers:
+            if block.kind == "M":
+                block.mixer.reset(rows)
+            elif block.kind == "*":
+                block.mixer.k_cache.masked_fill_(rows[:, None, None, None], 0)
+                block.mixer.v_cache.masked_fill_(rows[:, None, None, None], 0)
+        self.pos.masked_fill_(rows, 0)
+        self.prev_text.masked_fill_(rows, self.pad_id)
+        self.prev_func.masked_fill_(rows, self.pad_id)
+
+    # -- maths ----------------------------------------------------------------------------------------
+
+    def embed(self, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor) -> torch.Tensor:
+        """Additive input fusion `wt * E(text) + wa * audio + wf * E(func)` (any leading shape)."""
+        c = self.cfg
+        e = self.embed_tokens
+        return c.text_weight * e(text) + c.audio_weight * audio.to(self.dtype) + c.function_weight * e(func)
+
+    def heads(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lm_head(hidden).float(), self.function_head(hidden).float()
+
+    def step_embeds(self, x: torch.Tensor, slots: torch.Tensor, dense: bool = False) -> torch.Tensor:
+        """One position per row from fused inputs x [b, hidden]; advances each slot. Returns the final hidden."""
+        rows = self._rows(slots)
+        pos = self.pos.index_select(0, rows)
+        h = x
+        for block in self.llm.layers:
+            h = block.step(h, rows, pos, dense)
+        self.pos.index_copy_(0, rows, pos + 1)
+        return self.llm.norm_f(h)
+
+    def prefill_embeds(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """T positions per row in one chunked forward (T <= attention window); slots must be distinct
+        (padding rows excepted). x [b, T, hidden] -> final hidden [b, T, hidden]."""
+        T = x.shape[1]
+        if not 1 <= T <= self.cfg.attention_window:
+            raise ValueError(f"prefill: chunk of {T} positions; expected 1..{self.cfg.attention_window}")
+        rows = self._rows(slots)
+        pos0 = self.pos.index_select(0, rows)
+        h = x
+        for block in self.llm.layers:
+            h = block.prefill(h, rows, pos0)
+        self.pos.index_copy_(0, rows, pos0 + T)
+        return self.llm.norm_f(h)
+
+    # -- the public step ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(
+        self,
+        audio: torch.Tensor,
+        slots: torch.Tensor,
+        force_text: torch.Tensor | None = None,
+        force_func: torch.Tensor | None = None,
+        dense: bool = False,
+    ) -> ThinkerOutput:
+        """One frame for a batch of slots.
+
+        audio [b, hidden] (this frame's audio embedding); slots [b] int64, the slot of each row or -1 for a
+        padding row (computed, state untouched). The tokens fed are each slot's previous outputs. force_text
+        / force_func [b] int64: a token >= 0 replaces that row's greedy output (teacher forcing), -1 keeps it.
+        dense=True promises b == num_slots and slots[i] in {i, -1} (the live batch), which skips gathers.
+        """
+        b = slots.shape[0]
+        self._check(slots, (b,), torch.long, "slots")
+        self._check(audio, (b, self.cfg.hidden_size), None, "audio")
+        if dense and b != self.num_slots:
+            raise ValueError(f"slots: a dense step takes all {self.num_slots} slots, got {b} rows")
+        rows = self._rows(slots)
+        x = self.embed(audio, self.prev_text.index_select(0, rows), self.prev_func.index_select(0, rows))
+        hidden = self.step_embeds(x, slots, dense)
+        text_logits, func_logits = self.heads(hidden)
+        text = text_logits.argmax(-1)
+        func = func_logits.argmax(-1)
+        if force_text is not None:
+            self._check(force_text, (b,), torch.long, "force_text")
+            text = torch.where(force_text >= 0, force_text, text)
+        if force_func is not None:
+            self._check(force_func, (b,), torch.long, "force_func")
+            func = torch.where(force_func >= 0, force_func, func)
+        self.prev_text.index_copy_(0, rows, text)
+        self.prev_func.index_copy_(0, rows, func)
+        return ThinkerOutput(hidden, text_logits, func_logits, text, func)
+
+    def _rows(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.where(slots >= 0, slots, self.num_slots)
+
+    @staticmethod
+    def _check(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype | None, name: str) -> None:
+        if (
+            not isinstance(t, torch.Tensor)
+            or tuple(t.shape) != shape
+            or (dtype is not None and t.dtype != dtype)
+        ):
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            want = f"{shape} {dtype}" if dtype is not None else f"{shape} floating"
+            raise ValueError(f"{name}: expected shape {want}, got {got}")
+        if dtype is None and not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor of shape {shape}, got {t.dtype}")
+
+
+# Release tensor name -> our parameter name: strip the prefix; everything else is named alike.
+RELEASE_PREFIX = "stt_model."
+RELEASE_KEYS = ("stt_model.llm.", "stt_model.embed_tokens.", "stt_model.lm_head.", "stt_model.function_head.")
+
+
+def load_release_weights(thinker: Thinker, tensors: dict[str, torch.Tensor]) -> set[str]:
+    """Copy the release's `stt_model.{llm,embed_tokens,lm_head,function_head}.*` tensors into the thinker.
+
+    Returns the names consumed; raises ValueError naming any missing tensor or shape mismatch.
+    """
+    ours = thinker.state_dict()
+    consumed: set[str] = set()
+    missing = []
+    with torch.no_grad():
+        for name, param in ours.items():
+            key = RELEASE_PREFIX + name
+            if key not in tensors:
+                missing.append(key)
+                continue
+            src = tensors[key]
+            if tuple(src.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{key}: checkpoint shape {tuple(src.shape)}, model expects {tuple(param.shape)}"
+                )
+            param.copy_(src.to(param.dtype))
+            consumed.add(key)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} thinker tensors, e.g. {missing[:3]}")
+    return consumed

@@ -1,0 +1,240 @@
+"""The thinker against transformers' nemotron_h (frozen fixtures) and against itself (batching, prefill, reset)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.config import ThinkerConfig, load_preset
+from engine.model.thinker import Thinker, load_release_weights
+
+FIXTURES = Path(__file__).parent / "fixtures" / "thinker"
+TINY = load_preset("tiny").thinker
+PAD = 12
+
+
+def report(name: str, a: torch.Tensor, b: torch.Tensor) -> float:
+    d = (a.float() - b.float()).abs()
+    print(f"{name}: max {d.max().item():.3e} mean {d.mean().item():.3e}")
+    return d.max().item()
+
+
+def reference_thinker(num_slots: int) -> Thinker:
+    th = Thinker(TINY, num_slots, pad_id=PAD)
+    consumed = load_release_weights(th, load_file(FIXTURES / "model.safetensors"))
+    assert consumed == set(load_file(FIXTURES / "model.safetensors"))
+    return th
+
+
+def stable(logits: torch.Tensor) -> torch.Tensor:
+    """Positions whose greedy choice is not a near-tie (top-two margin above 1e-3)."""
+    top2 = logits.topk(2, dim=-1).values
+    return (top2[..., 0] - top2[..., 1]) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return load_file(FIXTURES / "cases.safetensors")
+
+
+def test_steps_match_reference(cases):
+    audio, text, func = cases["steps.audio"], cases["steps.text"], cases["steps.func"]
+    b, T, _ = audio.shape
+    th = reference_thinker(num_slots=5)
+    slots = torch.tensor([4, 0, 2])
+    th.prev_text[slots], th.prev_func[slots] = text[:, 0], func[:, 0]
+    hidden, tl, fl, tt, ft = [], [], [], [], []
+    for t in range(T):
+        nxt = min(t + 1, T - 1)
+        out = th.step(audio[:, t], slots, force_text=text[:, nxt], force_func=func[:, nxt])
+        hidden.append(out.hidden)
+        tl.append(out.text_logits)
+        fl.append(out.func_logits)
+        tt.append(out.text_logits.argmax(-1))
+        ft.append(out.func_logits.argmax(-1))
+    hidden, tl, fl = torch.stack(hidden, 1), torch.stack(tl, 1), torch.stack(fl, 1)
+    assert report("hidden", hidden, cases["steps.hidden"]) < 1e-4
+    assert report("text logits", tl, cases["steps.text_logits"]) < 1e-4
+    assert report("func logits", fl, cases["steps.func_logits"]) < 1e-4
+    for name, ours, ref_logits, ref_tokens in (
+        ("text", torch.stack(tt, 1), cases["steps.text_logits"], cases["steps.text_tokens"]),
+        ("func", torch.stack(ft, 1), cases["steps.func_logits"], cases["steps.func_tokens"]),
+    ):
+        keep = stable(ref_logits)
+        assert keep.float().mean() > 0.9, name
+        assert torch.equal(ours[keep], ref_tokens[keep]), name
+
+
+def test_chunked_prefill_then_steps_match_reference(cases):
+    audio, text, func = cases["prefill.audio"], cases["prefill.text"], cases["prefill.func"]
+    th = reference_thinker(num_slots=3)
+    slots = torch.tensor([1, 2])
+    with torch.inference_mode():
+        x = th.embed(audio, text, func)
+        h = [th.prefill_embeds(x[:, :40], slots)]
+        h += [th.step_embeds(x[:, t], slots)[:, None] for t in range(40, 48)]
+        hidden = torch.cat(h, 1)
+        tl, fl = th.heads(hidden)
+    assert report("prefill hidden", hidden, cases["prefill.hidden"]) < 1e-4
+    assert report("prefill text logits", tl, cases["prefill.text_logits"]) < 1e-4
+    keep = stable(cases["prefill.text_logits"])
+    assert torch.equal(tl.argmax(-1)[keep], cases["prefill.text_tokens"][keep])
+
+
+def test_function_head_is_a_bias_free_projection_of_the_final_hidden(cases):
+    th = reference_thinker(num_slots=1)
+    w = load_file(FIXTURES / "model.safetensors")["stt_model.function_head.weight"].float()
+    hidden = cases["steps.hidden"]
+    _, fl = th.heads(hidden)
+    assert report("function head", fl, hidden @ w.T) < 1e-5
+    # and it is not the text head
+    assert (fl - th.heads(hidden)[0]).abs().max() > 1e-2
+    # the function channel enters the input with twice the weight of the text channel
+    e = th.embed_tokens.weight
+    z = torch.zeros(1, TINY.hidden_size)
+    fused = th.embed(z, torch.tensor([PAD]), torch.tensor([20]))
+    assert torch.allclose(fused, e[PAD] + 2 * e[20])
+
+
+def dummy(num_slots: int, cfg: ThinkerConfig = TINY, seed: int = 0) -> Thinker:
+    th = Thinker(cfg, num_slots, pad_id=PAD)
+    th.init_dummy(seed)
+    return th
+
+
+def test_batch_of_64_equals_each_slot_alone():
+    torch.manual_seed(1)
+    T, S = 6, 64
+    audio = torch.randn(S, T, TINY.hidden_size)
+    together = dummy(S)
+    all_slots = torch.arange(S)
+    outs = [together.step(audio[:, t], all_slots, dense=True) for t in range(T)]
+    alone = dummy(S)
+    worst = 0.0
+    for s in (0, 17, 63):
+        for t in range(T):
+            o = alone.step(audio[s : s + 1, t], torch.tensor([s]))
+            worst = max(worst, (o.hidden[0] - outs[t].hidden[s]).abs().max().item())
+            assert o.text_token[0] == outs[t].text_token[s]
+            assert o.func_token[0] == outs[t].func_token[s]
+    print(f"batch invariance: max hidden diff {worst:.3e}")
+    assert worst < 1e-5
+
+
+def _state(th: Thinker, slot: int) -> list[torch.Tensor]:
+    out = [th.pos[slot], th.prev_text[slot], th.prev_func[slot]]
+    for block in th.llm.layers:
+        m = block.mixer
+        if block.kind == "M":
+            out += [m.conv_state[slot], m.ssm_state[slot]]
+        elif block.kind == "*":
+            out += [m.k_cache[slot], m.v_cache[slot]]
+    return [t.clone() for t in out]
+
+
+@pytest.mark.parametrize("window", [256, 8])
+def test_chunked_prefill_equals_single_steps(window):
+    cfg = TINY.model_copy(update={"attention_window": window})
+    torch.manual_seed(2)
+    x = torch.randn(2, 37, cfg.hidden_size)
+    slots = torch.tensor([2, 0])
+    a, b = dummy(3, cfg), dummy(3, cfg)
+    with torch.inference_mode():
+        # chunks of several sizes, crossing the ring's wrap when window is 8
+        bounds = [0, 5, 13, 14, 21, 29, 37] if window == 8 else [0, 16, 37]
+        ha = torch.cat([a.prefill_embeds(x[:, i:j], slots) for i, j in zip(bounds, bounds[1:])], 1)
+        hb = torch.stack([b.step_embeds(x[:, t], slots) for t in range(37)], 1)
+    assert report("prefill vs steps hidden", ha, hb) < 1e-4
+    for s in (0, 2):
+        for i, (sa, sb) in enumerate(zip(_state(a, s), _state(b, s))):
+            # fp32 sums in another order: relative to the state's own magnitude
+            scale = sb.float().abs().max().item() + 1e-6
+            assert report(f"slot {s} state {i} (scale {scale:.2e})", sa, sb) / scale < 1e-5
+    # the untouched slot stayed fresh
+    assert all(t.float().abs().sum() == 0 for t in _state(a, 1)[3:])
+
+
+def test_reused_slot_behaves_like_a_fresh_pool_and_reset_spares_neighbours():
+    torch.manual_seed(3)
+    audio = torch.randn(4, 10, TINY.hidden_size)
+    slots = torch.arange(4)
+    used = dummy(4)
+    for t in range(10):
+        used.step(audio[:, t], slots)
+    neighbours = [_state(used, s) for s in (0, 2, 3)]
+    used.reset(torch.tensor([False, True, False, False]))
+    for s, before in zip((0, 2, 3), neighbours):
+        assert all(torch.equal(x, y) for x, y in zip(before, _state(used, s)))
+    fresh = dummy(4)
+    assert all(torch.equal(x, y) for x, y in zip(_state(used, 1), _state(fresh, 1)))
+    later = torch.randn(1, 5, TINY.hidden_size)
+    for t in range(5):
+        o1 = used.step(later[:, t], torch.tensor([1]))
+        o2 = fresh.step(later[:, t], torch.tensor([1]))
+        assert torch.equal(o1.hidden, o2.hidden)
+        assert torch.equal(o1.text_token, o2.text_token)
+
+
+def test_padding_rows_are_computed_but_leave_state_untouched():
+    th = dummy(4)
+    before = [_state(th, s) for s in range(4)]
+    th.step(torch.randn(3, TINY.hidden_size), torch.tensor([-1, 3, -1]))
+    assert all(torch.equal(x, y) for s in (0, 1, 2) for x, y in zip(before[s], _state(th, s)))
+    assert th.pos[3] == 1
+
+
+def test_ten_thousand_steps_past_the_window_stay_finite():
+    th = dummy(2)
+    slots = torch.arange(2)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(10_000):
+        out = th.step(torch.randn(2, TINY.hidden_size, generator=gen), slots)
+    assert th.pos[:2].tolist() == [10_000, 10_000]
+    assert torch.isfinite(out.hidden).all() and torch.isfinite(out.text_logits).all()
+    for block in th.llm.layers:
+        if block.kind == "M":
+            assert torch.isfinite(block.mixer.ssm_state).all()
+
+
+def test_dummy_weights_keep_56_layers_finite():
+    full = load_preset("nemotron-voicechat-11b").thinker
+    narrow = full.model_copy(
+        update=dict(
+            hidden_size=64, vocab_size=64, mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=8,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128, attention_window=16,
+        )
+    )  # fmt: skip
+    th = dummy(2, narrow)
+    assert len(th.llm.layers) == 56
+    for _ in range(40):
+        out = th.step(torch.randn(2, 64), torch.arange(2))
+    assert torch.isfinite(out.hidden).all()
+    assert 0.1 < out.hidden.std().item() < 10
+
+
+def test_wrong_shapes_and_dtypes_say_what_was_expected():
+    th = dummy(4)
+    with pytest.raises(ValueError, match=r"audio: expected shape \(2, 128\)"):
+        th.step(torch.randn(2, 64), torch.arange(2))
+    with pytest.raises(ValueError, match=r"slots: expected shape \(2,\) torch.int64"):
+        th.step(torch.randn(2, 128), torch.arange(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="audio: expected a floating-point"):
+        th.step(torch.zeros(2, 128, dtype=torch.long), torch.arange(2))
+    with pytest.raises(ValueError, match="dense step takes all 4 slots"):
+        th.step(torch.randn(2, 128), torch.arange(2), dense=True)
+    with pytest.raises(ValueError, match=r"force_text: expected shape \(2,\)"):
+        th.step(torch.randn(2, 128), torch.arange(2), force_text=torch.zeros(3, dtype=torch.long))
+
+
+def test_loader_names_missing_and_misshapen_tensors():
+    th = Thinker(TINY, 1, pad_id=PAD)
+    tensors = load_file(FIXTURES / "model.safetensors")
+    broken = dict(tensors)
+    del broken["stt_model.llm.layers.3.mixer.k_proj.weight"]
+    with pytest.raises(ValueError, match=r"layers\.3\.mixer\.k_proj"):
+        load_release_weights(th, broken)
+    broken = dict(tensors)
+    broken["stt_model.lm_head.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"stt_model.lm_head.weight: checkpoint shape \(3, 3\)"):
+        load_release_weights(th, broken)
