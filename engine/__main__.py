@@ -1,0 +1,38 @@
+"""`python -m engine info|demo`: size a preset, or step the model for many slots and print figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.config import PRESETS, load_preset
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="parameters, weight and state bytes, sessions per GPU")
+    info.add_argument("--preset", default="nemotron-voicechat-11b", choices=sorted(PRESETS))
+    info.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
+    demo = sub.add_parser("demo", help="step the model for many slots and print timings")
+    demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    demo.add_argument("--slots", type=int, default=64)
+    demo.add_argument("--steps", type=int, default=200)
+    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        from engine.info import print_report, report
+
+        r = report(load_preset(args.preset), args.gpu_mem_gb)
+        print_report(r)
+        print(json.dumps(r))
+        return 0
+    from engine.bench import demo as run_demo
+
+    return run_demo(args.preset, args.slots, args.steps, args.device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
