@@ -1,0 +1,247 @@
+"""Cache-aware causal FastConformer: x8 depthwise-striding subsampling and relative-position conformer layers.
+
+Knows tensors and the encoder's maths, one frame at a time (`step`, caches passed in) or a whole utterance
+(`forward_offline`), both computing the same causal function. It knows nothing of audio, mel or slots;
+submodule names equal NeMo's `ConformerEncoder` so release tensors load by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_MASKED = -10000.0  # NeMo's fill for masked attention scores (exp underflows to exactly 0 in fp32)
+
+
+class Subsampling(nn.Module):
+    """`dw_striding` with causal padding: conv 3x3/2 (1 -> C), then (depthwise 3x3/2, pointwise 1x1) x (n-1).
+
+    Frequency is padded causally (left 2, right 1) as NeMo's `CausalConv2D` does. Time is convolved
+    without padding: a window of `receptive_field + 8 (t - 1)` mel columns gives t frames, each equal to
+    the last output NeMo keeps from its 9 cached + 8 new columns.
+    """
+
+    def __init__(self, n_mels: int, channels: int, d_model: int, factor: int) -> None:
+        super().__init__()
+        self.num_stages = int(math.log2(factor))
+        layers: list[nn.Module] = [nn.Conv2d(1, channels, 3, 2), nn.ReLU()]
+        for _ in range(self.num_stages - 1):
+            layers += [nn.Conv2d(channels, channels, 3, 2, groups=channels), nn.Conv2d(channels, channels, 1)]
+            layers.append(nn.ReLU())
+        self.conv = nn.Sequential(*layers)
+        freq = n_mels
+        for _ in range(self.num_stages):
+            freq = (freq + 3 - 3) // 2 + 1  # causal pad 2 + 1, kernel 3, stride 2
+        self.out = nn.Linear(channels * freq, d_model)
+        self.receptive_field = 1 + 2 * (2**self.num_stages - 1)
+
+    def forward(self, mel: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        """mel [B, L, n_mels] -> [B, (L - receptive_field) // 8 + 1, d_model].
+
+        `first` [B] bool marks rows whose (single-output) window is a stream's frame 0: NeMo feeds that
+        frame column 0 alone and pads every strided conv's input with zeros, so the two rows before the
+        last of each stage's input are zeroed (the caller zeroes every mel column but the last).
+        """
+        x = mel[:, None]
+        for i, layer in enumerate(self.conv):
+            if isinstance(layer, nn.Conv2d) and layer.stride[0] == 2:
+                if first is not None and i > 0:
+                    t = x.shape[2]
+                    x[:, :, t - 3 : t - 1].mul_(~first[:, None, None, None])
+                x = layer(F.pad(x, (2, 1)))
+            else:
+                x = layer(x)
+        b, c, t, f = x.shape
+        return self.out(x.transpose(1, 2).reshape(b, t, c * f))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=False)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(F.silu(self.linear1(x)))
+
+
+class ConvModule(nn.Module):
+    """pointwise (d -> 2d) -> GLU -> causal depthwise conv -> LayerNorm -> Swish -> pointwise (d -> d)."""
+
+    def __init__(self, d_model: int, kernel: int) -> None:
+        super().__init__()
+        self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, 1, bias=False)
+        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel, groups=d_model, bias=False)
+        self.batch_norm = nn.LayerNorm(d_model)  # NeMo's name; conv_norm_type="layer_norm"
+        self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=False)
+
+    def _glu(self, x: torch.Tensor) -> torch.Tensor:
+        return F.glu(F.linear(x, self.pointwise_conv1.weight[:, :, 0]), dim=-1)
+
+    def _tail(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.silu(self.batch_norm(x)), self.pointwise_conv2.weight[:, :, 0])
+
+    def forward_offline(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, d]; zero history before the first frame."""
+        g = self._glu(x).transpose(1, 2)
+        k = self.depthwise_conv.kernel_size[0]
+        y = F.conv1d(F.pad(g, (k - 1, 0)), self.depthwise_conv.weight, groups=g.shape[1])
+        return self._tail(y.transpose(1, 2))
+
+    def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, d], cache [B, d, k - 1] (the last k - 1 GLU outputs, oldest first) -> (y [B, d], new cache)."""
+        window = torch.cat([cache, self._glu(x)[:, :, None]], dim=-1)
+        y = (window * self.depthwise_conv.weight[:, 0, :]).sum(-1)
+        return self._tail(y), window[:, :, 1:]
+
+
+class RelPositionAttention(nn.Module):
+    """Transformer-XL relative-position multi-head attention with a limited left context, no bias."""
+
+    def __init__(self, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        self.h, self.d_k = num_heads, d_model // num_heads
+        self.linear_q = nn.Linear(d_model, d_model, bias=False)
+        self.linear_k = nn.Linear(d_model, d_model, bias=False)
+        self.linear_v = nn.Linear(d_model, d_model, bias=False)
+        self.linear_out = nn.Linear(d_model, d_model, bias=False)
+        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.d_k))
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.h, self.d_k))
+
+    def forward_offline(self, x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+        """x [B, T, d]; pe [W + 1, d] for distances 0..W; key j is visible to query i iff 0 <= i - j <= W."""
+        b, t, _ = x.shape
+        window = pe.shape[0] - 1
+        q = self._heads(self.linear_q(x)).transpose(1, 2)  # [B, H, T, dk]
+        k = self._heads(self.linear_k(x)).transpose(1, 2)
+        v = self._heads(self.linear_v(x)).transpose(1, 2)
+        p = self._heads(self.linear_pos(pe)).permute(1, 2, 0)  # [H, dk, W + 1]
+        ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)  # [B, H, T, T]
+        bd_all = (q + self.pos_bias_v[:, None]) @ p  # [B, H, T, W + 1]
+        pos = torch.arange(t, device=x.device)
+        rel = pos[:, None] - pos[None, :]
+        hidden = (rel < 0) | (rel > window)
+        bd = bd_all.gather(-1, rel.clamp(0, window).expand(b, self.h, t, t))
+        scores = ((ac + bd) / math.sqrt(self.d_k)).masked_fill(hidden, _MASKED)
+        attn = torch.softmax(scores, dim=-1).masked_fill(hidden, 0.0)
+        return self.linear_out((attn @ v).transpose(1, 2).reshape(b, t, -1))
+
+    def step(
+        self,
+        x: torch.Tensor,
+        pe: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dist: torch.Tensor,
+        hidden: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One query per row against its ring of W cached keys plus itself.
+
+        x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
+        of each ring entry to the current frame (1..W); hidden [B, W] bool, ring entries that hold no frame.
+        Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - the caller writes k, v into the ring.
+        """
+        b = x.shape[0]
+        q, k, v = (self._heads(lin(x)) for lin in (self.linear_q, self.linear_k, self.linear_v))
+        p = self._heads(self.linear_pos(pe)).permute(1, 2, 0)  # [H, dk, W + 1]
+        qu = q + self.pos_bias_u
+        bd_all = ((q + self.pos_bias_v).transpose(0, 1) @ p).transpose(0, 1)  # [B, H, W + 1]
+        ac_ring = (k_cache @ qu[..., None])[..., 0]  # [B, H, W]
+        bd_ring = bd_all.gather(-1, dist[:, None, :].expand(-1, self.h, -1))
+        ac_cur = (qu * k).sum(-1, keepdim=True)
+        scores = torch.cat([ac_ring + bd_ring, ac_cur + bd_all[..., :1]], dim=-1) / math.sqrt(self.d_k)
+        mask = F.pad(hidden, (0, 1), value=False)[:, None, :]
+        attn = torch.softmax(scores.masked_fill(mask, _MASKED), dim=-1).masked_fill(mask, 0.0)
+        out = (attn[:, :, None, :-1] @ v_cache)[:, :, 0] + attn[..., -1:] * v
+        return self.linear_out(out.reshape(b, -1)), k, v
+
+
+class ConformerLayer(nn.Module):
+    """Macaron conformer block: x + FF/2, + MHSA, + conv, + FF/2, LayerNorm."""
+
+    def __init__(self, d_model: int, d_ff: int, num_heads: int, kernel: int) -> None:
+        super().__init__()
+        self.norm_feed_forward1 = nn.LayerNorm(d_model)
+        self.feed_forward1 = FeedForward(d_model, d_ff)
+        self.norm_conv = nn.LayerNorm(d_model)
+        self.conv = ConvModule(d_model, kernel)
+        self.norm_self_att = nn.LayerNorm(d_model)
+        self.self_attn = RelPositionAttention(d_model, num_heads)
+        self.norm_feed_forward2 = nn.LayerNorm(d_model)
+        self.feed_forward2 = FeedForward(d_model, d_ff)
+        self.norm_out = nn.LayerNorm(d_model)
+
+    def forward_offline(self, x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = x + self.self_attn.forward_offline(self.norm_self_att(x), pe)
+        x = x + self.conv.forward_offline(self.norm_conv(x))
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x)
+
+    def step(
+        self,
+        x: torch.Tensor,
+        pe: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        conv_cache: torch.Tensor,
+        dist: torch.Tensor,
+        hidden: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One frame x [B, d] -> (y [B, d], new key [B, H, dk], new value [B, H, dk], new conv cache).
+
+        Caches are read, never written: the caller commits the returned state for the rows it keeps.
+        """
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        a, k, v = self.self_attn.step(self.norm_self_att(x), pe, k_cache, v_cache, dist, hidden)
+        x = x + a
+        c, conv_cache = self.conv.step(self.norm_conv(x), conv_cache)
+        x = x + c
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x), k, v, conv_cache
+
+
+def relative_positions(window: int, d_model: int) -> torch.Tensor:
+    """NeMo's sinusoidal table for relative distances 0..window: [window + 1, d_model]."""
+    pos = torch.arange(window + 1, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+    pe = torch.zeros(window + 1, d_model)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+class ConformerEncoder(nn.Module):
+    """Subsampling + conformer layers (no xscaling, untied relative-position biases per layer)."""
+
+    def __init__(
+        self,
+        n_mels: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        kernel: int,
+        subsampling_factor: int,
+        subsampling_channels: int,
+        left_context: int,
+    ) -> None:
+        super().__init__()
+        self.pre_encode = Subsampling(n_mels, subsampling_channels, d_model, subsampling_factor)
+        self.layers = nn.ModuleList(
+            ConformerLayer(d_model, d_ff, num_heads, kernel) for _ in range(num_layers)
+        )
+        self.register_buffer("pe", relative_positions(left_context, d_model), persistent=False)
+
+    def forward_offline(self, x: torch.Tensor) -> torch.Tensor:
+        """Subsampled frames x [B, T, d] -> encoded [B, T, d]."""
+        for layer in self.layers:
+            x = layer.forward_offline(x, self.pe)
+        return x

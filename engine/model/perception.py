@@ -1,0 +1,271 @@
+"""Perception: 80 ms of 16 kHz audio per slot -> one audio embedding per slot (log-mel, streaming FastConformer, proj).
+
+Knows the mel front end, the per-slot streaming state and the release names under `stt_model.perception.`;
+it knows nothing of tokens, the thinker or time beyond "one frame per call".
+
+Streaming contract (NeMo 3.0.0's cache-aware step as the deployed duplex path drives it, see
+scripts/fixtures/make_perception_fixtures.py): mel column c is the STFT frame centred on sample 160c of the
+stream, `torch.stft(center=True, pad_mode="constant")` after pre-emphasis, so the stream's first columns see
+zeros before sample 0 (NeMo 3.0.0 pads with zeros, not by reflection). Frame 0 feeds column 0 alone; frame
+k >= 1 feeds columns 8k-7 .. 8k after a 9-column cache (zero columns where the stream has none) and keeps the
+last of 3 subsampled outputs. Column 8k needs audio up to sample 1280k + 256, which frame k has delivered, so
+a column is computed once, from real samples only, and never sees the centred padding at the live edge of the
+stream (the reference recomputes the mel of the received audio and slices it; the consumed columns are the
+same). The kept output only sees the last 15 of the 17 columns, so we keep 7 mel columns, 1377 samples of
+audio, the attention keys/values of the last 70 frames and the last 8 conv inputs per slot and layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import PerceptionConfig
+from engine.model.conformer import ConformerEncoder
+
+RELEASE_PREFIX = "stt_model.perception."
+# Release tensors under the prefix that inference does not need (none are known for this stage).
+IGNORED_RELEASE_NAMES: frozenset[str] = frozenset()
+# Front-end buffers are fixed functions of the config: a release copy must match ours (else the config is wrong).
+_FRONT_END_BUFFERS = ("preprocessor.featurizer.window", "preprocessor.featurizer.fb")
+
+
+def slaney_mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> torch.Tensor:
+    """librosa.filters.mel(sr, n_fft, n_mels, fmin=0, fmax=sr/2, htk=False, norm="slaney"): [n_mels, n_fft//2+1]."""
+    f_sp, min_log_hz, min_log_mel, logstep = 200.0 / 3, 1000.0, 15.0, math.log(6.4) / 27.0
+
+    def hz_to_mel(f: float) -> float:
+        return f / f_sp if f < min_log_hz else min_log_mel + math.log(f / min_log_hz) / logstep
+
+    mels = torch.linspace(hz_to_mel(0.0), hz_to_mel(sample_rate / 2), n_mels + 2, dtype=torch.float64)
+    mel_f = torch.where(
+        mels >= min_log_mel, min_log_hz * torch.exp(logstep * (mels - min_log_mel)), f_sp * mels
+    )
+    fft_f = torch.arange(n_fft // 2 + 1, dtype=torch.float64) * (sample_rate / n_fft)
+    fdiff = mel_f.diff()
+    ramps = mel_f[:, None] - fft_f[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    # librosa stores the triangles in float32, then scales them in float64
+    weights = torch.clamp(torch.minimum(lower, upper), min=0.0).to(torch.float32).to(torch.float64)
+    return (weights * (2.0 / (mel_f[2:] - mel_f[:-2]))[:, None]).to(torch.float32)
+
+
+class _Featurizer(nn.Module):
+    """Holds NeMo's `FilterbankFeatures` buffers under their release names."""
+
+    def __init__(self, cfg: PerceptionConfig, sample_rate: int) -> None:
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(cfg.win_length, periodic=False))
+        self.register_buffer("fb", slaney_mel_filterbank(sample_rate, cfg.n_fft, cfg.n_mels)[None])
+
+
+class MelFrontEnd(nn.Module):
+    """Pre-emphasised samples -> log-mel columns (power spectrum, Slaney mel, log(x + guard), no normalisation)."""
+
+    def __init__(self, cfg: PerceptionConfig, sample_rate: int = 16_000) -> None:
+        super().__init__()
+        self.n_fft, self.hop, self.guard = cfg.n_fft, cfg.hop_length, cfg.log_zero_guard
+        self.featurizer = _Featurizer(cfg, sample_rate)
+
+    def forward(self, emph: torch.Tensor, columns: int) -> torch.Tensor:
+        """emph [B, L] -> [B, columns, n_mels]; column i is the n_fft frame starting at sample i * hop."""
+        frames = emph.unfold(-1, self.n_fft, self.hop)[:, :columns]
+        pad = (self.n_fft - self.featurizer.window.shape[0]) // 2
+        window = F.pad(self.featurizer.window, (pad, self.n_fft - self.featurizer.window.shape[0] - pad))
+        power = torch.view_as_real(torch.fft.rfft(frames * window, dim=-1)).square().sum(-1)
+        return torch.log(power @ self.featurizer.fb[0].T + self.guard)
+
+
+class Perception(nn.Module):
+    """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state."""
+
+    def __init__(self, cfg: PerceptionConfig, out_dim: int, num_slots: int) -> None:
+        super().__init__()
+        if cfg.att_context_right != 0:
+            raise NotImplementedError("att_context_right: only 0 (fully causal attention) is implemented")
+        self.cfg, self.num_slots = cfg, num_slots
+        self.frame_samples = cfg.chunk_mel * cfg.hop_length
+        self.preprocessor = MelFrontEnd(cfg)
+        self.encoder = ConformerEncoder(
+            n_mels=cfg.n_mels,
+            d_model=cfg.d_model,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            d_ff=cfg.d_model * cfg.ff_expansion,
+            kernel=cfg.conv_kernel,
+            subsampling_factor=cfg.subsampling_factor,
+            subsampling_channels=cfg.subsampling_channels,
+            left_context=cfg.att_context_left,
+        )
+        self.proj = nn.Linear(cfg.d_model, out_dim)
+        rf = self.encoder.pre_encode.receptive_field
+        if cfg.subsampling_factor != cfg.chunk_mel:
+            raise ValueError(
+                f"chunk_mel: {cfg.chunk_mel} columns per frame must equal subsampling_factor "
+                f"({cfg.subsampling_factor}) for one encoder frame per call"
+            )
+        if cfg.pre_encode_cache + cfg.chunk_mel < rf or cfg.drop_extra_pre_encoded != _outputs(
+            cfg.pre_encode_cache + cfg.chunk_mel, self.encoder.pre_encode.num_stages
+        ) - 1:
+            raise NotImplementedError(
+                "pre_encode_cache/drop_extra_pre_encoded: only geometries that keep the last subsampled "
+                f"output of a window covering its {rf}-column receptive field are implemented"
+            )
+        self.mel_tail_len = rf - cfg.chunk_mel
+        # samples before frame k that columns 8k-7 .. 8k need, plus one for pre-emphasis
+        self.audio_tail_len = (cfg.chunk_mel - 1) * cfg.hop_length + cfg.n_fft // 2 + 1
+        if cfg.n_fft // 2 > self.frame_samples:
+            raise ValueError("n_fft: half a window must fit in one frame")
+        d_k, w = cfg.d_model // cfg.num_heads, cfg.att_context_left
+        layers, s = cfg.num_layers, num_slots
+        state = {
+            "audio_tail": torch.zeros(s, self.audio_tail_len),
+            "mel_tail": torch.zeros(s, self.mel_tail_len, cfg.n_mels),
+            "k_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
+            "v_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
+            "conv_cache": torch.zeros(layers, s, cfg.d_model, cfg.conv_kernel - 1),
+            "frames": torch.zeros(s, dtype=torch.int64),
+            "nonfinite_samples": torch.zeros(s, dtype=torch.int64),
+        }
+        for name, value in state.items():
+            self.register_buffer(name, value, persistent=False)
+
+    # ------------------------------------------------------------------ streaming
+    @torch.inference_mode()
+    def step(self, audio: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """audio [num_slots, 1280] float (one 80 ms frame per slot), active [num_slots] bool -> [num_slots, out_dim].
+
+        Every row is computed; only active rows advance their state. Non-finite samples count into
+        `nonfinite_samples` (active rows) and are replaced by 0.
+        """
+        s, n = self.num_slots, self.frame_samples
+        if audio.shape != (s, n) or not audio.is_floating_point():
+            raise ValueError(f"audio: expected a float tensor of shape [{s}, {n}], got {audio.dtype} {list(audio.shape)}")
+        if active.shape != (s,) or active.dtype != torch.bool:
+            raise ValueError(f"active: expected a bool tensor of shape [{s}], got {active.dtype} {list(active.shape)}")
+        audio = audio.to(self.audio_tail.dtype)
+        bad = ~torch.isfinite(audio)
+        audio = audio.masked_fill(bad, 0.0)
+        self.nonfinite_samples.add_(bad.sum(-1) * active)
+
+        first = self.frames == 0
+        seg = torch.cat([self.audio_tail, audio[:, : self.cfg.n_fft // 2]], dim=-1)
+        new_mel = self.preprocessor(seg[:, 1:] - self.cfg.preemph * seg[:, :-1], self.cfg.chunk_mel)
+        window = torch.cat([self.mel_tail, new_mel], dim=1)
+        # frame 0 is column 0 alone: the columns before the stream are zero, for this frame and the next
+        early = torch.arange(window.shape[1], device=window.device) < window.shape[1] - 1
+        window = window.masked_fill(first[:, None, None] & early[None, :, None], 0.0)
+        mel_tail = window[:, -self.mel_tail_len :]
+        x = self.encoder.pre_encode(window, first)[:, 0]
+
+        w = self.cfg.att_context_left
+        slot = torch.arange(w, device=x.device)
+        dist = torch.remainder(self.frames[:, None] - 1 - slot, w) + 1  # ring entry r holds frame t - dist
+        hidden = dist > self.frames[:, None]
+        d_k = self.cfg.d_model // self.cfg.num_heads
+        write = torch.remainder(self.frames, w)[:, None, None, None].expand(-1, self.cfg.num_heads, 1, d_k)
+        keep = active[:, None, None]
+        for i, layer in enumerate(self.encoder.layers):
+            k_cache, v_cache = self.k_cache[i], self.v_cache[i]
+            x, k, v, conv = layer.step(x, self.encoder.pe, k_cache, v_cache, self.conv_cache[i], dist, hidden)
+            k_cache.scatter_(2, write, torch.where(keep, k, k_cache.gather(2, write)[:, :, 0])[:, :, None])
+            v_cache.scatter_(2, write, torch.where(keep, v, v_cache.gather(2, write)[:, :, 0])[:, :, None])
+            self.conv_cache[i].copy_(torch.where(keep, conv, self.conv_cache[i]))
+        out = self.proj(x)
+
+        tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
+        self.audio_tail.copy_(torch.where(active[:, None], tail, self.audio_tail))
+        self.mel_tail.copy_(torch.where(keep, mel_tail, self.mel_tail))
+        self.frames.add_(active.to(self.frames.dtype))
+        return out
+
+    @torch.inference_mode()
+    def reset(self, mask: torch.Tensor) -> None:
+        """Return the slots where mask [num_slots] bool is set to the fresh state (counters included)."""
+        if mask.shape != (self.num_slots,) or mask.dtype != torch.bool:
+            raise ValueError(f"mask: expected a bool tensor of shape [{self.num_slots}], got {mask.dtype} {list(mask.shape)}")
+        for name in ("audio_tail", "mel_tail", "frames", "nonfinite_samples"):
+            buf = getattr(self, name)
+            buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
+        for name in ("k_cache", "v_cache", "conv_cache"):
+            buf = getattr(self, name)
+            buf.masked_fill_(mask.view(1, -1, *([1] * (buf.dim() - 2))), 0)
+
+    # ------------------------------------------------------------------ whole utterance
+    @torch.inference_mode()
+    def encode_offline(self, audio: torch.Tensor) -> torch.Tensor:
+        """audio [B, N] -> [B, N // 1280, out_dim]: what `step` yields frame by frame from a fresh slot.
+
+        Trailing samples short of a whole frame are ignored; non-finite samples become 0 (not counted).
+        """
+        if audio.dim() != 2 or not audio.is_floating_point():
+            raise ValueError(f"audio: expected a float tensor of shape [B, N], got {audio.dtype} {list(audio.shape)}")
+        cfg, n = self.cfg, self.frame_samples
+        t = audio.shape[1] // n
+        if t == 0:
+            return audio.new_zeros(audio.shape[0], 0, self.proj.out_features)
+        audio = audio[:, : t * n].to(self.audio_tail.dtype)
+        audio = audio.masked_fill(~torch.isfinite(audio), 0.0)
+        seg = F.pad(audio, (self.audio_tail_len, 0))
+        mel = self.preprocessor(seg[:, 1:] - cfg.preemph * seg[:, :-1], cfg.chunk_mel * t)
+        # columns -14 .. 8(t-1): columns before the stream are zero (the first frame zeroes them)
+        mel = torch.cat([mel.new_zeros(mel.shape[0], self.mel_tail_len + cfg.chunk_mel - 1, cfg.n_mels),
+                         mel[:, cfg.chunk_mel - 1 :]], dim=1)
+        x = self.encoder.pre_encode(mel)
+        first = torch.ones(mel.shape[0], dtype=torch.bool, device=mel.device)
+        x0 = self.encoder.pre_encode(mel[:, : self.encoder.pre_encode.receptive_field], first)
+        x = torch.cat([x0, x[:, 1:]], dim=1)
+        return self.proj(self.encoder.forward_offline(x))
+
+
+def _outputs(columns: int, stages: int) -> int:
+    """Subsampled frames NeMo's causal dw_striding makes from `columns` mel columns (pad 2 + 1, k 3, s 2)."""
+    for _ in range(stages):
+        columns = (columns + 3 - 3) // 2 + 1
+    return columns
+
+
+# ---------------------------------------------------------------------- release weights
+def release_names(module: Perception) -> dict[str, str]:
+    """Our state_dict name -> the release checkpoint's name (the prefix is the whole table)."""
+    return {name: RELEASE_PREFIX + name for name in module.state_dict()}
+
+
+def load_release_weights(module: Perception, tensors: dict[str, torch.Tensor]) -> set[str]:
+    """Copy the `stt_model.perception.*` tensors of a release state dict into `module`.
+
+    Returns the release names consumed (plus those of IGNORED_RELEASE_NAMES present). Raises ValueError
+    naming every tensor of the prefix that is missing, has the wrong shape, is unknown, or (front-end
+    buffers) differs from what the config computes.
+    """
+    ours = module.state_dict()
+    names = release_names(module)
+    missing = [rel for rel in names.values() if rel not in tensors]
+    wrong = [
+        f"{rel} {list(tensors[rel].shape)} (expected {list(ours[name].shape)})"
+        for name, rel in names.items()
+        if rel in tensors and tensors[rel].shape != ours[name].shape
+    ]
+    known = set(names.values()) | IGNORED_RELEASE_NAMES
+    unknown = [n for n in tensors if n.startswith(RELEASE_PREFIX) and n not in known]
+    problems = [f"missing: {', '.join(missing)}"] if missing else []
+    problems += [f"wrong shape: {', '.join(wrong)}"] if wrong else []
+    problems += [f"unknown (add to IGNORED_RELEASE_NAMES if not needed): {', '.join(unknown)}"] if unknown else []
+    if problems:
+        raise ValueError("perception release weights: " + "; ".join(problems))
+    for name in _FRONT_END_BUFFERS:
+        theirs = tensors[RELEASE_PREFIX + name].to(ours[name].device, ours[name].dtype)
+        if not torch.allclose(theirs, ours[name], rtol=1e-4, atol=1e-6):
+            diff = (theirs - ours[name]).abs().max()
+            raise ValueError(
+                f"perception release weights: {RELEASE_PREFIX + name} differs from the configured front end "
+                f"(max abs diff {float(diff):.3g}); check n_fft / win_length / n_mels"
+            )
+    with torch.no_grad():
+        for name, rel in names.items():
+            ours[name].copy_(tensors[rel])
+    return set(names.values()) | (IGNORED_RELEASE_NAMES & tensors.keys())
