@@ -1,0 +1,416 @@
+"""The talker (EAR-TTS): per slot and frame, the thinker's text token and the previous frame's 31 codes ->
+a Gemma3 step over a per-slot ring KV cache -> 31 new RVQ codes by iterative MoG unmasking.
+
+Knows the release's tensor names (prefix `tts_model.tts_model.`), the speaker warm-up and the sampling
+schedule; knows nothing about audio, the thinker's internals, sessions or the clock.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import TalkerConfig
+from engine.model.talker_heads import (
+    CharAwareSubwordEncoder,
+    GatedMLP,
+    GatedProjectedSumRMSNorm,
+    MoGHead,
+    RMSNorm,
+    apply_rope,
+    gumbel_noise,
+    normal_noise,
+    rope_cos_sin,
+    token_chars_and_flags,
+    top_p_filter,
+    unmasking_schedule,
+)
+
+PREFIX = "tts_model.tts_model."
+# Release names outside PREFIX that the talker reads, by our buffer name ({speaker}: TalkerConfig.speaker).
+EXTRA_NAMES = {
+    "speaker_latent": "tts_model.audio_prompt_latents.{speaker}",
+    "silence_codes": "tts_model.codec_silence_tokens",
+    "control_codes": "tts_model._control_codes",
+}
+# Release names inference does not need: the training-time prompt projection, the EOS-prediction head
+# (its flag never stops the duplex loop) and the other speakers' latents.
+IGNORED = (
+    re.compile(re.escape(PREFIX) + r"audio_prompt_projection_W"),
+    re.compile(re.escape(PREFIX) + r"lm_head\.weight"),
+    re.compile(r"tts_model\.audio_prompt_latents\..+"),
+)
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_eps)
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.self_attn = _Attention(cfg)
+        self.mlp = GatedMLP(h, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.pre_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.post_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+
+
+class _Backbone(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+
+
+class Talker(nn.Module):
+    """EAR-TTS over `num_slots` slots; `step` advances every slot by one frame (inactive rows keep state).
+
+    With `cfg.use_cfg` each slot has a second, unconditional stream (rows `num_slots..2*num_slots-1` of
+    the KV cache). Derived tensors (subword table, warm-up KV, fused heads) are rebuilt by `refresh()`,
+    which `load_release_weights` calls; call it yourself after changing weights any other way.
+    """
+
+    def __init__(self, cfg: TalkerConfig, tokenizer_path: str | None, num_slots: int) -> None:
+        super().__init__()
+        self.cfg, self.num_slots = cfg, num_slots
+        h, q, v, d = cfg.hidden_size, cfg.num_codebooks, cfg.codebook_size, cfg.latent_dim
+        self.backbone = _Backbone(cfg)
+        self.bos_emb = nn.Parameter(torch.randn(h))
+        self.null_emb = nn.Parameter(torch.randn(h))
+        self.register_buffer("rvq_embs", torch.randn(q, v, d) * d**-0.5)
+        self.embed_code = nn.Linear(d, h, bias=False)
+        self.embed_subword = CharAwareSubwordEncoder(cfg, h)
+        self.gated_fusion_audio_text = GatedProjectedSumRMSNorm(h, q, cfg.rms_eps)
+        self.mog_head = MoGHead(cfg)
+        self.schedule = unmasking_schedule(q, cfg.num_iterations, cfg.schedule_exponent)
+        self._read_tokenizer(tokenizer_path)
+
+        def buf(name: str, t: Tensor) -> None:
+            self.register_buffer(name, t, persistent=False)
+
+        w, streams = cfg.warmup_positions, 2 if cfg.use_cfg else 1
+        rows = streams * num_slots
+        buf("speaker_latent", torch.randn(w, h) * 0.5)
+        buf("silence_codes", torch.zeros(q, dtype=torch.long))
+        buf("control_codes", torch.tensor([v + 2, v + 1, v]))
+        buf("subword_table", torch.zeros(cfg.vocab_size, h))
+        buf("rvq_padded", torch.zeros(q, v + 1, d))
+        buf("rvq_sq", torch.zeros(q, v))
+        buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
+        self.rings = [cfg.sliding_window if t == "sliding" else cfg.attention_window for t in cfg.layer_types]
+        kv, hd = cfg.num_kv_heads, cfg.head_dim
+        for i, ring in enumerate(self.rings):
+            buf(f"k_cache{i}", torch.zeros(rows, kv, ring, hd))
+            buf(f"v_cache{i}", torch.zeros(rows, kv, ring, hd))
+            buf(f"warm_k{i}", torch.zeros(streams, kv, w, hd))
+            buf(f"warm_v{i}", torch.zeros(streams, kv, w, hd))
+        buf("pos", torch.zeros(rows, dtype=torch.long))
+        buf("prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
+        buf("seeds", torch.zeros(num_slots, dtype=torch.long))
+        buf("frames", torch.zeros(num_slots, dtype=torch.long))
+        if self.rvq_embs.device.type != "meta":
+            self.refresh()
+            self.reset(torch.ones(num_slots, dtype=torch.bool))
+
+    # ------------------------------------------------------------------ setup
+
+    def _read_tokenizer(self, path: str | None) -> None:
+        cfg = self.cfg
+        self._token_chars: list[list[int]] | None = None
+        self.eos_id, self.pad_id = 2, 12
+        if path is None:
+            return
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(path)
+        vocab = tok.get_vocab(with_added_tokens=True)
+        self.eos_id = vocab[cfg.eos_token]
+        self.pad_id = vocab[cfg.pad_token]
+        if len(vocab) != cfg.vocab_size:
+            return  # e.g. counting a full-size model with the tiny tokenizer: no table can be built
+        chars, cont, special, n_chars = token_chars_and_flags(
+            vocab, cfg.vocab_size, cfg.bos_token, cfg.eos_token
+        )
+        if n_chars != cfg.char_vocab_size:
+            raise ValueError(
+                f"char_vocab_size: the tokenizer has {n_chars} single-character tokens, config says "
+                f"{cfg.char_vocab_size}"
+            )
+        self._token_chars = chars
+        flags = self.embed_subword
+        flags.subword_flag_emb.is_continuation.copy_(torch.tensor(cont))
+        flags.bos_eos_emb.special_flags.copy_(torch.tensor(special))
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild every derived tensor from the weights: subword table, padded codebooks, fused MoG
+        projections and the speaker warm-up KV (identical for every slot, so computed once)."""
+        if self._token_chars is None:
+            raise ValueError(
+                "tokenizer: need the thinker's tokenizer (vocab_size entries) to build the subword table"
+            )
+        cfg = self.cfg
+        self.subword_table.copy_(self.embed_subword.table(self._token_chars))
+        self.rvq_padded.zero_()
+        self.rvq_padded[:, : cfg.codebook_size].copy_(self.rvq_embs)
+        self.rvq_sq.copy_(self.rvq_embs.pow(2).sum(-1))
+        m = self.mog_head
+        self.head_weight.copy_(torch.cat([m.proj_logits.weight, m.proj_else.weight, m.proj_logs.weight]))
+        self._build_warmup()
+
+    def _build_warmup(self) -> None:
+        """The 37-position speaker prompt (NeMo `set_init_inputs(speaker_name=...)`): latent rows, then the
+        BOS position carrying the silence codes + `bos_emb`; text PAD... `</s>`, visible on the last two."""
+        cfg, w = self.cfg, self.cfg.warmup_positions
+        sil = self.rvq_padded[torch.arange(cfg.num_codebooks), self.silence_codes]
+        acc = torch.zeros_like(sil[0])
+        for e in sil:  # sequential, as NeMo's depthsum
+            acc = acc + e
+        audio = torch.cat([self.speaker_latent[: w - 1], (self.embed_code(acc) + self.bos_emb)[None]])
+        ids = torch.full((w,), self.pad_id, dtype=torch.long, device=audio.device)
+        ids[-1] = self.eos_id
+        sub = self.embed_subword
+        flags = sub.subword_flag_emb.cont_emb.weight[sub.subword_flag_emb.is_continuation[ids]]
+        fl = sub.bos_eos_emb.special_flags
+        flags = (
+            flags
+            + sub.bos_eos_emb.special_emb.weight[fl[torch.where(ids >= fl.numel() - 1, fl.numel() - 1, ids)]]
+        )
+        cond = torch.where(
+            (torch.arange(w, device=ids.device) >= w - 2)[:, None], self.subword_table[ids], flags
+        )
+        conds = [cond] + ([self.null_emb.expand(w, -1)] if cfg.use_cfg else [])
+        x = torch.stack([self.gated_fusion_audio_text(audio, c) for c in conds])  # [streams, w, h]
+        self._prefill(x)
+
+    def _prefill(self, x: Tensor) -> None:
+        """Causal multi-position pass over `x` `[S, T, h]` (T <= every ring) into the warm-up KV templates."""
+        cfg = self.cfg
+        s, t, _ = x.shape
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pos = torch.arange(t, device=x.device)
+        causal = pos[None, :] <= pos[:, None]
+        for i, layer in enumerate(self.backbone.layers):
+            a = layer.self_attn
+            theta = cfg.rope_local_theta if cfg.layer_types[i] == "sliding" else cfg.rope_theta
+            cos, sin = rope_cos_sin(pos, d, theta)
+            hn = layer.input_layernorm(x)
+            q = apply_rope(a.q_norm(a.q_proj(hn).view(s, t, hq, d)).transpose(1, 2), cos, sin)
+            k = apply_rope(a.k_norm(a.k_proj(hn).view(s, t, hk, d)).transpose(1, 2), cos, sin)
+            v = a.v_proj(hn).view(s, t, hk, d).transpose(1, 2)
+            getattr(self, f"warm_k{i}").copy_(k)
+            getattr(self, f"warm_v{i}").copy_(v)
+            kk = k.repeat_interleave(hq // hk, dim=1)
+            vv = v.repeat_interleave(hq // hk, dim=1)
+            sc = torch.matmul(q, kk.transpose(2, 3)) * cfg.query_pre_attn_scalar**-0.5
+            p = torch.softmax(sc.masked_fill(~causal, float("-inf")), dim=-1)
+            o = torch.matmul(p, vv).transpose(1, 2).reshape(s, t, hq * d)
+            x = x + layer.post_attention_layernorm(a.o_proj(o))
+            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+
+    # ------------------------------------------------------------------ per-slot state
+
+    def _rows(self, mask: Tensor) -> Tensor:
+        return torch.cat([mask, mask]) if self.cfg.use_cfg else mask
+
+    @torch.inference_mode()
+    def reset(self, mask: Tensor, seeds: Tensor | None = None) -> None:
+        """Return the masked slots to the fresh state (speaker warm-up done, frame counter 0)."""
+        if mask.shape != (self.num_slots,) or mask.dtype != torch.bool:
+            raise ValueError(
+                f"mask: expected BoolTensor[{self.num_slots}], got {mask.dtype} {tuple(mask.shape)}"
+            )
+        w, n = self.cfg.warmup_positions, self.num_slots
+        rows = self._rows(mask)
+        sel = rows.view(-1, 1, 1, 1)
+        for i in range(len(self.rings)):
+            for kind in ("k", "v"):
+                cache = getattr(self, f"{kind}_cache{i}")
+                warm = getattr(self, f"warm_{kind}{i}").repeat_interleave(n, dim=0)  # [rows, kv, w, d]
+                cache[:, :, :w].copy_(torch.where(sel, warm, cache[:, :, :w]))
+        self.pos.copy_(torch.where(rows, w, self.pos))
+        self.prev_codes.copy_(torch.where(mask[:, None], self.cfg.codebook_size, self.prev_codes))
+        self.frames.copy_(torch.where(mask, 0, self.frames))
+        if seeds is not None:
+            self.set_seed(torch.where(mask, seeds.to(self.seeds), self.seeds))
+
+    @torch.inference_mode()
+    def set_seed(self, slot_seeds: Tensor) -> None:
+        """Per-slot sampling seeds (int64); a slot's noise is a hash of (seed, its frame counter, stream)."""
+        if slot_seeds.shape != (self.num_slots,) or slot_seeds.dtype != torch.long:
+            raise ValueError(
+                f"slot_seeds: expected LongTensor[{self.num_slots}], got {slot_seeds.dtype} "
+                f"{tuple(slot_seeds.shape)}"
+            )
+        self.seeds.copy_(slot_seeds)
+
+    # ------------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def step(self, text: Tensor, active: Tensor) -> Tensor:
+        """One frame for every slot: `text` LongTensor[num_slots] (this frame's thinker token), `active`
+        BoolTensor[num_slots] -> codes LongTensor[num_slots, num_codebooks] in [0, codebook_size)."""
+        n, cfg = self.num_slots, self.cfg
+        if text.shape != (n,) or text.dtype != torch.long:
+            raise ValueError(f"text: expected LongTensor[{n}], got {text.dtype} {tuple(text.shape)}")
+        if active.shape != (n,) or active.dtype != torch.bool:
+            raise ValueError(f"active: expected BoolTensor[{n}], got {active.dtype} {tuple(active.shape)}")
+        ids = text.clamp(0, cfg.vocab_size - 1)
+        prev = torch.where((text == self.eos_id)[:, None], self.silence_codes, self.prev_codes)
+        levels = torch.arange(cfg.num_codebooks, device=text.device)
+        code_emb = self.embed_code(self.rvq_padded[levels, prev].sum(1))
+        cond = self.subword_table[ids]
+        if cfg.use_cfg:
+            code_emb = torch.cat([code_emb, code_emb])
+            cond = torch.cat([cond, self.null_emb.expand(n, -1)])
+        x = self.gated_fusion_audio_text(code_emb, cond)
+        hidden = self._backbone_step(x, self._rows(active))
+        codes = self._sample(hidden)
+        self.prev_codes.copy_(torch.where(active[:, None], codes, self.prev_codes))
+        self.frames.add_(active.long())
+        return codes
+
+    def _backbone_step(self, x: Tensor, active: Tensor) -> Tensor:
+        cfg = self.cfg
+        r = x.shape[0]
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pos = self.pos
+        rope = {
+            t: rope_cos_sin(pos, d, cfg.rope_local_theta if t == "sliding" else cfg.rope_theta)
+            for t in set(cfg.layer_types)
+        }
+        scale = cfg.query_pre_attn_scalar**-0.5
+        keep = active.view(r, 1, 1, 1)
+        for i, layer in enumerate(self.backbone.layers):
+            a, ring = layer.self_attn, self.rings[i]
+            cos, sin = (c[:, None, :] for c in rope[cfg.layer_types[i]])
+            hn = layer.input_layernorm(x)
+            q = apply_rope(a.q_norm(a.q_proj(hn).view(r, hq, d)), cos, sin)
+            k = apply_rope(a.k_norm(a.k_proj(hn).view(r, hk, d)), cos, sin)
+            v = a.v_proj(hn).view(r, hk, d)
+            idx = (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d)
+            kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
+            kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
+            vc.scatter_(2, idx, torch.where(keep, v[:, :, None], vc.gather(2, idx)))
+            valid = torch.arange(ring, device=x.device) < (pos + 1).clamp_max(ring)[:, None]  # [r, ring]
+            qg = q.view(r, hk, hq // hk, d)
+            sc = torch.matmul(qg, kc.transpose(2, 3)) * scale  # [r, hk, g, ring]
+            sc = sc.masked_fill(~valid[:, None, None, :], float("-inf"))
+            o = torch.matmul(torch.softmax(sc, dim=-1), vc).reshape(r, hq * d)
+            x = x + layer.post_attention_layernorm(a.o_proj(o))
+            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        self.pos.add_(active.long())
+        return self.backbone.norm(x)
+
+    def _sample(self, hidden: Tensor) -> Tensor:
+        """Iterative unmasking: per working pass the MoG head predicts the residual latent of the still
+        masked levels; greedy residual quantisation fixes the next `k` levels."""
+        cfg, n = self.cfg, self.num_slots
+        m = self.mog_head
+        nc, rank, dl = cfg.mog_components, cfg.mog_rank, cfg.latent_dim
+        work = [k for k in self.schedule if k > 0]
+        sampling = cfg.gumbel or cfg.noise_scale > 0
+        if sampling:
+            passes = torch.arange(len(work), device=hidden.device)
+            base = passes[:, None] << 20
+            if cfg.gumbel:
+                g_all = gumbel_noise(self.seeds, self.frames, base + torch.arange(nc, device=hidden.device))
+            if cfg.noise_scale > 0:
+                z_all = normal_noise(
+                    self.seeds, self.frames, (1 << 27) + base + torch.arange(dl, device=hidden.device)
+                )
+        mus = m.proj_mus.weight.view(nc, rank, -1)
+        acc = hidden.new_zeros(n, dl)
+        codes: list[Tensor] = []
+        level = 0
+        for p, k in enumerate(work):
+            e = hidden if p == 0 else self.embed_code(acc).repeat(hidden.shape[0] // n, 1) + hidden
+            x = m.mlp_stack(e)
+            if cfg.use_cfg:
+                xc, xu = x[:n], x[n:]
+                x = xc + cfg.cfg_scale * (xc - xu)
+            y = x @ self.head_weight.T
+            logits, mu_res, logs = y[:, :nc], y[:, nc : nc + dl], y[:, nc + dl :]
+            if cfg.gumbel:
+                if cfg.top_p < 1.0:
+                    logits = top_p_filter(logits, cfg.top_p)
+                comp = (F.log_softmax(logits, -1) + g_all[:, p]).argmax(-1)
+            else:
+                comp = F.log_softmax(logits, -1).argmax(-1)
+            mu = torch.bmm(mus[comp], x.unsqueeze(2))  # [n, rank, 1]
+            mu = torch.bmm(m.low_mat[comp], mu).squeeze(2)  # [n, latent]
+            std = torch.exp(logs.clamp_min(cfg.log_std_min))
+            z = mu * std + mu_res
+            if cfg.noise_scale > 0:
+                z = z + std * z_all[:, p] * cfg.noise_scale
+            for lv in range(level, level + k):
+                emb = self.rvq_embs[lv]
+                c = (self.rvq_sq[lv] - 2 * (z @ emb.T)).argmin(-1)
+                e_l = emb[c]
+                z = z - e_l
+                acc = acc + e_l
+                codes.append(c)
+            level += k
+        return torch.stack(codes, 1)
+
+    # ------------------------------------------------------------------ weights
+
+    def release_names(self) -> dict[str, Tensor]:
+        """Release name -> our tensor, for every tensor the talker reads from a checkpoint."""
+        names = {PREFIX + k: t for k, t in self.state_dict(keep_vars=True).items()}
+        for ours, theirs in EXTRA_NAMES.items():
+            names[theirs.format(speaker=self.cfg.speaker)] = getattr(self, ours)
+        return names
+
+
+def load_release_weights(module: Talker, tensors: dict[str, Tensor]) -> set[str]:
+    """Copy the release's talker tensors into `module` by name; returns every name consumed (loaded or
+    explicitly ignored). Raises naming each missing, misshapen or unknown tensor under the prefix."""
+    names = module.release_names()
+    latent_name = EXTRA_NAMES["speaker_latent"].format(speaker=module.cfg.speaker)
+    errors, consumed = [], set()
+    for name, ours in names.items():
+        if name not in tensors:
+            errors.append(f"{name}: missing")
+            continue
+        src = tensors[name]
+        want = (1, *ours.shape) if name == latent_name else tuple(ours.shape)
+        if tuple(src.shape) != want:
+            errors.append(f"{name}: shape {tuple(src.shape)}, expected {want}")
+            continue
+        consumed.add(name)
+    for name in tensors:
+        if name in names:
+            continue
+        if any(p.fullmatch(name) for p in IGNORED):
+            consumed.add(name)
+        elif name.startswith(PREFIX):
+            errors.append(f"{name}: unknown talker tensor")
+    if errors:
+        raise ValueError("talker weights: " + "; ".join(errors))
+    control = tensors[EXTRA_NAMES["control_codes"]]
+    pad = module.cfg.codebook_size
+    if int(control[2]) != pad:
+        raise ValueError(
+            f"tts_model._control_codes: speech pad id {int(control[2])}, expected {pad} (masked code)"
+        )
+    with torch.no_grad():
+        for name, ours in names.items():
+            ours.copy_(tensors[name].reshape(ours.shape).to(ours.dtype))
+    module.refresh()
+    module.reset(torch.ones(module.num_slots, dtype=torch.bool, device=module.pos.device))
+    return consumed

@@ -1,0 +1,309 @@
+"""Building blocks of the talker around its backbone: character-aware subword encoder, gated fusion,
+MoG head, the unmasking schedule and the counter-based per-slot noise.
+
+Module and parameter names follow NeMo's `ear_tts_model` so the release checkpoint loads by name.
+Knows nothing about slots, caches or the clock; `engine/model/talker.py` assembles these.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import TalkerConfig
+
+_MASK32 = 0xFFFFFFFF
+
+
+class RMSNorm(nn.Module):
+    """Gemma RMSNorm: `x / rms(x) * (1 + w)`, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class GatedMLP(nn.Module):
+    """`down(gelu_tanh(gate(x)) * up(x))`, no bias."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+def rope_cos_sin(pos: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin `[..., head_dim]` for integer positions `pos` (transformers' default RoPE, fp32)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=pos.device).float() / head_dim)
+    )
+    freqs = pos.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate-half RoPE; `cos`/`sin` broadcast against `x` (`[..., head_dim]`)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+# ---------------------------------------------------------------- character-aware subword encoder
+
+
+class _CharAttention(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h, d = cfg.char_hidden_size, cfg.char_head_dim
+        self.q_proj = nn.Linear(h, cfg.char_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.char_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.char_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.char_heads * d, h, bias=False)
+
+
+class _CharLayer(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h = cfg.char_hidden_size
+        self.self_attn = _CharAttention(cfg)
+        self.pre_self_attn_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.post_self_attn_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.mlp = GatedMLP(h, cfg.char_intermediate_size)
+        self.pre_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.post_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+
+
+class _CharStack(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_CharLayer(cfg) for _ in range(cfg.char_layers))
+        self.norm = RMSNorm(cfg.char_hidden_size, cfg.rms_eps)
+
+
+class _CharBackbone(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.encoder = _CharStack(cfg)
+
+
+class _FlagEmbedding(nn.Module):
+    """Subword-continuation flag (0 word start, 1 continuation) per token id; the last row is padding."""
+
+    def __init__(self, vocab_size: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("pad_tensor", torch.tensor(vocab_size, dtype=torch.long))
+        self.register_buffer("is_continuation", torch.zeros(vocab_size + 1, dtype=torch.long))
+        self.cont_emb = nn.Embedding(2, dim)
+
+
+class _BosEosEmbedding(nn.Module):
+    """BOS (1) / EOS (2) / other (0) flag per token id. NeMo's table covers ids below the largest id only."""
+
+    def __init__(self, vocab_size: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("pad_tensor", torch.tensor(vocab_size - 1, dtype=torch.long))
+        self.register_buffer("special_flags", torch.zeros(vocab_size, dtype=torch.long))
+        self.special_emb = nn.Embedding(3, dim)
+
+
+class CharAwareSubwordEncoder(nn.Module):
+    """A token id -> the mean over its characters of a bidirectional char encoder -> Linear, plus the
+    continuation-flag and BOS/EOS embeddings. It depends on the token id only, so the talker evaluates it
+    once per vocabulary entry (`table`) instead of every frame."""
+
+    def __init__(self, cfg: TalkerConfig, out_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.backbone = _CharBackbone(cfg)
+        c = cfg.char_vocab_size
+        self.embed_tokens = nn.Embedding(c + 1, cfg.char_hidden_size, padding_idx=c)
+        self.proj_embedding = nn.Linear(cfg.char_hidden_size, out_size, bias=False)
+        self.subword_flag_emb = _FlagEmbedding(cfg.vocab_size, cfg.char_hidden_size)
+        self.bos_eos_emb = _BosEosEmbedding(cfg.vocab_size, cfg.char_hidden_size)
+
+    def encode_chars(self, chars: Tensor) -> Tensor:
+        """`chars` `[n, L]` char ids (all valid, same length) -> pooled subword embedding `[n, out]`."""
+        cfg = self.cfg
+        x = self.embed_tokens(chars)
+        x = x * torch.tensor(cfg.char_hidden_size**0.5, dtype=x.dtype)
+        n, length, _ = x.shape
+        cos, sin = rope_cos_sin(torch.arange(length, device=x.device), cfg.char_head_dim, cfg.char_rope_theta)
+        d, hq, hk = cfg.char_head_dim, cfg.char_heads, cfg.char_kv_heads
+        for layer in self.backbone.encoder.layers:
+            a = layer.self_attn
+            h = layer.pre_self_attn_layernorm(x)
+            q = apply_rope(a.q_proj(h).view(n, length, hq, d).transpose(1, 2), cos, sin)
+            k = apply_rope(a.k_proj(h).view(n, length, hk, d).transpose(1, 2), cos, sin)
+            v = a.v_proj(h).view(n, length, hk, d).transpose(1, 2)
+            k = k.repeat_interleave(hq // hk, dim=1)
+            v = v.repeat_interleave(hq // hk, dim=1)
+            s = torch.matmul(q, k.transpose(2, 3)) * cfg.char_query_pre_attn_scalar**-0.5
+            s = torch.tanh(s / cfg.char_softcap) * cfg.char_softcap
+            p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+            o = torch.matmul(p, v).transpose(1, 2).reshape(n, length, hq * d)
+            x = x + layer.post_self_attn_layernorm(a.o_proj(o))
+            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        x = self.backbone.encoder.norm(x)
+        return self.proj_embedding(x.sum(1) / length)
+
+    @torch.no_grad()
+    def table(self, token_chars: list[list[int]]) -> Tensor:
+        """`[vocab, out]`: the conditioning vector of every token id (tokens grouped by length, no padding)."""
+        vocab = len(token_chars)
+        w = self.proj_embedding.weight
+        out = torch.zeros(vocab, w.shape[0], dtype=w.dtype, device=w.device)
+        by_len: dict[int, list[int]] = {}
+        for tid, chars in enumerate(token_chars):
+            if chars:
+                by_len.setdefault(len(chars), []).append(tid)
+        for _, ids in sorted(by_len.items()):
+            for i in range(0, len(ids), 4096):
+                chunk = ids[i : i + 4096]
+                chars = torch.tensor([token_chars[t] for t in chunk], dtype=torch.long, device=w.device)
+                out[torch.tensor(chunk, device=w.device)] = self.encode_chars(chars)
+        ids = torch.arange(vocab, device=w.device)
+        cont = self.subword_flag_emb.is_continuation
+        out = out + self.subword_flag_emb.cont_emb.weight[cont[ids.clamp_max(cont.numel() - 1)]]
+        flags = self.bos_eos_emb.special_flags
+        safe = torch.where(ids >= flags.numel() - 1, flags.numel() - 1, ids)
+        return out + self.bos_eos_emb.special_emb.weight[flags[safe]]
+
+
+def token_chars_and_flags(
+    vocab: dict[str, int], vocab_size: int, bos: str, eos: str
+) -> tuple[list[list[int]], list[int], list[int], int]:
+    """NeMo's `build_vocabs` and flag tables from a token -> id map (added tokens included).
+
+    The character vocabulary is the single-character tokens ordered by id; a token maps to the ids of
+    those of its characters that are in it (others are dropped, as NeMo does). Returns (chars per id,
+    continuation flags `[vocab + 1]`, BOS/EOS flags `[vocab]`, number of characters).
+    """
+    singles = sorted((i, s) for s, i in vocab.items() if len(s) == 1)
+    char_id = {s: n for n, (_, s) in enumerate(singles)}
+    by_id = {i: s for s, i in vocab.items()}
+    chars = [[char_id[c] for c in by_id.get(t, "") if c in char_id] for t in range(vocab_size)]
+    cont = [0 if by_id.get(t, "<").startswith(("Ġ", "▁", "<")) else 1 for t in range(vocab_size)] + [0]
+    special = [
+        1 if by_id.get(t) == bos else 2 if by_id.get(t) == eos else 0 for t in range(vocab_size - 1)
+    ] + [0]
+    return chars, cont, special, len(singles)
+
+
+# ---------------------------------------------------------------- fusion and MoG head
+
+
+class GatedProjectedSumRMSNorm(nn.Module):
+    """`RMSNorm(sig(r) * (sig(g) * audio_proj(a / n) + (1 - sig(g)) * text_proj(c)))`."""
+
+    def __init__(self, hidden: int, num_codebooks: int, eps: float) -> None:
+        super().__init__()
+        self.num_codebooks = num_codebooks
+        self.audio_proj = nn.Linear(hidden, hidden)
+        self.text_proj = nn.Linear(hidden, hidden)
+        self.gate = nn.Parameter(torch.zeros(hidden))
+        self.residual_scale = nn.Parameter(torch.tensor(0.5))
+        self.final_norm = RMSNorm(hidden, eps)
+
+    def forward(self, audio: Tensor, text: Tensor) -> Tensor:
+        a = self.audio_proj(audio / self.num_codebooks)
+        c = self.text_proj(text)
+        g = torch.sigmoid(self.gate)
+        h = torch.sigmoid(self.residual_scale) * (g * a + (1 - g) * c)
+        return self.final_norm(h)
+
+
+class MLPLayer(nn.Module):
+    def __init__(self, hidden: int, inner: int, eps: float) -> None:
+        super().__init__()
+        self.pre_norm = RMSNorm(hidden, eps)
+        self.mlp = GatedMLP(hidden, inner)
+        self.post_norm = RMSNorm(hidden, eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.post_norm(self.mlp(self.pre_norm(x)))
+
+
+class MoGHead(nn.Module):
+    """Mixture-of-Gaussians head: residual MLP stack -> component logits; the picked component's mean
+    (low-rank `low_mat[k] @ proj_mus[k] x`, scaled by `exp(log_std)`) plus `proj_else x`."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h, n, r = cfg.hidden_size, cfg.mog_components, cfg.mog_rank
+        self.cfg = cfg
+        self.mlp_stack = nn.Sequential(
+            *[MLPLayer(h, cfg.mog_intermediate_size, cfg.rms_eps) for _ in range(cfg.mog_layers)],
+            RMSNorm(h, cfg.rms_eps),
+        )
+        self.proj_logits = nn.Linear(h, n, bias=False)
+        self.proj_mus = nn.Linear(h, n * r, bias=False)
+        self.proj_logs = nn.Linear(h, 1, bias=False)
+        self.proj_else = nn.Linear(h, cfg.latent_dim, bias=False)
+        self.low_mat = nn.Parameter(torch.randn(n, cfg.latent_dim, r) * r**-0.5)
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """transformers' `TopPLogitsWarper`: drop the low tail whose mass is at most `1 - top_p` (keep >= 1)."""
+    sorted_logits, idx = torch.sort(logits, descending=False)
+    remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    remove[..., -1:] = False
+    return logits.masked_fill(remove.scatter(-1, idx, remove), float("-inf"))
+
+
+def unmasking_schedule(num_levels: int, num_iterations: int, exponent: float) -> list[int]:
+    """Levels newly unmasked per iteration: `ceil(31 * (1 - r^e)^(1/e))` differences (NeMo's generate_step)."""
+    rates = torch.linspace(0.0, 1.0, num_iterations + 1)[:-1]
+    masking = (1 - rates.pow(exponent)).pow(1 / exponent)
+    n = torch.ceil(masking * num_levels).long()
+    ks = n - torch.cat([n[1:], n.new_zeros(1)])
+    return [int(k) for k in ks]
+
+
+# ---------------------------------------------------------------- counter-based noise
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit avalanche hash (lowbias32) on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
+    """Uniform (0, 1) fp32 from a hash of (seed `[B]`, counter `[B]`, stream ids `[...]`) -> `[B, ...]`.
+
+    Pure function of its inputs: a row's noise never depends on other rows or on any global generator.
+    """
+    shape = (-1,) + (1,) * stream.dim()
+    h = _mix32((seed & _MASK32) ^ 0x9E3779B9)
+    h = _mix32(h ^ ((seed >> 32) & _MASK32))
+    h = _mix32(h ^ (counter & _MASK32))
+    h = _mix32(h.view(shape) ^ stream)
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
+    return -torch.log(-torch.log(uniform_noise(seed, counter, stream)))
+
+
+def normal_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
+    """Standard normal via Box-Muller from two hashed uniforms per element."""
+    u1 = uniform_noise(seed, counter, stream * 2)
+    u2 = uniform_noise(seed, counter, stream * 2 + 1)
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
