@@ -154,8 +154,13 @@ class PerceptionConfig(_Frozen):
 
 
 class TalkerConfig(_Frozen):
-    """EAR-TTS talker: char-aware subword encoder, Gemma3 backbone, MoG head with iterative unmasking."""
+    """EAR-TTS talker: char-aware subword encoder, Gemma3 backbone, MoG head with iterative unmasking.
 
+    Names follow NeMo's `RVQEARTTSModel` (speechlm2, 3.0.0) and transformers' `gemma3_text` / `t5gemma`
+    defaults, which the release relies on. [U] fields: no public source confirmed them.
+    """
+
+    # Gemma3 backbone
     hidden_size: int = 1152
     num_layers: int = 28
     num_heads: int = 16
@@ -163,16 +168,30 @@ class TalkerConfig(_Frozen):
     head_dim: int = 72
     intermediate_size: int = 4608
     sliding_window: int = 7500
+    # every `sliding_pattern`-th layer is global (full attention), the others slide
     sliding_pattern: int = 6
+    # ring capacity of the global layers: the reference grows without bound; Chorus keeps a window [U]
+    attention_window: int = 8192
     query_pre_attn_scalar: float = 256.0
     rope_theta: float = 1_000_000.0
     rope_local_theta: float = 10_000.0
     rms_eps: float = 1e-6
-    # character encoder (t5gemma style, encoder only)
+    # text conditioning: the thinker's vocabulary, resolved by string through the tokenizer
+    vocab_size: int = 131_072
+    bos_token: str = "<s>"
+    eos_token: str = "</s>"
+    pad_token: str = "<SPECIAL_12>"
+    # character encoder (t5gemma encoder, bidirectional, one layer) [U: widths]
+    char_vocab_size: int = 256
+    char_hidden_size: int = 1152
     char_layers: int = 1
     char_heads: int = 16
+    char_kv_heads: int = 16
+    char_head_dim: int = 72
     char_intermediate_size: int = 4608
     char_softcap: float = 50.0
+    char_query_pre_attn_scalar: float = 256.0
+    char_rope_theta: float = 10_000.0
     # codes
     num_codebooks: int = 31
     codebook_size: int = 1024
@@ -185,17 +204,37 @@ class TalkerConfig(_Frozen):
     log_std_min: float = -4.0
     num_iterations: int = 8
     schedule_exponent: float = 3.0
-    top_p: float = 0.9
-    noise_scale: float = 1.0
+    # sampling (NeMo's inference defaults: top-p 0.8, noise 0.8) [U]; 0 noise and no Gumbel = deterministic
+    top_p: float = 0.8
+    noise_scale: float = 0.8
+    gumbel: bool = True
+    # classifier-free guidance (a second, unconditional stream per slot)
     cfg_scale: float = 0.2
     use_cfg: bool = False
     warmup_positions: int = 37
     speaker: str = "Aria"
 
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """'sliding' or 'global' per backbone layer (transformers' Gemma3 pattern)."""
+        p = self.sliding_pattern
+        return tuple("global" if (i + 1) % p == 0 else "sliding" for i in range(self.num_layers))
+
     @model_validator(mode="after")
     def _check(self) -> TalkerConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads: {self.num_kv_heads} must divide num_heads ({self.num_heads})")
+        if self.char_heads % self.char_kv_heads:
+            raise ValueError(f"char_kv_heads: {self.char_kv_heads} must divide char_heads ({self.char_heads})")
+        ring = min(self.sliding_window, self.attention_window)
+        if self.warmup_positions < 2 or self.warmup_positions > ring:
+            raise ValueError(
+                f"warmup_positions: {self.warmup_positions} must be in [2, {ring}] (the smallest KV ring)"
+            )
+        if self.mog_rank >= self.latent_dim:
+            raise ValueError(f"mog_rank: {self.mog_rank} must be below latent_dim ({self.latent_dim})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         return self
 
 
@@ -293,7 +332,12 @@ def _tiny() -> ModelConfig:
             head_dim=32,
             intermediate_size=512,
             sliding_window=256,
+            attention_window=256,
+            vocab_size=512,
+            char_hidden_size=128,
             char_heads=4,
+            char_kv_heads=4,
+            char_head_dim=32,
             char_intermediate_size=256,
             codebook_size=64,
             latent_dim=32,
