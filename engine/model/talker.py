@@ -21,11 +21,13 @@ from engine.model.talker_heads import (
     MoGHead,
     RMSNorm,
     apply_rope,
-    gumbel_noise,
-    normal_noise,
+    gumbel_from_uniform,
+    normal_from_uniform,
     rope_cos_sin,
+    row_keys,
     token_chars_and_flags,
     top_p_filter,
+    uniform_noise,
     unmasking_schedule,
 )
 
@@ -55,6 +57,16 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_eps)
         self.k_norm = RMSNorm(d, cfg.rms_eps)
+        self.split = (cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d)
+        # q, k, v stacked into one matmul; rebuilt by `fuse()` whenever the weights change
+        self.register_buffer("qkv", torch.zeros(sum(self.split), h), persistent=False)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        self.qkv.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return (x @ self.qkv.T).split(self.split, dim=-1)
 
 
 class _Layer(nn.Module):
@@ -110,6 +122,7 @@ class Talker(nn.Module):
         buf("subword_table", torch.zeros(cfg.vocab_size, h))
         buf("rvq_padded", torch.zeros(q, v + 1, d))
         buf("rvq_sq", torch.zeros(q, v))
+        buf("rvq_neg2t", torch.zeros(q, d, v))
         buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
         self.rings = [cfg.sliding_window if t == "sliding" else cfg.attention_window for t in cfg.layer_types]
         kv, hd = cfg.num_kv_heads, cfg.head_dim
@@ -164,10 +177,14 @@ class Talker(nn.Module):
                 "tokenizer: need the thinker's tokenizer (vocab_size entries) to build the subword table"
             )
         cfg = self.cfg
+        for mod in self.modules():
+            if isinstance(mod, GatedMLP | _Attention):
+                mod.fuse()
         self.subword_table.copy_(self.embed_subword.table(self._token_chars))
         self.rvq_padded.zero_()
         self.rvq_padded[:, : cfg.codebook_size].copy_(self.rvq_embs)
         self.rvq_sq.copy_(self.rvq_embs.pow(2).sum(-1))
+        self.rvq_neg2t.copy_(-2 * self.rvq_embs.transpose(1, 2))
         m = self.mog_head
         self.head_weight.copy_(torch.cat([m.proj_logits.weight, m.proj_else.weight, m.proj_logs.weight]))
         self._build_warmup()
@@ -208,10 +225,10 @@ class Talker(nn.Module):
             a = layer.self_attn
             theta = cfg.rope_local_theta if cfg.layer_types[i] == "sliding" else cfg.rope_theta
             cos, sin = rope_cos_sin(pos, d, theta)
-            hn = layer.input_layernorm(x)
-            q = apply_rope(a.q_norm(a.q_proj(hn).view(s, t, hq, d)).transpose(1, 2), cos, sin)
-            k = apply_rope(a.k_norm(a.k_proj(hn).view(s, t, hk, d)).transpose(1, 2), cos, sin)
-            v = a.v_proj(hn).view(s, t, hk, d).transpose(1, 2)
+            q, k, v = a.project(layer.input_layernorm(x))
+            q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin)
+            k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin)
+            v = v.reshape(s, t, hk, d).transpose(1, 2)
             getattr(self, f"warm_k{i}").copy_(k)
             getattr(self, f"warm_v{i}").copy_(v)
             kk = k.repeat_interleave(hq // hk, dim=1)
@@ -298,10 +315,10 @@ class Talker(nn.Module):
         for i, layer in enumerate(self.backbone.layers):
             a, ring = layer.self_attn, self.rings[i]
             cos, sin = (c[:, None, :] for c in rope[cfg.layer_types[i]])
-            hn = layer.input_layernorm(x)
-            q = apply_rope(a.q_norm(a.q_proj(hn).view(r, hq, d)), cos, sin)
-            k = apply_rope(a.k_norm(a.k_proj(hn).view(r, hk, d)), cos, sin)
-            v = a.v_proj(hn).view(r, hk, d)
+            q, k, v = a.project(layer.input_layernorm(x))
+            q = apply_rope(a.q_norm(q.reshape(r, hq, d)), cos, sin)
+            k = apply_rope(a.k_norm(k.reshape(r, hk, d)), cos, sin)
+            v = v.reshape(r, hk, d)
             idx = (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d)
             kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
             kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
@@ -323,22 +340,23 @@ class Talker(nn.Module):
         m = self.mog_head
         nc, rank, dl = cfg.mog_components, cfg.mog_rank, cfg.latent_dim
         work = [k for k in self.schedule if k > 0]
-        sampling = cfg.gumbel or cfg.noise_scale > 0
-        if sampling:
-            passes = torch.arange(len(work), device=hidden.device)
-            base = passes[:, None] << 20
-            if cfg.gumbel:
-                g_all = gumbel_noise(self.seeds, self.frames, base + torch.arange(nc, device=hidden.device))
-            if cfg.noise_scale > 0:
-                z_all = normal_noise(
-                    self.seeds, self.frames, (1 << 27) + base + torch.arange(dl, device=hidden.device)
-                )
+        if cfg.gumbel or cfg.noise_scale > 0:
+            # one hash over every noise this frame needs: per pass nc Gumbel + 2 * latent uniforms
+            width = nc + 2 * dl
+            stream = torch.arange(len(work) * width, device=hidden.device).view(len(work), width)
+            u = uniform_noise(row_keys(self.seeds, self.frames), stream)  # [n, passes, width]
+            gumbel = gumbel_from_uniform(u[..., :nc])
+            normal = normal_from_uniform(u[..., nc : nc + dl], u[..., nc + dl :])
         mus = m.proj_mus.weight.view(nc, rank, -1)
         acc = hidden.new_zeros(n, dl)
         codes: list[Tensor] = []
         level = 0
         for p, k in enumerate(work):
-            e = hidden if p == 0 else self.embed_code(acc).repeat(hidden.shape[0] // n, 1) + hidden
+            if p == 0:
+                e = hidden
+            else:
+                e = self.embed_code(acc)
+                e = (torch.cat([e, e]) if cfg.use_cfg else e) + hidden
             x = m.mlp_stack(e)
             if cfg.use_cfg:
                 xc, xu = x[:n], x[n:]
@@ -348,7 +366,7 @@ class Talker(nn.Module):
             if cfg.gumbel:
                 if cfg.top_p < 1.0:
                     logits = top_p_filter(logits, cfg.top_p)
-                comp = (F.log_softmax(logits, -1) + g_all[:, p]).argmax(-1)
+                comp = (F.log_softmax(logits, -1) + gumbel[:, p]).argmax(-1)
             else:
                 comp = F.log_softmax(logits, -1).argmax(-1)
             mu = torch.bmm(mus[comp], x.unsqueeze(2))  # [n, rank, 1]
@@ -356,14 +374,19 @@ class Talker(nn.Module):
             std = torch.exp(logs.clamp_min(cfg.log_std_min))
             z = mu * std + mu_res
             if cfg.noise_scale > 0:
-                z = z + std * z_all[:, p] * cfg.noise_scale
+                z = z + std * normal[:, p] * cfg.noise_scale
+            last_pass = p == len(work) - 1
             for lv in range(level, level + k):
-                emb = self.rvq_embs[lv]
-                c = (self.rvq_sq[lv] - 2 * (z @ emb.T)).argmin(-1)
-                e_l = emb[c]
-                z = z - e_l
-                acc = acc + e_l
+                # argmin ||z - e||^2 = argmin (||e||^2 - 2 z.e); -2 E^T is exact, so this equals NeMo's form
+                c = (self.rvq_sq[lv] + z @ self.rvq_neg2t[lv]).argmin(-1)
                 codes.append(c)
+                if lv == level + k - 1 and last_pass:
+                    break
+                e_l = self.rvq_embs[lv][c]
+                if lv < level + k - 1:
+                    z = z - e_l
+                if not last_pass:
+                    acc = acc + e_l
             level += k
         return torch.stack(codes, 1)
 

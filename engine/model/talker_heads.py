@@ -27,8 +27,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return (out * (1.0 + self.weight.float())).type_as(x)
 
 
@@ -40,9 +39,16 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        # gate and up stacked into one matmul; rebuilt by `fuse()` whenever the weights change
+        self.register_buffer("gate_up", torch.zeros(2 * inner, hidden), persistent=False)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        self.gate_up.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        g, u = (x @ self.gate_up.T).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(g, approximate="tanh") * u)
 
 
 def rope_cos_sin(pos: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -285,25 +291,26 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
-    """Uniform (0, 1) fp32 from a hash of (seed `[B]`, counter `[B]`, stream ids `[...]`) -> `[B, ...]`.
-
-    Pure function of its inputs: a row's noise never depends on other rows or on any global generator.
-    """
-    shape = (-1,) + (1,) * stream.dim()
+def row_keys(seed: Tensor, counter: Tensor) -> Tensor:
+    """A 32-bit key per row from its (seed, counter) pair, int64 `[B]`."""
     h = _mix32((seed & _MASK32) ^ 0x9E3779B9)
     h = _mix32(h ^ ((seed >> 32) & _MASK32))
-    h = _mix32(h ^ (counter & _MASK32))
-    h = _mix32(h.view(shape) ^ stream)
+    return _mix32(h ^ (counter & _MASK32))
+
+
+def uniform_noise(keys: Tensor, stream: Tensor) -> Tensor:
+    """Uniform (0, 1) fp32 `[B, *stream.shape]` from a hash of (row key `[B]`, stream id < 2^32).
+
+    Pure function of its inputs: a row's noise never depends on other rows or on a global generator.
+    """
+    h = _mix32(keys.view((-1,) + (1,) * stream.dim()) ^ stream)
     return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
-def gumbel_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
-    return -torch.log(-torch.log(uniform_noise(seed, counter, stream)))
+def gumbel_from_uniform(u: Tensor) -> Tensor:
+    return -torch.log(-torch.log(u))
 
 
-def normal_noise(seed: Tensor, counter: Tensor, stream: Tensor) -> Tensor:
-    """Standard normal via Box-Muller from two hashed uniforms per element."""
-    u1 = uniform_noise(seed, counter, stream * 2)
-    u2 = uniform_noise(seed, counter, stream * 2 + 1)
+def normal_from_uniform(u1: Tensor, u2: Tensor) -> Tensor:
+    """Box-Muller: two independent uniforms -> one standard normal."""
     return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)
