@@ -239,7 +239,12 @@ class TalkerConfig(_Frozen):
 
 
 class CodecConfig(_Frozen):
-    """RVQ-VAE decoder: codes -> latent -> causal ConvNeXt decoder -> iSTFT head."""
+    """RVQ-VAE decoder: codes -> latent -> causal ConvNeXt decoder -> iSTFT head.
+
+    Decoder order throughout (NeMo's `codec_config` lists the encoder's: channels are
+    `base_hidden_size * channel_mult` reversed, upsample is `rates` reversed). NeMo fixes the ConvNeXt MLP
+    ratio at 4, its LayerNorm eps at 1e-6 and the window at Hann; the release has groups = 1.
+    """
 
     num_codebooks: int = 31
     codebook_size: int = 1024
@@ -249,6 +254,7 @@ class CodecConfig(_Frozen):
     blocks_per_stage: int = 3
     block_kernel: int = 7
     mlp_ratio: int = 4
+    norm_eps: float = 1e-6
     n_fft: int = 16
     hop_length: int = 4
 
@@ -262,8 +268,10 @@ class CodecConfig(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> CodecConfig:
         if len(self.channels) != len(self.upsample):
+            raise ValueError(f"channels: {len(self.channels)} stages but upsample has {len(self.upsample)}")
+        if self.n_fft % self.hop_length or (self.n_fft - self.hop_length) % 2:
             raise ValueError(
-                f"channels: {len(self.channels)} stages but upsample has {len(self.upsample)}"
+                f"hop_length: {self.hop_length} must divide n_fft ({self.n_fft}) with n_fft - hop_length even"
             )
         return self
 
@@ -346,7 +354,7 @@ def _tiny() -> ModelConfig:
             mog_rank=8,
             query_pre_attn_scalar=32.0,
         ),
-        codec=CodecConfig(codebook_size=64, latent_dim=32, channels=(32, 16, 8), mlp_ratio=2),
+        codec=CodecConfig(codebook_size=64, latent_dim=32, channels=(16, 8, 4)),
         thinker_dtype="float32",
     )
 
