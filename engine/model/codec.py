@@ -44,7 +44,7 @@ class _Codebooks(nn.Module):
         table = torch.stack(tuple(self.mus_list)).view(depth * size, -1)
         offsets = torch.arange(0, depth * size, size, device=codes.device)
         rows = (codes + offsets).view(-1, depth)
-        return F.embedding_bag(rows, table, mode="sum").view(*codes.shape[:-1], -1)
+        return F.embedding_bag(rows, table, mode="sum").view(*codes.shape[:-1], table.shape[1])
 
 
 class _Upsample(nn.Module):
@@ -260,7 +260,9 @@ class Codec(nn.Module):
         """
         self._check_codes(codes, ("B", "T", self.cfg.num_codebooks))
         self._check_range(codes)
-        b = codes.shape[0]
+        b, t, _ = codes.shape
+        if b * t == 0:
+            return self._tail.new_zeros(b, t * self.frame_samples)
         states = [s.new_zeros((s.shape[0], b, s.shape[2])) for s in self._states()]
         return self._run(codes, states)[0]
 
