@@ -130,7 +130,7 @@ class RelPositionAttention(nn.Module):
         hidden = (rel < 0) | (rel > window)
         bd = bd_all.gather(-1, rel.clamp(0, window).expand(b, self.h, t, t))
         scores = ((ac + bd) / math.sqrt(self.d_k)).masked_fill(hidden, _MASKED)
-        attn = torch.softmax(scores, dim=-1).masked_fill(hidden, 0.0)
+        attn = torch.softmax(scores, dim=-1)  # the diagonal is always visible: hidden keys weigh exactly 0
         return self.linear_out((attn @ v).transpose(1, 2).reshape(b, t, -1))
 
     def step(
@@ -145,7 +145,8 @@ class RelPositionAttention(nn.Module):
         """One query per row against its ring of W cached keys plus itself.
 
         x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
-        of each ring entry to the current frame (1..W); hidden [B, W] bool, ring entries that hold no frame.
+        of each ring entry to the current frame (1..W); hidden [B, 1, W + 1] additive score bias: -10000
+        (NeMo's fill) for ring entries that hold no frame, 0 elsewhere and for the current frame (last).
         Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - the caller writes k, v into the ring.
         """
         b = x.shape[0]
@@ -156,9 +157,9 @@ class RelPositionAttention(nn.Module):
         ac_ring = (k_cache @ qu[..., None])[..., 0]  # [B, H, W]
         bd_ring = bd_all.gather(-1, dist[:, None, :].expand(-1, self.h, -1))
         ac_cur = (qu * k).sum(-1, keepdim=True)
-        scores = torch.cat([ac_ring + bd_ring, ac_cur + bd_all[..., :1]], dim=-1) / math.sqrt(self.d_k)
-        mask = F.pad(hidden, (0, 1), value=False)[:, None, :]
-        attn = torch.softmax(scores.masked_fill(mask, _MASKED), dim=-1).masked_fill(mask, 0.0)
+        scores = torch.cat([ac_ring + bd_ring, ac_cur + bd_all[..., :1]], dim=-1)
+        # hidden keys get exactly 0 weight (the current frame is always visible), as after NeMo's masked_fill
+        attn = torch.softmax(scores.div_(math.sqrt(self.d_k)).add_(hidden), dim=-1)
         out = (attn[:, :, None, :-1] @ v_cache)[:, :, 0] + attn[..., -1:] * v
         return self.linear_out(out.reshape(b, -1)), k, v
 
@@ -196,6 +197,8 @@ class ConformerLayer(nn.Module):
         hidden: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One frame x [B, d] -> (y [B, d], new key [B, H, dk], new value [B, H, dk], new conv cache).
+
+        `hidden` is the additive score bias of RelPositionAttention.step.
 
         Caches are read, never written: the caller commits the returned state for the rows it keeps.
         """

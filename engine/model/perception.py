@@ -26,6 +26,8 @@ from torch import nn
 from engine.config import PerceptionConfig
 from engine.model.conformer import ConformerEncoder
 
+_MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
+
 RELEASE_PREFIX = "stt_model.perception."
 # Release tensors under the prefix that inference does not need (none are known for this stage).
 IGNORED_RELEASE_NAMES: frozenset[str] = frozenset()
@@ -83,6 +85,17 @@ class MelFrontEnd(nn.Module):
 class Perception(nn.Module):
     """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state."""
 
+    # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
+    STATE_BUFFERS = (
+        "audio_tail",
+        "mel_tail",
+        "k_cache",
+        "v_cache",
+        "conv_cache",
+        "frames",
+        "nonfinite_samples",
+    )
+
     def __init__(self, cfg: PerceptionConfig, out_dim: int, num_slots: int) -> None:
         super().__init__()
         if cfg.att_context_right != 0:
@@ -108,9 +121,11 @@ class Perception(nn.Module):
                 f"chunk_mel: {cfg.chunk_mel} columns per frame must equal subsampling_factor "
                 f"({cfg.subsampling_factor}) for one encoder frame per call"
             )
-        if cfg.pre_encode_cache + cfg.chunk_mel < rf or cfg.drop_extra_pre_encoded != _outputs(
-            cfg.pre_encode_cache + cfg.chunk_mel, self.encoder.pre_encode.num_stages
-        ) - 1:
+        if (
+            cfg.pre_encode_cache + cfg.chunk_mel < rf
+            or cfg.drop_extra_pre_encoded
+            != _outputs(cfg.pre_encode_cache + cfg.chunk_mel, self.encoder.pre_encode.num_stages) - 1
+        ):
             raise NotImplementedError(
                 "pre_encode_cache/drop_extra_pre_encoded: only geometries that keep the last subsampled "
                 f"output of a window covering its {rf}-column receptive field are implemented"
@@ -144,13 +159,16 @@ class Perception(nn.Module):
         """
         s, n = self.num_slots, self.frame_samples
         if audio.shape != (s, n) or not audio.is_floating_point():
-            raise ValueError(f"audio: expected a float tensor of shape [{s}, {n}], got {audio.dtype} {list(audio.shape)}")
+            raise ValueError(
+                f"audio: expected a float tensor of shape [{s}, {n}], got {audio.dtype} {list(audio.shape)}"
+            )
         if active.shape != (s,) or active.dtype != torch.bool:
-            raise ValueError(f"active: expected a bool tensor of shape [{s}], got {active.dtype} {list(active.shape)}")
-        audio = audio.to(self.audio_tail.dtype)
-        bad = ~torch.isfinite(audio)
-        audio = audio.masked_fill(bad, 0.0)
-        self.nonfinite_samples.add_(bad.sum(-1) * active)
+            raise ValueError(
+                f"active: expected a bool tensor of shape [{s}], got {active.dtype} {list(active.shape)}"
+            )
+        raw = audio.to(self.audio_tail.dtype)
+        audio = torch.nan_to_num(raw, nan=0.0, posinf=0.0, neginf=0.0)
+        self.nonfinite_samples.add_(((audio != raw) & active[:, None]).sum(-1))
 
         first = self.frames == 0
         seg = torch.cat([self.audio_tail, audio[:, : self.cfg.n_fft // 2]], dim=-1)
@@ -159,27 +177,33 @@ class Perception(nn.Module):
         # frame 0 is column 0 alone: the columns before the stream are zero, for this frame and the next
         early = torch.arange(window.shape[1], device=window.device) < window.shape[1] - 1
         window = window.masked_fill(first[:, None, None] & early[None, :, None], 0.0)
-        mel_tail = window[:, -self.mel_tail_len :]
         x = self.encoder.pre_encode(window, first)[:, 0]
 
         w = self.cfg.att_context_left
-        slot = torch.arange(w, device=x.device)
-        dist = torch.remainder(self.frames[:, None] - 1 - slot, w) + 1  # ring entry r holds frame t - dist
-        hidden = dist > self.frames[:, None]
-        d_k = self.cfg.d_model // self.cfg.num_heads
-        write = torch.remainder(self.frames, w)[:, None, None, None].expand(-1, self.cfg.num_heads, 1, d_k)
-        keep = active[:, None, None]
+        dist = torch.remainder(self.frames[:, None] - 1 - torch.arange(w, device=x.device), w) + 1
+        # ring entry r holds frame t - dist[r]; entries before the stream's first frame are hidden
+        hidden = F.pad(torch.where(dist > self.frames[:, None], _MASKED, 0.0), (0, 1))[:, None]
+        keys, values, convs = [], [], []
         for i, layer in enumerate(self.encoder.layers):
-            k_cache, v_cache = self.k_cache[i], self.v_cache[i]
-            x, k, v, conv = layer.step(x, self.encoder.pe, k_cache, v_cache, self.conv_cache[i], dist, hidden)
-            k_cache.scatter_(2, write, torch.where(keep, k, k_cache.gather(2, write)[:, :, 0])[:, :, None])
-            v_cache.scatter_(2, write, torch.where(keep, v, v_cache.gather(2, write)[:, :, 0])[:, :, None])
-            self.conv_cache[i].copy_(torch.where(keep, conv, self.conv_cache[i]))
+            x, k, v, conv = layer.step(
+                x, self.encoder.pe, self.k_cache[i], self.v_cache[i], self.conv_cache[i], dist, hidden
+            )
+            keys.append(k)
+            values.append(v)
+            convs.append(conv)
         out = self.proj(x)
 
+        # commit the state of the active rows only: layer-major caches, ring write at frame % w
+        keep = active[None, :, None, None, None]
+        write = torch.remainder(self.frames, w)[None, :, None, None, None]
+        write = write.expand(len(keys), -1, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads)
+        for cache, new in ((self.k_cache, keys), (self.v_cache, values)):
+            new = torch.stack(new)[:, :, :, None]
+            cache.scatter_(3, write, torch.where(keep, new, cache.gather(3, write)))
+        self.conv_cache.copy_(torch.where(keep[..., 0], torch.stack(convs), self.conv_cache))
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
         self.audio_tail.copy_(torch.where(active[:, None], tail, self.audio_tail))
-        self.mel_tail.copy_(torch.where(keep, mel_tail, self.mel_tail))
+        self.mel_tail.copy_(torch.where(keep[0, :, :, :, 0], window[:, -self.mel_tail_len :], self.mel_tail))
         self.frames.add_(active.to(self.frames.dtype))
         return out
 
@@ -187,7 +211,9 @@ class Perception(nn.Module):
     def reset(self, mask: torch.Tensor) -> None:
         """Return the slots where mask [num_slots] bool is set to the fresh state (counters included)."""
         if mask.shape != (self.num_slots,) or mask.dtype != torch.bool:
-            raise ValueError(f"mask: expected a bool tensor of shape [{self.num_slots}], got {mask.dtype} {list(mask.shape)}")
+            raise ValueError(
+                f"mask: expected a bool tensor of shape [{self.num_slots}], got {mask.dtype} {list(mask.shape)}"
+            )
         for name in ("audio_tail", "mel_tail", "frames", "nonfinite_samples"):
             buf = getattr(self, name)
             buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
@@ -197,28 +223,36 @@ class Perception(nn.Module):
 
     # ------------------------------------------------------------------ whole utterance
     @torch.inference_mode()
+    def log_mel(self, audio: torch.Tensor) -> torch.Tensor:
+        """audio [B, N] -> [B, 8 (T - 1) + 1, n_mels], T = N // 1280: the mel columns 0 .. 8(T-1) the encoder consumes.
+
+        Trailing samples short of a whole frame are ignored; non-finite samples become 0 (not counted).
+        """
+        if audio.dim() != 2 or not audio.is_floating_point():
+            raise ValueError(
+                f"audio: expected a float tensor of shape [B, N], got {audio.dtype} {list(audio.shape)}"
+            )
+        cfg, t = self.cfg, audio.shape[1] // self.frame_samples
+        audio = audio[:, : t * self.frame_samples].to(self.audio_tail.dtype)
+        seg = F.pad(audio.masked_fill(~torch.isfinite(audio), 0.0), (self.audio_tail_len, 0))
+        mel = self.preprocessor(seg[:, 1:] - cfg.preemph * seg[:, :-1], cfg.chunk_mel * t)
+        return mel[:, cfg.chunk_mel - 1 :]  # the first chunk_mel - 1 columns lie before the stream
+
+    @torch.inference_mode()
     def encode_offline(self, audio: torch.Tensor) -> torch.Tensor:
         """audio [B, N] -> [B, N // 1280, out_dim]: what `step` yields frame by frame from a fresh slot.
 
         Trailing samples short of a whole frame are ignored; non-finite samples become 0 (not counted).
         """
-        if audio.dim() != 2 or not audio.is_floating_point():
-            raise ValueError(f"audio: expected a float tensor of shape [B, N], got {audio.dtype} {list(audio.shape)}")
-        cfg, n = self.cfg, self.frame_samples
-        t = audio.shape[1] // n
-        if t == 0:
-            return audio.new_zeros(audio.shape[0], 0, self.proj.out_features)
-        audio = audio[:, : t * n].to(self.audio_tail.dtype)
-        audio = audio.masked_fill(~torch.isfinite(audio), 0.0)
-        seg = F.pad(audio, (self.audio_tail_len, 0))
-        mel = self.preprocessor(seg[:, 1:] - cfg.preemph * seg[:, :-1], cfg.chunk_mel * t)
-        # columns -14 .. 8(t-1): columns before the stream are zero (the first frame zeroes them)
-        mel = torch.cat([mel.new_zeros(mel.shape[0], self.mel_tail_len + cfg.chunk_mel - 1, cfg.n_mels),
-                         mel[:, cfg.chunk_mel - 1 :]], dim=1)
-        x = self.encoder.pre_encode(mel)
+        mel = self.log_mel(audio)
+        if mel.shape[1] == 0:
+            return mel.new_zeros(mel.shape[0], 0, self.proj.out_features)
+        # columns -14 .. 8(T-1): columns before the stream are zero (frame 0 zeroes them, frame 1 sees them)
+        pre = self.encoder.pre_encode
+        mel = F.pad(mel, (0, 0, pre.receptive_field - 1, 0))
         first = torch.ones(mel.shape[0], dtype=torch.bool, device=mel.device)
-        x0 = self.encoder.pre_encode(mel[:, : self.encoder.pre_encode.receptive_field], first)
-        x = torch.cat([x0, x[:, 1:]], dim=1)
+        x = pre(mel)
+        x = torch.cat([pre(mel[:, : pre.receptive_field], first), x[:, 1:]], dim=1)
         return self.proj(self.encoder.forward_offline(x))
 
 
@@ -254,7 +288,9 @@ def load_release_weights(module: Perception, tensors: dict[str, torch.Tensor]) -
     unknown = [n for n in tensors if n.startswith(RELEASE_PREFIX) and n not in known]
     problems = [f"missing: {', '.join(missing)}"] if missing else []
     problems += [f"wrong shape: {', '.join(wrong)}"] if wrong else []
-    problems += [f"unknown (add to IGNORED_RELEASE_NAMES if not needed): {', '.join(unknown)}"] if unknown else []
+    problems += (
+        [f"unknown (add to IGNORED_RELEASE_NAMES if not needed): {', '.join(unknown)}"] if unknown else []
+    )
     if problems:
         raise ValueError("perception release weights: " + "; ".join(problems))
     for name in _FRONT_END_BUFFERS:
