@@ -161,6 +161,24 @@ def test_reset_slot_equals_fresh_slot_and_spares_neighbours(cfg, release, cases)
     assert torch.equal(out[~mask], run(untouched, codes)[~mask])
 
 
+def test_meta_built_codec_loads_and_decodes_like_a_normal_one(cfg, release, cases):
+    with torch.device("meta"):
+        codec = Codec(cfg, cases["codes"].shape[0])
+    codec.to_empty(device="cpu")
+    load_release_weights(codec, release)
+    assert torch.equal(
+        run(codec, cases["codes"]), run(make(cfg, cases["codes"].shape[0], release), cases["codes"])
+    )
+
+
+def test_low_precision_is_refused(cfg):
+    codec = Codec(cfg, 1).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        codec.step(torch.zeros(1, cfg.num_codebooks, dtype=torch.long), torch.ones(1, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="float32 only"):
+        codec.decode(torch.zeros(1, 1, cfg.num_codebooks, dtype=torch.long))
+
+
 def test_step_and_decode_reject_bad_codes(cfg, release):
     codec = make(cfg, 4, release)
     active = torch.ones(4, dtype=torch.bool)

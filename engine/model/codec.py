@@ -1,7 +1,7 @@
 """RVQ-VAE codec decoder: one frame of RVQ codes per slot -> 1764 samples at 22.05 kHz, streamed per slot.
 
-Sum of the selected codebook centroids -> causal ConvNeXt decoder (channels-last) -> iSTFT head, with each
-slot's causal-conv inputs and iSTFT overlap kept in preallocated buffers. Reproduces the release's streaming
+Sum of the selected codebook centroids -> causal ConvNeXt decoder (channel-major: [C, slots, time]) -> iSTFT
+head, with each slot's causal-conv inputs and iSTFT overlap kept in preallocated buffers. Reproduces the release's streaming
 decode (NeMo `RVQVAEModel.decode` with a per-session `CausalConv1dCache`, as vllm-omni's duplex path runs it):
 that is NeMo's offline decode delayed by `output_delay` samples (8). Knows tensors and the release's tensor
 names; knows nothing of the talker, the clock or slot lifetimes. fp32 only.
@@ -157,25 +157,34 @@ class Codec(nn.Module):
         self.decoder = _Decoder(cfg)
         hop, n_fft = cfg.hop_length, cfg.n_fft
         self.frame_samples = cfg.samples_per_frame
-        self.frame_columns = self.frame_samples // hop
         self.cached_columns = codec_ops.cached_columns(n_fft, hop)
         self.output_offset = codec_ops.output_offset(n_fft, hop)
-        # Constants of the iSTFT head.
-        self.register_buffer("_irfft", codec_ops.irfft_matrix(n_fft), persistent=False)
-        self.register_buffer("_window", torch.hann_window(n_fft), persistent=False)
-        self.register_buffer(
-            "_inv_envelope", 1.0 / codec_ops.frame_envelope(n_fft, hop, self.frame_samples), persistent=False
-        )
-        # Per-slot streaming state, channel-major like the activations (slot = dim 1): each block's last
-        # K - 1 inputs [C, num_slots, K - 1], and the iSTFT's last windowed frames [n_fft, num_slots, P].
+        # Constants of the iSTFT head, and per-slot streaming state, channel-major like the activations
+        # (slot = dim 1): each block's last K - 1 inputs [C, num_slots, K - 1], and the iSTFT's last
+        # windowed frames [n_fft, num_slots, P]. Values are set by `init_buffers`.
+        self.register_buffer("_irfft", torch.empty(n_fft, n_fft + 2), persistent=False)
+        self.register_buffer("_window", torch.empty(n_fft), persistent=False)
+        self.register_buffer("_inv_envelope", torch.empty(self.frame_samples), persistent=False)
         self._state_names: list[str] = []
         for i, block in enumerate(self.decoder.blocks()):
             dim = block.dwconv.weight.shape[0]
             self._add_state(f"_context{i}", (dim, num_slots, cfg.block_kernel - 1))
         self._add_state("_tail", (n_fft, num_slots, self.cached_columns))
+        self.requires_grad_(False)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Compute the iSTFT constants and zero every slot's state (again after `to_empty`, say)."""
+        hop, n_fft = self.cfg.hop_length, self.cfg.n_fft
+        self._irfft.copy_(codec_ops.irfft_matrix(n_fft))
+        self._window.copy_(torch.hann_window(n_fft))
+        self._inv_envelope.copy_(1.0 / codec_ops.frame_envelope(n_fft, hop, self.frame_samples))
+        for state in self._states():
+            state.zero_()
 
     def _add_state(self, name: str, shape: tuple[int, ...]) -> None:
-        self.register_buffer(name, torch.zeros(shape), persistent=False)
+        self.register_buffer(name, torch.empty(shape), persistent=False)
         self._state_names.append(name)
 
     @property
@@ -201,7 +210,11 @@ class Codec(nn.Module):
         return wav.view(b, n), [*contexts, frames[:, :, frames.shape[2] - self.cached_columns :]]
 
     def _check_codes(self, codes: torch.Tensor, shape: tuple[int | str, ...]) -> None:
-        """Dtype, shape (str entries are free dimensions) and device."""
+        """Dtype, shape (str entries are free dimensions) and device; and that the module is fp32."""
+        if self._tail.dtype != torch.float32:
+            raise RuntimeError(
+                f"codec: runs in float32 only, not {self._tail.dtype} (low precision ruins the audio)"
+            )
         want = f"an int64 tensor of shape ({', '.join(map(str, shape))})"
         ok = isinstance(codes, torch.Tensor) and codes.dtype == torch.long and codes.dim() == len(shape)
         if not ok or any(isinstance(n, int) and n != m for n, m in zip(shape, codes.shape, strict=True)):
@@ -284,7 +297,8 @@ def load_release_weights(module: Codec, tensors: Mapping[str, torch.Tensor]) -> 
 
     Our names are the release's with PREFIX stripped (`decoder.layers.{i}.*`, `prvq.mus_list.{i}`); the
     names in IGNORED_PREFIXES are left out on purpose. Raises ValueError naming every missing tensor,
-    wrong shape, or codec tensor that is neither ours nor ignored.
+    wrong shape, or codec tensor that is neither ours nor ignored. Also sets the constants and fresh state
+    (`Codec.init_buffers`), so a module built on the meta device and moved with `to_empty` is ready.
     """
     own = module.state_dict(keep_vars=True)
     ignored = ignored_release_names(tensors)
@@ -301,4 +315,5 @@ def load_release_weights(module: Codec, tensors: Mapping[str, torch.Tensor]) -> 
         raise ValueError(f"codec weights: missing {missing}; wrong shape {wrong}; unknown {unknown}")
     for k, p in own.items():
         p.copy_(tensors[PREFIX + k].to(dtype=p.dtype))
+    module.init_buffers()
     return {PREFIX + k for k in own}
