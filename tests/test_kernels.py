@@ -420,3 +420,37 @@ def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
         assert r["pad_zero"] and r["untouched"], name
         assert r["y_excess"] <= 0, name
         assert r.get("state_excess", 0) <= 0 and r.get("state_equal", True), name
+
+
+def test_dense_live_batch_updates_equal_the_indexed_ones():
+    """The live batch's in-place updates (row i is slot i) equal the indexed references with inactive rows as
+    padding: same outputs, same state, and inactive slots bit-identical."""
+    from engine.kernels.causal_conv1d_update import causal_conv1d_update_dense_ref, causal_conv1d_update_ref
+    from engine.kernels.selective_state_update import (
+        selective_state_update_dense_ref,
+        selective_state_update_ref,
+    )
+
+    g = torch.Generator().manual_seed(11)
+    b, h, p, n, grp = 6, 4, 8, 5, 2
+    active = torch.tensor([True, False, True, True, False, True])
+    idx = torch.where(active, torch.arange(b), -1)
+    state = torch.randn(b + 1, h, p, n, generator=g)
+    args = (
+        torch.randn(b, h, p, generator=g), torch.randn(b, h, generator=g), -torch.rand(h, generator=g) - 0.5,
+        torch.randn(b, grp, n, generator=g), torch.randn(b, grp, n, generator=g), torch.randn(h, generator=g),
+        torch.randn(h, generator=g),
+    )  # fmt: skip
+    s1, s2 = state.clone(), state.clone()
+    y1 = selective_state_update_ref(s1, *args, idx)
+    y2 = selective_state_update_dense_ref(s2, *args, active)
+    assert torch.allclose(y1, y2, atol=1e-5) and torch.allclose(s1, s2, atol=1e-6)
+    assert torch.equal(
+        s2[~torch.cat([active, torch.tensor([False])])], state[~torch.cat([active, torch.tensor([False])])]
+    )
+    conv = torch.randn(b + 1, 7, 3, generator=g)
+    x, w, bias = torch.randn(b, 7, generator=g), torch.randn(7, 4, generator=g), torch.randn(7, generator=g)
+    c1, c2 = conv.clone(), conv.clone()
+    o1 = causal_conv1d_update_ref(x, c1, w, bias, idx)
+    o2 = causal_conv1d_update_dense_ref(x, c2, w, bias, active)
+    assert torch.allclose(o1, o2, atol=1e-6) and torch.equal(c1, c2)

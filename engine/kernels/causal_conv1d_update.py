@@ -194,3 +194,33 @@ def causal_conv1d_update(
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
     return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu)
+
+
+def causal_conv1d_update_dense_ref(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    active: torch.Tensor,
+    silu: bool = True,
+) -> torch.Tensor:
+    """The same update when batch row i is slot i (the live batch); `active [b]` bool, inactive rows keep
+    their window. Shapes as `causal_conv1d_update_ref`; `conv_state` has at least b rows."""
+    b = x.shape[0]
+    st = conv_state[:b]
+    window = torch.cat([st, x.to(st.dtype)[:, :, None]], dim=-1)
+    out = (window * weight.to(window.dtype)).sum(-1)
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    if silu:
+        out = F.silu(out)
+    st.copy_(torch.where(active[:, None, None], window[:, :, 1:], st))
+    return torch.where(active[:, None], out, 0.0).to(x.dtype)
+
+
+def causal_conv1d_update_dense(x, conv_state, weight, bias, active, silu=True):
+    """Dispatch for the live batch: the Triton kernel (in place, inactive rows as padding) on CUDA."""
+    if triton is not None and x.is_cuda:
+        idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
+        return causal_conv1d_update_triton(x, conv_state, weight, bias, idx, silu)
+    return causal_conv1d_update_dense_ref(x, conv_state, weight, bias, active, silu)

@@ -257,3 +257,44 @@ def selective_state_update(
     if triton is not None and x.is_cuda:
         return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
     return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
+
+
+def selective_state_update_dense_ref(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    active: torch.Tensor,
+    dt_min: float = 0.0,
+    dt_max: float = float("inf"),
+) -> torch.Tensor:
+    """The same update when batch row i is slot i (the live batch): in place, no gather or scatter.
+
+    Shapes as `selective_state_update_ref`, with `active [b]` bool instead of indices; `state` has at least b
+    rows. An inactive row gets dt = 0 and x = B = 0, so its state is multiplied by exp(0) = 1 and added 0:
+    bit-identical, without a masked copy of the whole state.
+    """
+    b, h, p = x.shape
+    g = B.shape[1]
+    dt = F.softplus(dt.float() + dt_bias.float()).clamp(dt_min, dt_max)
+    dt = torch.where(active[:, None], dt, 0.0)
+    xf = torch.where(active[:, None, None], x.float(), 0.0)
+    Bh = torch.where(active[:, None, None], B.float(), 0.0).repeat_interleave(h // g, dim=1)
+    Ch = C.float().repeat_interleave(h // g, dim=1)
+    s = state[:b]
+    s.mul_(torch.exp(dt * A.float())[:, :, None, None])
+    s.add_((dt[:, :, None] * xf)[..., None] * Bh[:, :, None, :])
+    y = torch.matmul(s, Ch[:, :, :, None])[..., 0] + D.float()[None, :, None] * x.float()
+    return torch.where(active[:, None, None], y, 0.0).to(x.dtype)
+
+
+def selective_state_update_dense(state, x, dt, A, B, C, D, dt_bias, active, dt_min=0.0, dt_max=float("inf")):
+    """Dispatch for the live batch: the Triton kernel (in place, inactive rows as padding) on CUDA."""
+    if triton is not None and x.is_cuda:
+        idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
+        return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, idx, dt_min, dt_max)
+    return selective_state_update_dense_ref(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ThinkerConfig
-from engine.kernels.causal_conv1d_update import causal_conv1d_update
-from engine.kernels.selective_state_update import selective_state_update
+from engine.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_dense
+from engine.kernels.selective_state_update import selective_state_update, selective_state_update_dense
 
 
 class GatedRMSNorm(nn.Module):
@@ -90,16 +90,22 @@ class Mamba2Mixer(nn.Module):
         cfg = self.cfg
         return zxbcdt.split([cfg.d_inner, cfg.conv_dim, cfg.mamba_num_heads], dim=-1)
 
-    def step(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """One token per row. x [b, hidden]; rows [b] state row of each batch row."""
+    def step(self, x: torch.Tensor, rows: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row. x [b, hidden]; rows [b] state row of each batch row. With `active` [b] bool
+        the batch is the live one (row i is state row i) and the state is updated in place, no gathers."""
         cfg = self.cfg
         b = x.shape[0]
         z, xbc, dt = self._split(self.in_proj(x))
-        xbc = causal_conv1d_update(xbc, self.conv_state, self.conv1d.weight[:, 0], self.conv1d.bias, rows)
+        w = self.conv1d.weight[:, 0]
+        if active is None:
+            xbc = causal_conv1d_update(xbc, self.conv_state, w, self.conv1d.bias, rows)
+        else:
+            xbc = causal_conv1d_update_dense(xbc, self.conv_state, w, self.conv1d.bias, active)
         xs, B, C = xbc.split(self._xbc_sizes, dim=-1)
         # transformers clamps dt at time_step_min only on its chunked path; we clamp on both so that a
         # prefill leaves exactly the state of the same positions stepped one by one.
-        y = selective_state_update(
+        update = selective_state_update if active is None else selective_state_update_dense
+        y = update(
             self.ssm_state,
             xs.view(b, cfg.mamba_num_heads, cfg.mamba_head_dim),
             dt,
@@ -108,7 +114,7 @@ class Mamba2Mixer(nn.Module):
             C.view(b, cfg.n_groups, cfg.ssm_state_size),
             self.D,
             self.dt_bias,
-            rows,
+            rows if active is None else active,
             dt_min=cfg.time_step_min,
         )
         return self.out_proj(self.norm(y.reshape(b, cfg.d_inner), z))

@@ -124,7 +124,7 @@ class Block(nn.Module):
     def step(self, h: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
         x = self.norm(h)
         if self.kind == "M":
-            return h + self.mixer.step(x, rows)
+            return h + self.mixer.step(x, rows, rows < rows.shape[0] if dense else None)
         if self.kind == "*":
             return h + self.mixer.step(x, rows, pos, dense)
         return h + self.mixer(x)
