@@ -66,7 +66,7 @@ class _Attention(nn.Module):
         self.qkv.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return (x @ self.qkv.T).split(self.split, dim=-1)
+        return F.linear(x, self.qkv).split(self.split, dim=-1)
 
 
 class _Layer(nn.Module):
@@ -178,7 +178,7 @@ class Talker(nn.Module):
             )
         cfg = self.cfg
         for mod in self.modules():
-            if isinstance(mod, GatedMLP | _Attention):
+            if isinstance(mod, GatedMLP | _Attention | RMSNorm):
                 mod.fuse()
         self.subword_table.copy_(self.embed_subword.table(self._token_chars))
         self.rvq_padded.zero_()
@@ -348,6 +348,7 @@ class Talker(nn.Module):
             gumbel = gumbel_from_uniform(u[..., :nc])
             normal = normal_from_uniform(u[..., nc : nc + dl], u[..., nc + dl :])
         mus = m.proj_mus.weight.view(nc, rank, -1)
+        sq, neg2t, embs = self.rvq_sq.unbind(0), self.rvq_neg2t.unbind(0), self.rvq_embs.unbind(0)
         acc = hidden.new_zeros(n, dl)
         codes: list[Tensor] = []
         level = 0
@@ -361,7 +362,7 @@ class Talker(nn.Module):
             if cfg.use_cfg:
                 xc, xu = x[:n], x[n:]
                 x = xc + cfg.cfg_scale * (xc - xu)
-            y = x @ self.head_weight.T
+            y = F.linear(x, self.head_weight)
             logits, mu_res, logs = y[:, :nc], y[:, nc : nc + dl], y[:, nc + dl :]
             if cfg.gumbel:
                 if cfg.top_p < 1.0:
@@ -377,12 +378,12 @@ class Talker(nn.Module):
                 z = z + std * normal[:, p] * cfg.noise_scale
             last_pass = p == len(work) - 1
             for lv in range(level, level + k):
-                # argmin ||z - e||^2 = argmin (||e||^2 - 2 z.e); -2 E^T is exact, so this equals NeMo's form
-                c = (self.rvq_sq[lv] + z @ self.rvq_neg2t[lv]).argmin(-1)
+                # argmin ||z - e||^2 = argmin (||e||^2 - 2 z.e), NeMo's form (-2 E^T is exact)
+                c = torch.addmm(sq[lv], z, neg2t[lv]).argmin(-1)
                 codes.append(c)
                 if lv == level + k - 1 and last_pass:
                     break
-                e_l = self.rvq_embs[lv][c]
+                e_l = F.embedding(c, embs[lv])
                 if lv < level + k - 1:
                     z = z - e_l
                 if not last_pass:

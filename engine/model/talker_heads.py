@@ -25,10 +25,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        # `1 + weight` in fp32, rebuilt by `fuse()` whenever the weights change
+        self.register_buffer("scale", torch.ones(dim), persistent=False)
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        self.scale.copy_(1.0 + self.weight.float())
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return (out * (1.0 + self.weight.float())).type_as(x)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.scale, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.scale, self.eps).type_as(x)
 
 
 class GatedMLP(nn.Module):
@@ -47,7 +54,7 @@ class GatedMLP(nn.Module):
         self.gate_up.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
 
     def forward(self, x: Tensor) -> Tensor:
-        g, u = (x @ self.gate_up.T).chunk(2, dim=-1)
+        g, u = F.linear(x, self.gate_up).chunk(2, dim=-1)
         return self.down_proj(F.gelu(g, approximate="tanh") * u)
 
 
