@@ -1,0 +1,166 @@
+"""One call: an `AgentSession` running the hotel agent on the shared engine, its playout and its caller audio.
+
+`start_call` is used by the worker's entrypoint (room audio in, a published track out) and by the simulation
+and tests (a WAV or scripted input, a WAV file out); both get the same model, playout and clips.
+Knows livekit-agents sessions and the pieces of `agent/`; nothing of tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, io, room_io
+
+from agent.duplex import ChorusModel, ChorusSession
+from agent.playout import AckClips, PlayoutOutput, RoomSink, WavSink
+
+log = logging.getLogger("chorus.agent.call")
+
+
+class PcmInput(io.AudioInput):
+    """Caller audio from memory, played in real time: `push` int16 mono at `sample_rate`, `end` to hang up.
+    Between pushes it yields silence, as a room's microphone track does."""
+
+    def __init__(self, sample_rate: int = 16_000, frame_ms: int = 80, *, silence: bool = True) -> None:
+        super().__init__(label="chorus-pcm")
+        self.sample_rate = sample_rate
+        self.step = sample_rate * frame_ms // 1000
+        self._pending = np.zeros(0, np.int16)
+        self._silence = silence
+        self._ended = False
+        self._t0: float | None = None
+        self._n = 0
+
+    def push(self, pcm: np.ndarray) -> None:
+        self._pending = np.concatenate([self._pending, np.asarray(pcm, dtype=np.int16)])
+
+    def end(self) -> None:
+        self._ended = True
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        loop = asyncio.get_running_loop()
+        if self._t0 is None:
+            self._t0 = loop.time()
+        while True:
+            if self._ended and not self._pending.size:
+                raise StopAsyncIteration
+            due = self._t0 + self._n * self.step / self.sample_rate
+            if due > loop.time():
+                await asyncio.sleep(due - loop.time())
+            self._n += 1
+            if self._pending.size or self._silence:
+                pcm, self._pending = self._pending[: self.step], self._pending[self.step :]
+                if pcm.size < self.step:
+                    pcm = np.concatenate([pcm, np.zeros(self.step - pcm.size, np.int16)])
+                return rtc.AudioFrame(pcm.tobytes(), self.sample_rate, 1, self.step)
+
+
+def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """int16 mono samples and the rate of a 16-bit WAV (channels are averaged)."""
+    with wave.open(str(path), "rb") as w:
+        if w.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16-bit PCM")
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+        ch, rate = w.getnchannels(), w.getframerate()
+    if ch > 1:
+        pcm = pcm.reshape(-1, ch).astype(np.int32).mean(axis=1).astype(np.int16)
+    return pcm, rate
+
+
+@dataclass
+class Call:
+    session: AgentSession
+    model: ChorusModel
+    output: PlayoutOutput
+    agent: Agent
+    closed: bool = False
+
+    @property
+    def duplex(self) -> ChorusSession | None:
+        return self.model.sessions[-1] if self.model.sessions else None
+
+    @property
+    def handle(self) -> Any:
+        d = self.duplex
+        return d.handle if d is not None else None
+
+    async def wait_open(self, timeout: float = 10.0) -> Any:
+        """The engine session handle, once the slot is open."""
+        async with asyncio.timeout(timeout):
+            while self.duplex is None:
+                await asyncio.sleep(0.01)
+            await self.duplex.opened.wait()
+        return self.handle
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(RuntimeError):
+            await self.session.aclose()
+        await self.model.aclose()  # frees the slot even when the session never fully started
+        await self.output.aclose()
+
+
+def _session(model: ChorusModel) -> AgentSession:
+    # no STT/VAD/TTS: the model hears, decides and speaks by itself
+    return AgentSession(
+        llm=model,
+        vad=None,
+        turn_handling={"turn_detection": None, "interruption": {"resume_false_interruption": False}},
+        user_away_timeout=None,
+        max_tool_steps=8,
+    )
+
+
+async def start_call(
+    engine: Any,
+    agent: Agent,
+    *,
+    sink: WavSink | RoomSink,
+    audio_input: io.AudioInput | None = None,
+    room: rtc.Room | None = None,
+    participant: str | None = None,
+    acks: bool = True,
+) -> Call:
+    """Start the session; returns once the framework runs it (the engine slot opens right after)."""
+    output = PlayoutOutput(sink, acks=AckClips(sink.sample_rate) if acks else None)
+    model = ChorusModel(engine, observer=output)
+    session = _session(model)
+    call = Call(session, model, output, agent)
+    try:
+        if room is not None:
+            opts = room_io.RoomOptions(
+                audio_input=room_io.AudioInputOptions(sample_rate=16_000, num_channels=1, frame_size_ms=80),
+                audio_output=False,
+                participant_identity=participant or NOT_SET,
+                participant_kinds=[
+                    rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,
+                    rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
+                ],
+            )
+            if isinstance(sink, RoomSink):
+                await sink.start(room)
+            session.output.audio = output
+            await session.start(agent=agent, room=room, room_options=opts, record=False)
+        else:
+            if audio_input is not None:
+                session.input.audio = audio_input
+            session.output.audio = output
+            await session.start(agent=agent, record=False)
+        output.start()
+    except BaseException:
+        await call.aclose()
+        raise
+    return call
+
+
+NOT_SET: Any = room_io.RoomOptions.__dataclass_fields__["participant_identity"].default

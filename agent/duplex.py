@@ -1,0 +1,343 @@
+"""The shared engine as a livekit-agents duplex model: one `ChorusModel` per call, one engine slot per session.
+
+Caller audio of any rate and channel count goes in as 16 kHz mono; the engine's 22.05 kHz frames come out on
+`audio_stream` (its silence included), the text channel as transcript deltas, the model's tool calls as
+`function_call` events, and tool outputs go back as engine tool results. Knows livekit-agents and the engine
+contract (`engine.api`); knows nothing of tensors, rooms or hotels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterable
+from typing import Any
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import llm
+from livekit.agents.types import NOT_GIVEN, NotGivenOr
+from livekit.agents.utils import aio
+from livekit.agents.utils.audio import AudioByteStream
+
+from engine.api import (
+    AudioFrame,
+    EngineClosed,
+    EngineError,
+    FunctionCall,
+    SessionFailed,
+    ToolCallRejected,
+    ToolCallStarted,
+    ToolResultConsumed,
+    TurnEnded,
+    TurnStarted,
+)
+
+log = logging.getLogger("chorus.agent.duplex")
+
+IN_RATE = 16_000  # what the engine hears
+IN_FRAME = 1280  # 80 ms at 16 kHz: the engine's input frame
+OUT_RATE = 22_050  # what the engine says
+SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
+BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
+VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
+_SENTENCE_END = (".", "!", "?")
+
+
+class CallObserver:
+    """What the playout side hears about a session besides its audio (all calls on the session's loop)."""
+
+    def on_turn_started(self) -> None: ...
+
+    def on_turn_ended(self, barge_in: bool) -> None: ...
+
+    def on_tool_pause(self, after_speech: bool) -> None:
+        """The model paused for a tool; `after_speech`: it cut its own turn short, whose audio is still on
+        its way to the output."""
+
+    def on_tool_resume(self) -> None: ...
+
+
+class TurnGate:
+    """The adapter's audio gate, driven by the model's own turns instead of loudness: a frame is speech
+    exactly when it lies between the text channel's start-of-turn and end-of-turn tokens."""
+
+    def update(self, frame: rtc.AudioFrame) -> bool:
+        return bool(frame.userdata.get(SPEECH, False))
+
+    def deactivate(self) -> None:
+        pass
+
+
+class InputConverter:
+    """rtc.AudioFrames of any rate and channel count -> int16 mono 16 kHz chunks of exactly 1280 samples."""
+
+    def __init__(self) -> None:
+        self._rate: int | None = None
+        self._resampler: rtc.AudioResampler | None = None
+        self._chunks = AudioByteStream(IN_RATE, 1, samples_per_channel=IN_FRAME)
+
+    def push(self, frame: rtc.AudioFrame) -> list[np.ndarray]:
+        n, ch, rate = frame.samples_per_channel, frame.num_channels, frame.sample_rate
+        if n <= 0 or ch <= 0 or rate <= 0:
+            return []
+        pcm = np.frombuffer(frame.data, dtype=np.int16)[: n * ch]
+        if ch > 1:
+            pcm = pcm.reshape(n, ch).astype(np.int32).sum(axis=1) // ch
+            pcm = pcm.astype(np.int16)
+        frames: list[rtc.AudioFrame] = []
+        if rate != self._rate:
+            if self._resampler is not None:
+                frames.extend(self._resampler.flush())
+            self._rate = rate
+            self._resampler = (
+                None
+                if rate == IN_RATE
+                else rtc.AudioResampler(
+                    rate, IN_RATE, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
+                )
+            )
+        mono = rtc.AudioFrame(pcm.tobytes(), rate, 1, n)
+        frames.extend(self._resampler.push(mono) if self._resampler is not None else [mono])
+        out = []
+        for f in frames:
+            for chunk in self._chunks.push(f.data):
+                out.append(np.frombuffer(chunk.data, dtype=np.int16).copy())
+        return out
+
+
+def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
+    """Function tools as {name, description, parameters}, the form the engine renders into its prompt."""
+    found = []
+    for tool in llm.ToolContext(tools).flatten():
+        if isinstance(tool, llm.RawFunctionTool):
+            schema = tool.info.raw_schema
+        elif isinstance(tool, llm.FunctionTool):
+            schema = llm.utils.build_legacy_openai_schema(tool, internally_tagged=True)
+        else:
+            raise TypeError(f"the duplex model takes function tools only, not {type(tool).__name__}")
+        params = schema.get("parameters") or {"type": "object", "properties": {}}
+        found.append(
+            {"name": schema["name"], "description": schema.get("description") or "", "parameters": params}
+        )
+    return found
+
+
+class ChorusModel(llm.DuplexModel):
+    """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
+
+    def __init__(self, engine: Any, *, observer: CallObserver | None = None) -> None:
+        super().__init__(
+            capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
+        )
+        self.engine = engine
+        self.observer = observer or CallObserver()
+        self.sessions: list[ChorusSession] = []
+
+    @property
+    def model(self) -> str:
+        return f"chorus-{self.engine.config.preset}"
+
+    @property
+    def provider(self) -> str:
+        return "chorus"
+
+    def audio_gate(self) -> TurnGate:
+        return TurnGate()
+
+    def session(self) -> ChorusSession:
+        s = ChorusSession(self)
+        self.sessions.append(s)
+        return s
+
+    async def aclose(self) -> None:
+        for s in self.sessions:
+            await s.aclose()
+
+
+class ChorusSession(llm.DuplexSession):
+    """One conversation on one engine slot. The slot is opened once the prompt and tools are configured and
+    freed by `aclose`; everything here runs on the session's own event loop."""
+
+    def __init__(self, model: ChorusModel) -> None:
+        super().__init__(model)
+        self._model = model
+        self._loop = asyncio.get_running_loop()
+        self._instructions = ""
+        self._tools: list[llm.Tool] = []
+        self._tool_ctx = llm.ToolContext.empty()
+        self._audio_ch = aio.Chan[llm.DuplexAudioFrame]()
+        self._input = InputConverter()
+        self._early: list[np.ndarray] = []  # caller audio that came before the slot opened
+        self.handle: Any = None  # engine SessionHandle once opened
+        self.opened = asyncio.Event()
+        self.speaking = False
+        self.paused = False
+        self._turn_text = ""
+        self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
+        self._voiced_at = -1e9  # monotonic time of the last loud caller frame
+        self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
+                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0}  # fmt: skip
+        self._task = asyncio.create_task(self._run(), name="chorus.session")
+
+    # -- the framework's side --------------------------------------------------------------------------
+
+    @property
+    def audio_stream(self) -> AsyncIterable[llm.DuplexAudioFrame]:
+        return self._audio_ch
+
+    @property
+    def tools(self) -> llm.ToolContext:
+        return self._tool_ctx
+
+    def push_audio(self, frame: rtc.AudioFrame) -> None:
+        if self._closing:
+            return
+        for chunk in self._input.push(frame):
+            if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
+                self._voiced_at = time.monotonic()
+            if self.handle is None:
+                if len(self._early) < 64:
+                    self._early.append(chunk)
+                continue
+            with contextlib.suppress(EngineClosed):
+                self.handle.push_audio(chunk)
+
+    async def _update_instructions(self, instructions: str) -> None:
+        if self.handle is not None and instructions != self._instructions:
+            log.warning("session %s: instructions are fixed once the call started; ignored", self.handle.id)
+            return
+        self._instructions = instructions
+
+    async def _update_tools(self, tools: list[llm.Tool]) -> None:
+        if self.handle is not None:
+            log.warning("session %s: tools are fixed once the call started; ignored", self.handle.id)
+            return
+        self._tools = list(tools)
+        self._tool_ctx = llm.ToolContext(tools)
+
+    async def _append_items(self, items: list[llm.ChatItem]) -> None:
+        for item in items:
+            if isinstance(item, llm.FunctionCallOutput) and self.handle is not None:
+                self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
+                self.stats["tool_results"] += 1
+
+    def _update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
+        pass  # the model decides by itself whether to call a tool
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await aio.cancel_and_wait(self._task)
+        self._close_slot()
+
+    def _close_slot(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+        if not self._audio_ch.closed:
+            self._audio_ch.close()
+
+    # -- the engine's side -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._configured.wait()
+            if self._closing:
+                return
+            engine = self._model.engine
+            try:
+                self.handle = engine.open_session(
+                    self._instructions, tool_schemas(self._tools), loop=self._loop
+                )
+            except EngineError as e:
+                log.warning("no engine session: %s", e)
+                self._error(e)
+                return
+            log.info("session %s started (%d tools)", self.handle.id, len(self._tools))
+            self.opened.set()
+            for chunk in self._early:
+                self.handle.push_audio(chunk)
+            self._early.clear()
+            outputs: asyncio.Queue = self.handle.outputs
+            while True:
+                item = await outputs.get()
+                self._on_output(item)
+                if isinstance(item, SessionFailed):
+                    return
+        finally:
+            self._close_slot()
+
+    def _on_output(self, item: Any) -> None:
+        obs = self._model.observer
+        if isinstance(item, AudioFrame):
+            self._send_audio(item)
+        elif isinstance(item, TurnStarted):
+            self.speaking = True
+            self._turn_text = ""
+            self.stats["turns"] += 1
+            obs.on_turn_started()
+        elif isinstance(item, TurnEnded):
+            self._end_turn()
+        elif isinstance(item, ToolCallStarted):
+            was_speaking = self.speaking
+            self._end_turn()
+            self.paused = True
+            self.stats["pauses"] += 1
+            obs.on_tool_pause(was_speaking)
+        elif isinstance(item, FunctionCall):
+            self.stats["function_calls"] += 1
+            log.info("session %s: tool %s called (%s)", self.handle.id, item.name, item.call_id)
+            self.emit(
+                "function_call",
+                llm.FunctionCall(call_id=item.call_id, name=item.name, arguments=item.arguments),
+            )
+        elif isinstance(item, ToolCallRejected):
+            self.stats["rejected_calls"] += 1
+            log.info("session %s: tool call rejected by the engine", self.handle.id)
+        elif isinstance(item, ToolResultConsumed):
+            self.paused = False
+            self.stats["resumes"] += 1
+            obs.on_tool_resume()
+        elif isinstance(item, SessionFailed):
+            log.error("session %s failed in the engine", self.handle.id)
+            self._error(RuntimeError(item.message))
+
+    def _send_audio(self, item: AudioFrame) -> None:
+        pcm = (np.clip(item.samples, -1.0, 1.0) * 32767.0).astype(np.int16)
+        frame = rtc.AudioFrame(pcm.tobytes(), OUT_RATE, 1, pcm.size)
+        frame.userdata[SPEECH] = self.speaking
+        start = self._audio_ms
+        self._audio_ms += round(frame.duration * 1000)
+        self.stats["frames_out"] += 1
+        if self.speaking:
+            self.stats["speech_frames"] += 1
+        if not self._audio_ch.closed:
+            self._audio_ch.send_nowait(llm.DuplexAudioFrame(frame))
+        if self.speaking and item.text:
+            self._turn_text += item.text
+            self.emit("transcript_delta", llm.DuplexOutputTranscriptDelta(item.text, start, self._audio_ms))
+
+    def _end_turn(self) -> None:
+        if not self.speaking:
+            return
+        self.speaking = False
+        # a caller who spoke just now and a sentence left unfinished: the model stopped for the caller
+        barge_in = (
+            time.monotonic() - self._voiced_at < BARGE_IN_WINDOW_S
+            and not self._turn_text.rstrip().endswith(_SENTENCE_END)
+        )
+        if barge_in:
+            self.stats["barge_ins"] += 1
+        # an empty non-speech frame closes the adapter's burst now rather than on the next frame or timeout
+        if not self._audio_ch.closed:
+            self._audio_ch.send_nowait(llm.DuplexAudioFrame(rtc.AudioFrame(b"", OUT_RATE, 1, 0)))
+        self._model.observer.on_turn_ended(barge_in)
+
+    def _error(self, e: Exception) -> None:
+        self.emit(
+            "error",
+            llm.RealtimeModelError(
+                timestamp=time.time(), label=self._model.label, error=e, recoverable=False
+            ),
+        )

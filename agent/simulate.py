@@ -1,0 +1,268 @@
+"""The embedded default main job: N virtual rooms, each a real `AgentSession`, all on one engine, no server.
+
+Callers are WAV utterances played in real time; each room's agent audio is written to its own WAV. With
+dummy weights the model decides nothing, so agent turns and tool calls are scripted by teacher forcing
+(the text channel for replies, the function channel for calls: reported as scripted); the hotel tools then
+really run against the database. Prints a live progress line, a summary table, and one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.call import Call, PcmInput, read_wav, start_call
+from agent.playout import WavSink
+
+log = logging.getLogger("chorus.agent.simulate")
+
+ROOT = Path(__file__).resolve().parent.parent
+CALLER_WAVS = sorted((ROOT / "tests" / "data").glob("caller_*.wav"))
+REPLIES = [
+    " Of course, I can help with that.",
+    " Certainly. What dates are you thinking of?",
+    " Sure, let me see what we have.",
+    " Happy to help. Anything else I can do?",
+]
+UTTERANCE_EVERY_S = 6.0
+TOOL_EVERY_S = 12.0
+
+
+def tool_script(today: dt.date, room: int) -> list[dict]:
+    """The calls a tool room makes in turn: real tools, real arguments, run against the database."""
+    check_in = today + dt.timedelta(days=7 + room % 20)
+    out = check_in + dt.timedelta(days=2)
+    return [
+        {"name": "check_availability",
+         "arguments": {"check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2}},
+        {"name": "hotel_info", "arguments": {"topic": "parking"}},
+        {"name": "book_room",
+         "arguments": {"guest_name": f"Sim Guest {room}", "contact": f"sim{room}@example.com",
+                       "check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2,
+                       "room_type": "standard"}},
+        {"name": "find_reservation", "arguments": {"confirmation_code": "ZZZZ2222", "last_name": "Nobody"}},
+    ]  # fmt: skip
+
+
+def caller_clips() -> list[np.ndarray]:
+    """16 kHz caller utterances: the committed test WAVs, or band-limited noise bursts if they are absent."""
+    clips = []
+    for path in CALLER_WAVS:
+        pcm, rate = read_wav(path)
+        if rate == 16_000:
+            clips.append(pcm)
+    if not clips:
+        rng = np.random.default_rng(0)
+        for n in (2.0, 2.5, 3.0):
+            noise = np.convolve(rng.standard_normal(int(16_000 * n)), np.ones(8) / 8, mode="same")
+            clips.append((noise * 6000).astype(np.int16))
+    return clips
+
+
+class Room:
+    def __init__(self, index: int, tool_room: bool) -> None:
+        self.index = index
+        self.tool_room = tool_room
+        self.call: Call | None = None
+        self.input = PcmInput()
+        self.scripted_calls = 0
+        self.scripted_turns = 0
+        self.error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"room_{self.index:03d}"
+
+
+async def run_room(room: Room, engine: Any, hotel: Any, out: Path, seconds: float, start_at: float, today: dt.date,
+                   clips: list[np.ndarray], stop: asyncio.Event) -> None:  # fmt: skip
+    from agent.hotel import HotelAgent
+
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start_at - loop.time()))
+    rng = random.Random(room.index)
+    agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
+    room.call = call = await start_call(
+        engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input
+    )
+    try:
+        handle = await call.wait_open(timeout=60)
+        tok = engine.tokens
+        script = tool_script(today, room.index)
+        t0 = loop.time()
+        next_utt = t0 + 1.0 + rng.random()
+        next_tool = t0 + 3.0 + rng.random() * 3 if room.tool_room else float("inf")
+        end = t0 + seconds
+        pending_reply = False
+        while not stop.is_set() and loop.time() < end:
+            now = loop.time()
+            duplex = call.duplex
+            if now >= next_utt:
+                room.input.push(clips[rng.randrange(len(clips))])
+                # the scripted reply follows the caller (text channel forced; dummy weights decide nothing)
+                reply = rng.choice(REPLIES)
+                handle.force_text([tok.bos, *tok.encode(reply), tok.eos])
+                room.scripted_turns += 1
+                next_utt = now + UTTERANCE_EVERY_S
+            if now >= next_tool and duplex is not None and not duplex.paused:
+                handle.force_function(tok.call_ids([script[room.scripted_calls % len(script)]]))
+                room.scripted_calls += 1
+                next_tool = now + TOOL_EVERY_S
+                pending_reply = True
+            if pending_reply and duplex is not None and duplex.paused:
+                # forced while paused, so the model speaks it as soon as the tool result is consumed
+                handle.force_text([tok.bos, *tok.encode(" Thanks for waiting."), tok.eos])
+                pending_reply = False
+            await asyncio.sleep(0.1)
+    except Exception as e:  # one room failing is reported, not fatal
+        room.error = type(e).__name__
+        log.exception("%s failed", room.name)
+    finally:
+        room.input.end()
+
+
+def _progress(engine: Any, rooms: list[Room], t0: float, seconds: float) -> str:
+    snap = engine.snapshot()
+    live = sum(1 for r in rooms if r.call is not None and r.call.handle is not None)
+    calls = sum(r.call.duplex.stats["function_calls"] for r in rooms if r.call and r.call.duplex)
+    return (
+        f"[{time.monotonic() - t0:5.1f}/{seconds:.0f} s] rooms {live:3d}/{len(rooms)}  "
+        f"tick p50 {snap.tick_ms_p50:5.1f} p99 {snap.tick_ms_p99:5.1f} ms  missed {snap.missed_deadlines}  "
+        f"tool calls {calls}"
+    )
+
+
+async def simulate(args: argparse.Namespace) -> dict:
+    from engine.engine import Engine, EngineConfig
+    from tools.hotel import Hotel
+    from tools.seed import seed
+    from tools.settings import StoreSettings
+    from tools.store import open_store
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("DATABASE_URL") and not os.environ.get("CHORUS_DATA_DIR"):
+        os.environ["CHORUS_DATA_DIR"] = str(out / "data")
+    settings = StoreSettings.from_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings)
+    today = dt.date.today()
+    seed(store, today)
+    hotel = Hotel(store)
+
+    slots = max(args.rooms, args.slots or 0)
+    engine = Engine(
+        EngineConfig(preset=args.preset, num_slots=slots, checkpoint=args.checkpoint, device=args.device)
+    )
+    rooms = [Room(i, i < args.tool_rooms) for i in range(args.rooms)]
+    clips = caller_clips()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    ramp = min(5.0, args.seconds / 4)
+    t_start = loop.time()
+    t0 = time.monotonic()
+    tasks = [
+        asyncio.create_task(run_room(r, engine, hotel, out, args.seconds, t_start + ramp * i / max(1, len(rooms)), today, clips, stop))
+        for i, r in enumerate(rooms)
+    ]  # fmt: skip
+    tty = sys.stdout.isatty()
+    try:
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=1.0)
+            line = _progress(engine, rooms, t0, args.seconds + ramp)
+            print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+    finally:
+        stop.set()
+        if tty:
+            print()
+        snap = engine.snapshot()  # before the rooms close: the run's own figures
+        for r in rooms:
+            if r.call is not None:
+                await r.call.aclose()
+        await asyncio.sleep(0.3)  # slots are freed on the next tick
+        occupancy_after = engine.occupancy
+        engine.close()
+        store.close()
+
+    per_room = []
+    for r in rooms:
+        d = r.call.duplex.stats if r.call and r.call.duplex else {}
+        o = r.call.output.stats if r.call else {}
+        per_room.append({"room": r.name, "tool_room": r.tool_room, "scripted_turns": r.scripted_turns,
+                         "scripted_calls": r.scripted_calls, "function_calls": d.get("function_calls", 0),
+                         "tool_results": d.get("tool_results", 0), "resumes": d.get("resumes", 0),
+                         "rejected_calls": d.get("rejected_calls", 0), "barge_ins": d.get("barge_ins", 0),
+                         "speech_s": round(o.get("model_s", 0.0), 2), "clips": o.get("clips", 0),
+                         "clip_s": round(o.get("clip_s", 0.0), 2), "error": r.error})  # fmt: skip
+    total = {k: sum(p[k] for p in per_room) for k in ("scripted_turns", "scripted_calls", "function_calls",
+                                                       "tool_results", "resumes", "rejected_calls", "clips")}  # fmt: skip
+    metrics = {
+        "rooms": args.rooms, "tool_rooms": args.tool_rooms, "seconds": args.seconds, "preset": args.preset,
+        "device": snap.device, "slots": slots, "ticks": snap.ticks, "tick_ms_p50": snap.tick_ms_p50,
+        "tick_ms_p99": snap.tick_ms_p99, "tick_ms_max": snap.tick_ms_max, "missed_deadlines": snap.missed_deadlines,
+        "dropped_frames": snap.dropped_frames, "underruns": snap.underruns, "engine_tool_calls": snap.tool_calls,
+        "tool_call_ms_p50": snap.tool_call_ms_p50, "resume_ms_p50": snap.resume_ms_p50, **total,
+        "speech_s": round(sum(p["speech_s"] for p in per_room), 1), "clip_s": round(sum(p["clip_s"] for p in per_room), 1),
+        "room_errors": sum(1 for p in per_room if p["error"]), "occupancy_after": occupancy_after,
+        "tool_calls_scripted": True, "out": str(out),
+    }  # fmt: skip
+    (out / "metrics.json").write_text(
+        json.dumps({"summary": metrics, "rooms": per_room, "engine": snap.model_dump()}, indent=1)
+    )
+    return metrics
+
+
+def print_summary(m: dict) -> None:
+    rows = [
+        ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
+        ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots, {m['ticks']} ticks"),
+        ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
+        ("missed deadlines", str(m["missed_deadlines"])),
+        ("dropped frames / underruns", f"{m['dropped_frames']} / {m['underruns']}"),
+        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered"),
+        ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),
+        ("agent turns (scripted)", f"{m['scripted_turns']}, {m['speech_s']:.1f} s of agent speech played"),
+        ("acknowledgement clips", f"{m['clips']}, {m['clip_s']:.1f} s played"),
+        ("room errors", str(m["room_errors"])),
+        ("slots in use after", f"{m['occupancy_after']:.2f}"),
+        ("output", f"{m['out']}/room_*.wav, metrics.json"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    print("-" * (width + 40))
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    print("-" * (width + 40))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rooms", type=int, default=64, help="virtual rooms (default 64)")
+    p.add_argument(
+        "--tool-rooms", type=int, default=16, help="rooms that make scripted tool calls (default 16)"
+    )
+    p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
+    p.add_argument("--preset", default=os.environ.get("CHORUS_PRESET") or "tiny")
+    p.add_argument("--checkpoint", default=os.environ.get("CHORUS_CHECKPOINT") or None)
+    p.add_argument("--device", default=os.environ.get("CHORUS_DEVICE") or None)
+    p.add_argument("--slots", type=int, default=None, help="engine slots (default: one per room)")
+    p.add_argument("--out", default="out/simulate", help="output folder: one WAV per room and metrics.json")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.tool_rooms > args.rooms or args.rooms < 1 or args.seconds <= 0:
+        raise SystemExit("simulate: need 1 <= rooms, 0 <= tool-rooms <= rooms and seconds > 0")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    metrics = asyncio.run(simulate(args))
+    print_summary(metrics)
+    print(json.dumps(metrics))
+    return 1 if metrics["room_errors"] else 0
