@@ -159,17 +159,17 @@ class Codec(nn.Module):
         self.frame_samples = cfg.samples_per_frame
         self.cached_columns = codec_ops.cached_columns(n_fft, hop)
         self.output_offset = codec_ops.output_offset(n_fft, hop)
-        # Constants of the iSTFT head, and per-slot streaming state, channel-major like the activations
-        # (slot = dim 1): each block's last K - 1 inputs [C, num_slots, K - 1], and the iSTFT's last
-        # windowed frames [n_fft, num_slots, P]. Values are set by `init_buffers`.
+        # Constants of the iSTFT head, and per-slot streaming state: each block's last K - 1 inputs
+        # [num_slots, C, K - 1] and the iSTFT's last P windowed frames [num_slots, n_fft, P]. Values are set
+        # by `init_buffers`.
         self.register_buffer("_irfft", torch.empty(n_fft, n_fft + 2), persistent=False)
         self.register_buffer("_window", torch.empty(n_fft), persistent=False)
         self.register_buffer("_inv_envelope", torch.empty(self.frame_samples), persistent=False)
         self._state_names: list[str] = []
         for i, block in enumerate(self.decoder.blocks()):
             dim = block.dwconv.weight.shape[0]
-            self._add_state(f"_context{i}", (dim, num_slots, cfg.block_kernel - 1))
-        self._add_state("_tail", (n_fft, num_slots, self.cached_columns))
+            self._add_state(f"_context{i}", (num_slots, dim, cfg.block_kernel - 1))
+        self._add_state("_tail", (num_slots, n_fft, self.cached_columns))
         self.requires_grad_(False)
         self.init_buffers()
 
@@ -198,8 +198,13 @@ class Codec(nn.Module):
     def _run(
         self, codes: torch.Tensor, states: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """codes [B, T, Q] (valid), states as `_states()` for B rows -> (wav [B, T * 1764], new states)."""
+        """codes [B, T, Q] (valid), states as `_states()` for B rows -> (wav [B, T * 1764], new states).
+
+        The decoder works channel-major ([C, B, time]); states are slot-first, so they go in and come out
+        as transposed views.
+        """
         b, t, _ = codes.shape
+        states = [s.transpose(0, 1) for s in states]
         x, contexts = self.decoder(self.prvq(codes), states[:-1])
         frames = codec_ops.spectrum_frames(x, self._irfft, self._window)
         frames = torch.cat([states[-1], frames], dim=2)
@@ -207,7 +212,8 @@ class Codec(nn.Module):
         n = t * self.frame_samples
         start = self.output_offset
         wav = signal[:, start : start + n].view(b, t, self.frame_samples) * self._inv_envelope
-        return wav.view(b, n), [*contexts, frames[:, :, frames.shape[2] - self.cached_columns :]]
+        new = [*contexts, frames[:, :, frames.shape[2] - self.cached_columns :]]
+        return wav.view(b, n), [s.transpose(0, 1) for s in new]
 
     def _check_codes(self, codes: torch.Tensor, shape: tuple[int | str, ...]) -> None:
         """Dtype, shape (str entries are free dimensions) and device; and that the module is fp32."""
@@ -250,7 +256,7 @@ class Codec(nn.Module):
             self._check_range(codes, active)
         codes = torch.where(active[:, None], codes, 0)
         wav, new = self._run(codes[:, None], self._states())
-        rows = active.view(1, -1, 1)
+        rows = active.view(-1, 1, 1)
         for state, value in zip(self._states(), new, strict=True):
             torch.where(rows, value, state, out=state)
         return torch.where(active[:, None], wav, 0.0)
@@ -263,7 +269,7 @@ class Codec(nn.Module):
                 f"mask: expected a bool tensor of shape ({self.num_slots},), got {_describe(mask)}"
             )
         for state in self._states():
-            state.masked_fill_(mask.view(1, -1, 1), 0.0)
+            state.masked_fill_(mask.view(-1, 1, 1), 0.0)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -276,7 +282,7 @@ class Codec(nn.Module):
         b, t, _ = codes.shape
         if b * t == 0:
             return self._tail.new_zeros(b, t * self.frame_samples)
-        states = [s.new_zeros((s.shape[0], b, s.shape[2])) for s in self._states()]
+        states = [s.new_zeros((b, *s.shape[1:])) for s in self._states()]
         return self._run(codes, states)[0]
 
 
