@@ -225,7 +225,9 @@ class TalkerConfig(_Frozen):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads: {self.num_kv_heads} must divide num_heads ({self.num_heads})")
         if self.char_heads % self.char_kv_heads:
-            raise ValueError(f"char_kv_heads: {self.char_kv_heads} must divide char_heads ({self.char_heads})")
+            raise ValueError(
+                f"char_kv_heads: {self.char_kv_heads} must divide char_heads ({self.char_heads})"
+            )
         ring = min(self.sliding_window, self.attention_window)
         if self.warmup_positions < 2 or self.warmup_positions > ring:
             raise ValueError(
@@ -340,7 +342,8 @@ def _tiny() -> ModelConfig:
             head_dim=32,
             intermediate_size=512,
             sliding_window=256,
-            attention_window=256,
+            sliding_pattern=2,
+            attention_window=512,
             vocab_size=512,
             char_hidden_size=128,
             char_heads=4,
