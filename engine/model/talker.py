@@ -129,8 +129,9 @@ class Talker(nn.Module):
         for i, ring in enumerate(self.rings):
             buf(f"k_cache{i}", torch.zeros(rows, kv, ring, hd))
             buf(f"v_cache{i}", torch.zeros(rows, kv, ring, hd))
-            buf(f"warm_k{i}", torch.zeros(streams, kv, w, hd))
-            buf(f"warm_v{i}", torch.zeros(streams, kv, w, hd))
+            # warm-up KV, position-major so no dimension looks like a slot dimension
+            buf(f"warm_k{i}", torch.zeros(w, streams, kv, hd))
+            buf(f"warm_v{i}", torch.zeros(w, streams, kv, hd))
         buf("pos", torch.zeros(rows, dtype=torch.long))
         buf("prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
         buf("seeds", torch.zeros(num_slots, dtype=torch.long))
@@ -229,8 +230,8 @@ class Talker(nn.Module):
             q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin)
             k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin)
             v = v.reshape(s, t, hk, d).transpose(1, 2)
-            getattr(self, f"warm_k{i}").copy_(k)
-            getattr(self, f"warm_v{i}").copy_(v)
+            getattr(self, f"warm_k{i}").copy_(k.permute(2, 0, 1, 3))
+            getattr(self, f"warm_v{i}").copy_(v.permute(2, 0, 1, 3))
             kk = k.repeat_interleave(hq // hk, dim=1)
             vv = v.repeat_interleave(hq // hk, dim=1)
             sc = torch.matmul(q, kk.transpose(2, 3)) * cfg.query_pre_attn_scalar**-0.5
@@ -257,7 +258,7 @@ class Talker(nn.Module):
         for i in range(len(self.rings)):
             for kind in ("k", "v"):
                 cache = getattr(self, f"{kind}_cache{i}")
-                warm = getattr(self, f"warm_{kind}{i}").repeat_interleave(n, dim=0)  # [rows, kv, w, d]
+                warm = getattr(self, f"warm_{kind}{i}").permute(1, 2, 0, 3).repeat_interleave(n, dim=0)
                 cache[:, :, :w].copy_(torch.where(sel, warm, cache[:, :, :w]))
         self.pos.copy_(torch.where(rows, w, self.pos))
         self.prev_codes.copy_(torch.where(mask[:, None], self.cfg.codebook_size, self.prev_codes))
