@@ -32,9 +32,16 @@ class Subsampling(nn.Module):
             layers += [nn.Conv2d(channels, channels, 3, 2, groups=channels), nn.Conv2d(channels, channels, 1)]
             layers.append(nn.ReLU())
         self.conv = nn.Sequential(*layers)
-        freq = n_mels
+        # Padding frequency by 2 on both sides inside the conv equals NeMo's causal (2, 1) on every column
+        # NeMo makes; it adds a trailing column wherever the width is odd. That column never reaches a kept
+        # output as long as no stage sees it next to an even number of real columns.
+        freq = width = n_mels
+        self._pad_in_conv = True
         for _ in range(self.num_stages):
-            freq = (freq + 3 - 3) // 2 + 1  # causal pad 2 + 1, kernel 3, stride 2
+            if width > freq and freq % 2 == 0:
+                self._pad_in_conv = False
+            freq, width = (freq + 3 - 3) // 2 + 1, (width + 4 - 3) // 2 + 1
+        self.freq = freq
         self.out = nn.Linear(channels * freq, d_model)
         self.receptive_field = 1 + 2 * (2**self.num_stages - 1)
 
@@ -46,16 +53,21 @@ class Subsampling(nn.Module):
         last of each stage's input are zeroed (the caller zeroes every mel column but the last).
         """
         x = mel[:, None]
-        for i, layer in enumerate(self.conv):
-            if isinstance(layer, nn.Conv2d) and layer.stride[0] == 2:
-                if first is not None and i > 0:
-                    t = x.shape[2]
-                    x[:, :, t - 3 : t - 1].mul_(~first[:, None, None, None])
-                x = layer(F.pad(x, (2, 1)))
+        keep = None if first is None else ~first[:, None, None, None]
+        for i in range(self.num_stages):
+            conv = self.conv[0] if i == 0 else self.conv[3 * i - 1]
+            if keep is not None and i > 0:
+                t = x.shape[2]
+                x[:, :, t - 3 : t - 1].mul_(keep)
+            if self._pad_in_conv:  # see __init__: no copy for the causal frequency padding
+                x = F.conv2d(x, conv.weight, conv.bias, stride=2, padding=(0, 2), groups=conv.groups)
             else:
-                x = layer(x)
-        b, c, t, f = x.shape
-        return self.out(x.transpose(1, 2).reshape(b, t, c * f))
+                x = F.conv2d(F.pad(x, (2, 1)), conv.weight, conv.bias, stride=2, groups=conv.groups)
+            if i > 0:
+                x = F.conv2d(x, self.conv[3 * i].weight, self.conv[3 * i].bias)
+            x = torch.relu_(x)
+        b, c, t, _ = x.shape
+        return self.out(x[..., : self.freq].transpose(1, 2).reshape(b, t, c * self.freq))
 
 
 class FeedForward(nn.Module):
@@ -145,23 +157,26 @@ class RelPositionAttention(nn.Module):
         """One query per row against its ring of W cached keys plus itself.
 
         x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
-        of each ring entry to the current frame (1..W); hidden [B, 1, W + 1] additive score bias: -10000
-        (NeMo's fill) for ring entries that hold no frame, 0 elsewhere and for the current frame (last).
+        of each ring entry to the current frame (1..W); hidden [B, 1, 1 + W] additive score bias for the current
+        frame (first, 0) and the ring entries: -10000 (NeMo's fill) where an entry holds no frame, else 0.
         Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - the caller writes k, v into the ring.
         """
-        b = x.shape[0]
+        b, w, dk = x.shape[0], k_cache.shape[2], self.d_k
+        bh = b * self.h
         q, k, v = (self._heads(lin(x)) for lin in (self.linear_q, self.linear_k, self.linear_v))
         p = self._heads(self.linear_pos(pe)).permute(1, 2, 0)  # [H, dk, W + 1]
         qu = q + self.pos_bias_u
         bd_all = ((q + self.pos_bias_v).transpose(0, 1) @ p).transpose(0, 1)  # [B, H, W + 1]
-        ac_ring = (k_cache @ qu[..., None])[..., 0]  # [B, H, W]
         bd_ring = bd_all.gather(-1, dist[:, None, :].expand(-1, self.h, -1))
-        ac_cur = (qu * k).sum(-1, keepdim=True)
-        scores = torch.cat([ac_ring + bd_ring, ac_cur + bd_all[..., :1]], dim=-1)
+        ring = torch.baddbmm(bd_ring.view(bh, w, 1), k_cache.view(bh, w, dk), qu.view(bh, dk, 1))
+        cur = (qu * k).sum(-1, keepdim=True) + bd_all[..., :1]
+        scores = torch.cat([cur, ring.view(b, self.h, w)], dim=-1)  # the current frame first
         # hidden keys get exactly 0 weight (the current frame is always visible), as after NeMo's masked_fill
-        attn = torch.softmax(scores.div_(math.sqrt(self.d_k)).add_(hidden), dim=-1)
-        out = (attn[:, :, None, :-1] @ v_cache)[:, :, 0] + attn[..., -1:] * v
-        return self.linear_out(out.reshape(b, -1)), k, v
+        attn = torch.softmax(scores.div_(math.sqrt(dk)).add_(hidden), dim=-1)
+        out = torch.baddbmm(
+            (attn[..., :1] * v).view(bh, 1, dk), attn[..., 1:].reshape(bh, 1, w), v_cache.view(bh, w, dk)
+        )
+        return self.linear_out(out.view(b, -1)), k, v
 
 
 class ConformerLayer(nn.Module):

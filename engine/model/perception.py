@@ -3,16 +3,19 @@
 Knows the mel front end, the per-slot streaming state and the release names under `stt_model.perception.`;
 it knows nothing of tokens, the thinker or time beyond "one frame per call".
 
-Streaming contract (NeMo 3.0.0's cache-aware step as the deployed duplex path drives it, see
-scripts/fixtures/make_perception_fixtures.py): mel column c is the STFT frame centred on sample 160c of the
-stream, `torch.stft(center=True, pad_mode="constant")` after pre-emphasis, so the stream's first columns see
-zeros before sample 0 (NeMo 3.0.0 pads with zeros, not by reflection). Frame 0 feeds column 0 alone; frame
-k >= 1 feeds columns 8k-7 .. 8k after a 9-column cache (zero columns where the stream has none) and keeps the
-last of 3 subsampled outputs. Column 8k needs audio up to sample 1280k + 256, which frame k has delivered, so
-a column is computed once, from real samples only, and never sees the centred padding at the live edge of the
-stream (the reference recomputes the mel of the received audio and slices it; the consumed columns are the
-same). The kept output only sees the last 15 of the 17 columns, so we keep 7 mel columns, 1377 samples of
-audio, the attention keys/values of the last 70 frames and the last 8 conv inputs per slot and layer.
+Streaming contract: NeMo 3.0.0's `cache_aware_stream_step` driven by its cache-manager geometry, as the
+deployed duplex path (vllm-omni's NemotronVoiceChat thinker) drives it; scripts/fixtures/make_perception_fixtures.py
+freezes that reference. Mel column c is the STFT frame centred on sample 160c of the stream after
+pre-emphasis, `torch.stft(center=True, pad_mode="constant")`: at the stream's start the centred padding is
+zeros (NeMo 3.0.0 pads with zeros, not by reflection). Frame 0 feeds column 0 alone; frame k >= 1 feeds
+columns 8k-7 .. 8k after a 9-column cache (zero columns where the stream has none) and keeps the last of 3
+subsampled outputs. The encoder thus runs 7 columns behind the audio: column 8k needs samples up to
+1280k + 256, which frame k has delivered, so every column is computed once from real samples and the
+centred padding never reaches the live edge of the stream. (NeMo's other streaming front end,
+`CacheFeatureBufferer`, recomputes each chunk from 160 + 1280 samples and lets the chunk's edge columns see
+zero padding; the duplex path does not use it.) The kept output sees only the last 15 of the 17 columns, so
+per slot we keep 7 mel columns, 1377 samples, the keys/values of the last 70 frames and the last 8 conv
+inputs per layer.
 """
 
 from __future__ import annotations
@@ -182,7 +185,7 @@ class Perception(nn.Module):
         w = self.cfg.att_context_left
         dist = torch.remainder(self.frames[:, None] - 1 - torch.arange(w, device=x.device), w) + 1
         # ring entry r holds frame t - dist[r]; entries before the stream's first frame are hidden
-        hidden = F.pad(torch.where(dist > self.frames[:, None], _MASKED, 0.0), (0, 1))[:, None]
+        hidden = F.pad(torch.where(dist > self.frames[:, None], _MASKED, 0.0), (1, 0))[:, None]
         keys, values, convs = [], [], []
         for i, layer in enumerate(self.encoder.layers):
             x, k, v, conv = layer.step(
