@@ -145,7 +145,7 @@ class Talker(nn.Module):
     def _read_tokenizer(self, path: str | None) -> None:
         cfg = self.cfg
         self._token_chars: list[list[int]] | None = None
-        self.eos_id, self.pad_id = 2, 12
+        self.eos_id = self.pad_id = -1  # resolved by string below; -1 matches no token
         if path is None:
             return
         from tokenizers import Tokenizer
