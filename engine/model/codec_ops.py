@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-MAX_MAGNITUDE = 100.0
+MAX_MAGNITUDE = 100.0  # NeMo's Latent2Wav bounds magnitudes at `max_mag = 100.0` (not configurable there)
 
 
 def cached_columns(n_fft: int, hop: int) -> int:
