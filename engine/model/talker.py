@@ -371,8 +371,8 @@ class Talker(nn.Module):
                 comp = (F.log_softmax(logits, -1) + gumbel[:, p]).argmax(-1)
             else:
                 comp = F.log_softmax(logits, -1).argmax(-1)
-            mu = torch.bmm(mus[comp], x.unsqueeze(2))  # [n, rank, 1]
-            mu = torch.bmm(m.low_mat[comp], mu).squeeze(2)  # [n, latent]
+            mu = (mus[comp] * x[:, None, :]).sum(-1)  # [n, rank]: only the picked component's rows
+            mu = torch.bmm(m.low_mat[comp], mu.unsqueeze(2)).squeeze(2)  # [n, latent]
             std = torch.exp(logs.clamp_min(cfg.log_std_min))
             z = mu * std + mu_res
             if cfg.noise_scale > 0:
