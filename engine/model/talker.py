@@ -7,6 +7,7 @@ schedule; knows nothing about audio, the thinker's internals, sessions or the cl
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
@@ -30,6 +31,8 @@ from engine.model.talker_heads import (
     uniform_noise,
     unmasking_schedule,
 )
+
+log = logging.getLogger(__name__)
 
 PREFIX = "tts_model.tts_model."
 # Release names outside PREFIX that the talker reads, by our buffer name ({speaker}: TalkerConfig.speaker).
@@ -155,7 +158,8 @@ class Talker(nn.Module):
         self.eos_id = vocab[cfg.eos_token]
         self.pad_id = vocab[cfg.pad_token]
         if len(vocab) != cfg.vocab_size:
-            return  # e.g. counting a full-size model with the tiny tokenizer: no table can be built
+            # e.g. a full-size model with dummy weights and the tiny tokenizer: ids it lacks get no characters
+            log.warning("talker: tokenizer has %d tokens, vocab_size is %d", len(vocab), cfg.vocab_size)
         chars, cont, special, n_chars = token_chars_and_flags(
             vocab, cfg.vocab_size, cfg.bos_token, cfg.eos_token
         )
