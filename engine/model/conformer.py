@@ -32,12 +32,12 @@ class Subsampling(nn.Module):
             layers += [nn.Conv2d(channels, channels, 3, 2, groups=channels), nn.Conv2d(channels, channels, 1)]
             layers.append(nn.ReLU())
         self.conv = nn.Sequential(*layers)
-        # Padding frequency by 2 on both sides inside the conv equals NeMo's causal (2, 1) on every column
-        # NeMo makes; it adds a trailing column wherever the width is odd. That column never reaches a kept
-        # output as long as no stage sees it next to an even number of real columns.
-        freq = width = n_mels
+        # After the first stage, padding frequency by 2 on both sides inside the conv equals NeMo's causal
+        # (2, 1) on every column NeMo makes; it adds a trailing column wherever the width is odd, which never
+        # reaches a kept output as long as no stage sees it next to an even number of real columns.
+        freq = width = n_mels // 2 + 1  # the first stage pads exactly (left 2, right 1)
         self._pad_in_conv = True
-        for _ in range(self.num_stages):
+        for _ in range(self.num_stages - 1):
             if width > freq and freq % 2 == 0:
                 self._pad_in_conv = False
             freq, width = (freq + 3 - 3) // 2 + 1, (width + 4 - 3) // 2 + 1
@@ -59,7 +59,7 @@ class Subsampling(nn.Module):
             if keep is not None and i > 0:
                 t = x.shape[2]
                 x[:, :, t - 3 : t - 1].mul_(keep)
-            if self._pad_in_conv:  # see __init__: no copy for the causal frequency padding
+            if i > 0 and self._pad_in_conv:  # see __init__; (mkldnn's padded 1-channel conv is slow)
                 x = F.conv2d(x, conv.weight, conv.bias, stride=2, padding=(0, 2), groups=conv.groups)
             else:
                 x = F.conv2d(F.pad(x, (2, 1)), conv.weight, conv.bias, stride=2, groups=conv.groups)
