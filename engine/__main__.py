@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
     demo = sub.add_parser("demo", help="step the model for many slots and print timings")
     demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    demo.add_argument("--slots", type=int, default=64)
-    demo.add_argument("--steps", type=int, default=200)
+    demo.add_argument("--sessions", type=int, default=64)
+    demo.add_argument("--seconds", type=float, default=20.0)
     demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     args = parser.parse_args(argv)
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from engine.bench import demo as run_demo
 
-    return run_demo(args.preset, args.slots, args.steps, args.device)
+    return run_demo(args.preset, args.sessions, args.seconds, args.device)
 
 
 if __name__ == "__main__":

@@ -73,60 +73,94 @@ def bench_thinker(
     return results
 
 
-def demo(preset: str, slots: int, steps: int, device_name: str | None) -> int:
-    """The engine demo (`make run`): step the model for `slots` slots and print per-step figures."""
-    cfg = load_preset(preset)
-    device = _device(device_name)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
-    print(f"Chorus engine demo: preset {preset}, {slots} slots, {steps} steps on {device} (dummy weights)")
-    th = _build_thinker(cfg, slots, device)
-    all_slots = torch.arange(slots, device=device)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    ms, text_tokens = [], []
-    for i in range(steps):
-        audio = torch.randn(slots, cfg.thinker.hidden_size, device=device, generator=gen, dtype=th.dtype)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = th.step(audio, all_slots, dense=True)
-        _sync(device)
-        ms.append((time.perf_counter() - t0) * 1e3)
-        text_tokens.append(out.text_token)
-        if (i + 1) % 50 == 0:
-            recent = _percentiles(ms[-50:])
-            print(
-                f"  step {i + 1:5d}/{steps}: p50 {recent['p50']:.2f} ms, p99 {recent['p99']:.2f} ms",
-                flush=True,
+def bench_pipeline(args) -> int:
+    """Per-stage p50/p99 of the live step at each batch size (all rows active)."""
+    from engine.model.pipeline import Pipeline
+    from engine.tokens import Tokens
+
+    cfg = load_preset(args.preset)
+    device = _device(args.device)
+    sizes = [int(s) for s in args.slots.split(",")]
+    out = {"bench": "pipeline", "preset": args.preset, "device": str(device), "threads": args.threads}
+    rng = torch.Generator().manual_seed(0)
+    for b in sizes:
+        with torch.device(device):
+            p = Pipeline(
+                cfg, b, Tokens(cfg.tokens), thinker_dtype=torch.float32 if device.type == "cpu" else None
             )
-    stats = _percentiles(ms[5:] if len(ms) > 10 else ms)
-    distinct = len(torch.unique(torch.stack(text_tokens)))
-    summary = {
-        "preset": preset,
-        "device": str(device),
-        "slots": slots,
-        "steps": steps,
-        "thinker_step_ms_p50": stats["p50"],
-        "thinker_step_ms_p99": stats["p99"],
-        "tick_budget_ms": TICK_MS,
-        "distinct_text_tokens": distinct,
-    }
-    print(
-        f"thinker step for {slots} slots: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms (tick: 80 ms)"
-    )
-    print(json.dumps(summary))
+        p.eval()
+        p.prepare()
+        active = torch.ones(b, dtype=torch.bool, device=device)
+        slots = torch.arange(b, device=device)
+        minus = torch.full((b,), -1, dtype=torch.long, device=device)
+        stages = {"perception": [], "thinker": [], "talker": [], "codec": [], "total": []}
+        with torch.inference_mode():
+            for i in range(args.warmup + args.steps):
+                audio = (0.1 * torch.randn(b, cfg.clock.input_samples, generator=rng)).to(device)
+                t = [time.perf_counter()]
+                emb = p.perception.step(audio, active)
+                _sync(device)
+                t.append(time.perf_counter())
+                o = p.thinker.step(emb, slots, minus, minus, dense=True)
+                _sync(device)
+                t.append(time.perf_counter())
+                codes = p.talker.step(o.text_token, active)
+                _sync(device)
+                t.append(time.perf_counter())
+                p.codec.step(codes, active)
+                _sync(device)
+                t.append(time.perf_counter())
+                if i >= args.warmup:
+                    for name, a, z in zip(stages, t, t[1:]):
+                        stages[name].append((z - a) * 1e3)
+                    stages["total"].append((t[-1] - t[0]) * 1e3)
+        line = []
+        for name, ms in stages.items():
+            st = _percentiles(ms)
+            out[f"{name}_ms_p50_{b}"], out[f"{name}_ms_p99_{b}"] = st["p50"], st["p99"]
+            line.append(f"{name} {st['p50']:.2f}/{st['p99']:.2f}")
+        print(f"slots={b:<3d} p50/p99 ms: " + ", ".join(line), flush=True)
+    print(json.dumps(out))
+    return 0
+
+
+def demo(preset: str, sessions: int, seconds: float, device_name: str | None) -> int:
+    """The engine demo: `sessions` conversations on the wall clock, a quarter of them calling tools (forced
+    calls: dummy weights decide nothing), then the figures; last line JSON."""
+    from engine.bench_serve import run_workload
+    from engine.engine import EngineConfig
+
+    cfg = EngineConfig(preset=preset, num_slots=sessions, device=device_name)
+    print(f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, preset {preset}, "
+          "dummy weights", flush=True)  # fmt: skip
+    r = run_workload(cfg, sessions, sessions // 4, seconds, call_tokens=40, result_tokens=200, tool_latency_s=0.3,
+                     call_every_s=2.0)  # fmt: skip
+    r.pop("tick_series_ms")
+    print(f"live step p50 {r['tick_ms_p50']} ms, p99 {r['tick_ms_p99']} ms (tick: {TICK_MS:g} ms); "
+          f"missed deadlines {r['missed_deadlines']}; tool calls {r['tool_calls']} "
+          f"({r['tool_call_ticks_p50']} ticks p50)")  # fmt: skip
+    print(json.dumps({"preset": preset, "sessions": sessions, "seconds": seconds, **r}))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__)
-    parser.add_argument("what", choices=["thinker"])
+    parser.add_argument("what", choices=["thinker", "pipeline", "serve"])
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--slots", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default=None)
+    from engine.bench_serve import add_arguments, main_serve
+
+    add_arguments(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.what == "serve":
+        return main_serve(args)
+    if args.what == "pipeline":
+        return bench_pipeline(args)
     device = _device(args.device)
     cfg = load_preset(args.preset)
     sizes = [int(s) for s in args.slots.split(",")]

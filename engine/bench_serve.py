@@ -1,0 +1,265 @@
+"""`python -m engine.bench serve`: the capacity benchmark on the wall clock.
+
+N sessions hear caller audio in real time; some of them call tools again and again (a forced call of a given
+length, answered after a given latency with a result of a given length; teacher forcing, since dummy weights
+decide nothing). Reports tick times, deadlines, frames and tool latencies, plus the same workload with
+cadence-locked tools (one tool token per tick) and a naive per-session loop. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import torch
+
+from engine.api import FunctionCall, Output, ToolResultConsumed
+from engine.engine import Engine, EngineConfig
+from engine.metrics import pct
+
+TOOLS = [{"name": "check_availability", "description": "Rooms free on given dates.",
+          "parameters": {"type": "object", "properties": {"note": {"type": "string", "description": "Free text"}}}}]  # fmt: skip
+PROMPT = "You are the concierge of a small hotel. Answer briefly."
+
+
+def _call_of_length(engine: Engine, n: int) -> list[int]:
+    """A complete forced tool call (start, `<TOOLCALL>[...]</TOOLCALL>`, end) of exactly n tokens."""
+    words = ""
+    best: list[int] = []
+    for _ in range(4 * n):
+        ids = engine.tokens.call_ids([{"name": "check_availability", "arguments": {"note": words}}])
+        if len(ids) == n:
+            return ids
+        if len(ids) > n:
+            break
+        best, words = ids, words + "a"
+    raise ValueError(f"cannot build a tool call of exactly {n} tokens (closest {len(best)})")
+
+
+def _result_of_length(engine: Engine, n: int) -> str:
+    """An output whose `<TOOL_RESPONSE>` encoding is about n tokens."""
+    text = ""
+    while len(engine.tokens.response_ids([{"name": "check_availability", "output": text}])) < n:
+        text += "room 12 free; "
+    return text
+
+
+class _Workload:
+    """Feeds audio in real time and answers tool calls after a latency; counts what comes back."""
+
+    def __init__(self, engine: Engine, sessions: int, tool_sessions: int, call_tokens: int, result_tokens: int,
+                 tool_latency_s: float, call_every_s: float) -> None:  # fmt: skip
+        self.e = engine
+        self.call_ids = _call_of_length(engine, call_tokens)
+        self.result = _result_of_length(engine, result_tokens)
+        self.latency = tool_latency_s
+        self.every = call_every_s
+        self.frames_out = [0] * sessions
+        self.resumed: list[float] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.handles = [engine.open_session(PROMPT, TOOLS, sink=self._sink(i)) for i in range(sessions)]
+        self.tool_rooms = set(range(tool_sessions))
+        self.next_call = {i: time.monotonic() + 1.0 + 0.1 * i for i in self.tool_rooms}
+        rng = np.random.default_rng(0)
+        self.audio = (0.1 * rng.standard_normal(16000 * 4)).astype(np.float32)
+
+    def _sink(self, i: int):
+        def sink(items: list[Output]) -> None:
+            for item in items:
+                if isinstance(item, FunctionCall):
+                    t = threading.Timer(self.latency, self._answer, (i, item.call_id))
+                    t.daemon = True
+                    t.start()
+                elif isinstance(item, ToolResultConsumed):
+                    with self.lock:
+                        self.resumed.append(item.resume_ms)
+                    self.next_call[i] = time.monotonic() + self.every
+                else:
+                    self.frames_out[i] += 1
+
+        return sink
+
+    def _answer(self, i: int, call_id: str) -> None:
+        if not self.stop.is_set():
+            self.handles[i].submit_tool_result(call_id, self.result)
+
+    def feed(self) -> None:
+        """One 80 ms chunk per session per period on the wall clock, with one frame of jitter buffer."""
+        n = 1280
+        for h in self.handles:
+            h.push_audio(self.audio[:n])
+        t0 = time.monotonic()
+        k = 0
+        while not self.stop.is_set():
+            off = (k * n) % (self.audio.size - n)
+            for h in self.handles:
+                h.push_audio(self.audio[off : off + n])
+            now = time.monotonic()
+            for i in self.tool_rooms:
+                if now >= self.next_call.get(i, float("inf")) and self.handles[i].phase == "live":
+                    self.next_call[i] = float("inf")
+                    self.handles[i].force_function(self.call_ids)
+            k += 1
+            self.stop.wait(max(0.0, t0 + k * 0.08 - time.monotonic()))
+
+
+def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: float, call_tokens: int,
+                 result_tokens: int, tool_latency_s: float, call_every_s: float, progress: bool = True) -> dict:  # fmt: skip
+    with Engine(cfg) as engine:
+        w = _Workload(
+            engine, sessions, tool_sessions, call_tokens, result_tokens, tool_latency_s, call_every_s
+        )
+        feeder = threading.Thread(target=w.feed, name="bench-feeder", daemon=True)
+        feeder.start()
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            time.sleep(min(5.0, max(0.0, t_end - time.monotonic())))
+            if engine.failure:
+                raise RuntimeError("the tick thread failed") from engine.failure
+            if progress:
+                s = engine.snapshot()
+                print(f"  t={seconds - (t_end - time.monotonic()):5.1f}s ticks {s.ticks:5d}  tick p50 "
+                      f"{s.tick_ms_p50:6.2f} p99 {s.tick_ms_p99:6.2f} ms  missed {s.missed_deadlines}  "
+                      f"tool calls {s.tool_calls}  phases {s.phases}", flush=True)  # fmt: skip
+        w.stop.set()
+        snap = engine.snapshot()
+        a = engine.acct
+        return {
+            "ticks": snap.ticks,
+            "tick_ms_p50": snap.tick_ms_p50,
+            "tick_ms_p99": snap.tick_ms_p99,
+            "tick_ms_max": snap.tick_ms_max,
+            "missed_deadlines": snap.missed_deadlines,
+            "dropped_frames": snap.dropped_frames,
+            "underruns": snap.underruns,
+            "tool_calls": snap.tool_calls,
+            "tool_call_ms_p50": pct(a.tool_call_ms, 50),
+            "tool_call_ms_p99": pct(a.tool_call_ms, 99),
+            "tool_call_ticks_p50": pct(a.tool_call_ticks, 50),
+            "tool_call_ticks_max": max(a.tool_call_ticks, default=0),
+            "result_prefill_ms_p50": pct(w.resumed, 50),
+            "frames_out": sum(w.frames_out),
+            "tick_series_ms": list(a.live_ms),
+        }
+
+
+def naive_tick_ms(cfg: EngineConfig, sessions: int, ticks: int = 8) -> float:
+    """The same model stepped one session at a time (a one-slot pipeline, `sessions` steps per tick)."""
+    with Engine(cfg.model_copy(update={"num_slots": 1, "start": False, "metrics_port": None})) as e:
+        p, dev = e.pipeline, e.device
+        audio = torch.zeros(1, e.model_cfg.clock.input_samples, device=dev)
+        active = torch.ones(1, dtype=torch.bool, device=dev)
+        minus = torch.full((1,), -1, dtype=torch.long, device=dev)
+        ms = []
+        for _ in range(ticks + 1):
+            t = time.perf_counter()
+            for _ in range(sessions):
+                p.live_step(audio, active, minus, minus)
+            ms.append((time.perf_counter() - t) * 1e3)
+        return pct(ms[1:], 50)
+
+
+def plot(series: list[float], path: str, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit(f"--plot needs matplotlib ({e})") from None
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot(np.arange(len(series)) * 0.08, series, lw=0.7, label="live step")
+    ax.axhline(80, color="red", ls="--", label="80 ms deadline")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def serve(args) -> dict:
+    base = EngineConfig(preset=args.preset, num_slots=args.sessions, device=args.device, threads=args.threads,
+                        checkpoint=args.checkpoint, start=True)  # fmt: skip
+    common = dict(call_tokens=args.call_tokens, result_tokens=args.result_tokens,
+                  tool_latency_s=args.tool_latency_ms / 1000, call_every_s=args.call_every_s)  # fmt: skip
+    if args.sweep:
+        return sweep(base, args, common)
+    print(f"serve: {args.sessions} sessions ({args.tool_sessions} calling tools), {args.seconds:g} s, "
+          f"preset {args.preset}", flush=True)  # fmt: skip
+    main = run_workload(base, args.sessions, args.tool_sessions, args.seconds, **common)
+    print(f"cadence-locked baseline ({args.baseline_seconds:g} s)...", flush=True)
+    cadence = run_workload(base.model_copy(update={"cadence_locked_tools": True}), args.sessions,
+                           args.tool_sessions, args.baseline_seconds, progress=False, **common)  # fmt: skip
+    print("naive per-session baseline...", flush=True)
+    naive = naive_tick_ms(base, args.sessions)
+    if args.plot:
+        plot(main["tick_series_ms"], args.plot, f"{args.sessions} sessions, {args.tool_sessions} with tools")
+    series = main.pop("tick_series_ms")
+    print(f"ticks {main['ticks']}, live step p50 {main['tick_ms_p50']} ms p99 {main['tick_ms_p99']} ms, "
+          f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}")  # fmt: skip
+    print(f"tool call: {main['tool_call_ticks_p50']} ticks p50 ({main['tool_call_ms_p50']} ms) vs "
+          f"{cadence['tool_call_ticks_p50']} ticks cadence-locked; naive per-session tick {naive} ms")  # fmt: skip
+    return {
+        "bench": "serve", "preset": args.preset, "sessions": args.sessions, "tool_sessions": args.tool_sessions,
+        "seconds": args.seconds, **main, "tick_series_len": len(series),
+        "cadence_tool_call_ticks_p50": cadence["tool_call_ticks_p50"],
+        "cadence_tool_call_ms_p50": cadence["tool_call_ms_p50"],
+        "cadence_result_prefill_ms_p50": cadence["result_prefill_ms_p50"],
+        "cadence_missed_deadlines": cadence["missed_deadlines"],
+        "naive_tick_ms_p50": naive,
+    }  # fmt: skip
+
+
+def sweep(base: EngineConfig, args, common: dict) -> dict:
+    """The most sessions (a quarter calling tools) with zero missed deadlines, by doubling then bisecting."""
+
+    def ok(n: int) -> bool:
+        r = run_workload(base.model_copy(update={"num_slots": n}), n, n // 4, args.sweep_seconds, progress=False,
+                         **common)  # fmt: skip
+        good = r["missed_deadlines"] == 0
+        print(
+            f"  {n:5d} sessions: live p99 {r['tick_ms_p99']:7.2f} ms, missed {r['missed_deadlines']}",
+            flush=True,
+        )
+        return good
+
+    lo, hi = 0, args.sessions
+    while ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 4096:
+            break
+    while hi - lo > max(1, lo // 16):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    print(f"most sessions with zero missed deadlines: {lo}")
+    return {
+        "bench": "serve-sweep",
+        "preset": args.preset,
+        "max_sessions": lo,
+        "sweep_seconds": args.sweep_seconds,
+    }
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--sessions", type=int, default=64)
+    p.add_argument("--tool-sessions", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--baseline-seconds", type=float, default=20.0)
+    p.add_argument("--call-tokens", type=int, default=40)
+    p.add_argument("--result-tokens", type=int, default=200)
+    p.add_argument("--tool-latency-ms", type=float, default=300.0)
+    p.add_argument("--call-every-s", type=float, default=2.0, help="live time between a session's tool calls")
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--plot", default=None, help="draw tick time over the run to this PNG")
+    p.add_argument("--sweep", action="store_true", help="find the most sessions with zero missed deadlines")
+    p.add_argument("--sweep-seconds", type=float, default=15.0)
+
+
+def main_serve(args) -> int:
+    out = serve(args)
+    print(json.dumps(out))
+    return 0

@@ -1,0 +1,353 @@
+"""The engine facade and its tick thread: one model, many sessions, one frame per 80 ms tick.
+
+`Engine(config)` builds (or loads) the model once and starts the tick thread; `open_session` hands out slots.
+The tick thread never awaits and never blocks on a session: outputs go back to each session's own event
+loop with `call_soon_threadsafe` (or to a sink called on the tick thread). Knows slots, time and the model;
+knows nothing of LiveKit, rooms or hotels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.api import EngineClosed, Output, SessionRejected, ToolResultConsumed
+from engine.config import PRESETS, load_preset
+from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, SnapshotServer, pct
+from engine.model.pipeline import Pipeline
+from engine.runner import Runner
+from engine.scheduler import Limits, Scheduler
+from engine.slots import FrameInbox, Session, SlotPool
+from engine.tokens import MAX_TOOLS, Tokens
+
+log = logging.getLogger("chorus.engine")
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = "tiny"
+    num_slots: int = Field(64, ge=1, le=4096)
+    checkpoint: str | None = None
+    device: str | None = None  # default: cuda when available, else cpu
+    threads: int = Field(2, ge=1)  # CPU threads for torch
+    tick_ms: float = Field(80.0, gt=0)
+    safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
+    max_call_tokens: int = Field(512, ge=8)
+    tool_timeout_s: float = Field(15.0, gt=0)
+    prefill_chunk: int = Field(64, ge=1)
+    max_backlog_s: float = Field(30.0, gt=0)  # caller audio held per session while paused
+    cadence_locked_tools: bool = False  # baseline: one tool token per tick, results one token per tick
+    metrics_port: int | None = None  # serve /snapshot and /metrics on 127.0.0.1 (0: any free port)
+    metrics_host: str = "127.0.0.1"
+    start: bool = True  # start the tick thread at once
+
+    def model_post_init(self, __context) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset: unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        if self.checkpoint is not None and not Path(self.checkpoint).exists():
+            raise FileNotFoundError(f"checkpoint: {self.checkpoint!r} does not exist")
+
+
+class SessionHandle:
+    """What a conversation holds: push caller audio, read outputs, answer function calls, close."""
+
+    def __init__(self, engine: Engine, session: Session, outputs) -> None:
+        self._engine = engine
+        self._s = session
+        self.id = session.id
+        self.outputs = outputs  # asyncio.Queue (with a loop), queue.Queue (without), or None (with a sink)
+
+    @property
+    def phase(self) -> str:
+        return self._s.phase.value
+
+    @property
+    def closed(self) -> bool:
+        return self._s.closed
+
+    def push_audio(self, pcm16k: np.ndarray) -> None:
+        """Caller audio at 16 kHz mono, int16 or float in [-1, 1], any length; cut into 1280-sample frames."""
+        if self._s.closed:
+            raise EngineClosed(f"session {self.id} is closed")
+        self._s.inbox.push(pcm16k)
+
+    def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
+        """The result of a FunctionCall; results for unknown or already answered calls are ignored."""
+        if self._s.closed:
+            return
+        name = self._s.pending.get(call_id)
+        self._s.incoming.put(
+            {
+                "call_id": call_id,
+                "name": name.name if name else "",
+                "output": str(output),
+                "is_error": bool(is_error),
+            }
+        )
+
+    def force_text(self, tokens: list[int] | str) -> None:
+        """Teacher forcing: the text channel emits these tokens (one per position) instead of its own."""
+        self._s.force_text.extend(self._ids(tokens))
+
+    def force_function(self, tokens: list[int] | str) -> None:
+        """Teacher forcing of the function channel (e.g. a complete tool call from `Tokens.call_ids`)."""
+        self._s.force_func.extend(self._ids(tokens))
+
+    def _ids(self, tokens: list[int] | str) -> list[int]:
+        ids = self._engine.tokens.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
+        bad = [t for t in ids if not 0 <= t < self._engine.vocab_size]
+        if bad:
+            raise ValueError(f"tokens: ids outside 0..{self._engine.vocab_size - 1}: {bad[:5]}")
+        return ids
+
+    def close(self) -> None:
+        """Free the slot; a late tool result or audio is discarded. Idempotent."""
+        self._engine.pool.close(self._s)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, **overrides) -> None:
+        self.config = cfg = config or EngineConfig(**overrides)
+        self.model_cfg = load_preset(cfg.preset)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.threads)
+        self.tokens = Tokens(self.model_cfg.tokens)
+        self.vocab_size = self.model_cfg.thinker.vocab_size
+        dtype = torch.float32 if self.device.type == "cpu" else None
+        t0 = time.monotonic()
+        with torch.device(self.device):
+            self.pipeline = Pipeline(self.model_cfg, cfg.num_slots, self.tokens, thinker_dtype=dtype)
+        if cfg.checkpoint:
+            from engine.model.weights import load_checkpoint
+
+            load_checkpoint(self.pipeline, cfg.checkpoint)
+        self.pipeline.eval()
+        self.pipeline.prepare()
+        log.info("model %s ready on %s in %.1f s (%d slots)", cfg.preset, self.device, time.monotonic() - t0,
+                 cfg.num_slots)  # fmt: skip
+        self.pool = SlotPool(cfg.num_slots)
+        limits = Limits(
+            max_call_tokens=cfg.max_call_tokens,
+            tool_timeout_s=cfg.tool_timeout_s,
+            prefill_chunk=cfg.prefill_chunk,
+            result_chunk=1 if cfg.cadence_locked_tools else cfg.prefill_chunk,
+        )
+        clock = self.model_cfg.clock
+        self.scheduler = Scheduler(cfg.num_slots, self.tokens, clock.input_samples, limits)
+        self.runner = Runner(self.pipeline, self.device)
+        self.acct = Accounting()
+        self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / clock.frame_ms))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.tick = 0
+        self.failure: BaseException | None = None
+        self._warm_up()
+        self.server = (
+            SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
+            if cfg.metrics_port is not None
+            else None
+        )
+        if cfg.start:
+            self.start()
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        prompt: str,
+        tools: list[dict] | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        sink: Callable[[list[Output]], None] | None = None,
+    ) -> SessionHandle:
+        """A slot for a new conversation, or EngineFull. Outputs arrive on `loop` (an asyncio.Queue in
+        `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue."""
+        if self._stop.is_set():
+            raise EngineClosed("the engine is shut down")
+        tools = tools or []
+        if len(tools) > MAX_TOOLS:
+            raise SessionRejected(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
+        names = [t.get("name") for t in tools]
+        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise SessionRejected("tools: every tool needs a distinct, non-empty name")
+        try:
+            prompt_ids = self.tokens.prompt_ids(prompt, tools)
+        except ValueError as e:
+            raise SessionRejected(str(e)) from None
+        if sink is not None:
+            outputs, deliver = None, sink
+        elif loop is not None:
+            outputs = asyncio.Queue()
+
+            def deliver(items: list[Output], _q=outputs, _loop=loop) -> None:
+                if not _loop.is_closed():
+                    _loop.call_soon_threadsafe(_put_all, _q, items)
+        else:
+            outputs = queue.Queue()
+
+            def deliver(items: list[Output], _q=outputs) -> None:
+                for item in items:
+                    _q.put(item)
+
+        frame = self.model_cfg.clock.input_samples
+
+        def make(session_id: str, slot: int) -> Session:
+            return Session(
+                session_id, slot, frozenset(names), FrameInbox(frame, self._max_backlog), self._accounted(deliver),
+                prefill_ids=prompt_ids,
+            )  # fmt: skip
+
+        session = self.pool.open(make)
+        log.info("session %s opened on slot %d (%d prompt tokens, %d tools)", session.id, session.slot,
+                 len(prompt_ids), len(tools))  # fmt: skip
+        return SessionHandle(self, session, outputs)
+
+    def _accounted(self, deliver: Callable[[list[Output]], None]) -> Callable[[list[Output]], None]:
+        def wrapped(items: list[Output]) -> None:
+            for item in items:
+                if isinstance(item, ToolResultConsumed):
+                    self.acct.record_resume(item.resume_ms)
+            deliver(items)
+
+        return wrapped
+
+    @property
+    def occupancy(self) -> float:
+        return self.pool.occupancy
+
+    # -- the tick ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chorus-tick", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._loop()
+        except BaseException as e:  # the tick thread must not die silently
+            self.failure = e
+            log.exception("tick thread stopped")
+
+    def _loop(self) -> None:
+        tick_s = self.config.tick_ms / 1000
+        t0 = time.monotonic()
+        k = 0
+        while not self._stop.is_set():
+            start = t0 + k * tick_s
+            now = time.monotonic()
+            if now < start:
+                self._stop.wait(start - now)
+                continue
+            if now - start > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
+                t0 = now - k * tick_s
+                start = now
+            self.run_tick(k, start + tick_s)
+            k += 1
+
+    def run_tick(self, k: int, deadline: float) -> None:
+        """One tick: the live step, then slack work until `deadline` minus the safety margin."""
+        t_start = time.monotonic()
+        self.tick = k
+        reset, sessions = self.pool.begin_tick()
+        sch = self.scheduler
+        sch.poll(t_start)
+        plan = sch.plan_live(k, sessions, reset)
+        result = self.runner.live(plan)
+        sch.apply_live(plan, result)
+        t_live = time.monotonic()
+        margin = self.config.safety_margin_ms / 1000
+        cadence = self.config.cadence_locked_tools
+        skip: frozenset[str] = frozenset()
+        while not self._stop.is_set():
+            budget_ms = (deadline - margin - time.monotonic()) * 1e3
+            if budget_ms <= 0:
+                break
+            sch.poll(time.monotonic())
+            work = sch.next_tool_work(budget_ms, skip)
+            if work is None:
+                break
+            if cadence and work.kind in ("call", "result"):
+                skip = skip | {work.kind}
+            t = time.monotonic()
+            res = self.runner.tool(work)
+            sch.apply_tool(work, res, (time.monotonic() - t) * 1e3)
+        while sch.completed_calls:
+            self.acct.record_call(*sch.completed_calls.pop(0))
+        t_end = time.monotonic()
+        self.acct.record_tick((t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline)
+
+    def _warm_up(self) -> None:
+        """Run each kind of work once on the scratch rows so the cost model starts from measurements."""
+        p, S = self.pipeline, self.config.num_slots
+        idle = torch.zeros(S, dtype=torch.bool, device=self.device)
+        minus = torch.full((S,), -1, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for _ in range(2):
+                p.live_step(
+                    torch.zeros(S, self.model_cfg.clock.input_samples, device=self.device), idle, minus, minus
+                )
+            pad = torch.full((1,), -1, dtype=torch.long, device=self.device)
+            for b in (1, 4, 16):
+                slots = pad.expand(b).contiguous()
+                t = time.monotonic()
+                p.call_step(slots, slots)
+                self.scheduler.costs.observe("call", b, 1, (time.monotonic() - t) * 1e3)
+        p.prepare()
+
+    # -- observation and shutdown -----------------------------------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        now = time.monotonic()
+        sessions = list(self.pool.sessions.values())
+        phases: dict[str, int] = {}
+        rows = []
+        for s in sessions:
+            phases[s.phase.value] = phases.get(s.phase.value, 0) + 1
+            rows.append(SessionSnapshot(
+                id=s.id, slot=s.slot, phase=s.phase.value, age_s=round(now - s.opened_at, 1),
+                frames_in=s.inbox.frames_in, frames_consumed=s.frames_consumed, frames_replayed=s.frames_replayed,
+                underruns=s.underruns, dropped_frames=s.inbox.dropped, tool_calls=s.tool_calls,
+                tool_errors=s.tool_errors, backlog_frames=len(s.inbox),
+            ))  # fmt: skip
+        a = self.acct
+        tick_ms = list(a.tick_ms)
+        return EngineSnapshot(
+            preset=self.config.preset, device=str(self.device), num_slots=self.config.num_slots,
+            occupancy=self.occupancy, ticks=a.ticks, tick_ms_p50=pct(a.live_ms, 50), tick_ms_p99=pct(a.live_ms, 99),
+            tick_ms_max=round(max(a.live_ms), 3) if a.live_ms else 0.0, live_ms_p50=pct(a.live_ms, 50),
+            missed_deadlines=a.missed_deadlines, dropped_frames=sum(s.inbox.dropped for s in sessions),
+            underruns=self.scheduler.underruns, tool_calls=a.tool_calls, tool_call_ms_p50=pct(a.tool_call_ms, 50),
+            tool_call_ticks_p50=pct(a.tool_call_ticks, 50), resume_ms_p50=pct(a.resume_ms, 50), phases=phases,
+            sessions=rows, recent_tick_ms=[round(x, 2) for x in tick_ms[-200:]],
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.server is not None:
+            self.server.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _put_all(q: asyncio.Queue, items: list[Output]) -> None:
+    for item in items:
+        q.put_nowait(item)

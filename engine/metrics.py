@@ -1,0 +1,154 @@
+"""Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and one JSON snapshot.
+
+`EngineSnapshot` is the one description of the engine's state that the monitoring page also reads. The HTTP
+endpoint serves it at `/snapshot` (and Prometheus text at `/metrics`) on 127.0.0.1 by default.
+Knows numbers and sessions' public counters; knows nothing of the model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel
+
+TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
+
+
+class SessionSnapshot(BaseModel):
+    id: str
+    slot: int
+    phase: str
+    age_s: float
+    frames_in: int
+    frames_consumed: int
+    frames_replayed: int
+    underruns: int
+    dropped_frames: int
+    tool_calls: int
+    tool_errors: int
+    backlog_frames: int
+
+
+class EngineSnapshot(BaseModel):
+    preset: str
+    device: str
+    num_slots: int
+    occupancy: float
+    ticks: int
+    tick_ms_p50: float
+    tick_ms_p99: float
+    tick_ms_max: float
+    live_ms_p50: float
+    missed_deadlines: int
+    dropped_frames: int
+    underruns: int
+    tool_calls: int
+    tool_call_ms_p50: float
+    tool_call_ticks_p50: float
+    resume_ms_p50: float
+    phases: dict[str, int]
+    sessions: list[SessionSnapshot]
+    recent_tick_ms: list[float]
+
+
+class _Prom:
+    """Process-wide Prometheus metrics (one worker process, one engine; registered once)."""
+
+    _lock = threading.Lock()
+    _made = None
+
+    @classmethod
+    def get(cls):
+        with cls._lock:
+            if cls._made is None:
+                cls._made = {
+                    "tick": Histogram("chorus_tick_seconds", "Duration of the live step of a tick",
+                                      buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
+                    "missed": Counter("chorus_missed_deadlines", "Ticks whose frames were late"),
+                    "dropped": Counter("chorus_dropped_frames", "Input frames dropped from a full inbox"),
+                    "underruns": Counter("chorus_underruns", "Live ticks with no caller frame (silence fed)"),
+                    "tool_calls": Counter("chorus_tool_calls", "Tool calls started by the model"),
+                    "tool_call": Histogram("chorus_tool_call_seconds", "Tool-call start to function calls emitted"),
+                    "resume": Histogram("chorus_tool_resume_seconds", "Last tool result to live again"),
+                    "sessions": Gauge("chorus_sessions", "Open sessions"),
+                    "occupancy": Gauge("chorus_occupancy", "Share of slots in use"),
+                }  # fmt: skip
+            return cls._made
+
+
+class Accounting:
+    """Counters and recent history kept by the tick thread; read from any thread."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self.prom = _Prom.get()
+        self.tick_ms: deque[float] = deque(maxlen=window)
+        self.live_ms: deque[float] = deque(maxlen=window)
+        self.tool_call_ms: deque[float] = deque(maxlen=window)
+        self.tool_call_ticks: deque[int] = deque(maxlen=window)
+        self.resume_ms: deque[float] = deque(maxlen=window)
+        self.ticks = 0
+        self.missed_deadlines = 0
+        self.tool_calls = 0
+
+    def record_tick(self, live_ms: float, tick_ms: float, missed: bool) -> None:
+        self.ticks += 1
+        self.live_ms.append(live_ms)
+        self.tick_ms.append(tick_ms)
+        self.prom["tick"].observe(live_ms / 1000)
+        if missed:
+            self.missed_deadlines += 1
+            self.prom["missed"].inc()
+
+    def record_call(self, call_ms: float, ticks: int) -> None:
+        self.tool_calls += 1
+        self.tool_call_ms.append(call_ms)
+        self.tool_call_ticks.append(ticks)
+        self.prom["tool_calls"].inc()
+        self.prom["tool_call"].observe(call_ms / 1000)
+
+    def record_resume(self, resume_ms: float) -> None:
+        self.resume_ms.append(resume_ms)
+        self.prom["resume"].observe(resume_ms / 1000)
+
+
+def pct(values, q: float) -> float:
+    v = list(values)
+    return round(float(np.percentile(v, q)), 3) if v else 0.0
+
+
+class SnapshotServer:
+    """Serves `/snapshot` (JSON) and `/metrics` (Prometheus) from a daemon thread."""
+
+    def __init__(self, snapshot, host: str = "127.0.0.1", port: int = 0) -> None:
+        get = snapshot
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.startswith("/snapshot"):
+                    body, kind = get().model_dump_json().encode(), "application/json"
+                elif self.path.startswith("/metrics"):
+                    body, kind = generate_latest(REGISTRY), "text/plain; version=0.0.4"
+                else:
+                    self.send_error(404, "try /snapshot or /metrics")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="chorus-metrics", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,137 @@
+"""The full model step: perception -> thinker -> talker -> codec for every slot at once, plus the thinker-only
+work the engine does in the slack (tool-call tokens, prompt and result prefill, replay of held audio).
+
+1280 samples in -> text token, function token, 1764 samples out, per slot. Forced tokens (teacher forcing of
+either channel, per slot) are inputs of every step. Knows the stages and slot rows; knows nothing of time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.model.codec import Codec
+from engine.model.perception import Perception
+from engine.model.talker import Talker
+from engine.model.thinker import Thinker
+from engine.tokens import Tokens
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LiveOutput:
+    text: torch.Tensor  # [S] int64
+    func: torch.Tensor  # [S] int64
+    audio: torch.Tensor  # [S, 1764] float32
+
+
+class Pipeline(nn.Module):
+    """All four stages over `num_slots` slots, with their per-slot state preallocated."""
+
+    def __init__(
+        self, cfg: ModelConfig, num_slots: int, tokens: Tokens, thinker_dtype: torch.dtype | None = None
+    ):
+        super().__init__()
+        if tokens.vocab_size > cfg.thinker.vocab_size:
+            raise ValueError(
+                f"tokens.tokenizer: {tokens.vocab_size} tokens but thinker.vocab_size is {cfg.thinker.vocab_size}"
+            )
+        self.cfg, self.num_slots, self.tok = cfg, num_slots, tokens
+        torch.manual_seed(cfg.seed)  # the stages' own initialisers draw from it: dummy weights are seeded
+        dtype = thinker_dtype or DTYPES[cfg.thinker_dtype]
+        self.perception = Perception(cfg.perception, cfg.thinker.hidden_size, num_slots)
+        self.thinker = Thinker(cfg.thinker, num_slots, pad_id=tokens.pad, dtype=dtype)
+        self.thinker.init_dummy(cfg.seed)
+        self.talker = Talker(cfg.talker, cfg.tokens.tokenizer, num_slots)
+        self.codec = Codec(cfg.codec, num_slots)
+        H = cfg.thinker.hidden_size
+        self.register_buffer("silence", torch.zeros(H, dtype=dtype), persistent=False)
+        self.register_buffer("all_slots", torch.arange(num_slots), persistent=False)
+
+    @torch.inference_mode()
+    def prepare(self) -> None:
+        """After weights are in place: fresh state everywhere and the embedding of silent caller audio.
+
+        Positions the model spends on tool I/O carry silent user audio (MODEL_SPEC 3); its embedding is taken
+        once from a fresh encoder fed a few silent frames, so tool work never touches a slot's encoder state.
+        """
+        every = torch.ones(self.num_slots, dtype=torch.bool, device=self.silence.device)
+        self.reset(every)
+        zeros = torch.zeros(self.num_slots, self.cfg.clock.input_samples, device=self.silence.device)
+        for _ in range(4):
+            emb = self.perception.step(zeros, every)
+        self.silence.copy_(emb[0].to(self.silence.dtype))
+        self.reset(every)
+
+    @torch.inference_mode()
+    def reset(self, mask: torch.Tensor) -> None:
+        self.perception.reset(mask)
+        self.thinker.reset(mask)
+        self.talker.reset(mask)
+        self.codec.reset(mask)
+
+    # -- the live step ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def live_step(
+        self, audio: torch.Tensor, active: torch.Tensor, force_text: torch.Tensor, force_func: torch.Tensor
+    ) -> LiveOutput:
+        """audio [S, 1280] float32; active [S] bool; force_* [S] int64 (-1: the model's own token)."""
+        emb = self.perception.step(audio, active)
+        slots = torch.where(active, self.all_slots, -1)
+        out = self.thinker.step(emb, slots, force_text, force_func, dense=True)
+        codes = self.talker.step(out.text_token, active)
+        pcm = self.codec.step(codes, active)
+        return LiveOutput(out.text_token, out.func_token, pcm)
+
+    # -- slack work (thinker only, on the paused slots' rows) -----------------------------------------
+
+    def _pad(self, b: int, device) -> torch.Tensor:
+        return torch.full((b,), self.tok.pad, dtype=torch.long, device=device)
+
+    @torch.inference_mode()
+    def call_step(self, slots: torch.Tensor, force_func: torch.Tensor) -> torch.Tensor:
+        """One tool-call position per slot: silent audio, text forced to PAD. Returns the function tokens."""
+        b = slots.shape[0]
+        audio = self.silence.expand(b, -1)
+        return self.thinker.step(audio, slots, self._pad(b, slots.device), force_func).func_token
+
+    @torch.inference_mode()
+    def prefill_result(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        """Force `ids` [b, T] onto the function channel (text PAD, silent audio), T positions in one forward."""
+        th = self.thinker
+        b, T = ids.shape
+        rows = th._rows(slots)
+        fed = torch.cat([th.prev_func.index_select(0, rows)[:, None], ids[:, :-1]], dim=1)
+        text = torch.full_like(ids, self.tok.pad)
+        x = th.embed(self.silence.expand(b, T, -1), text, fed)
+        th.prefill_embeds(x, slots)
+        th.prev_text.index_copy_(0, rows, text[:, -1])
+        th.prev_func.index_copy_(0, rows, ids[:, -1])
+
+    @torch.inference_mode()
+    def prefill_prompt(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        """System prompt ids [b, T] on the audio channel (E(token)), text and function channels PAD."""
+        th = self.thinker
+        pad = torch.full_like(ids, self.tok.pad)
+        x = th.embed(th.embed_tokens(ids), pad, pad)
+        th.prefill_embeds(x, slots)
+        rows = th._rows(slots)
+        th.prev_text.index_copy_(0, rows, pad[:, -1])
+        th.prev_func.index_copy_(0, rows, pad[:, -1])
+
+    @torch.inference_mode()
+    def replay_step(self, audio: torch.Tensor, active: torch.Tensor, slots: torch.Tensor) -> None:
+        """Held caller audio for the `active` rows, agent channels forced silent (a predicted end of tool
+        response is kept: it is a control token, not speech)."""
+        emb = self.perception.step(audio, active)
+        b = slots.shape[0]
+        pad = self._pad(b, slots.device)
+        out = self.thinker.step(emb.index_select(0, slots), slots, pad, pad)
+        th = self.thinker
+        kept = torch.where(out.func_logits.argmax(-1) == self.tok.response_end, self.tok.response_end, pad)
+        th.prev_func.index_copy_(0, th._rows(slots), kept)

@@ -1,0 +1,62 @@
+"""Executes the scheduler's plans on the model: numpy in, one batched call, numpy out.
+
+Inputs are copied into device buffers allocated once; each live step makes exactly one host transfer back
+(text, function tokens and audio of every slot together). Knows the pipeline and the plan types.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.model.pipeline import Pipeline
+from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
+
+
+class Runner:
+    def __init__(self, pipeline: Pipeline, device: torch.device) -> None:
+        self.p = pipeline
+        self.device = device
+        S = pipeline.num_slots
+        n_in = pipeline.cfg.clock.input_samples
+        self.audio = torch.zeros(S, n_in, device=device)
+        self.active = torch.zeros(S, dtype=torch.bool, device=device)
+        self.force_text = torch.full((S,), -1, dtype=torch.long, device=device)
+        self.force_func = torch.full((S,), -1, dtype=torch.long, device=device)
+        self.reset_mask = torch.zeros(S, dtype=torch.bool, device=device)
+        n_out = pipeline.cfg.clock.output_samples
+        self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
+        if device.type == "cuda":
+            self._out = self._out.pin_memory()
+
+    def live(self, plan: LivePlan) -> LiveResult:
+        if plan.reset.any():
+            self.reset_mask.copy_(torch.from_numpy(plan.reset))
+            self.p.reset(self.reset_mask)
+        self.audio.copy_(torch.from_numpy(plan.audio))
+        self.active.copy_(torch.from_numpy(plan.live))
+        self.force_text.copy_(torch.from_numpy(plan.force_text))
+        self.force_func.copy_(torch.from_numpy(plan.force_func))
+        out = self.p.live_step(self.audio, self.active, self.force_text, self.force_func)
+        # token ids are far below 2**24, so they travel exactly as float32 beside the audio
+        self._out[:, 0].copy_(out.text)
+        self._out[:, 1].copy_(out.func)
+        self._out[:, 2:].copy_(out.audio)
+        host = self._out.numpy().copy()
+        return LiveResult(host[:, 0].astype(np.int64), host[:, 1].astype(np.int64), host[:, 2:])
+
+    def tool(self, work: ToolWork) -> ToolResult:
+        slots = torch.from_numpy(work.slots).to(self.device)
+        if work.kind == "call":
+            forced = torch.from_numpy(work.tokens[:, 0]).to(self.device)
+            func = self.p.call_step(slots, forced)
+            return ToolResult(func=func.cpu().numpy())
+        if work.kind == "result":
+            self.p.prefill_result(slots, torch.from_numpy(work.tokens).to(self.device))
+        elif work.kind == "prompt":
+            self.p.prefill_prompt(slots, torch.from_numpy(work.tokens).to(self.device))
+        else:
+            self.audio.copy_(torch.from_numpy(work.audio))
+            self.active.copy_(torch.from_numpy(work.active))
+            self.p.replay_step(self.audio, self.active, slots)
+        return ToolResult()

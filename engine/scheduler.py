@@ -1,0 +1,358 @@
+"""The tick's plan and its bookkeeping: who is live, what tool work fits in the slack, and what a result means.
+
+`plan_live` and `apply_live` bracket the one batched live step; `next_tool_work` and `apply_tool` bracket each
+piece of slack work (tool-call tokens, result and prompt prefill, replay). CPU-only and model-free: it works
+on numpy arrays and hand-made results, so it is tested without a model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from engine.api import (
+    AudioFrame,
+    FunctionCall,
+    Output,
+    ToolCallRejected,
+    ToolCallStarted,
+    ToolResultConsumed,
+    TurnEnded,
+    TurnStarted,
+)
+from engine.slots import Phase, Session
+from engine.tokens import Tokens, ToolCallError, parse_tool_call
+
+WorkKind = Literal["call", "result", "replay", "prompt"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_call_tokens: int = 512
+    tool_timeout_s: float = 15.0
+    prefill_chunk: int = 64  # prompt positions per prefill forward
+    result_chunk: int = 64  # tool-result positions per prefill forward
+
+
+@dataclass
+class LivePlan:
+    """Inputs of the live step, one row per slot; rows that are not live are computed but change nothing."""
+
+    tick: int
+    live: np.ndarray  # [S] bool
+    audio: np.ndarray  # [S, 1280] float32 (silence where no frame)
+    force_text: np.ndarray  # [S] int64, -1 = the model's own token
+    force_func: np.ndarray  # [S] int64
+    reset: np.ndarray  # [S] bool: rows to return to a fresh state before the step
+
+
+@dataclass
+class LiveResult:
+    text: np.ndarray  # [S] int64
+    func: np.ndarray  # [S] int64
+    audio: np.ndarray  # [S, 1764] float32
+
+
+@dataclass
+class ToolWork:
+    """One piece of slack work over a batch of paused slots."""
+
+    kind: WorkKind
+    sessions: list[Session]
+    slots: np.ndarray  # [b] int64
+    tokens: np.ndarray  # call: forced func token [b, 1] (-1 none); result/prompt: ids [b, T]; replay: unused
+    audio: np.ndarray | None = None  # replay: [S, 1280] with the replayed frames in the replaying rows
+    active: np.ndarray | None = None  # replay: [S] bool
+
+
+@dataclass
+class ToolResult:
+    func: np.ndarray | None = None  # call: [b] int64 tokens produced
+
+
+@dataclass
+class CostModel:
+    """Predicted milliseconds per piece of slack work, learned from measurements (EMA per kind and shape)."""
+
+    default_ms: float = 5.0
+    alpha: float = 0.2
+    table: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(kind: str, b: int, t: int) -> tuple[str, int, int]:
+        bucket = 1 << max(0, (b - 1).bit_length())  # 1, 2, 4, 8, ...
+        return kind, bucket, t
+
+    def predict(self, kind: str, b: int, t: int = 1) -> float:
+        """Measured cost of the same kind and shape, else the nearest measured shape scaled by work units."""
+        key = self._key(kind, b, t)
+        if key in self.table:
+            return self.table[key]
+        units = key[1] * t
+        same = [(bb * tt, v) for (k, bb, tt), v in self.table.items() if k == kind]
+        if not same:
+            return self.default_ms
+        ref_units, ref_ms = min(same, key=lambda uv: abs(uv[0] - units))
+        return ref_ms * units / ref_units
+
+    def observe(self, kind: str, b: int, t: int, ms: float) -> None:
+        key = self._key(kind, b, t)
+        old = self.table.get(key)
+        # a slow outlier raises the estimate at once; improvements are learned gradually
+        self.table[key] = ms if old is None or ms > old else old + self.alpha * (ms - old)
+
+
+class Scheduler:
+    def __init__(self, num_slots: int, tokens: Tokens, frame_in: int, limits: Limits | None = None) -> None:
+        self.S = num_slots
+        self.tok = tokens
+        self.frame_in = frame_in
+        self.limits = limits or Limits()
+        self.costs = CostModel()
+        self.sessions: list[Session] = []
+        self.completed_calls: list[
+            tuple[float, int]
+        ] = []  # (ms, ticks) per finished call, drained by the engine
+        self.call_started_tick: dict[str, int] = {}
+        self.tick = 0
+        self.underruns = 0
+
+    # -- the live step --------------------------------------------------------------------------------
+
+    def plan_live(self, tick: int, sessions: list[Session], reset: np.ndarray) -> LivePlan:
+        self.tick = tick
+        self.sessions = sessions
+        live = np.zeros(self.S, dtype=bool)
+        audio = np.zeros((self.S, self.frame_in), dtype=np.float32)
+        force_text = np.full(self.S, -1, dtype=np.int64)
+        force_func = np.full(self.S, -1, dtype=np.int64)
+        for s in sessions:
+            if s.phase is not Phase.LIVE or s.closed:
+                continue
+            live[s.slot] = True
+            frame = s.inbox.pop()
+            if frame is None:
+                s.underruns += 1
+                self.underruns += 1
+            else:
+                audio[s.slot] = frame
+                s.frames_consumed += 1
+            if s.force_text:
+                force_text[s.slot] = s.force_text.popleft()
+            if s.force_func:
+                force_func[s.slot] = s.force_func.popleft()
+        return LivePlan(tick, live, audio, force_text, force_func, reset)
+
+    def apply_live(self, plan: LivePlan, result: LiveResult) -> None:
+        for s in self.sessions:
+            if not plan.live[s.slot]:
+                continue
+            out: list[Output] = []
+            text, func = int(result.text[s.slot]), int(result.func[s.slot])
+            if text == self.tok.bos and not s.speaking:
+                s.speaking = True
+                out.append(TurnStarted(plan.tick))
+            out.append(AudioFrame(plan.tick, result.audio[s.slot], self.tok.piece(text)))
+            if text == self.tok.eos and s.speaking:
+                s.speaking = False
+                out.append(TurnEnded(plan.tick))
+            if func == self.tok.call_start:
+                self._start_call(s, out)
+            s.deliver(out)
+
+    # -- tool work in the slack -----------------------------------------------------------------------
+
+    def _start_call(self, s: Session, out: list[Output]) -> None:
+        s.phase = Phase.TOOL_CALL
+        s.call_tokens = []
+        s.t_call_start = time.monotonic()
+        s.tool_calls += 1
+        self.call_started_tick[s.id] = self.tick
+        if s.speaking:  # a call interrupts the model's own turn
+            s.speaking = False
+            out.append(TurnEnded(self.tick))
+        out.append(ToolCallStarted(self.tick))
+
+    def poll(self, now: float) -> None:
+        """Between ticks: gather submitted results, time out late ones, start prefills."""
+        for s in self.sessions:
+            if s.phase is not Phase.WAITING or s.closed:
+                continue
+            while not s.incoming.empty():
+                r = s.incoming.get_nowait()
+                if r["call_id"] in s.pending and r["call_id"] not in s.results:
+                    s.results[r["call_id"]] = r
+                    s.t_last_result = now
+            if len(s.results) < len(s.pending) and now >= s.wait_deadline:
+                for call_id, call in s.pending.items():
+                    if call_id not in s.results:
+                        s.results[call_id] = _error(
+                            call.name, f"the tool did not answer within {self.limits.tool_timeout_s:g} s"
+                        )
+                        s.tool_errors += 1
+                s.t_last_result = now
+            if len(s.results) == len(s.pending):
+                ordered = [s.results[c] for c in s.pending]
+                self._begin_result_prefill(s, [_public(r) for r in ordered])
+
+    def _begin_result_prefill(self, s: Session, results: list[dict]) -> None:
+        s.phase = Phase.PREFILL
+        s.prefill_ids = self.tok.response_ids(results)
+        s.prefill_pos = 0
+        s.pending, s.results, s.early_results = {}, {}, []
+        if not s.t_last_result:
+            s.t_last_result = time.monotonic()
+
+    def _fit(self, kind: str, n: int, t_max: int, budget_ms: float) -> tuple[int, int] | None:
+        """The largest (rows, positions) of this kind predicted to fit in the budget: halve the positions
+        first (keeps every row moving), then the rows."""
+        b = n
+        while b >= 1:
+            t = t_max
+            while t >= 1:
+                if self.costs.predict(kind, b, t) <= budget_ms:
+                    return b, t
+                t //= 2
+            b //= 2
+        return None
+
+    def next_tool_work(self, budget_ms: float, skip: frozenset[str] = frozenset()) -> ToolWork | None:
+        """The most urgent piece of slack work predicted to fit in budget_ms, or None.
+
+        Priority: tool-call tokens (a caller is waiting), result prefill, replay, prompt prefill. Kinds in
+        `skip` are not planned (the cadence-locked baseline runs each kind at most once per tick).
+        """
+        by_phase: dict[Phase, list[Session]] = {}
+        for s in self.sessions:
+            if not s.closed:
+                by_phase.setdefault(s.phase, []).append(s)
+        calls = by_phase.get(Phase.TOOL_CALL, [])
+        if calls and "call" not in skip:
+            fit = self._fit("call", len(calls), 1, budget_ms)
+            if fit:
+                group = sorted(calls, key=lambda s: s.t_call_start)[: fit[0]]
+                forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
+                return ToolWork("call", group, _slots(group), forced)
+        lim = self.limits
+        for kind, phase, chunk in (("result", Phase.PREFILL, lim.result_chunk), ("replay", Phase.REPLAY, 1),
+                                   ("prompt", Phase.PROMPT, lim.prefill_chunk)):  # fmt: skip
+            if kind in skip:
+                continue
+            if kind == "replay":
+                ready = [s for s in by_phase.get(phase, []) if len(s.inbox)]
+                for s in by_phase.get(phase, []):
+                    if not len(s.inbox):
+                        self._resume(s)
+                fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
+                if fit:
+                    return self._replay_work(ready[: fit[0]])
+                continue
+            group = sorted(by_phase.get(phase, []), key=lambda s: s.prefill_pos)
+            if not group:
+                continue
+            t_max = min(chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
+            fit = self._fit(kind, len(group), t_max, budget_ms)
+            if fit:
+                b, T = fit
+                group = group[:b]
+                ids = np.array(
+                    [s.prefill_ids[s.prefill_pos : s.prefill_pos + T] for s in group], dtype=np.int64
+                )
+                return ToolWork(kind, group, _slots(group), ids)
+        return None
+
+    def _replay_work(self, group: list[Session]) -> ToolWork:
+        audio = np.zeros((self.S, self.frame_in), dtype=np.float32)
+        active = np.zeros(self.S, dtype=bool)
+        for s in group:
+            audio[s.slot] = s.inbox.pop()
+            active[s.slot] = True
+            s.frames_consumed += 1
+            s.frames_replayed += 1
+        return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
+
+    def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> None:
+        T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+        self.costs.observe(work.kind, len(work.sessions), T, ms)
+        if work.kind == "call":
+            for s, token in zip(work.sessions, result.func, strict=True):
+                if s.force_func:
+                    s.force_func.popleft()
+                self._call_token(s, int(token))
+        elif work.kind in ("result", "prompt"):
+            for s in work.sessions:
+                s.prefill_pos += T
+                if s.prefill_pos >= len(s.prefill_ids):
+                    s.prefill_ids, s.prefill_pos = [], 0
+                    s.phase = Phase.REPLAY
+        else:
+            for s in work.sessions:
+                if not len(s.inbox):
+                    self._resume(s)
+
+    def _call_token(self, s: Session, token: int) -> None:
+        if token != self.tok.call_end:
+            s.call_tokens.append(token)
+            if len(s.call_tokens) >= self.limits.max_call_tokens:
+                self._reject(s, f"the tool call exceeded {self.limits.max_call_tokens} tokens")
+            return
+        now = time.monotonic()
+        s.call_ms = (now - s.t_call_start) * 1e3
+        self.completed_calls.append((s.call_ms, self.tick - self.call_started_tick.pop(s.id, self.tick)))
+        try:
+            calls = parse_tool_call(self.tok.decode(s.call_tokens))
+        except ToolCallError as e:
+            self._reject(s, str(e))
+            return
+        out: list[Output] = []
+        s.pending, s.results = {}, {}
+        for call in calls:
+            call_id = "call_" + uuid.uuid4().hex[:12]
+            s.pending[call_id] = call
+            if call.name not in s.tools:
+                s.results[call_id] = _error(call.name, f"there is no tool named {call.name!r}")
+                s.tool_errors += 1
+                out.append(ToolCallRejected(self.tick, f"unknown tool {call.name!r}"))
+            else:
+                out.append(FunctionCall(self.tick, call_id, call.name, json.dumps(call.arguments)))
+        s.phase = Phase.WAITING
+        s.wait_deadline = now + self.limits.tool_timeout_s
+        s.t_last_result = 0.0
+        s.deliver(out)
+
+    def _reject(self, s: Session, reason: str) -> None:
+        s.tool_errors += 1
+        s.call_ms = (time.monotonic() - s.t_call_start) * 1e3
+        self.call_started_tick.pop(s.id, None)
+        s.deliver([ToolCallRejected(self.tick, reason)])
+        s.t_last_result = time.monotonic()
+        self._begin_result_prefill(s, [{"error": f"Your tool call could not be run: {reason}."}])
+        s.force_func.clear()
+
+    def _resume(self, s: Session) -> None:
+        was_tool = s.t_call_start > 0
+        s.phase = Phase.LIVE
+        if was_tool:
+            resume_ms = (time.monotonic() - s.t_last_result) * 1e3
+            s.deliver([ToolResultConsumed(self.tick, s.call_ms, resume_ms)])
+            s.t_call_start = 0.0
+
+
+def _slots(sessions: list[Session]) -> np.ndarray:
+    return np.array([s.slot for s in sessions], dtype=np.int64)
+
+
+def _error(name: str, message: str) -> dict:
+    return {"name": name, "error": message, "is_error": True}
+
+
+def _public(r: dict) -> dict:
+    """A result as the model reads it."""
+    if r.get("is_error"):
+        return {"name": r["name"], "error": r.get("error") or r.get("output")}
+    return {"name": r["name"], "output": r["output"]}

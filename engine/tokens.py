@@ -1,0 +1,116 @@
+"""Token-level protocol of the model: special tokens by name, prompt ids, tool-call text and tool responses.
+
+Knows the tokenizer and the model's text formats (MODEL_SPEC 3); knows nothing of slots, tensors or time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from engine.config import TokenConfig
+
+CALL_OPEN, CALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<TOOL_RESPONSE>", "</TOOL_RESPONSE>"
+MAX_TOOLS = 5
+
+
+class ToolCallError(ValueError):
+    """The function channel's text is not a well-formed tool call."""
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: dict
+
+
+class Tokens:
+    """The tokenizer plus the ids of the special tokens, resolved by their strings."""
+
+    def __init__(self, cfg: TokenConfig) -> None:
+        try:
+            self.tok = Tokenizer.from_file(cfg.tokenizer)
+        except Exception as e:  # tokenizers raises its own exception type
+            raise FileNotFoundError(f"tokenizer: cannot load {cfg.tokenizer!r}: {e}") from e
+        self.vocab_size = self.tok.get_vocab_size()
+
+        def resolve(field: str) -> int:
+            name = getattr(cfg, field)
+            i = self.tok.token_to_id(name)
+            if i is None:
+                raise ValueError(f"tokens.{field}: {name!r} is not in the tokenizer {cfg.tokenizer!r}")
+            return i
+
+        self.bos, self.eos, self.pad = resolve("bos"), resolve("eos"), resolve("pad")
+        self.call_start, self.call_end = resolve("tool_call_start"), resolve("tool_call_end")
+        self.response_end = resolve("tool_response_end")
+        self._special = {self.bos, self.eos, self.pad, self.call_start, self.call_end, self.response_end}
+        # the text channel's piece per token id, computed once ("" for control tokens)
+        self._pieces = [
+            "" if i in self._special or self._is_control(i) else self.tok.decode([i])
+            for i in range(self.vocab_size)
+        ]
+
+    def _is_control(self, i: int) -> bool:
+        t = self.tok.id_to_token(i)
+        return t is None or (
+            t.startswith("<") and t.endswith(">") and len(t) > 2 and t[1:-1].replace("_", "").isalnum()
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def piece(self, token: int) -> str:
+        """The text a token adds to the transcript ("" for control tokens and ids beyond the vocabulary)."""
+        return self._pieces[token] if 0 <= token < self.vocab_size else ""
+
+    # -- prompts and tools ----------------------------------------------------------------------------
+
+    def prompt_ids(self, system_prompt: str, tools: list[dict]) -> list[int]:
+        """`[<s>] + tok(system_prompt + tool block) + [</s>]`, prefilled on the audio channel at session start."""
+        from engine.prompt import system_prompt_text
+
+        if len(tools) > MAX_TOOLS:
+            raise ValueError(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
+        return [self.bos, *self.encode(system_prompt_text(system_prompt, tools)), self.eos]
+
+    def call_ids(self, calls: list[dict]) -> list[int]:
+        """The function-channel tokens of a complete call: start, `<TOOLCALL>[...]</TOOLCALL>`, end."""
+        return [self.call_start, *self.encode(CALL_OPEN + json.dumps(calls) + CALL_CLOSE), self.call_end]
+
+    def response_ids(self, results: list[dict]) -> list[int]:
+        """`<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` tokens (no special tokens added), forced on the function channel."""
+        return self.encode(RESPONSE_OPEN + json.dumps(results, ensure_ascii=False) + RESPONSE_CLOSE)
+
+
+def parse_tool_call(text: str) -> list[ParsedCall]:
+    """Parse `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`; raise ToolCallError if malformed."""
+    body = text.strip()
+    if not (body.startswith(CALL_OPEN) and body.endswith(CALL_CLOSE)):
+        raise ToolCallError(f"a tool call must be wrapped in {CALL_OPEN}...{CALL_CLOSE}")
+    try:
+        entries = json.loads(body[len(CALL_OPEN) : -len(CALL_CLOSE)])
+    except json.JSONDecodeError as e:
+        raise ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(entries, list) or not entries:
+        raise ToolCallError("a tool call must be a non-empty JSON list of calls")
+    calls = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ToolCallError(f"call {i} has no tool name")
+        args = entry.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise ToolCallError(f"call {i} ({entry['name']}): arguments are not valid JSON") from None
+        if not isinstance(args, dict):
+            raise ToolCallError(f"call {i} ({entry['name']}): arguments must be a JSON object")
+        calls.append(ParsedCall(entry["name"], args))
+    return calls

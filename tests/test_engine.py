@@ -1,0 +1,256 @@
+"""The engine at the tiny preset with dummy weights. Tool calls are produced by teacher forcing the function
+channel with real tokens (dummy weights decide nothing); everything after that is the engine's own work."""
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from engine.api import (
+    AudioFrame,
+    EngineFull,
+    FunctionCall,
+    SessionRejected,
+    ToolCallRejected,
+    ToolCallStarted,
+    ToolResultConsumed,
+)
+from engine.engine import Engine, EngineConfig
+from engine.metrics import EngineSnapshot
+
+TOOLS = [
+    {"name": "check_availability", "description": "Rooms free on given dates.",
+     "parameters": {"type": "object", "properties": {"guests": {"type": "integer", "description": "Guests"}}}},
+]  # fmt: skip
+PROMPT = "You are the concierge of a small hotel."
+CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
+
+
+def caller_audio(seed: int, seconds: float) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+
+
+def drain(handle) -> list:
+    out = []
+    while not handle.outputs.empty():
+        out.append(handle.outputs.get_nowait())
+    return out
+
+
+def run_ticks(engine: Engine, start: int, n: int) -> int:
+    """Drive the tick by hand with a deadline far away, so all pending slack work (prompt and result prefill,
+    call tokens, replay) completes within the tick: the test is deterministic whatever the machine's load.
+    Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
+    for k in range(start, start + n):
+        engine.run_tick(k, time.monotonic() + 60.0)
+    return start + n
+
+
+def frames(items) -> list[np.ndarray]:
+    return [i.samples for i in items if isinstance(i, AudioFrame)]
+
+
+@pytest.fixture(scope="module")
+def engine64():
+    e = Engine(EngineConfig(preset="tiny", num_slots=64, start=False))
+    yield e
+    e.close()
+
+
+def open_all(engine: Engine, n: int) -> list:
+    handles = [engine.open_session(PROMPT, TOOLS) for _ in range(n)]
+    for i, h in enumerate(handles):
+        h.push_audio(caller_audio(i, 2.4))
+    return handles
+
+
+def close_all(engine: Engine, handles, k: int) -> int:
+    for h in handles:
+        h.close()
+    return run_ticks(engine, k, 1)
+
+
+def test_one_sessions_tool_call_leaves_the_other_63_untouched(engine64):
+    """64 sessions run twice from fresh slots, the second time with slot 7 calling a tool: every other
+    session's audio and text are identical in both runs."""
+    runs = []
+    k = 0
+    for with_call in (False, True):
+        handles = open_all(engine64, 64)
+        if with_call:
+            handles[7].force_function(engine64.tokens.call_ids(CALL))
+        k = run_ticks(engine64, k, 12)
+        outs = [drain(h) for h in handles]
+        runs.append(outs)
+        if with_call:
+            assert any(isinstance(o, ToolCallStarted) for o in outs[7])
+            assert any(isinstance(o, FunctionCall) for o in outs[7])
+        k = close_all(engine64, handles, k)
+    base, called = runs
+    for i in range(64):
+        if i == 7:
+            continue
+        a, b = frames(base[i]), frames(called[i])
+        assert len(a) == len(b) == 11, i  # tick 0 prefills the prompt
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), f"session {i} changed"
+        assert [o.text for o in base[i] if isinstance(o, AudioFrame)] == [
+            o.text for o in called[i] if isinstance(o, AudioFrame)
+        ]
+    assert len(frames(called[7])) < 11  # it was paused
+
+
+def test_tool_path_end_to_end(engine64):
+    h = engine64.open_session(PROMPT, TOOLS)
+    other = engine64.open_session(PROMPT, TOOLS)
+    k = run_ticks(engine64, 1000, 1)
+    assert h.phase == "live"
+    h.push_audio(caller_audio(1, 0.4))
+    other.push_audio(caller_audio(2, 4.0))
+    h.force_function(engine64.tokens.call_ids(CALL))
+    k = run_ticks(engine64, k, 3)
+    items = drain(h)
+    calls = [i for i in items if isinstance(i, FunctionCall)]
+    assert [type(i).__name__ for i in items if not isinstance(i, AudioFrame)][:2] == [
+        "ToolCallStarted",
+        "FunctionCall",
+    ]
+    assert calls[0].name == "check_availability" and json.loads(calls[0].arguments) == {"guests": 2}
+    assert h.phase == "waiting"
+    # the caller keeps talking during the pause: 1.2 s of audio
+    h.push_audio(caller_audio(3, 1.2))
+    k = run_ticks(engine64, k, 3)
+    assert not frames(drain(h))  # paused: no agent audio
+    h.submit_tool_result(calls[0].call_id, json.dumps({"available": True, "rooms": [{"type": "deluxe"}]}))
+    k = run_ticks(engine64, k, 4)
+    items = drain(h)
+    consumed = [i for i in items if isinstance(i, ToolResultConsumed)]
+    assert consumed and h.phase == "live"
+    assert consumed[0].call_ms >= 0 and consumed[0].resume_ms >= 0
+    k = run_ticks(engine64, k, 2)
+    assert len(frames(drain(h))) == 2  # live again: one frame per tick
+    snap = {s.id: s for s in engine64.snapshot().sessions}[h.id]
+    assert snap.frames_in == snap.frames_consumed == 5 + 15  # every frame pushed was consumed
+    assert snap.frames_replayed >= 15 - 6
+    assert snap.tool_calls == 1 and snap.tool_errors == 0
+    assert len(frames(drain(other))) == 12  # the neighbour never paused: a frame every tick after its prompt
+    for x in (h, other):
+        x.close()
+    run_ticks(engine64, k, 1)
+
+
+@pytest.mark.parametrize("case", ["malformed", "unknown", "exception"])
+def test_bad_calls_get_an_error_result_and_the_session_carries_on(engine64, case):
+    h = engine64.open_session(PROMPT, TOOLS)
+    bystander = engine64.open_session(PROMPT, TOOLS)
+    k = run_ticks(engine64, 2000, 1)
+    if case == "malformed":
+        tokens = engine64.tokens
+        ids = [
+            tokens.call_start,
+            *tokens.encode('<TOOLCALL>[{"name": "check_availability", "argu'),
+            tokens.call_end,
+        ]
+        h.force_function(ids)
+    elif case == "unknown":
+        h.force_function(engine64.tokens.call_ids([{"name": "open_the_pod_bay_doors", "arguments": {}}]))
+    else:
+        h.force_function(engine64.tokens.call_ids(CALL))
+    k = run_ticks(engine64, k, 3)
+    items = drain(h)
+    if case == "exception":
+        call = next(i for i in items if isinstance(i, FunctionCall))
+        h.submit_tool_result(call.call_id, "ValueError: the database is on fire", is_error=True)
+    else:
+        assert any(isinstance(i, ToolCallRejected) for i in items)
+    k = run_ticks(engine64, k, 4)
+    assert h.phase == "live"
+    items += drain(h)
+    assert any(isinstance(i, ToolResultConsumed) for i in items)
+    snap = {s.id: s for s in engine64.snapshot().sessions}
+    assert snap[h.id].tool_errors == (0 if case == "exception" else 1)
+    assert len(frames(drain(bystander))) == 7 and bystander.phase == "live"
+    for x in (h, bystander):
+        x.close()
+    run_ticks(engine64, k, 1)
+
+
+def test_timeout_becomes_an_error_result():
+    with Engine(EngineConfig(preset="tiny", num_slots=2, start=False, tool_timeout_s=0.2)) as e:
+        h = e.open_session(PROMPT, TOOLS)
+        k = run_ticks(e, 0, 1)
+        h.force_function(e.tokens.call_ids(CALL))
+        k = run_ticks(e, k, 3)
+        assert h.phase == "waiting"
+        time.sleep(0.25)
+        k = run_ticks(e, k, 3)
+        assert h.phase == "live"
+        assert {s.id: s for s in e.snapshot().sessions}[h.id].tool_errors == 1
+
+
+def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
+    with Engine(EngineConfig(preset="tiny", num_slots=4, start=False)) as e:
+        hs = [e.open_session(PROMPT, TOOLS) for _ in range(4)]
+        assert e.occupancy == 1.0
+        with pytest.raises(EngineFull, match="all 4 slots are in use"):
+            e.open_session(PROMPT, TOOLS)
+        for h in hs:
+            h.push_audio(caller_audio(5, 1.0))
+        k = run_ticks(e, 0, 8)
+        slot = hs[2]._s.slot
+        hs[2].close()
+        k = run_ticks(e, k, 1)
+        assert e.occupancy == 0.75
+        reused = e.open_session(PROMPT, TOOLS)
+        assert reused._s.slot == slot
+        reused.push_audio(caller_audio(9, 0.8))
+        for h in (hs[0], hs[1], hs[3]):
+            h.close()
+        run_ticks(e, k, 8)
+        got = frames(drain(reused))
+    with Engine(EngineConfig(preset="tiny", num_slots=4, start=False)) as fresh:
+        for _ in range(slot):
+            fresh.open_session(PROMPT, TOOLS).close()  # take the same slot number
+        run_ticks(fresh, 0, 1)
+        h = fresh.open_session(PROMPT, TOOLS)
+        assert h._s.slot == slot
+        h.push_audio(caller_audio(9, 0.8))
+        run_ticks(fresh, 1, 8)
+        want = frames(drain(h))
+    assert len(got) == len(want) == 7
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_open_session_refuses_bad_tool_lists():
+    with Engine(EngineConfig(preset="tiny", num_slots=1, start=False)) as e:
+        with pytest.raises(SessionRejected, match="at most 5 tools"):
+            e.open_session(PROMPT, [dict(TOOLS[0], name=f"t{i}") for i in range(6)])
+        with pytest.raises(SessionRejected, match="distinct"):
+            e.open_session(PROMPT, TOOLS + TOOLS)
+        assert e.occupancy == 0
+
+
+def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
+    async def main():
+        with Engine(EngineConfig(preset="tiny", num_slots=4, metrics_port=0)) as e:
+            h = e.open_session(PROMPT, TOOLS, loop=asyncio.get_running_loop())
+            h.push_audio(caller_audio(0, 1.0))
+            got = []
+            while len(got) < 6:
+                got.append(await asyncio.wait_for(h.outputs.get(), timeout=5))
+            assert all(isinstance(g, AudioFrame) and g.samples.shape == (1764,) for g in got)
+            assert [g.tick for g in got] == sorted(g.tick for g in got)
+            url = f"http://127.0.0.1:{e.server.port}"
+            snap = EngineSnapshot.model_validate_json(urllib.request.urlopen(url + "/snapshot").read())
+            assert snap.ticks >= 6 and snap.sessions[0].id == h.id and snap.occupancy == 0.25
+            prom = urllib.request.urlopen(url + "/metrics").read().decode()
+            assert "chorus_tick_seconds_bucket" in prom and "chorus_missed_deadlines_total" in prom
+            h.close()
+
+    asyncio.run(main())

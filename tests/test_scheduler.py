@@ -1,0 +1,224 @@
+"""The scheduler on hand-made results: no model, just plans, phases and events."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from engine.api import (
+    AudioFrame,
+    FunctionCall,
+    ToolCallRejected,
+    ToolCallStarted,
+    ToolResultConsumed,
+    TurnStarted,
+)
+from engine.config import TokenConfig
+from engine.scheduler import Limits, LiveResult, Scheduler, ToolResult
+from engine.slots import FrameInbox, Phase, Session
+from engine.tokens import Tokens
+
+S, FRAME = 8, 1280
+TOK = Tokens(TokenConfig())
+
+
+def make_session(slot: int, phase: Phase = Phase.LIVE, tools=("check_availability",)) -> tuple[Session, list]:
+    got: list = []
+    s = Session(f"s{slot}", slot, frozenset(tools), FrameInbox(FRAME, 100), got.extend, phase=phase)
+    return s, got
+
+
+def result(text=None, func=None) -> LiveResult:
+    t = np.full(S, TOK.pad) if text is None else text
+    f = np.full(S, TOK.pad) if func is None else func
+    return LiveResult(t, f, np.zeros((S, 1764), np.float32))
+
+
+def sched(**limits) -> Scheduler:
+    return Scheduler(S, TOK, FRAME, Limits(**limits))
+
+
+def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
+    sch = sched()
+    phases = [
+        Phase.LIVE,
+        Phase.PROMPT,
+        Phase.TOOL_CALL,
+        Phase.WAITING,
+        Phase.PREFILL,
+        Phase.REPLAY,
+        Phase.LIVE,
+    ]
+    sessions = [make_session(i, p)[0] for i, p in enumerate(phases)]
+    sessions[0].inbox.push(np.ones(FRAME, np.float32) * 0.5)
+    for s in sessions[1:6]:
+        s.inbox.push(np.ones(FRAME, np.float32))
+    plan = sch.plan_live(0, sessions, np.zeros(S, bool))
+    assert plan.live.tolist() == [True, False, False, False, False, False, True, False]
+    assert np.all(plan.audio[0] == 0.5) and np.all(plan.audio[1:] == 0)
+    # slot 6 had no frame: it is still stepped (silence), and the underrun is counted
+    assert sessions[6].underruns == 1 and sch.underruns == 1
+    # paused sessions keep their audio for later
+    assert all(len(s.inbox) == 1 for s in sessions[1:6])
+
+
+def test_tool_work_is_never_planned_past_the_budget():
+    sch = sched(prefill_chunk=64)
+    s, _ = make_session(0, Phase.PROMPT)
+    s.prefill_ids = list(range(40, 140))
+    sch.sessions = [s]
+    sch.costs.observe("prompt", 1, 64, 30.0)
+    sch.costs.observe("prompt", 1, 32, 12.0)
+    sch.costs.observe("prompt", 1, 16, 6.0)
+    # unmeasured shapes are predicted from the nearest measured one, scaled by positions x rows
+    assert sch.next_tool_work(budget_ms=5.0).tokens.shape == (1, 8)  # 16 positions cost 6 ms: 8 cost 3
+    assert sch.next_tool_work(budget_ms=0.3) is None  # even one position is predicted at 0.375 ms
+    w = sch.next_tool_work(budget_ms=13.0)
+    assert w.kind == "prompt" and w.tokens.shape == (1, 32)
+    w = sch.next_tool_work(budget_ms=100.0)
+    assert w.tokens.shape == (1, 64)
+    c, _ = make_session(1, Phase.TOOL_CALL)
+    sch.sessions = [s, c]
+    sch.costs.observe("call", 1, 1, 4.0)
+    assert sch.next_tool_work(budget_ms=3.0).kind == "prompt"  # the call does not fit; a smaller prefill does
+    assert sch.next_tool_work(budget_ms=4.5).kind == "call"
+    assert sch.next_tool_work(budget_ms=7.0).kind == "call"  # calls come first when both fit
+    # a group too big for the budget is split: half the rows
+    many = [make_session(i, Phase.PROMPT)[0] for i in range(8)]
+    for m in many:
+        m.prefill_ids = list(range(40, 140))
+    sch.sessions = many
+    sch.costs.observe("prompt", 8, 1, 8.0)
+    w = sch.next_tool_work(budget_ms=4.5)
+    assert w.tokens.shape == (4, 1)
+
+
+def run_call(sch: Scheduler, s: Session, text: str, forced_end: bool = True) -> None:
+    """Feed the call's tokens as if the model produced them, one call step each."""
+    ids = TOK.encode(text) + ([TOK.call_end] if forced_end else [])
+    for t in ids:
+        w = sch.next_tool_work(100.0)
+        assert w.kind == "call" and w.sessions == [s]
+        sch.apply_tool(w, ToolResult(func=np.array([t])), 1.0)
+
+
+def test_the_tool_path_in_order():
+    sch = sched(result_chunk=16)
+    s, got = make_session(3)
+    other, other_got = make_session(5)
+    sessions = [s, other]
+    plan = sch.plan_live(0, sessions, np.zeros(S, bool))
+    text = np.full(S, TOK.pad)
+    text[3] = TOK.bos
+    func = np.full(S, TOK.pad)
+    func[3] = TOK.call_start
+    sch.apply_live(plan, result(text, func))
+    assert [type(e) for e in got] == [TurnStarted, AudioFrame, type(got[2]), ToolCallStarted]
+    assert s.phase is Phase.TOOL_CALL and other.phase is Phase.LIVE
+    # the next live batch leaves the paused slot out
+    assert not sch.plan_live(1, sessions, np.zeros(S, bool)).live[3]
+    got.clear()
+    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {"guests": 2}}]</TOOLCALL>')
+    assert s.phase is Phase.WAITING
+    (call,) = got
+    assert isinstance(call, FunctionCall) and call.name == "check_availability"
+    assert json.loads(call.arguments) == {"guests": 2}
+    # caller keeps talking while paused: held, not dropped
+    for _ in range(3):
+        s.inbox.push(np.full(FRAME, 0.1, np.float32))
+    s.incoming.put(
+        {"call_id": call.call_id, "name": "check_availability", "output": '{"rooms": 3}', "is_error": False}
+    )
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.PREFILL
+    expected = TOK.response_ids([{"name": "check_availability", "output": '{"rooms": 3}'}])
+    assert s.prefill_ids == expected
+    chunks = []
+    while s.phase is Phase.PREFILL:
+        w = sch.next_tool_work(100.0)
+        chunks.append(w.tokens[0].tolist())
+        sch.apply_tool(w, ToolResult(), 1.0)
+    assert sum(chunks, []) == expected and len(chunks) > 1 and all(len(c) <= 16 for c in chunks)
+    assert s.phase is Phase.REPLAY
+    replayed = 0
+    while s.phase is Phase.REPLAY:
+        w = sch.next_tool_work(100.0)
+        if w is None:
+            break
+        assert w.kind == "replay" and w.active[3] and w.active.sum() == 1
+        replayed += 1
+        sch.apply_tool(w, ToolResult(), 1.0)
+    assert replayed == 3 and s.phase is Phase.LIVE
+    assert isinstance(got[-1], ToolResultConsumed)
+    assert s.frames_consumed == s.inbox.frames_in == 3
+    # the other session saw only its own frames
+    assert all(isinstance(e, AudioFrame) for e in other_got)
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ('<TOOLCALL>[{"name": "check_availability", "arguments": {"guests": 2}</TOOLCALL>', "not valid JSON"),
+        ('<TOOLCALL>[{"arguments": {}}]</TOOLCALL>', "no tool name"),
+        ("check_availability(2)", "must be wrapped"),
+    ],
+)
+def test_a_malformed_call_gets_an_error_result_and_the_session_carries_on(text, reason):
+    sch = sched()
+    s, got = make_session(2, Phase.TOOL_CALL)
+    sch.sessions = [s]
+    run_call(sch, s, text)
+    rejected = [e for e in got if isinstance(e, ToolCallRejected)]
+    assert rejected and reason in rejected[0].reason
+    assert s.phase is Phase.PREFILL and s.tool_errors == 1
+    assert "could not be run" in TOK.decode(s.prefill_ids)
+
+
+def test_unknown_tools_and_timeouts_become_error_results():
+    sch = sched(tool_timeout_s=0.05)
+    s, got = make_session(1, Phase.TOOL_CALL)
+    sch.sessions = [s]
+    run_call(sch, s, '<TOOLCALL>[{"name": "launch_rocket", "arguments": {}}, '
+             '{"name": "check_availability", "arguments": {}}]</TOOLCALL>')  # fmt: skip
+    assert [type(e) for e in got] == [ToolCallRejected, FunctionCall]
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.WAITING  # still waiting for the known tool
+    time.sleep(0.06)
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.PREFILL
+    text = TOK.decode(s.prefill_ids)
+    assert "no tool named 'launch_rocket'" in text and "did not answer within" in text
+
+
+def test_a_runaway_call_is_cut_at_the_token_limit():
+    sch = sched(max_call_tokens=16)
+    s, got = make_session(0, Phase.TOOL_CALL)
+    sch.sessions = [s]
+    for _ in range(16):
+        w = sch.next_tool_work(100.0)
+        sch.apply_tool(w, ToolResult(func=np.array([TOK.encode("a")[0]])), 1.0)
+    assert s.phase is Phase.PREFILL
+    assert "exceeded 16 tokens" in got[-1].reason
+
+
+def test_frame_inbox_cuts_any_chunking_into_exact_frames():
+    inbox = FrameInbox(FRAME, max_frames=4)
+    audio = (np.arange(3 * FRAME + 100) % 1000).astype(np.int16)
+    for chunk in np.array_split(audio, 7):
+        inbox.push(chunk)
+    frames = [inbox.pop() for _ in range(3)]
+    assert inbox.pop() is None and inbox.frames_in == 3
+    assert np.allclose(np.concatenate(frames), audio[: 3 * FRAME] / 32768.0)
+    bad = np.full(FRAME, np.nan, np.float32)
+    inbox.push(bad)
+    frame = inbox.pop()  # the 100-sample tail of the first push, then the NaNs replaced by silence
+    assert inbox.nonfinite == FRAME
+    assert np.allclose(frame[:100], audio[3 * FRAME :] / 32768.0) and np.all(frame[100:] == 0)
+    for _ in range(6):
+        inbox.push(np.zeros(FRAME, np.float32))
+    assert len(inbox) == 4 and inbox.dropped == 2
+    with pytest.raises(ValueError, match="mono"):
+        inbox.push(np.zeros((2, 100), np.float32))
+    with pytest.raises(ValueError, match="int16 or float"):
+        inbox.push(np.zeros(100, np.int32))
