@@ -1,0 +1,119 @@
+"""The hotel concierge: a livekit-agents `Agent` whose five function tools call `tools/`.
+
+The only module that joins the hotel to LiveKit. The tools' JSON schemas come from `tools.schemas`
+(one source of truth), so each `@function_tool` takes the model's raw arguments and `tools/` validates
+them with messages the model can speak. Domain failures become `ToolError`s; the store is synchronous,
+so every call runs in a worker thread and never blocks the room's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import Any
+
+from livekit.agents import Agent, RunContext, ToolError, function_tool, llm
+
+from prompts import load_prompt
+from tools import schemas
+from tools.errors import HotelError, NotFound
+from tools.hotel import Hotel
+from tools.rules import spoken_date
+
+log = logging.getLogger(__name__)
+
+# A confirmation code has ~36 bits; this many misses in one call ends lookups for that call.
+MAX_FAILED_LOOKUPS = 5
+_LOOKUPS = ("find_reservation", "change_or_cancel_reservation")
+TOO_MANY_LOOKUPS = (
+    "I can't look up any more reservations on this call; the front desk can help you with that reservation."
+)
+SYSTEM_TROUBLE = (
+    "The reservation system has a problem right now; offer to transfer the caller to the front desk."
+)
+
+
+def concierge_instructions(hotel: Hotel) -> str:
+    """The concierge system prompt for this hotel and today's date (reads the hotel's name once)."""
+    policy = hotel.policy()
+    today = hotel.today()
+    return load_prompt("concierge", hotel_name=policy.name, today=spoken_date(today))
+
+
+class HotelAgent(Agent):
+    """One caller's concierge. `session_key` scopes booking idempotency to this conversation: the same
+    booking asked twice (a retried call, a repeated tool call) is made once."""
+
+    def __init__(
+        self, hotel: Hotel, *, instructions: str | None = None, session_key: str | None = None
+    ) -> None:
+        self._hotel = hotel
+        self._session_key = session_key or uuid.uuid4().hex
+        self._failed_lookups = 0
+        super().__init__(
+            instructions=instructions if instructions is not None else concierge_instructions(hotel)
+        )
+
+    async def _call(self, name: str, arguments: Any, context: RunContext | None) -> str:
+        call_id = context.function_call.call_id if context is not None else "-"
+        if name in _LOOKUPS and self._failed_lookups >= MAX_FAILED_LOOKUPS:
+            raise ToolError(TOO_MANY_LOOKUPS)
+        try:
+            result = await asyncio.to_thread(self._hotel.call, name, arguments, session=self._session_key)
+        except NotFound as exc:
+            self._failed_lookups += 1
+            raise ToolError(exc.message) from None
+        except HotelError as exc:
+            log.info("hotel tool %s (call %s): %s", name, call_id, exc.code)
+            raise ToolError(exc.message) from None
+        except Exception as exc:
+            # Type only: messages of database errors can quote guest data.
+            log.error("hotel tool %s (call %s) failed: %s", name, call_id, type(exc).__name__)
+            log.debug("hotel tool failure", exc_info=True)
+            raise ToolError(SYSTEM_TROUBLE) from None
+        return json.dumps(result)
+
+    @function_tool(raw_schema=schemas.tool_schema("check_availability"))
+    async def check_availability(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("check_availability", raw_arguments, context)
+
+    @function_tool(raw_schema=schemas.tool_schema("book_room"))
+    async def book_room(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("book_room", raw_arguments, context)
+
+    @function_tool(raw_schema=schemas.tool_schema("find_reservation"))
+    async def find_reservation(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("find_reservation", raw_arguments, context)
+
+    @function_tool(raw_schema=schemas.tool_schema("change_or_cancel_reservation"))
+    async def change_or_cancel_reservation(
+        self, raw_arguments: dict[str, object], context: RunContext
+    ) -> str:
+        return await self._call("change_or_cancel_reservation", raw_arguments, context)
+
+    @function_tool(raw_schema=schemas.tool_schema("hotel_info"))
+    async def hotel_info(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("hotel_info", raw_arguments, context)
+
+
+def tool_schemas(agent: Agent) -> list[dict[str, Any]]:
+    """The agent's function tools as {name, description, parameters}: what `engine.prompt` renders into
+    the model's `<AVAILABLE_TOOLS>` block."""
+    found = []
+    for tool in agent.tools:
+        if isinstance(tool, llm.RawFunctionTool):
+            schema = tool.info.raw_schema
+        elif isinstance(tool, llm.FunctionTool):
+            schema = llm.utils.build_legacy_openai_schema(tool, internally_tagged=True)
+        else:
+            raise TypeError(f"the duplex model takes function tools only, not {type(tool).__name__}")
+        found.append(
+            {
+                "name": schema["name"],
+                "description": schema.get("description") or "",
+                "parameters": schema["parameters"],
+            }
+        )
+    return found

@@ -1,0 +1,300 @@
+"""The five tools the model sees: their argument schemas, descriptions, and readable validation errors.
+
+One pydantic model per tool is the single source of truth: `tool_specs()` renders them as OpenAI-style
+function schemas ({name, description, parameters}) and `parse_args()` validates what the model sent,
+turning any failure into one `InvalidRequest` sentence. Knows nothing about LiveKit or the database.
+
+The model accepts at most five tools, so the set follows the call's steps: check availability, book,
+find a reservation, change or cancel it, and answer questions about the hotel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from . import rules
+from .errors import InvalidRequest
+
+MAX_GUESTS = 12
+MAX_NIGHTS_FIELD = 30
+
+
+def _no_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true as 1; a boolean is never a count of guests or nights.
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number")
+    return value
+
+
+def _name(value: str) -> str:
+    return rules.clean_name(value)
+
+
+def _contact(value: str) -> str:
+    value = " ".join(value.split())
+    if "@" in value:
+        local, _, domain = value.rpartition("@")
+        if (
+            not local
+            or any(ch.isspace() for ch in value)
+            or "." not in domain
+            or not all(ch.isalnum() or ch in "-." for ch in domain)
+            or not all(ch.isprintable() and ord(ch) < 128 for ch in local)
+        ):
+            raise ValueError("that email address does not look complete")
+        return f"{local}@{domain.lower()}"
+    if not all(ch.isdigit() or ch in "+-(). " for ch in value) or "+" in value[1:]:
+        raise ValueError("give a phone number (digits) or an email address")
+    digits = "".join(ch for ch in value if ch.isdigit())
+    if not 7 <= len(digits) <= 15:
+        raise ValueError("a phone number has 7 to 15 digits")
+    return ("+" if value.startswith("+") else "") + digits
+
+
+def _code(value: str) -> str:
+    code = rules.normalize_code(value)
+    if len(code) != rules.CODE_LENGTH:
+        raise ValueError(f"a confirmation code has {rules.CODE_LENGTH} letters and digits")
+    return code
+
+
+# Bounds before the validator, or pydantic cannot render them as JSON-schema minimum/maximum.
+Guests = Annotated[int, Field(ge=1, le=MAX_GUESTS), BeforeValidator(_no_bool)]
+Nights = Annotated[int, Field(ge=1, le=MAX_NIGHTS_FIELD), BeforeValidator(_no_bool)]
+DateText = Annotated[str, Field(min_length=1, max_length=40)]
+RoomType = Annotated[str, Field(min_length=1, max_length=40)]
+
+_CHECK_IN = (
+    "Arrival date as YYYY-MM-DD, or as the caller said it: today, tomorrow, Friday, the 12th, March 12."
+)
+_CHECK_OUT = "Departure date, same forms as check_in. Give check_out or nights."
+_NIGHTS = "Number of nights, if the caller gave a length instead of a departure date."
+_GUESTS = "Number of guests staying in the room, adults and children."
+_ROOM_TYPE = "Room type as the caller said it, for example standard, deluxe or suite."
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
+
+
+class CheckAvailability(_Args):
+    """Find which rooms are free for a stay, with the total price including tax. Call it before
+    offering a booking."""
+
+    check_in: DateText = Field(title="check-in date", description=_CHECK_IN)
+    check_out: DateText | None = Field(None, title="check-out date", description=_CHECK_OUT)
+    nights: Nights | None = Field(None, title="number of nights", description=_NIGHTS)
+    guests: Guests = Field(title="number of guests", description=_GUESTS)
+    room_type: RoomType | None = Field(None, title="room type", description=_ROOM_TYPE + " Omit to see all.")
+
+
+class BookRoom(_Args):
+    """Book one room once the caller has confirmed the name, dates and room. Returns the
+    confirmation code to read back."""
+
+    guest_name: Annotated[str, AfterValidator(_name)] = Field(
+        min_length=1, max_length=80, title="guest name", description="Full name of the guest, as confirmed."
+    )
+    contact: Annotated[str, AfterValidator(_contact)] = Field(
+        min_length=3,
+        max_length=120,
+        title="phone number or email",
+        description="Phone number or email address of the guest.",
+    )
+    check_in: DateText = Field(title="check-in date", description=_CHECK_IN)
+    check_out: DateText | None = Field(None, title="check-out date", description=_CHECK_OUT)
+    nights: Nights | None = Field(None, title="number of nights", description=_NIGHTS)
+    guests: Guests = Field(title="number of guests", description=_GUESTS)
+    room_type: RoomType = Field(title="room type", description=_ROOM_TYPE)
+
+
+class FindReservation(_Args):
+    """Look up an existing reservation by its confirmation code and the guest's last name."""
+
+    confirmation_code: Annotated[str, AfterValidator(_code)] = Field(
+        min_length=1,
+        max_length=40,
+        title="confirmation code",
+        description="The 8-character confirmation code as the caller read it.",
+    )
+    last_name: Annotated[str, AfterValidator(_name)] = Field(
+        min_length=1, max_length=80, title="last name", description="The last name on the reservation."
+    )
+
+
+class ChangeOrCancelReservation(_Args):
+    """Change the dates, room type or guests of a reservation, or cancel it under the hotel's policy.
+    Needs the confirmation code and last name."""
+
+    confirmation_code: Annotated[str, AfterValidator(_code)] = Field(
+        min_length=1,
+        max_length=40,
+        title="confirmation code",
+        description="The reservation's confirmation code.",
+    )
+    last_name: Annotated[str, AfterValidator(_name)] = Field(
+        min_length=1, max_length=80, title="last name", description="The last name on the reservation."
+    )
+    action: Literal["change", "cancel"] = Field(
+        title="action", description="change to modify the reservation, cancel to cancel it."
+    )
+    check_in: DateText | None = Field(
+        None, title="new check-in date", description="New arrival date, when changing the dates."
+    )
+    check_out: DateText | None = Field(
+        None, title="new check-out date", description="New departure date, when changing the dates."
+    )
+    nights: Nights | None = Field(None, title="number of nights", description="New number of nights.")
+    room_type: RoomType | None = Field(
+        None, title="new room type", description="New room type, when changing it."
+    )
+    guests: Guests | None = Field(None, title="number of guests", description="New number of guests.")
+    accept_fee: bool = Field(
+        False,
+        title="fee accepted",
+        description="true only after the caller agreed to the cancellation fee the tool quoted.",
+    )
+
+
+class HotelInfo(_Args):
+    """Answer a question about the hotel: hours, check-in and check-out times, parking, breakfast,
+    wifi, pets, pool, cancellation policy and more."""
+
+    topic: str = Field(
+        min_length=1,
+        max_length=100,
+        title="topic",
+        description="What the caller asked about, in a few words, for example parking or breakfast hours.",
+    )
+
+
+TOOLS: dict[str, type[_Args]] = {
+    "check_availability": CheckAvailability,
+    "book_room": BookRoom,
+    "find_reservation": FindReservation,
+    "change_or_cancel_reservation": ChangeOrCancelReservation,
+    "hotel_info": HotelInfo,
+}
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+
+def _describe(model: type[_Args]) -> str:
+    return " ".join((model.__doc__ or "").split())
+
+
+def _clean(node: Any) -> Any:
+    """A compact JSON schema for the prompt: no titles or string lengths, `X | None` as an optional X."""
+    if isinstance(node, list):
+        return [_clean(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    variants = node.get("anyOf")
+    if variants and len(variants) == 2 and {"type": "null"} in variants:
+        (kept,) = [v for v in variants if v != {"type": "null"}]
+        del node["anyOf"]
+        node = {**kept, **node}
+    for key in ("title", "minLength", "maxLength"):  # lengths are enforced, and explained, on validation
+        node.pop(key, None)
+    if node.get("default", 0) is None:
+        del node["default"]
+    return {key: _clean(value) for key, value in node.items()}
+
+
+def _parameters(model: type[_Args]) -> dict[str, Any]:
+    parameters = _clean(model.model_json_schema())
+    parameters.pop("description", None)  # the docstring is the tool's description already
+    return parameters
+
+
+def tool_schema(name: str) -> dict[str, Any]:
+    """One tool as an OpenAI-style function schema: {name, description, parameters}."""
+    model = TOOLS[name]
+    parameters = _parameters(model)
+    return {"name": name, "description": _describe(model), "parameters": parameters}
+
+
+def tool_specs() -> list[dict[str, Any]]:
+    return [tool_schema(name) for name in TOOLS]
+
+
+# --- validation --------------------------------------------------------------------------------------
+
+
+def _label(model: type[_Args], loc: tuple[Any, ...]) -> str:
+    field = model.model_fields.get(str(loc[0])) if loc else None
+    return (field.title if field and field.title else str(loc[0] if loc else "request")).strip()
+
+
+def _sentence(model: type[_Args], error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    loc = tuple(error.get("loc", ()))
+    label = _label(model, loc)
+    ctx = error.get("ctx") or {}
+    if kind == "missing":
+        return f"I still need the {label}."
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"The {label} must be a whole number."
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        prop = _parameters(model)["properties"].get(str(loc[0]), {})
+        prop = prop.get("anyOf", [prop])[0]
+        return f"The {label} must be between {prop.get('minimum')} and {prop.get('maximum')}."
+    if kind in ("string_type", "bool_type", "bool_parsing"):
+        expected = "true or false" if kind.startswith("bool") else "text"
+        return f"The {label} must be {expected}."
+    if kind == "string_too_long":
+        return f"The {label} is too long; it can be at most {ctx.get('max_length')} characters."
+    if kind == "string_too_short":
+        return f"The {label} is empty." if ctx.get("min_length") == 1 else f"The {label} is too short."
+    if kind == "literal_error":
+        return f"The {label} must be one of {ctx.get('expected')}."
+    if kind == "value_error":
+        reason = str(ctx.get("error", error.get("msg", ""))).rstrip(".")
+        if reason.startswith("must "):
+            return f"The {label} {reason}."
+        return f"The {label} is not valid: {reason}."
+    if kind == "model_type":
+        return "The arguments must be a JSON object."
+    return f"The {label} is not valid."
+
+
+def explain(model: type[_Args], exc: ValidationError) -> str:
+    """One short paragraph naming every problem (at most three), without echoing long input."""
+    sentences: list[str] = []
+    unknown: list[str] = []
+    for error in exc.errors(include_url=False, include_input=False):
+        if error["type"] == "extra_forbidden":
+            unknown.append(repr(rules._clip(str(error["loc"][0]) if error["loc"] else "?", 30)))
+            continue
+        sentence = _sentence(model, error)
+        if sentence not in sentences:
+            sentences.append(sentence)
+    if unknown:
+        sentences.append(
+            f"This tool does not take {', '.join(unknown[:3])}; its fields are {', '.join(model.model_fields)}."
+        )
+    more = len(sentences) - 3
+    text = " ".join(sentences[:3])
+    if more > 0:
+        text += f" ({more} more problem{'s' if more > 1 else ''}.)"
+    return text
+
+
+def parse_args(name: str, raw: Any) -> _Args:
+    """Validate the model's arguments for tool `name`; raises `InvalidRequest` with a readable reason."""
+    model = TOOLS.get(name)
+    if model is None:
+        raise InvalidRequest(f"There is no tool called {rules._clip(str(name))!r}.")
+    if isinstance(raw, model):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise InvalidRequest("The arguments must be a JSON object.")
+    try:
+        return model.model_validate(dict(raw))
+    except ValidationError as exc:
+        raise InvalidRequest(explain(model, exc)) from None

@@ -1,0 +1,35 @@
+"""The booking database: SQLite by default, PostgreSQL when `DATABASE_URL` is set."""
+
+from __future__ import annotations
+
+from ..settings import StoreSettings
+from .base import LATEST_VERSION, Conflict, SchemaTooNew, Store, StoreError, Transient, Tx
+from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType
+
+__all__ = [
+    "LATEST_VERSION",
+    "Conflict",
+    "FaqEntry",
+    "HotelPolicy",
+    "Night",
+    "Reservation",
+    "RoomType",
+    "SchemaTooNew",
+    "Store",
+    "StoreError",
+    "Transient",
+    "Tx",
+    "open_store",
+]
+
+
+def open_store(settings: StoreSettings | None = None) -> Store:
+    """Open (and migrate) the store the settings (default: the environment) point at."""
+    settings = settings or StoreSettings.from_env()
+    if settings.database_url:
+        from .postgres import PostgresStore  # psycopg only when PostgreSQL is used
+
+        return PostgresStore(settings.database_url, schema=settings.schema, pool_size=settings.pool_size)
+    from .sqlite import SqliteStore
+
+    return SqliteStore(settings.sqlite_path, pool_size=settings.pool_size)
