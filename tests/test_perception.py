@@ -99,6 +99,10 @@ def test_mel_columns_match_nemo(weights, cases):
     mel = model.log_mel(cases["audio"])
     assert mel.shape == cases["mel"].shape
     assert _report("mel vs NeMo", mel, cases["mel"]) < 1e-4
+    # the contract the step relies on: frame 1 saw 8 zero columns, then columns 0..8 (recomputed by
+    # NeMo from the longer received audio: equal up to rounding)
+    assert torch.equal(cases["frame1_input"][:, :8], torch.zeros(2, 8, 128))
+    torch.testing.assert_close(cases["frame1_input"][:, 8:], cases["mel"][:, :9], rtol=0, atol=1e-5)
 
 
 def test_streaming_step_matches_nemo_frame_by_frame(weights, cases):
@@ -109,6 +113,18 @@ def test_streaming_step_matches_nemo_frame_by_frame(weights, cases):
     per_frame = (ours - ref).abs().amax(dim=(0, 2))
     print(f"per-frame max abs diff: frame 0 {per_frame[0]:.3g}, frames 1..79 max {per_frame[1:].max():.3g}")
     assert _report("embeddings vs NeMo streaming", ours, ref) < TOL_NEMO
+
+
+def test_streaming_encoder_output_matches_nemo(weights, cases):
+    """The encoder alone (projection replaced by the identity) against NeMo's encoded frames."""
+    cfg = load_preset("tiny").perception
+    model = Perception(cfg, out_dim=cfg.d_model, num_slots=2)
+    identity = {
+        RELEASE_PREFIX + "proj.weight": torch.eye(cfg.d_model),
+        RELEASE_PREFIX + "proj.bias": torch.zeros(64),
+    }
+    load_release_weights(model, {**weights, **identity})
+    assert _report("encoder vs NeMo streaming", _stream(model, cases["audio"]), cases["encoded"]) < TOL_NEMO
 
 
 # ---------------------------------------------------------------------- streaming contract
