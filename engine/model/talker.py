@@ -22,9 +22,12 @@ from engine.model.talker_heads import (
     MoGHead,
     RMSNorm,
     apply_rope,
+    apply_rope_fast,
     gumbel_from_uniform,
     normal_from_uniform,
     rope_cos_sin,
+    rope_inv_freq,
+    rotate_half_tables,
     row_keys,
     token_chars_and_flags,
     top_p_filter,
@@ -135,6 +138,12 @@ class Talker(nn.Module):
             # warm-up KV, position-major so no dimension looks like a slot dimension
             buf(f"warm_k{i}", torch.zeros(w, streams, kv, hd))
             buf(f"warm_v{i}", torch.zeros(w, streams, kv, hd))
+        for t in set(cfg.layer_types):
+            theta = cfg.rope_local_theta if t == "sliding" else cfg.rope_theta
+            buf(f"inv_freq_{t}", rope_inv_freq(hd, theta))
+        perm, sign = rotate_half_tables(hd)
+        buf("rope_perm", perm)
+        buf("rope_sign", sign)
         buf("pos", torch.zeros(rows, dtype=torch.long))
         buf("prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
         buf("seeds", torch.zeros(num_slots, dtype=torch.long))
@@ -228,8 +237,7 @@ class Talker(nn.Module):
         causal = pos[None, :] <= pos[:, None]
         for i, layer in enumerate(self.backbone.layers):
             a = layer.self_attn
-            theta = cfg.rope_local_theta if cfg.layer_types[i] == "sliding" else cfg.rope_theta
-            cos, sin = rope_cos_sin(pos, d, theta)
+            cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{cfg.layer_types[i]}"))
             q, k, v = a.project(layer.input_layernorm(x))
             q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin)
             k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin)
@@ -311,27 +319,34 @@ class Talker(nn.Module):
         r = x.shape[0]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pos = self.pos
-        rope = {
-            t: rope_cos_sin(pos, d, cfg.rope_local_theta if t == "sliding" else cfg.rope_theta)
-            for t in set(cfg.layer_types)
-        }
+        rope = {}
+        for t in set(cfg.layer_types):
+            cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{t}"))
+            rope[t] = cos[:, None, :], (sin * self.rope_sign)[:, None, :]
         scale = cfg.query_pre_attn_scalar**-0.5
         keep = active.view(r, 1, 1, 1)
+        # per ring size: the ring index written this step and the entries holding a position (incl. it)
+        slot = {ring: (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d) for ring in set(self.rings)}
+        hidden = {
+            ring: (torch.arange(ring, device=x.device) >= (pos + 1).clamp_max(ring)[:, None])[
+                :, None, None, :
+            ]
+            for ring in set(self.rings)
+        }
         for i, layer in enumerate(self.backbone.layers):
             a, ring = layer.self_attn, self.rings[i]
-            cos, sin = (c[:, None, :] for c in rope[cfg.layer_types[i]])
+            cos, sin = rope[cfg.layer_types[i]]
             q, k, v = a.project(layer.input_layernorm(x))
-            q = apply_rope(a.q_norm(q.reshape(r, hq, d)), cos, sin)
-            k = apply_rope(a.k_norm(k.reshape(r, hk, d)), cos, sin)
+            q = apply_rope_fast(a.q_norm(q.reshape(r, hq, d)), cos, sin, self.rope_perm)
+            k = apply_rope_fast(a.k_norm(k.reshape(r, hk, d)), cos, sin, self.rope_perm)
             v = v.reshape(r, hk, d)
-            idx = (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d)
+            idx = slot[ring]
             kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
             kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
             vc.scatter_(2, idx, torch.where(keep, v[:, :, None], vc.gather(2, idx)))
-            valid = torch.arange(ring, device=x.device) < (pos + 1).clamp_max(ring)[:, None]  # [r, ring]
             qg = q.view(r, hk, hq // hk, d)
             sc = torch.matmul(qg, kc.transpose(2, 3)) * scale  # [r, hk, g, ring]
-            sc = sc.masked_fill(~valid[:, None, None, :], float("-inf"))
+            sc = sc.masked_fill(hidden[ring], float("-inf"))
             o = torch.matmul(torch.softmax(sc, dim=-1), vc).reshape(r, hq * d)
             x = x + layer.post_attention_layernorm(a.o_proj(o))
             x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))

@@ -58,11 +58,14 @@ class GatedMLP(nn.Module):
         return self.down_proj(F.gelu(g, approximate="tanh") * u)
 
 
-def rope_cos_sin(pos: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin `[..., head_dim]` for integer positions `pos` (transformers' default RoPE, fp32)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=pos.device).float() / head_dim)
-    )
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None = None) -> Tensor:
+    """transformers' default RoPE inverse frequencies `[head_dim / 2]` (fp32)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    return 1.0 / (theta**exponent)
+
+
+def rope_cos_sin(pos: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin `[..., head_dim]` for integer positions `pos`, computed as transformers does (fp32)."""
     freqs = pos.float().unsqueeze(-1) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -73,6 +76,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rot * sin
+
+
+def rotate_half_tables(head_dim: int) -> tuple[Tensor, Tensor]:
+    """(permutation, sign) with `x[..., perm] * sign == rotate_half(x)` exactly."""
+    half = head_dim // 2
+    perm = torch.cat([torch.arange(half, head_dim), torch.arange(half)])
+    return perm, torch.cat([-torch.ones(half), torch.ones(half)])
+
+
+def apply_rope_fast(x: Tensor, cos: Tensor, signed_sin: Tensor, perm: Tensor) -> Tensor:
+    """`apply_rope` with the rotation as one gather; `signed_sin = sign * sin` (exact, a sign flip)."""
+    return x * cos + x.index_select(-1, perm) * signed_sin
 
 
 # ---------------------------------------------------------------- character-aware subword encoder
@@ -154,7 +169,8 @@ class CharAwareSubwordEncoder(nn.Module):
         x = self.embed_tokens(chars)
         x = x * torch.tensor(cfg.char_hidden_size**0.5, dtype=x.dtype)
         n, length, _ = x.shape
-        cos, sin = rope_cos_sin(torch.arange(length, device=x.device), cfg.char_head_dim, cfg.char_rope_theta)
+        inv_freq = rope_inv_freq(cfg.char_head_dim, cfg.char_rope_theta, x.device)
+        cos, sin = rope_cos_sin(torch.arange(length, device=x.device), inv_freq)
         d, hq, hk = cfg.char_head_dim, cfg.char_heads, cfg.char_kv_heads
         for layer in self.backbone.encoder.layers:
             a = layer.self_attn
