@@ -53,6 +53,9 @@ class PcmInput(io.AudioInput):
             if self._ended and not self._pending.size:
                 raise StopAsyncIteration
             due = self._t0 + self._n * self.step / self.sample_rate
+            if due < loop.time() - 2 * self.step / self.sample_rate:  # a reader that fell behind: no burst
+                self._t0 += loop.time() - due
+                due = loop.time()
             if due > loop.time():
                 await asyncio.sleep(due - loop.time())
             self._n += 1
@@ -104,9 +107,9 @@ class Call:
         if self.closed:
             return
         self.closed = True
+        await self.model.aclose()  # the slot first: a caller who left holds nothing, even while a tool runs
         with contextlib.suppress(RuntimeError):
             await self.session.aclose()
-        await self.model.aclose()  # frees the slot even when the session never fully started
         await self.output.aclose()
 
 
@@ -115,7 +118,12 @@ def _session(model: ChorusModel) -> AgentSession:
     return AgentSession(
         llm=model,
         vad=None,
-        turn_handling={"turn_detection": None, "interruption": {"resume_false_interruption": False}},
+        turn_handling={
+            "turn_detection": None,
+            "interruption": {"resume_false_interruption": False, "discard_audio_if_uninterruptible": False},
+        },
+        # the model must hear the caller while it speaks (barge-in is its own): no AEC warm-up muting
+        aec_warmup_duration=None,
         user_away_timeout=None,
         max_tool_steps=8,
     )

@@ -220,9 +220,13 @@ class ChorusSession(llm.DuplexSession):
 
     async def _append_items(self, items: list[llm.ChatItem]) -> None:
         for item in items:
-            if isinstance(item, llm.FunctionCallOutput) and self.handle is not None:
-                self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
-                self.stats["tool_results"] += 1
+            if not isinstance(item, llm.FunctionCallOutput) or self.handle is None:
+                continue
+            if self._closing or self.handle.closed:
+                log.info("session %s: late result of %s discarded", self.handle.id, item.call_id)
+                continue
+            self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
+            self.stats["tool_results"] += 1
 
     def _update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
         pass  # the model decides by itself whether to call a tool

@@ -31,6 +31,7 @@ log = logging.getLogger("chorus.agent.playout")
 BUFFER_S = 0.160  # the playout buffer: audio queued ahead of the play head
 START_DELAY_S = 0.080  # a turn's first frame waits this long, so one late tick does not leave a gap
 CHUNK_S = 0.080  # clips are played in chunks of this length
+LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
 ACKS_DIR = Path(__file__).resolve().parent.parent / "prompts" / "acks"
 
@@ -156,6 +157,7 @@ class _Segment:
     flushed: bool = False
     cut: bool = False
     done: bool = False
+    last_end: float = 0.0  # when its last chunk so far ends playing
 
 
 @dataclass
@@ -196,7 +198,16 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._ack_timer: asyncio.TimerHandle | None = None
         self.events: list[tuple[float, str]] = []  # (monotonic time, what): for reports and tests
         self.spans: list[list] = []  # [kind, start, end] of every chunk played, ends corrected by cuts
-        self.stats = {"model_s": 0.0, "clip_s": 0.0, "clips": 0, "cuts": 0, "flushed_s": 0.0, "segments": 0}
+        self.stats = {
+            "model_s": 0.0,
+            "clip_s": 0.0,
+            "clips": 0,
+            "cuts": 0,
+            "flushed_s": 0.0,
+            "segments": 0,
+            "gaps": 0,
+            "gap_s": 0.0,
+        }
 
     def start(self) -> None:
         if self._task is None:
@@ -266,6 +277,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             self.cut()
 
     def on_tool_pause(self, after_speech: bool) -> None:
+        self._note("pause")
         if self.acks is None:
             return
         self._paused = True
@@ -277,6 +289,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             self._start_ack()
 
     def on_tool_resume(self) -> None:
+        self._note("resume")
         self._paused = False
         self._ack_on_flush = False
         if self._ack_timer is not None:
@@ -381,7 +394,8 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
                 await self._sleep(self._end - now if self._playing is not None else None)
                 continue
             chunk = self._queue[0]
-            start = max(now, self._end if self._playing is not None else now)
+            # back to back with the chunk before, unless the sink has run dry meanwhile (a real gap)
+            start = self._end if now - self._end < LATE_HANDOVER_S else now
             if chunk.kind == "model" and chunk.seg is not None and not chunk.seg.started:
                 start = max(start, chunk.arrived + START_DELAY_S)
             # hand a chunk over a little early, so a live sink never runs dry between chunks
@@ -398,6 +412,10 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
                 seg = chunk.seg
                 if seg is not None:
                     seg.played_s += chunk.duration
+                    if seg.started and start > seg.last_end + 1e-4:  # the frame came too late: a gap
+                        self.stats["gaps"] += 1
+                        self.stats["gap_s"] += start - seg.last_end
+                    seg.last_end = self._end
                     if not seg.started:
                         seg.started = True
                         self.on_playback_started(created_at=time.time())

@@ -61,6 +61,17 @@ def shared_hotel() -> Any:
     return _hotel
 
 
+def close_shared() -> None:
+    """Stop the process's engine and close its store (at worker exit, or between tests)."""
+    global _engine, _hotel
+    with _lock:
+        if _engine is not None:
+            _engine.close()
+        if _hotel is not None:
+            _hotel.store.close()
+        _engine = _hotel = None
+
+
 def engine_load(settings: AgentSettings) -> float:
     return float(shared_engine(settings).occupancy)
 

@@ -1,0 +1,340 @@
+"""Offline `AgentSession`s on the real engine (tiny preset, dummy weights): caller audio in, agent audio out,
+tool calls run by the framework against a real SQLite hotel, acknowledgement clips, barge-in, bad input.
+
+Dummy weights decide nothing, so turns and tool calls are made by teacher forcing: the text channel is forced
+with start-of-turn ... end-of-turn, the function channel with the real token sequence of a tool call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import wave
+
+import numpy as np
+import pytest
+from livekit import rtc
+from livekit.agents import io
+from livekit.agents.testing import fake_job_context
+
+from agent.call import PcmInput, start_call
+from agent.duplex import IN_FRAME, InputConverter
+from agent.hotel import HotelAgent
+from agent.playout import AckClips, WavSink
+from engine.engine import Engine
+from tools.testing import TODAY, booking, seeded_store
+from tools.testing import hotel as make_hotel
+
+FRAME_S = 0.08
+TIMEOUT_S = 90.0  # generous: the machine is shared; waits end on events, never on elapsed time
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(preset="tiny", num_slots=8)
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def hotel(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    with seeded_store("sqlite", tmp_path) as store:
+        yield make_hotel(store)
+
+
+async def until(predicate, what: str, timeout: float = TIMEOUT_S) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def loud(seconds: float, rate: int = 16_000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * 32767 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+
+
+def turn(engine: Engine, text: str, end: bool = True) -> list[int]:
+    tok = engine.tokens
+    return [tok.bos, *tok.encode(text), *([tok.eos] if end else [])]
+
+
+def overlaps(a: list, b: list) -> bool:
+    return a[1] < b[2] - 1e-6 and b[1] < a[2] - 1e-6
+
+
+def test_input_converter_any_rate_and_channels_to_16k_mono_frames():
+    for rate, channels, ms in ((48_000, 2, 10), (8_000, 1, 20), (16_000, 1, 50), (44_100, 1, 10)):
+        conv = InputConverter()
+        n = rate * ms // 1000
+        chunks = []
+        for _ in range(2000 // ms):  # two seconds
+            pcm = np.full(n * channels, 1000, np.int16)
+            chunks += conv.push(rtc.AudioFrame(pcm.tobytes(), rate, channels, n))
+        got = sum(c.size for c in chunks)
+        print(rate, channels, "->", len(chunks), "chunks,", got, "samples")
+        assert all(c.dtype == np.int16 and c.shape == (IN_FRAME,) for c in chunks)
+        assert 32_000 - 2 * IN_FRAME <= got <= 32_000  # the resampler may hold a few ms back
+        assert abs(int(np.median(np.concatenate(chunks))) - 1000) < 50  # stereo is averaged, not summed
+    conv = InputConverter()
+    assert conv.push(rtc.AudioFrame(b"", 48_000, 2, 0)) == []
+
+
+def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path):
+    """A forced turn of K text positions plays exactly K frames of agent audio (80 ms each), at the end of
+    a 160 ms playout buffer, into the room's WAV; before and after it the WAV is silent."""
+
+    async def main():
+        inp = PcmInput()
+        with fake_job_context():
+            call = await start_call(
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+            )
+            handle = await call.wait_open()
+            inp.push(loud(1.0) // 4)
+            await until(lambda: call.duplex.stats["frames_out"] >= 5, "the session to go live")
+            ids = turn(engine, " Good evening, how can I help you today?")
+            handle.force_text(ids)
+            await until(lambda: call.duplex.stats["speech_frames"] >= len(ids), "the forced turn")
+            await until(lambda: call.output.stats["segments"] == 1 and call.output.queued_s == 0, "playout")
+            await asyncio.sleep(0.3)
+            frames_in = next(s.frames_in for s in engine.snapshot().sessions if s.id == handle.id)
+            stats, out = dict(call.duplex.stats), dict(call.output.stats)
+            await call.aclose()
+            return len(ids), stats, out, frames_in
+
+    k, stats, out, frames_in = asyncio.run(main())
+    print(stats, out, "frames in", frames_in)
+    assert stats["turns"] == 1 and stats["speech_frames"] == k
+    assert out["model_s"] == pytest.approx(k * FRAME_S, abs=1e-3)
+    assert frames_in >= 12  # the caller's second of audio reached the engine as 80 ms frames
+    with wave.open(str(tmp_path / "out.wav"), "rb") as w:
+        assert w.getframerate() == 22_050
+        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    voiced = np.flatnonzero(pcm)
+    print("wav", pcm.size / 22_050, "s; voiced", voiced.size / 22_050, "s")
+    assert voiced.size == pytest.approx(k * 1764, rel=0.02)  # only the turn is heard
+    # in one piece, save for the gaps the playout reports (a tick later than the 160 ms buffer absorbs)
+    span = voiced[-1] - voiced[0] + 1
+    assert span == pytest.approx(k * 1764 + out["gap_s"] * 22_050, abs=1764 // 4)
+
+
+def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine, hotel, tmp_path):
+    """Teacher forcing: the function channel is forced with `book_room`'s real token sequence while the model
+    is mid-turn. The call cuts the turn, the framework runs the real `@function_tool` (a row in the database),
+    the output is prefilled, the model speaks again (a forced reply); a clip fills the pause only."""
+
+    async def main():
+        inp = PcmInput()
+        with fake_job_context():
+            call = await start_call(
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+            )
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            tok = engine.tokens
+            handle.force_text(turn(engine, " Let me book that room for you right", end=False))
+            args = booking(guest_name="Grace Hopper")
+            handle.force_function([tok.pad] * 5 + tok.call_ids([{"name": "book_room", "arguments": args}]))
+            await until(lambda: call.duplex.paused, "the pause")
+            handle.force_text(turn(engine, " You are all set."))  # consumed once the session is live again
+            await until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
+            await until(lambda: call.duplex.stats["turns"] == 2 and not call.duplex.speaking, "the reply")
+            await until(lambda: call.output.queued_s == 0 and not call.output.clip_playing, "playout")
+            items = [
+                (i.type, getattr(i, "name", None), getattr(i, "output", None))
+                for i in call.session.history.items
+            ]
+            result = (
+                dict(call.duplex.stats),
+                dict(call.output.stats),
+                list(call.output.events),
+                call.output.spans,
+                items,
+            )
+            await call.aclose()
+            return result
+
+    stats, out, events, spans, items = asyncio.run(main())
+    print(stats, out, [e[1] for e in events])
+    assert stats["function_calls"] == 1 and stats["tool_results"] == 1 and stats["resumes"] == 1
+    calls = [i for i in items if i[0] == "function_call"]
+    outputs = [i for i in items if i[0] == "function_call_output"]
+    assert [c[1] for c in calls] == ["book_room"] and len(outputs) == 1
+    code = json.loads(outputs[0][2])["confirmation_code"]
+    rows = hotel.reservations()
+    assert [(r.code, r.guest_name, r.status) for r in rows] == [(code, "Grace Hopper", "confirmed")]
+
+    t_pause = next(t for t, what in events if what == "pause")
+    t_resume = next(t for t, what in events if what == "resume")
+    model = [s for s in spans if s[0] == "model"]
+    clips = [s for s in spans if s[0] == "clip" and s[2] > s[1]]
+    assert clips, "an acknowledgement clip played"
+    assert all(t_pause <= c[1] and c[2] <= t_resume + 1e-3 for c in clips)  # during the pause, not after it
+    assert not any(overlaps(c, m) for c in clips for m in model)  # never over the model's speech
+    assert any(m[1] >= t_resume for m in model)  # the model spoke again after the result
+    assert out["model_s"] == pytest.approx(stats["speech_frames"] * FRAME_S, abs=1e-3)
+
+
+def test_acknowledgement_clips_never_repeat_back_to_back():
+    acks = AckClips(22_050, seed=7)
+    names = [acks.next()[0] for _ in range(40)]
+    assert len(set(names)) >= 3
+    assert all(a != b for a, b in zip(names, names[1:]))
+    assert all(0.5 < pcm.size / 22_050 < 2.5 for _, pcm in acks.clips)
+
+
+def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
+    """The caller talks over the model and the model ends its turn mid-sentence (forced end-of-turn): the
+    audio still queued is dropped at once instead of played."""
+
+    async def main():
+        inp = PcmInput()
+        with fake_job_context():
+            call = await start_call(
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+            )
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            inp.push(loud(30.0))  # the caller keeps talking over the whole turn
+            ids = turn(engine, " The pool is open from seven in the morning until")
+            handle.force_text(ids)
+            await until(lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the cut turn")
+            await until(lambda: call.output.queued_s == 0 and call.output.stats["segments"] == 1, "playout")
+            await asyncio.sleep(0.3)
+            result = len(ids), dict(call.duplex.stats), dict(call.output.stats)
+            await call.aclose()
+            return result
+
+    k, stats, out = asyncio.run(main())
+    print(stats, out)
+    assert stats["barge_ins"] == 1 and out["cuts"] == 1
+    assert out["flushed_s"] > 0.02
+    assert out["model_s"] < k * FRAME_S - 0.02  # less than the whole turn was heard
+
+
+class FrameInput(io.AudioInput):
+    """Caller frames of a given shape, in real time, for `seconds`."""
+
+    def __init__(self, rate: int, channels: int, ms: int, seconds: float, empty: bool = False) -> None:
+        super().__init__(label="frames")
+        self.rate, self.channels, self.ms, self.empty = rate, channels, ms, empty
+        self.left = int(seconds * 1000 / ms)
+        self._t0: float | None = None
+        self._n = 0
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        loop = asyncio.get_running_loop()
+        self._t0 = self._t0 if self._t0 is not None else loop.time()
+        if self._n >= self.left:
+            await asyncio.Event().wait()  # a caller who stays silent
+        await asyncio.sleep(max(0.0, self._t0 + self._n * self.ms / 1000 - loop.time()))
+        self._n += 1
+        if self.empty:
+            return rtc.AudioFrame(b"", self.rate, self.channels, 0)
+        n = self.rate * self.ms // 1000
+        return rtc.AudioFrame(
+            np.full(n * self.channels, 800, np.int16).tobytes(), self.rate, self.channels, n
+        )
+
+
+def test_bad_input_48k_stereo_8k_mono_and_empty_frames(engine, hotel, tmp_path):
+    shapes = {
+        "48k_stereo": (48_000, 2, 10, False),
+        "8k_mono": (8_000, 1, 20, False),
+        "empty": (48_000, 1, 10, True),
+    }
+
+    async def main():
+        calls = {}
+        with fake_job_context():
+            for name, (rate, ch, ms, empty) in shapes.items():
+                calls[name] = await start_call(
+                    engine, HotelAgent(hotel), sink=WavSink(tmp_path / f"{name}.wav", 22_050),
+                    audio_input=FrameInput(rate, ch, ms, 2.0, empty), acks=False,
+                )  # fmt: skip
+            for c in calls.values():
+                await c.wait_open()
+            await until(
+                lambda: all(c.duplex.stats["frames_out"] >= 30 for c in calls.values()), "2.4 s of output"
+            )
+            by_id = {s.id: s for s in engine.snapshot().sessions}
+            got = {n: (by_id[c.handle.id].frames_in, by_id[c.handle.id].phase) for n, c in calls.items()}
+            for c in calls.values():
+                await c.aclose()
+            return got
+
+    got = asyncio.run(main())
+    print(got)
+    assert 22 <= got["48k_stereo"][0] <= 25  # 2 s at 16 kHz = 25 frames, less what the resampler holds
+    assert 22 <= got["8k_mono"][0] <= 25
+    assert got["empty"][0] == 0
+    assert all(phase == "live" for _, phase in got.values())
+
+
+class SlowHotel:
+    """The hotel, but every tool call blocks until released (a slow database)."""
+
+    def __init__(self, hotel) -> None:
+        self._hotel = hotel
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._hotel, name)
+
+    def call(self, *args, **kwargs):
+        self.entered.set()
+        self.release.wait(TIMEOUT_S)
+        try:
+            return self._hotel.call(*args, **kwargs)
+        finally:
+            self.finished.set()
+
+
+def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
+    """The caller hangs up while a tool runs: the slot is freed at once, the late result goes nowhere, nothing
+    is left behind (occupancy back to where it was), and the freed slot serves a fresh call."""
+    slow = SlowHotel(hotel)
+
+    async def main():
+        await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
+        inp = PcmInput()
+        with fake_job_context():
+            call = await start_call(
+                engine, HotelAgent(slow), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+            )
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            args = {"check_in": TODAY.isoformat(), "nights": 2, "guests": 2}
+            handle.force_function(engine.tokens.call_ids([{"name": "check_availability", "arguments": args}]))
+            await until(slow.entered.is_set, "the tool to start")
+            inp.end()
+            closing = asyncio.create_task(call.aclose())  # what the worker does when the caller leaves
+            await until(lambda: engine.occupancy == 0, "the slot to be freed")
+            assert not slow.finished.is_set()  # freed while the tool still runs
+            slow.release.set()
+            await until(slow.finished.is_set, "the late tool to finish")
+            await closing
+            await asyncio.sleep(0.3)
+            handle.submit_tool_result("late", "{}")  # a late answer to a closed session is ignored
+            leftover = [s.id for s in engine.snapshot().sessions if s.id == handle.id]
+            # the slot serves a new caller from a fresh state
+            again = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "again.wav", 22_050))
+            await again.wait_open()
+            await until(lambda: again.duplex.stats["frames_out"] >= 3, "the next call to go live")
+            stats = dict(call.duplex.stats)
+            await again.aclose()
+            return leftover, stats
+
+    leftover, stats = asyncio.run(main())
+    print(stats)
+    assert leftover == []
+    assert stats["function_calls"] == 1 and stats["tool_results"] == 0 and stats["resumes"] == 0
+    assert [r for r in hotel.reservations()] == []
+    asyncio.run(until(lambda: engine.occupancy == 0, "the last slot to be freed"))

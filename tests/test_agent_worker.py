@@ -1,0 +1,141 @@
+"""The worker under livekit-agents' offline harness (no LiveKit server): jobs run as threads of this process on
+one shared engine, and the worker's load is the engine's occupancy, so four calls fill a four-slot worker.
+Also the join token and the simulation, the README's main command, on a short run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+
+from agent import worker
+from agent.settings import AgentSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 90.0
+
+
+async def until(predicate, what: str, timeout: float = TIMEOUT_S) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+@pytest.fixture
+def seeded_env(tmp_path, monkeypatch):
+    from tools.seed import seed
+    from tools.store import open_store
+
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with open_store() as store:
+        seed(store, dt.date.today())
+    yield tmp_path
+    worker.close_shared()
+
+
+def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env):
+    settings = AgentSettings(slots=4, http_port=0)
+
+    async def main():
+        server = worker.build_server(settings)
+        run = asyncio.create_task(server.run(devmode=True, unregistered=True))
+        await until(lambda: not server._closed, "the worker to start")
+        engine = worker.shared_engine(settings)
+        seen = []
+        for i in range(4):
+            await server.simulate_job(f"room-{i}", fake_job=True)
+        await until(lambda: engine.occupancy == 1.0, "four calls on the engine")
+        await server._refresh_worker_load()
+        seen.append((len(server.active_jobs), engine.occupancy, server._is_available()))
+        # one caller's job ends
+        job = next(p for p in server._proc_pool.processes if p.running_job)
+        await job.aclose()
+        await until(lambda: engine.occupancy == 0.75, "the slot to be freed")
+        await server._refresh_worker_load()
+        seen.append((len(server.active_jobs), engine.occupancy, server._is_available()))
+        await server.aclose()
+        await until(lambda: engine.occupancy == 0.0, "every slot to be freed")
+        await asyncio.wait_for(run, TIMEOUT_S)
+        return seen
+
+    full, freed = asyncio.run(main())
+    print("full", full, "after one ended", freed)
+    assert full == (4, 1.0, False)  # four jobs, every slot taken: the worker tells LiveKit it is full
+    assert freed == (3, 0.75, True)
+
+
+def test_shared_engine_is_built_once_across_threads(seeded_env):
+    import threading
+
+    settings = AgentSettings(slots=2)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(worker.shared_engine(settings))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(e is got[0] for e in got)
+    assert worker.engine_load(settings) == 0.0
+
+
+def test_token_carries_the_room_and_the_agent_dispatch():
+    from livekit import api
+
+    env = {
+        **os.environ,
+        "LIVEKIT_API_KEY": "devkey",
+        "LIVEKIT_API_SECRET": "s" * 40,
+        "CHORUS_AGENT_NAME": "desk",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "agent", "token", "--room", "lobby"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    claims = api.TokenVerifier("devkey", "s" * 40).verify(out.stdout.strip())
+    assert claims.video.room == "lobby" and claims.video.room_join
+    assert [a.agent_name for a in claims.room_config.agents] == ["desk"]
+
+
+def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
+    """The README's main command, short: 4 rooms (2 with scripted tool calls) for 8 s on a fresh data dir."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DATA_DIR")}
+    out = tmp_path / "sim"
+    args = ["--rooms", "4", "--tool-rooms", "2", "--seconds", "8", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent", "simulate", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["rooms"] == 4 and last["tool_rooms"] == 2 and last["room_errors"] == 0
+    assert last["scripted_calls"] >= 2 and last["scripted_turns"] >= 4
+    assert last["occupancy_after"] == 0.0
+    assert "missed deadlines" in proc.stdout  # the summary table came before the JSON line
+    wavs = sorted(out.glob("room_*.wav"))
+    assert len(wavs) == 4
+    for path in wavs:
+        with wave.open(str(path), "rb") as w:
+            assert w.getframerate() == 22_050 and w.getnframes() / 22_050 >= 8.0
+    assert json.loads((out / "metrics.json").read_text())["summary"] == last
+    assert (out / "data" / "hotel.sqlite3").exists()  # the tools ran against a seeded database
