@@ -63,7 +63,7 @@ def _stream(model: Perception, audio: torch.Tensor, active: torch.Tensor | None 
 
 
 def _state(model: Perception) -> dict[str, torch.Tensor]:
-    return {name: getattr(model, name).clone() for name in Perception.STATE_BUFFERS}
+    return {name: getattr(model, name).clone() for name in model.state_buffers}
 
 
 def _rows(name: str, buf: torch.Tensor, rows) -> torch.Tensor:

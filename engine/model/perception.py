@@ -13,9 +13,10 @@ subsampled outputs. The encoder thus runs 7 columns behind the audio: column 8k 
 1280k + 256, which frame k has delivered, so every column is computed once from real samples and the
 centred padding never reaches the live edge of the stream. (NeMo's other streaming front end,
 `CacheFeatureBufferer`, recomputes each chunk from 160 + 1280 samples and lets the chunk's edge columns see
-zero padding; the duplex path does not use it.) The kept output sees only the last 15 of the 17 columns, so
-per slot we keep 7 mel columns, 1377 samples, the keys/values of the last 70 frames and the last 8 conv
-inputs per layer.
+zero padding; the duplex path does not use it.) The kept output sees only the last 15 of the 17 columns;
+rather than recompute them, per slot we keep 1377 samples, the last mel column and the last input row of
+each later subsampling stage (each stage then computes only its new rows), the keys/values of the last
+70 frames and the last 8 conv inputs per layer.
 """
 
 from __future__ import annotations
@@ -88,17 +89,6 @@ class MelFrontEnd(nn.Module):
 class Perception(nn.Module):
     """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state."""
 
-    # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
-    STATE_BUFFERS = (
-        "audio_tail",
-        "mel_tail",
-        "k_cache",
-        "v_cache",
-        "conv_cache",
-        "frames",
-        "nonfinite_samples",
-    )
-
     def __init__(self, cfg: PerceptionConfig, out_dim: int, num_slots: int) -> None:
         super().__init__()
         if cfg.att_context_right != 0:
@@ -133,16 +123,20 @@ class Perception(nn.Module):
                 "pre_encode_cache/drop_extra_pre_encoded: only geometries that keep the last subsampled "
                 f"output of a window covering its {rf}-column receptive field are implemented"
             )
-        self.mel_tail_len = rf - cfg.chunk_mel
         # samples before frame k that columns 8k-7 .. 8k need, plus one for pre-emphasis
         self.audio_tail_len = (cfg.chunk_mel - 1) * cfg.hop_length + cfg.n_fft // 2 + 1
         if cfg.n_fft // 2 > self.frame_samples:
             raise ValueError("n_fft: half a window must fit in one frame")
         d_k, w = cfg.d_model // cfg.num_heads, cfg.att_context_left
         layers, s = cfg.num_layers, num_slots
+        pre = self.encoder.pre_encode
         state = {
             "audio_tail": torch.zeros(s, self.audio_tail_len),
-            "mel_tail": torch.zeros(s, self.mel_tail_len, cfg.n_mels),
+            "mel_tail": torch.zeros(s, 1, cfg.n_mels),
+            **{
+                f"sub_tail{i + 1}": torch.zeros(s, cfg.subsampling_channels, 1, w)
+                for i, w in enumerate(pre.widths)
+            },
             "k_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
             "v_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
             "conv_cache": torch.zeros(layers, s, cfg.d_model, cfg.conv_kernel - 1),
@@ -151,6 +145,8 @@ class Perception(nn.Module):
         }
         for name, value in state.items():
             self.register_buffer(name, value, persistent=False)
+        # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
+        self.state_buffers = tuple(state)
 
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
@@ -180,7 +176,8 @@ class Perception(nn.Module):
         # frame 0 is column 0 alone: the columns before the stream are zero, for this frame and the next
         early = torch.arange(window.shape[1], device=window.device) < window.shape[1] - 1
         window = window.masked_fill(first[:, None, None] & early[None, :, None], 0.0)
-        x = self.encoder.pre_encode(window, first)[:, 0]
+        sub_tails = [getattr(self, f"sub_tail{i + 1}") for i in range(len(self.encoder.pre_encode.widths))]
+        x, new_sub_tails = self.encoder.pre_encode.step(window, sub_tails, first)
 
         w = self.cfg.att_context_left
         dist = torch.remainder(self.frames[:, None] - 1 - torch.arange(w, device=x.device), w) + 1
@@ -206,7 +203,9 @@ class Perception(nn.Module):
         self.conv_cache.copy_(torch.where(keep[..., 0], torch.stack(convs), self.conv_cache))
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
         self.audio_tail.copy_(torch.where(active[:, None], tail, self.audio_tail))
-        self.mel_tail.copy_(torch.where(keep[0, :, :, :, 0], window[:, -self.mel_tail_len :], self.mel_tail))
+        self.mel_tail.copy_(torch.where(keep[0, :, :, :, 0], window[:, -1:], self.mel_tail))
+        for old, new in zip(sub_tails, new_sub_tails):
+            old.copy_(torch.where(keep[0], new, old))
         self.frames.add_(active.to(self.frames.dtype))
         return out
 
@@ -217,12 +216,12 @@ class Perception(nn.Module):
             raise ValueError(
                 f"mask: expected a bool tensor of shape [{self.num_slots}], got {mask.dtype} {list(mask.shape)}"
             )
-        for name in ("audio_tail", "mel_tail", "frames", "nonfinite_samples"):
+        for name in self.state_buffers:
             buf = getattr(self, name)
-            buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
-        for name in ("k_cache", "v_cache", "conv_cache"):
-            buf = getattr(self, name)
-            buf.masked_fill_(mask.view(1, -1, *([1] * (buf.dim() - 2))), 0)
+            if name.endswith("cache"):  # layer-major
+                buf.masked_fill_(mask.view(1, -1, *([1] * (buf.dim() - 2))), 0)
+            else:
+                buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
 
     # ------------------------------------------------------------------ whole utterance
     @torch.inference_mode()
