@@ -145,6 +145,13 @@ class Perception(nn.Module):
         }
         for name, value in state.items():
             self.register_buffer(name, value, persistent=False)
+        # constants of the attention ring, indexed by frame % w (dist) and min(frame, w) (hidden): ring entry
+        # r holds frame t - dist[r]; entries before the stream's first frame get NeMo's -10000 score
+        t = torch.arange(w + 1)[:, None]
+        ring_dist = torch.remainder(t - 1 - torch.arange(w), w) + 1
+        ring_hidden = F.pad(torch.where(ring_dist > t, _MASKED, 0.0), (1, 0))[:, None]  # current frame first
+        self.register_buffer("ring_dist", ring_dist[:w], persistent=False)
+        self.register_buffer("ring_hidden", ring_hidden, persistent=False)
         # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
         self.state_buffers = tuple(state)
 
@@ -180,9 +187,9 @@ class Perception(nn.Module):
         x, new_sub_tails = self.encoder.pre_encode.step(window, sub_tails, first)
 
         w = self.cfg.att_context_left
-        dist = torch.remainder(self.frames[:, None] - 1 - torch.arange(w, device=x.device), w) + 1
-        # ring entry r holds frame t - dist[r]; entries before the stream's first frame are hidden
-        hidden = F.pad(torch.where(dist > self.frames[:, None], _MASKED, 0.0), (1, 0))[:, None]
+        slot_in_ring = torch.remainder(self.frames, w)
+        dist = self.ring_dist[slot_in_ring]
+        hidden = self.ring_hidden[self.frames.clamp(max=w)]
         keys, values, convs = [], [], []
         for i, layer in enumerate(self.encoder.layers):
             x, k, v, conv = layer.step(
@@ -195,17 +202,17 @@ class Perception(nn.Module):
 
         # commit the state of the active rows only: layer-major caches, ring write at frame % w
         keep = active[None, :, None, None, None]
-        write = torch.remainder(self.frames, w)[None, :, None, None, None]
+        write = slot_in_ring[None, :, None, None, None]
         write = write.expand(len(keys), -1, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads)
         for cache, new in ((self.k_cache, keys), (self.v_cache, values)):
             new = torch.stack(new)[:, :, :, None]
             cache.scatter_(3, write, torch.where(keep, new, cache.gather(3, write)))
-        self.conv_cache.copy_(torch.where(keep[..., 0], torch.stack(convs), self.conv_cache))
+        torch.where(keep[..., 0], torch.stack(convs), self.conv_cache, out=self.conv_cache)
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
-        self.audio_tail.copy_(torch.where(active[:, None], tail, self.audio_tail))
-        self.mel_tail.copy_(torch.where(keep[0, :, :, :, 0], window[:, -1:], self.mel_tail))
+        torch.where(active[:, None], tail, self.audio_tail, out=self.audio_tail)
+        torch.where(keep[0, :, :, :, 0], window[:, -1:], self.mel_tail, out=self.mel_tail)
         for old, new in zip(sub_tails, new_sub_tails):
-            old.copy_(torch.where(keep[0], new, old))
+            torch.where(keep[0], new, old, out=old)
         self.frames.add_(active.to(self.frames.dtype))
         return out
 
