@@ -42,29 +42,8 @@ class Subsampling(nn.Module):
                 self._pad_in_conv = False
             freq, width = (freq + 3 - 3) // 2 + 1, (width + 4 - 3) // 2 + 1
         self.freq = freq
-        self.widths = [n_mels // 2 + 1]  # input width of stages 1 .. n-1 (the streaming tails)
-        for _ in range(self.num_stages - 2):
-            self.widths.append((self.widths[-1] + (1 if self._pad_in_conv else 0)) // 2 + 1)
         self.out = nn.Linear(channels * freq, d_model)
         self.receptive_field = 1 + 2 * (2**self.num_stages - 1)
-
-    def _stage0(self, mel: torch.Tensor) -> torch.Tensor:
-        conv = self.conv[0]
-        return torch.relu_(F.conv2d(F.pad(mel[:, None], (2, 1)), conv.weight, conv.bias, stride=2))
-
-    def _stage(self, i: int, x: torch.Tensor, time_pad: int = 0) -> torch.Tensor:
-        """Stage i >= 1: depthwise 3x3/2, pointwise, ReLU; `time_pad` zero rows before x."""
-        dw, pw = self.conv[3 * i - 1], self.conv[3 * i]
-        if self._pad_in_conv:  # see __init__
-            x = F.pad(x, (0, 0, time_pad, 0)) if time_pad else x
-            x = F.conv2d(x, dw.weight, dw.bias, stride=2, padding=(0, 2), groups=dw.groups)
-        else:
-            x = F.conv2d(F.pad(x, (2, 1, time_pad, 0)), dw.weight, dw.bias, stride=2, groups=dw.groups)
-        return torch.relu_(F.conv2d(x, pw.weight, pw.bias))
-
-    def _flatten(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, t, _ = x.shape
-        return self.out(x[..., : self.freq].transpose(1, 2).reshape(b, t, c * self.freq))
 
     def forward(self, mel: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         """mel [B, L, n_mels] -> [B, (L - receptive_field) // 8 + 1, d_model].
@@ -73,31 +52,22 @@ class Subsampling(nn.Module):
         frame column 0 alone and pads every strided conv's input with zeros, so the two rows before the
         last of each stage's input are zeroed (the caller zeroes every mel column but the last).
         """
-        x = self._stage0(mel)
-        for i in range(1, self.num_stages):
-            if first is not None:
+        x = mel[:, None]
+        keep = None if first is None else ~first[:, None, None, None]
+        for i in range(self.num_stages):
+            conv = self.conv[0] if i == 0 else self.conv[3 * i - 1]
+            if keep is not None and i > 0:
                 t = x.shape[2]
-                x[:, :, t - 3 : t - 1].mul_(~first[:, None, None, None])
-            x = self._stage(i, x)
-        return self._flatten(x)
-
-    def step(
-        self, mel: torch.Tensor, tails: list[torch.Tensor], first: torch.Tensor
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One frame from cached rows: computes only the rows this frame adds at every stage.
-
-        mel [B, 1 + 8, n_mels]: the previous frame's last column and the 8 new ones (all but the last zero
-        for `first` rows); tails[i - 1] [B, C, 1, W_i]: the last input row of stage i from the previous frame.
-        Returns (frame [B, d_model], new tails). Equals `forward` over the frame's whole receptive field.
-        """
-        x = self._stage0(mel)
-        z = x[:, :, -1:]  # frame 0: each stage sees zeros, zeros, then the last row
-        new_tails = []
-        for i in range(1, self.num_stages):
-            new_tails.append(x[:, :, -1:])
-            x = self._stage(i, torch.cat([tails[i - 1], x], dim=2))
-            z = self._stage(i, z, time_pad=2)
-        return self._flatten(torch.where(first[:, None, None, None], z, x))[:, 0], new_tails
+                x[:, :, t - 3 : t - 1].mul_(keep)
+            if i > 0 and self._pad_in_conv:  # see __init__; (mkldnn's padded 1-channel conv is slow)
+                x = F.conv2d(x, conv.weight, conv.bias, stride=2, padding=(0, 2), groups=conv.groups)
+            else:
+                x = F.conv2d(F.pad(x, (2, 1)), conv.weight, conv.bias, stride=2, groups=conv.groups)
+            if i > 0:
+                x = F.conv2d(x, self.conv[3 * i].weight, self.conv[3 * i].bias)
+            x = torch.relu_(x)
+        b, c, t, _ = x.shape
+        return self.out(x[..., : self.freq].transpose(1, 2).reshape(b, t, c * self.freq))
 
 
 class FeedForward(nn.Module):
