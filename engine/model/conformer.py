@@ -195,10 +195,10 @@ class ConformerLayer(nn.Module):
         self.norm_out = nn.LayerNorm(d_model)
 
     def forward_offline(self, x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
         x = x + self.self_attn.forward_offline(self.norm_self_att(x), pe)
         x = x + self.conv.forward_offline(self.norm_conv(x))
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        x = torch.add(x, self.feed_forward2(self.norm_feed_forward2(x)), alpha=0.5)
         return self.norm_out(x)
 
     def step(
@@ -217,12 +217,12 @@ class ConformerLayer(nn.Module):
 
         Caches are read, never written: the caller commits the returned state for the rows it keeps.
         """
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
         a, k, v = self.self_attn.step(self.norm_self_att(x), pe, k_cache, v_cache, dist, hidden)
         x = x + a
         c, conv_cache = self.conv.step(self.norm_conv(x), conv_cache)
         x = x + c
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        x = torch.add(x, self.feed_forward2(self.norm_feed_forward2(x)), alpha=0.5)
         return self.norm_out(x), k, v, conv_cache
 
 
