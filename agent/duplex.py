@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterable
 from typing import Any
 
@@ -43,6 +45,8 @@ OUT_RATE = 22_050  # what the engine says
 SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
 BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
 VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
+PREFILL_LIMIT = 1  # sessions per engine whose prompt is prefilled at the same time
+MAX_LAG_FRAMES = 3  # caller audio the engine may hold: 240 ms (more would be delay for the rest of the call)
 _SENTENCE_END = (".", "!", "?")
 
 
@@ -125,14 +129,33 @@ def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
     return found
 
 
+class PrefillGate:
+    """At most `limit` sessions of one engine in prompt prefill at once, across every job thread.
+
+    The engine prefills prompts in the slack after each live step, batched over every session that is
+    prefilling; a burst of calls makes that batch too large to ever fit the slack (the engine's cost model
+    then never plans it again), so sessions wait here for their turn before taking a slot."""
+
+    _lock = threading.Lock()
+    _gates: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def for_engine(cls, engine: Any, limit: int) -> threading.BoundedSemaphore:
+        with cls._lock:
+            return cls._gates.setdefault(engine, threading.BoundedSemaphore(limit))
+
+
 class ChorusModel(llm.DuplexModel):
     """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
 
-    def __init__(self, engine: Any, *, observer: CallObserver | None = None) -> None:
+    def __init__(
+        self, engine: Any, *, observer: CallObserver | None = None, prefill_limit: int = PREFILL_LIMIT
+    ) -> None:
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
         self.engine = engine
+        self.prefill_gate = PrefillGate.for_engine(engine, prefill_limit)
         self.observer = observer or CallObserver()
         self.sessions: list[ChorusSession] = []
 
@@ -170,7 +193,9 @@ class ChorusSession(llm.DuplexSession):
         self._tool_ctx = llm.ToolContext.empty()
         self._audio_ch = aio.Chan[llm.DuplexAudioFrame]()
         self._input = InputConverter()
-        self._early: list[np.ndarray] = []  # caller audio that came before the slot opened
+        self.live = False  # the engine has sent its first frame
+        self._lag = 0  # caller frames pushed and not yet matched by an output frame
+        self._gate_held = False
         self.handle: Any = None  # engine SessionHandle once opened
         self.opened = asyncio.Event()
         self.speaking = False
@@ -179,7 +204,7 @@ class ChorusSession(llm.DuplexSession):
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
         self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
-                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0}  # fmt: skip
+                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0, "input_dropped": 0}  # fmt: skip
         self._task = asyncio.create_task(self._run(), name="chorus.session")
 
     # -- the framework's side --------------------------------------------------------------------------
@@ -198,10 +223,12 @@ class ChorusSession(llm.DuplexSession):
         for chunk in self._input.push(frame):
             if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
                 self._voiced_at = time.monotonic()
-            if self.handle is None:
-                if len(self._early) < 64:
-                    self._early.append(chunk)
+            # the engine takes one frame per live tick and nothing while prefilling or paused; whatever it
+            # has not taken becomes lasting delay, so the caller's audio is capped at MAX_LAG_FRAMES ahead
+            if not self.live or self._lag >= MAX_LAG_FRAMES:
+                self.stats["input_dropped"] += 1
                 continue
+            self._lag += 1
             with contextlib.suppress(EngineClosed):
                 self.handle.push_audio(chunk)
 
@@ -236,7 +263,13 @@ class ChorusSession(llm.DuplexSession):
         await aio.cancel_and_wait(self._task)
         self._close_slot()
 
+    def _release_gate(self) -> None:
+        if self._gate_held:
+            self._gate_held = False
+            self._model.prefill_gate.release()
+
     def _close_slot(self) -> None:
+        self._release_gate()
         if self.handle is not None:
             self.handle.close()
         if not self._audio_ch.closed:
@@ -250,6 +283,9 @@ class ChorusSession(llm.DuplexSession):
             if self._closing:
                 return
             engine = self._model.engine
+            while not self._model.prefill_gate.acquire(blocking=False):
+                await asyncio.sleep(0.05)
+            self._gate_held = True
             try:
                 self.handle = engine.open_session(
                     self._instructions, tool_schemas(self._tools), loop=self._loop
@@ -260,9 +296,6 @@ class ChorusSession(llm.DuplexSession):
                 return
             log.info("session %s started (%d tools)", self.handle.id, len(self._tools))
             self.opened.set()
-            for chunk in self._early:
-                self.handle.push_audio(chunk)
-            self._early.clear()
             outputs: asyncio.Queue = self.handle.outputs
             while True:
                 item = await outputs.get()
@@ -275,6 +308,10 @@ class ChorusSession(llm.DuplexSession):
     def _on_output(self, item: Any) -> None:
         obs = self._model.observer
         if isinstance(item, AudioFrame):
+            if not self.live:
+                self.live = True
+                self._release_gate()
+            self._lag = max(0, self._lag - 1)
             self._send_audio(item)
         elif isinstance(item, TurnStarted):
             self.speaking = True
