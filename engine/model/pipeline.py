@@ -85,7 +85,7 @@ class Pipeline(nn.Module):
         slots = torch.where(active, self.all_slots, -1)
         out = self.thinker.step(emb, slots, force_text, force_func, dense=True)
         codes = self.talker.step(out.text_token, active)
-        pcm = self.codec.step(codes, active)
+        pcm = self.codec.step(codes, active, check_range=False)  # the talker only emits valid codes
         return LiveOutput(out.text_token, out.func_token, pcm)
 
     # -- slack work (thinker only, on the paused slots' rows) -----------------------------------------
