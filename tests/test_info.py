@@ -22,6 +22,22 @@ def test_full_preset_counts_match_the_published_ones():
     assert r["sessions_fit"] * r["state_bytes_per_session"] < (141 - r["workspace_gb"]) * 2**30
 
 
+def test_voice_stages_and_total_match_the_published_counts():
+    r = report(load_preset("nemotron-voicechat-11b"), gpu_mem_gb=141)
+    d = r["params_detail"]
+    checks = {
+        "perception": (sum(d["perception"].values()), 0.614e9),
+        "talker backbone": (d["talker"]["backbone"], 0.595e9),
+        "MoG head": (d["talker"]["mog_head"], 0.159e9),
+        "char encoder": (d["talker"]["embed_subword"], 0.023e9),
+        "codec decoder + prvq": (d["codec"]["decoder"] + d["codec"]["prvq"], 0.108e9),
+    }
+    for name, (ours, published) in checks.items():
+        assert abs(ours - published) / published < 0.01, (name, ours)
+    # the release's 11.095 B includes the codec encoder and the RNNT branch, which inference never loads
+    assert abs(r["params_total"] - 11.095e9) / 11.095e9 < 0.01
+
+
 def test_cli_prints_json_last():
     out = subprocess.run(
         [sys.executable, "-m", "engine", "info", "--preset", "tiny", "--gpu-mem-gb", "80"],
