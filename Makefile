@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: 16 virtual rooms (4 making scripted tool calls) on one engine for 30 s, no LiveKit server;
+# about a minute on a 2-core CPU. The full benchmark is `python -m agent simulate` (64 rooms, 16 tool rooms, 60 s).
 run: $(STAMP)
-	$(PY) -m engine demo
+	$(PY) -m agent simulate --rooms 16 --tool-rooms 4 --seconds 30 --out out/simulate
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)

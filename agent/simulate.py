@@ -87,6 +87,40 @@ class Room:
         return f"room_{self.index:03d}"
 
 
+class Forcing:
+    """Teacher forcing of one room's model: scripted turns on the text channel, scripted calls on the function
+    channel, and between them padding on both, so the dummy weights never start turns or calls of their own.
+
+    Forced tokens are taken one per live tick (each live tick is one output frame), so the queue's depth is
+    tracked in frames and kept short: a scripted turn starts at most LEAD_TICKS ticks after it is forced."""
+
+    LOW, LEAD_TICKS = 2, 4
+
+    def __init__(self, handle: Any, tok: Any, duplex: Any) -> None:
+        self.handle, self.tok, self.duplex = handle, tok, duplex
+        self.text_end = self.func_end = 0  # the output frame count at which each channel's queue runs out
+
+    def _now(self) -> int:
+        return self.duplex.stats["frames_out"]
+
+    def text(self, ids: list[int]) -> None:
+        self.handle.force_text(ids)
+        self.text_end = max(self.text_end, self._now()) + len(ids)
+
+    def call(self, ids: list[int]) -> None:
+        self.handle.force_function(ids)  # only its first token takes a live tick; the rest run while paused
+        self.func_end = max(self.func_end, self._now()) + 1
+
+    def top_up(self) -> None:
+        now = self._now()
+        for end, force in (("text_end", self.handle.force_text), ("func_end", self.handle.force_function)):
+            ahead = getattr(self, end) - now
+            if ahead < self.LOW:
+                n = self.LEAD_TICKS - max(0, ahead)
+                force([self.tok.pad] * n)
+                setattr(self, end, max(getattr(self, end), now) + n)
+
+
 async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: float, today: dt.date,
                    clips: list[np.ndarray], go: asyncio.Event, end: list[float], stop: asyncio.Event) -> None:  # fmt: skip
     """Join (slot, prompt prefill), then follow the room's script from `go` until `end[0]`."""
@@ -104,7 +138,12 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
         while not call.duplex.live and not stop.is_set():
             await asyncio.sleep(0.05)
         room.live_at = loop.time()
-        await go.wait()
+        force = Forcing(handle, engine.tokens, call.duplex)
+        while (
+            not go.is_set() and not stop.is_set()
+        ):  # joined: hold the model to silence until the talk starts
+            force.top_up()
+            await asyncio.sleep(0.1)
         tok = engine.tokens
         script = tool_script(today, room.index)
         t0 = loop.time()
@@ -116,19 +155,19 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
             duplex = call.duplex
             if now >= next_utt:
                 room.input.push(clips[rng.randrange(len(clips))])
-                # the scripted reply follows the caller (text channel forced; dummy weights decide nothing)
-                handle.force_text([tok.bos, *tok.encode(rng.choice(REPLIES)), tok.eos])
+                force.text([tok.bos, *tok.encode(rng.choice(REPLIES)), tok.eos])  # the reply to the caller
                 room.scripted_turns += 1
                 next_utt = now + UTTERANCE_EVERY_S
             if now >= next_tool and not duplex.paused and not pending_reply:
-                handle.force_function(tok.call_ids([script[room.scripted_calls % len(script)]]))
+                force.call(tok.call_ids([script[room.scripted_calls % len(script)]]))
                 room.scripted_calls += 1
                 next_tool = now + TOOL_EVERY_S
                 pending_reply = True
             if pending_reply and duplex.paused:
                 # forced while paused, so the model speaks it as soon as the tool result is consumed
-                handle.force_text([tok.bos, *tok.encode(" Thanks for waiting."), tok.eos])
+                force.text([tok.bos, *tok.encode(" Thanks for waiting."), tok.eos])
                 pending_reply = False
+            force.top_up()
             await asyncio.sleep(0.1)
     except Exception as e:  # one room failing is reported, not fatal
         room.error = type(e).__name__

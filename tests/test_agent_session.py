@@ -218,16 +218,18 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
 
 
 class FrameInput(io.AudioInput):
-    """Caller frames of a given shape, in real time, for `seconds`."""
+    """Caller frames of a given shape, in real time, for `seconds` from `go`."""
 
     def __init__(self, rate: int, channels: int, ms: int, seconds: float, empty: bool = False) -> None:
         super().__init__(label="frames")
         self.rate, self.channels, self.ms, self.empty = rate, channels, ms, empty
         self.left = int(seconds * 1000 / ms)
+        self.go = asyncio.Event()
         self._t0: float | None = None
         self._n = 0
 
     async def __anext__(self) -> rtc.AudioFrame:
+        await self.go.wait()
         loop = asyncio.get_running_loop()
         self._t0 = self._t0 if self._t0 is not None else loop.time()
         if self._n >= self.left:
@@ -259,8 +261,12 @@ def test_bad_input_48k_stereo_8k_mono_and_empty_frames(engine, hotel, tmp_path):
                 )  # fmt: skip
             for c in calls.values():
                 await c.wait_open()
+            await until(lambda: all(c.duplex.live for c in calls.values()), "the sessions to go live")
+            base = {n: c.duplex.stats["frames_out"] for n, c in calls.items()}
+            for c in calls.values():
+                c.session.input.audio.go.set()
             await until(
-                lambda: all(c.duplex.stats["frames_out"] >= 30 for c in calls.values()), "2.4 s of output"
+                lambda: all(c.duplex.stats["frames_out"] - base[n] >= 30 for n, c in calls.items()), "2.4 s"
             )
             by_id = {s.id: s for s in engine.snapshot().sessions}
             got = {n: (by_id[c.handle.id].frames_in, by_id[c.handle.id].phase) for n, c in calls.items()}
