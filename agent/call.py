@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import wave
 from dataclasses import dataclass
@@ -76,6 +77,14 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     if ch > 1:
         pcm = pcm.reshape(-1, ch).astype(np.int32).mean(axis=1).astype(np.int16)
     return pcm, rate
+
+
+def quiet_gc() -> None:
+    """Long-lived objects (sessions, the model) out of the collector's way: a full collection holds the GIL
+    for tens of milliseconds, and the tick thread waits for it."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.call import Call, PcmInput, read_wav, start_call
+from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
 
 log = logging.getLogger("chorus.agent.simulate")
@@ -245,6 +246,7 @@ async def simulate(args: argparse.Namespace) -> dict:
             await asyncio.wait(tasks, timeout=1.0)
             show(_progress(engine, rooms, "join", loop.time() - t_start, JOIN_TIMEOUT_S))
         join_s = loop.time() - t_start
+        quiet_gc()
         snap0 = engine.snapshot()
         t_go = loop.time()
         end[0] = t_go + args.seconds
@@ -267,6 +269,7 @@ async def simulate(args: argparse.Namespace) -> dict:
         occupancy_after = engine.occupancy
         engine.close()
         store.close()
+        gc.unfreeze()
 
     per_room = []
     for r in rooms:

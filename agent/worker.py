@@ -15,7 +15,7 @@ from typing import Any
 from livekit import rtc
 from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess
 
-from agent.call import start_call
+from agent.call import quiet_gc, start_call
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
 
@@ -102,6 +102,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
 def _setup(proc: JobProcess, settings: AgentSettings) -> None:
     # runs once per job thread; the engine itself is built once per process
     proc.userdata["engine"] = shared_engine(settings)
+    quiet_gc()
 
 
 async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
