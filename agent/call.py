@@ -8,6 +8,7 @@ Knows livekit-agents sessions and the pieces of `agent/`; nothing of tensors.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import gc
 import logging
@@ -85,6 +86,8 @@ def quiet_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    atexit.unregister(gc.unfreeze)
+    atexit.register(gc.unfreeze)  # frozen objects would outlive the interpreter's own cleanup
 
 
 @dataclass

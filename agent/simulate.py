@@ -196,7 +196,8 @@ def _window(engine: Any, ticks0: int, missed0: int) -> dict:
     pct = (lambda q: round(float(np.percentile(live_ms, q)), 2)) if live_ms else (lambda q: 0.0)
     return {"ticks": n, "tick_ms_p50": pct(50), "tick_ms_p99": pct(99),
             "tick_ms_max": round(max(live_ms), 2) if live_ms else 0.0,
-            "missed_deadlines": snap.missed_deadlines - missed0}  # fmt: skip
+            "missed_deadlines": snap.missed_deadlines - missed0,
+            "late_ticks": [[i, round(ms, 1)] for i, ms in enumerate(live_ms) if ms > 80.0]}  # fmt: skip
 
 
 async def simulate(args: argparse.Namespace) -> dict:
@@ -293,8 +294,12 @@ async def simulate(args: argparse.Namespace) -> dict:
         "room_errors": sum(1 for p in per_room if p["error"]), "occupancy_after": occupancy_after,
         "tool_calls_scripted": True, "out": str(out),
     }  # fmt: skip
+    late_ticks = metrics.pop("late_ticks")
     (out / "metrics.json").write_text(
-        json.dumps({"summary": metrics, "rooms": per_room, "engine": snap.model_dump()}, indent=1)
+        json.dumps(
+            {"summary": metrics, "late_ticks": late_ticks, "rooms": per_room, "engine": snap.model_dump()},
+            indent=1,
+        )
     )
     return metrics
 
