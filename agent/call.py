@@ -80,13 +80,19 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     return pcm, rate
 
 
+_gc_quiet = False
+
+
 def quiet_gc() -> None:
     """Long-lived objects (sessions, the model) out of the collector's way: a full collection holds the GIL
     for tens of milliseconds, and the tick thread waits for it."""
+    global _gc_quiet
+    gc.set_threshold(50_000, 20, 100)
+    if _gc_quiet:  # once per process: the collection itself is such a stall
+        return
+    _gc_quiet = True
     gc.collect()
     gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-    atexit.unregister(gc.unfreeze)
     atexit.register(gc.unfreeze)  # frozen objects would outlive the interpreter's own cleanup
 
 

@@ -195,6 +195,7 @@ class ChorusSession(llm.DuplexSession):
         self._input = InputConverter()
         self.live = False  # the engine has sent its first frame
         self._lag = 0  # caller frames pushed and not yet matched by an output frame
+        self._last_speech_tick = -10
         self._gate_held = False
         self.handle: Any = None  # engine SessionHandle once opened
         self.opened = asyncio.Event()
@@ -321,7 +322,9 @@ class ChorusSession(llm.DuplexSession):
         elif isinstance(item, TurnEnded):
             self._end_turn()
         elif isinstance(item, ToolCallStarted):
-            was_speaking = self.speaking
+            # a call that cut the model's turn short (the engine ends the turn on the same tick): that turn's
+            # last frames are still on their way through the framework
+            was_speaking = self.speaking or item.tick - self._last_speech_tick <= 1
             self._end_turn()
             self.paused = True
             self.stats["pauses"] += 1
@@ -353,6 +356,7 @@ class ChorusSession(llm.DuplexSession):
         self.stats["frames_out"] += 1
         if self.speaking:
             self.stats["speech_frames"] += 1
+            self._last_speech_tick = item.tick
         if not self._audio_ch.closed:
             self._audio_ch.send_nowait(llm.DuplexAudioFrame(frame))
         if self.speaking and item.text:

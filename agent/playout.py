@@ -207,6 +207,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             "segments": 0,
             "gaps": 0,
             "gap_s": 0.0,
+            "dropped_s": 0.0,
         }
 
     def start(self) -> None:
@@ -237,7 +238,10 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             self.stats["segments"] += 1
             self.stop_clip()  # the model speaks again
         seg = self._seg
-        if seg.cut or frame.samples_per_channel == 0:
+        if frame.samples_per_channel == 0:
+            return
+        if seg.cut:  # the rest of a turn the caller interrupted
+            self.stats["dropped_s"] += frame.duration
             return
         if frame.sample_rate != self.rate:
             raise ValueError(f"playout: expected {self.rate} Hz frames, got {frame.sample_rate} Hz")
@@ -248,6 +252,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             self._space.clear()
             await self._space.wait()
         if seg.cut:
+            self.stats["dropped_s"] += frame.duration
             return
         self._push(_Chunk(pcm, "model", seg, _rate=self.rate))
 

@@ -248,6 +248,7 @@ async def simulate(args: argparse.Namespace) -> dict:
             show(_progress(engine, rooms, "join", loop.time() - t_start, JOIN_TIMEOUT_S))
         join_s = loop.time() - t_start
         quiet_gc()
+        await asyncio.sleep(0.2)  # the tick that waited for the collection is not the talk's
         snap0 = engine.snapshot()
         t_go = loop.time()
         end[0] = t_go + args.seconds
