@@ -2,8 +2,10 @@
 
 Caller audio of any rate and channel count goes in as 16 kHz mono; the engine's 22.05 kHz frames come out on
 `audio_stream` (its silence included), the text channel as transcript deltas, the model's tool calls as
-`function_call` events, and tool outputs go back as engine tool results. Knows livekit-agents and the engine
-contract (`engine.api`); knows nothing of tensors, rooms or hotels.
+`function_call` events, and tool outputs go back as engine tool results. Two guards keep a busy engine
+responsive: one prompt prefill at a time per engine, and at most 240 ms of caller audio handed over ahead of
+what the engine has taken. Knows livekit-agents and the engine contract (`engine.api`); nothing of tensors,
+rooms or hotels.
 """
 
 from __future__ import annotations
