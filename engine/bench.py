@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", default="1,16,64", help="comma-separated batch sizes")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU intra-op threads (the engine's default: 1)"
+    )
     parser.add_argument("--device", default=None)
     from engine.bench_serve import add_arguments, main_serve
 

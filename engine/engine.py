@@ -9,6 +9,8 @@ knows nothing of LiveKit, rooms or hotels.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import logging
 import queue
 import threading
@@ -39,12 +41,13 @@ class EngineConfig(BaseModel):
     num_slots: int = Field(64, ge=1, le=4096)
     checkpoint: str | None = None
     device: str | None = None  # default: cuda when available, else cpu
-    threads: int = Field(2, ge=1)  # CPU threads for torch
+    threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     tick_ms: float = Field(80.0, gt=0)
     safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
     max_call_tokens: int = Field(512, ge=8)
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
+    prompt_cache_size: int = Field(8, ge=0)  # prefilled system prompts kept for new sessions to start from
     max_backlog_s: float = Field(30.0, gt=0)  # caller audio held per session while paused
     cadence_locked_tools: bool = False  # baseline: one tool token per tick, results one token per tick
     metrics_port: int | None = None  # serve /snapshot and /metrics on 127.0.0.1 (0: any free port)
@@ -145,7 +148,7 @@ class Engine:
         )
         clock = self.model_cfg.clock
         self.scheduler = Scheduler(cfg.num_slots, self.tokens, clock.input_samples, limits)
-        self.runner = Runner(self.pipeline, self.device)
+        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / clock.frame_ms))
         self._stop = threading.Event()
@@ -153,6 +156,9 @@ class Engine:
         self.tick = 0
         self.failure: BaseException | None = None
         self._warm_up()
+        gc.collect()
+        gc.freeze()  # the model and its buffers never die: keep them out of the collector's full passes
+        atexit.register(gc.unfreeze)  # ...but let the interpreter's own cleanup see them at exit
         self.server = (
             SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
             if cfg.metrics_port is not None
@@ -205,7 +211,7 @@ class Engine:
         def make(session_id: str, slot: int) -> Session:
             return Session(
                 session_id, slot, frozenset(names), FrameInbox(frame, self._max_backlog), self._accounted(deliver),
-                prefill_ids=prompt_ids,
+                prefill_ids=prompt_ids, prompt_key=hash(tuple(prompt_ids)),
             )  # fmt: skip
 
         session = self.pool.open(make)
@@ -234,6 +240,8 @@ class Engine:
             self._thread.start()
 
     def _run(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.threads)  # OpenMP settings are per thread: set them here too
         try:
             with torch.inference_mode():
                 self._loop()
@@ -284,6 +292,9 @@ class Engine:
             t = time.monotonic()
             res = self.runner.tool(work)
             sch.apply_tool(work, res, (time.monotonic() - t) * 1e3)
+            for slot, key in sch.saves:
+                sch.cached_prompts.difference_update(self.runner.save_prompt(slot, key))
+            sch.saves.clear()
         while sch.completed_calls:
             self.acct.record_call(*sch.completed_calls.pop(0))
         t_end = time.monotonic()

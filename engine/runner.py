@@ -6,6 +6,8 @@ Inputs are copied into device buffers allocated once; each live step makes exact
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -14,7 +16,7 @@ from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
 
 
 class Runner:
-    def __init__(self, pipeline: Pipeline, device: torch.device) -> None:
+    def __init__(self, pipeline: Pipeline, device: torch.device, prompt_cache_size: int = 8) -> None:
         self.p = pipeline
         self.device = device
         S = pipeline.num_slots
@@ -24,6 +26,9 @@ class Runner:
         self.force_text = torch.full((S,), -1, dtype=torch.long, device=device)
         self.force_func = torch.full((S,), -1, dtype=torch.long, device=device)
         self.reset_mask = torch.zeros(S, dtype=torch.bool, device=device)
+        self.quiet = torch.zeros(S, dtype=torch.bool, device=device)
+        self.prompts: OrderedDict[int, list[torch.Tensor]] = OrderedDict()  # prompt key -> thinker slot state
+        self.prompt_cache_size = prompt_cache_size
         n_out = pipeline.cfg.clock.output_samples
         self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
         if device.type == "cuda":
@@ -33,17 +38,29 @@ class Runner:
         if plan.reset.any():
             self.reset_mask.copy_(torch.from_numpy(plan.reset))
             self.p.reset(self.reset_mask)
+        for slot, key in plan.restore:
+            self.p.thinker.load_slot(slot, self.prompts[key])
+            self.prompts.move_to_end(key)
         self.audio.copy_(torch.from_numpy(plan.audio))
         self.active.copy_(torch.from_numpy(plan.live))
         self.force_text.copy_(torch.from_numpy(plan.force_text))
         self.force_func.copy_(torch.from_numpy(plan.force_func))
-        out = self.p.live_step(self.audio, self.active, self.force_text, self.force_func)
+        self.quiet.copy_(torch.from_numpy(plan.quiet))
+        out = self.p.live_step(self.audio, self.active, self.force_text, self.force_func, self.quiet)
         # token ids are far below 2**24, so they travel exactly as float32 beside the audio
         self._out[:, 0].copy_(out.text)
         self._out[:, 1].copy_(out.func)
         self._out[:, 2:].copy_(out.audio)
         host = self._out.numpy().copy()
         return LiveResult(host[:, 0].astype(np.int64), host[:, 1].astype(np.int64), host[:, 2:])
+
+    def save_prompt(self, slot: int, key: int) -> list[int]:
+        """Keep the thinker state of a slot that just prefilled a prompt; returns the keys evicted for room."""
+        self.prompts[key] = self.p.thinker.save_slot(slot)
+        evicted = []
+        while len(self.prompts) > self.prompt_cache_size:
+            evicted.append(self.prompts.popitem(last=False)[0])
+        return evicted
 
     def tool(self, work: ToolWork) -> ToolResult:
         slots = torch.from_numpy(work.slots).to(self.device)

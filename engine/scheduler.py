@@ -49,6 +49,8 @@ class LivePlan:
     force_text: np.ndarray  # [S] int64, -1 = the model's own token
     force_func: np.ndarray  # [S] int64
     reset: np.ndarray  # [S] bool: rows to return to a fresh state before the step
+    quiet: np.ndarray | None = None  # [S] bool: replaying rows, agent channels forced silent, output withheld
+    restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
 
 
 @dataclass
@@ -115,9 +117,10 @@ class Scheduler:
         self.limits = limits or Limits()
         self.costs = CostModel()
         self.sessions: list[Session] = []
-        self.completed_calls: list[
-            tuple[float, int]
-        ] = []  # (ms, ticks) per finished call, drained by the engine
+        self.completed_calls: list[tuple[float, int]] = []  # (ms, ticks) per finished call, for the engine
+        # prompts whose prefilled state the runner holds (by key), and the ones it should save next
+        self.cached_prompts: set[int] = set()
+        self.saves: list[tuple[int, int]] = []
         self.call_started_tick: dict[str, int] = {}
         self.tick = 0
         self.underruns = 0
@@ -125,16 +128,37 @@ class Scheduler:
     # -- the live step --------------------------------------------------------------------------------
 
     def plan_live(self, tick: int, sessions: list[Session], reset: np.ndarray) -> LivePlan:
+        """Every LIVE and REPLAY session steps in the live batch (REPLAY quietly: its held audio goes in, the
+        agent channels are forced silent and nothing comes out); a PROMPT session whose prompt is cached
+        gets the cached state instead of a prefill."""
         self.tick = tick
         self.sessions = sessions
-        live = np.zeros(self.S, dtype=bool)
-        audio = np.zeros((self.S, self.frame_in), dtype=np.float32)
-        force_text = np.full(self.S, -1, dtype=np.int64)
-        force_func = np.full(self.S, -1, dtype=np.int64)
+        S = self.S
+        live = np.zeros(S, dtype=bool)
+        quiet = np.zeros(S, dtype=bool)
+        audio = np.zeros((S, self.frame_in), dtype=np.float32)
+        force_text = np.full(S, -1, dtype=np.int64)
+        force_func = np.full(S, -1, dtype=np.int64)
+        restore: list[tuple[int, int]] = []
         for s in sessions:
-            if s.phase is not Phase.LIVE or s.closed:
+            if s.closed:
                 continue
-            live[s.slot] = True
+            if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self.cached_prompts:
+                restore.append((s.slot, s.prompt_key))
+                s.prefill_ids = []
+                s.phase = Phase.REPLAY
+            if s.phase is Phase.REPLAY and len(s.inbox) <= 1:
+                self._resume(s)  # caught up (one frame of jitter buffer left)
+            if s.phase is Phase.LIVE:
+                live[s.slot] = True
+                if s.force_text:
+                    force_text[s.slot] = s.force_text.popleft()
+                if s.force_func:
+                    force_func[s.slot] = s.force_func.popleft()
+            elif s.phase is Phase.REPLAY:
+                live[s.slot] = quiet[s.slot] = True
+            else:
+                continue
             frame = s.inbox.pop()
             if frame is None:
                 s.underruns += 1
@@ -142,15 +166,12 @@ class Scheduler:
             else:
                 audio[s.slot] = frame
                 s.frames_consumed += 1
-            if s.force_text:
-                force_text[s.slot] = s.force_text.popleft()
-            if s.force_func:
-                force_func[s.slot] = s.force_func.popleft()
-        return LivePlan(tick, live, audio, force_text, force_func, reset)
+                s.frames_replayed += quiet[s.slot]
+        return LivePlan(tick, live, audio, force_text, force_func, reset, quiet, restore)
 
     def apply_live(self, plan: LivePlan, result: LiveResult) -> None:
         for s in self.sessions:
-            if not plan.live[s.slot]:
+            if not plan.live[s.slot] or plan.quiet[s.slot]:
                 continue
             out: list[Output] = []
             text, func = int(result.text[s.slot]), int(result.func[s.slot])
@@ -243,16 +264,19 @@ class Scheduler:
                                    ("prompt", Phase.PROMPT, lim.prefill_chunk)):  # fmt: skip
             if kind in skip:
                 continue
-            if kind == "replay":
-                ready = [s for s in by_phase.get(phase, []) if len(s.inbox)]
-                for s in by_phase.get(phase, []):
-                    if not len(s.inbox):
-                        self._resume(s)
+            if kind == "replay":  # catch-up steps beyond the one the live batch gives; keep one frame for it
+                ready = [s for s in by_phase.get(phase, []) if len(s.inbox) >= 2]
                 fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
                 if fit:
                     return self._replay_work(ready[: fit[0]])
                 continue
-            group = sorted(by_phase.get(phase, []), key=lambda s: s.prefill_pos)
+            group = sorted(by_phase.get(phase, []), key=lambda s: (-s.prefill_pos, s.opened_at))
+            if kind == "prompt":  # one prefill per distinct prompt; sessions with the same prompt wait for it
+                first: dict[int, Session] = {}
+                for s in group:
+                    if s.prompt_key not in self.cached_prompts:
+                        first.setdefault(s.prompt_key, s)
+                group = list(first.values())
             if not group:
                 continue
             t_max = min(chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
@@ -288,12 +312,11 @@ class Scheduler:
             for s in work.sessions:
                 s.prefill_pos += T
                 if s.prefill_pos >= len(s.prefill_ids):
+                    if work.kind == "prompt" and s.prompt_key not in self.cached_prompts:
+                        self.cached_prompts.add(s.prompt_key)
+                        self.saves.append((s.slot, s.prompt_key))
                     s.prefill_ids, s.prefill_pos = [], 0
                     s.phase = Phase.REPLAY
-        else:
-            for s in work.sessions:
-                if not len(s.inbox):
-                    self._resume(s)
 
     def _call_token(self, s: Session, token: int) -> None:
         if token != self.tok.call_end:

@@ -27,7 +27,7 @@ class Phase(enum.Enum):
     TOOL_CALL = "tool_call"  # paused; tool-call tokens generated unpaced (in the slack)
     WAITING = "waiting"  # paused; function calls emitted, waiting for results
     PREFILL = "prefill"  # paused; results being prefilled in chunks (in the slack)
-    REPLAY = "replay"  # paused; caller audio that arrived meanwhile fed faster than real time
+    REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent
 
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
@@ -96,6 +96,7 @@ class Session:
     # the ids a PROMPT or PREFILL phase still has to prefill, and how far it got
     prefill_ids: list[int] = field(default_factory=list)
     prefill_pos: int = 0
+    prompt_key: int = 0  # sessions with the same prompt share one prefill
     # teacher forcing: tokens that replace the model's own, one per position, per channel
     force_text: deque[int] = field(default_factory=deque)
     force_func: deque[int] = field(default_factory=deque)

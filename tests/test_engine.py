@@ -81,7 +81,9 @@ def test_one_sessions_tool_call_leaves_the_other_63_untouched(engine64):
     """64 sessions run twice from fresh slots, the second time with slot 7 calling a tool: every other
     session's audio and text are identical in both runs."""
     runs = []
-    k = 0
+    k = close_all(
+        engine64, [engine64.open_session(PROMPT, TOOLS)], run_ticks(engine64, 0, 1)
+    )  # cache the prompt
     for with_call in (False, True):
         handles = open_all(engine64, 64)
         if with_call:
@@ -139,7 +141,8 @@ def test_tool_path_end_to_end(engine64):
     assert snap.frames_in == snap.frames_consumed == 5 + 15  # every frame pushed was consumed
     assert snap.frames_replayed >= 15 - 6
     assert snap.tool_calls == 1 and snap.tool_errors == 0
-    assert len(frames(drain(other))) == 12  # the neighbour never paused: a frame every tick after its prompt
+    ticks = [o.tick for o in drain(other) if isinstance(o, AudioFrame)]
+    assert ticks == list(range(ticks[0], k)) and ticks[0] <= 1001  # the neighbour never paused
     for x in (h, other):
         x.close()
     run_ticks(engine64, k, 1)
@@ -175,7 +178,8 @@ def test_bad_calls_get_an_error_result_and_the_session_carries_on(engine64, case
     assert any(isinstance(i, ToolResultConsumed) for i in items)
     snap = {s.id: s for s in engine64.snapshot().sessions}
     assert snap[h.id].tool_errors == (0 if case == "exception" else 1)
-    assert len(frames(drain(bystander))) == 7 and bystander.phase == "live"
+    ticks = [o.tick for o in drain(bystander) if isinstance(o, AudioFrame)]
+    assert ticks == list(range(ticks[0], k)) and bystander.phase == "live"  # a frame every tick, unbothered
     for x in (h, bystander):
         x.close()
     run_ticks(engine64, k, 1)

@@ -53,14 +53,21 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
     sessions = [make_session(i, p)[0] for i, p in enumerate(phases)]
     sessions[0].inbox.push(np.ones(FRAME, np.float32) * 0.5)
     for s in sessions[1:6]:
-        s.inbox.push(np.ones(FRAME, np.float32))
+        s.inbox.push(np.ones(FRAME * 3, np.float32))
     plan = sch.plan_live(0, sessions, np.zeros(S, bool))
-    assert plan.live.tolist() == [True, False, False, False, False, False, True, False]
-    assert np.all(plan.audio[0] == 0.5) and np.all(plan.audio[1:] == 0)
+    # a replaying session steps quietly in the live batch: its held audio goes in, nothing comes out
+    assert plan.live.tolist() == [True, False, False, False, False, True, True, False]
+    assert plan.quiet.tolist() == [False, False, False, False, False, True, False, False]
+    assert np.all(plan.audio[0] == 0.5) and np.all(plan.audio[5] == 1) and np.all(plan.audio[1:5] == 0)
     # slot 6 had no frame: it is still stepped (silence), and the underrun is counted
     assert sessions[6].underruns == 1 and sch.underruns == 1
     # paused sessions keep their audio for later
-    assert all(len(s.inbox) == 1 for s in sessions[1:6])
+    assert all(len(s.inbox) == 3 for s in sessions[1:5]) and len(sessions[5].inbox) == 2
+    # with one frame left (the jitter buffer) a replaying session is caught up and live again
+    plan = sch.plan_live(1, sessions, np.zeros(S, bool))
+    assert sessions[5].phase is Phase.REPLAY and plan.quiet[5]
+    sch.plan_live(2, sessions, np.zeros(S, bool))
+    assert sessions[5].phase is Phase.LIVE
 
 
 def test_tool_work_is_never_planned_past_the_budget():
@@ -86,12 +93,32 @@ def test_tool_work_is_never_planned_past_the_budget():
     assert sch.next_tool_work(budget_ms=7.0).kind == "call"  # calls come first when both fit
     # a group too big for the budget is split: half the rows
     many = [make_session(i, Phase.PROMPT)[0] for i in range(8)]
-    for m in many:
-        m.prefill_ids = list(range(40, 140))
+    for i, m in enumerate(many):
+        m.prefill_ids, m.prompt_key = list(range(40, 140)), i  # eight different prompts
     sch.sessions = many
     sch.costs.observe("prompt", 8, 1, 8.0)
     w = sch.next_tool_work(budget_ms=4.5)
     assert w.tokens.shape == (4, 1)
+
+
+def test_sessions_with_the_same_prompt_share_one_prefill():
+    sch = sched(prefill_chunk=64)
+    same = [make_session(i, Phase.PROMPT)[0] for i in range(4)]
+    other, _ = make_session(4, Phase.PROMPT)
+    for s in same:
+        s.prefill_ids, s.prompt_key = list(range(40, 140)), 7
+    other.prefill_ids, other.prompt_key = list(range(40, 100)), 8
+    sch.plan_live(0, same + [other], np.zeros(S, bool))
+    w = sch.next_tool_work(1000.0)
+    assert w.kind == "prompt" and sorted(w.slots.tolist()) == [0, 4]  # one per distinct prompt
+    while w is not None and w.kind == "prompt":
+        sch.apply_tool(w, ToolResult(), 1.0)
+        w = sch.next_tool_work(1000.0)
+    assert sorted(sch.saves) == [(0, 7), (4, 8)] and same[0].phase is Phase.REPLAY
+    assert all(s.phase is Phase.PROMPT for s in same[1:])
+    plan = sch.plan_live(1, same + [other], np.zeros(S, bool))
+    assert sorted(plan.restore) == [(1, 7), (2, 7), (3, 7)]
+    assert all(s.phase is not Phase.PROMPT for s in same)
 
 
 def run_call(sch: Scheduler, s: Session, text: str, forced_end: bool = True) -> None:
@@ -149,7 +176,10 @@ def test_the_tool_path_in_order():
         assert w.kind == "replay" and w.active[3] and w.active.sum() == 1
         replayed += 1
         sch.apply_tool(w, ToolResult(), 1.0)
-    assert replayed == 3 and s.phase is Phase.LIVE
+    # the slack replays all but one frame, which the next live step takes as the session goes live again
+    assert replayed == 2 and s.phase is Phase.REPLAY and len(s.inbox) == 1
+    plan = sch.plan_live(2, sessions, np.zeros(S, bool))
+    assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3]
     assert isinstance(got[-1], ToolResultConsumed)
     assert s.frames_consumed == s.inbox.frames_in == 3
     # the other session saw only its own frames

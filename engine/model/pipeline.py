@@ -78,14 +78,35 @@ class Pipeline(nn.Module):
 
     @torch.inference_mode()
     def live_step(
-        self, audio: torch.Tensor, active: torch.Tensor, force_text: torch.Tensor, force_func: torch.Tensor
+        self,
+        audio: torch.Tensor,
+        active: torch.Tensor,
+        force_text: torch.Tensor,
+        force_func: torch.Tensor,
+        quiet: torch.Tensor | None = None,
     ) -> LiveOutput:
-        """audio [S, 1280] float32; active [S] bool; force_* [S] int64 (-1: the model's own token)."""
+        """audio [S, 1280] float32; active [S] bool; force_* [S] int64 (-1: the model's own token).
+
+        quiet [S] bool marks rows replaying held caller audio: both agent channels are forced silent (PAD),
+        except that a predicted end of tool response is kept (a control token, not speech)."""
         emb = self.perception.step(audio, active)
         slots = torch.where(active, self.all_slots, -1)
+        if quiet is not None:
+            pad = self.tok.pad
+            force_text = torch.where(quiet, pad, force_text)
+            force_func = torch.where(quiet, pad, force_func)
         out = self.thinker.step(emb, slots, force_text, force_func, dense=True)
-        codes = self.talker.step(out.text_token, active)
-        pcm = self.codec.step(codes, active, check_range=False)  # the talker only emits valid codes
+        if quiet is not None:
+            kept = quiet & (out.func_logits.argmax(-1) == self.tok.response_end)
+            out.func_token = torch.where(kept, self.tok.response_end, out.func_token)
+            self.thinker.prev_func[: self.num_slots].copy_(
+                torch.where(kept, self.tok.response_end, self.thinker.prev_func[: self.num_slots])
+            )
+        # replaying rows say nothing: the talker and codec move on only for rows whose audio is heard, so a
+        # frame replayed here leaves the same state as one replayed in the slack
+        speaking = active if quiet is None else active & ~quiet
+        codes = self.talker.step(out.text_token, speaking)
+        pcm = self.codec.step(codes, speaking, check_range=False)  # the talker only emits valid codes
         return LiveOutput(out.text_token, out.func_token, pcm)
 
     # -- slack work (thinker only, on the paused slots' rows) -----------------------------------------

@@ -214,6 +214,26 @@ class Thinker(nn.Module):
         self.prev_text.masked_fill_(rows, self.pad_id)
         self.prev_func.masked_fill_(rows, self.pad_id)
 
+    def slot_state(self) -> list[torch.Tensor]:
+        """Every per-slot state buffer (first dimension: slots + the scratch row)."""
+        out = [self.pos, self.prev_text, self.prev_func]
+        for block in self.llm.layers:
+            m = block.mixer
+            if block.kind == "M":
+                out += [m.conv_state, m.ssm_state]
+            elif block.kind == "*":
+                out += [m.k_cache, m.v_cache]
+        return out
+
+    def save_slot(self, slot: int) -> list[torch.Tensor]:
+        """A copy of one slot's whole state (e.g. right after a system prompt), for `load_slot`."""
+        return [t[slot].clone() for t in self.slot_state()]
+
+    def load_slot(self, slot: int, saved: list[torch.Tensor]) -> None:
+        """Give a slot the state saved from another: it continues exactly as that one would have."""
+        for t, v in zip(self.slot_state(), saved, strict=True):
+            t[slot].copy_(v)
+
     # -- maths ----------------------------------------------------------------------------------------
 
     def embed(self, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor) -> torch.Tensor:
