@@ -454,3 +454,33 @@ def test_dense_live_batch_updates_equal_the_indexed_ones():
     o1 = causal_conv1d_update_ref(x, c1, w, bias, idx)
     o2 = causal_conv1d_update_dense_ref(x, c2, w, bias, active)
     assert torch.allclose(o1, o2, atol=1e-6) and torch.equal(c1, c2)
+
+
+def test_scratch_padding_writes_the_same_rows_as_the_general_reference():
+    """With padding sent to a scratch row (the thinker's convention) the fast row write gives the same
+    outputs and the same state for every real slot."""
+    from engine.kernels.causal_conv1d_update import causal_conv1d_update_ref
+    from engine.kernels.selective_state_update import selective_state_update_ref
+
+    g = torch.Generator().manual_seed(12)
+    S, b, h, p, n, grp = 6, 4, 4, 8, 5, 2
+    general = torch.tensor([3, -1, 0, -1])
+    scratch = torch.where(general >= 0, general, S - 1)  # row S-1 is the scratch row
+    state = torch.randn(S, h, p, n, generator=g)
+    args = (
+        torch.randn(b, h, p, generator=g), torch.randn(b, h, generator=g), -torch.rand(h, generator=g) - 0.5,
+        torch.randn(b, grp, n, generator=g), torch.randn(b, grp, n, generator=g), torch.randn(h, generator=g),
+        torch.randn(h, generator=g),
+    )  # fmt: skip
+    s1, s2 = state.clone(), state.clone()
+    y1 = selective_state_update_ref(s1, *args, general)
+    y2 = selective_state_update_ref(s2, *args, scratch, scratch_padding=True)
+    real = general[general >= 0]
+    assert torch.equal(y1[general >= 0], y2[general >= 0])
+    assert torch.equal(s1[: S - 1], s2[: S - 1]) and not torch.equal(s1[real], state[real])
+    conv = torch.randn(S, 7, 3, generator=g)
+    x, w = torch.randn(b, 7, generator=g), torch.randn(7, 4, generator=g)
+    c1, c2 = conv.clone(), conv.clone()
+    o1 = causal_conv1d_update_ref(x, c1, w, None, general)
+    o2 = causal_conv1d_update_ref(x, c2, w, None, scratch, scratch_padding=True)
+    assert torch.equal(o1[general >= 0], o2[general >= 0]) and torch.equal(c1[: S - 1], c2[: S - 1])

@@ -34,6 +34,7 @@ def causal_conv1d_update_ref(
     bias: torch.Tensor | None,
     state_indices: torch.Tensor,
     silu: bool = True,
+    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Append one column per row to its slot's window, convolve, optionally apply SiLU.
 
@@ -41,6 +42,7 @@ def causal_conv1d_update_ref(
       x [b, d]; conv_state [S, d, w - 1] (the last w - 1 inputs, oldest first), mutated for rows whose
       index is >= 0; weight [d, w]; bias [d] or None; state_indices [b] int64, -1 for a padding row.
     Returns [b, d] in x's dtype; padding rows give zeros and leave every slot untouched.
+    scratch_padding=True: padding rows go to a scratch row instead of -1 (see selective_state_update_ref).
     """
     valid = state_indices >= 0
     idx = state_indices.clamp(min=0)
@@ -50,7 +52,10 @@ def causal_conv1d_update_ref(
         out = out + bias.to(out.dtype)
     if silu:
         out = F.silu(out)
-    write_rows(conv_state, state_indices, window[:, :, 1:])
+    if scratch_padding:
+        conv_state.index_copy_(0, idx, window[:, :, 1:])
+    else:
+        write_rows(conv_state, state_indices, window[:, :, 1:])
     return torch.where(valid[:, None], out, torch.zeros_like(out)).to(x.dtype)
 
 
@@ -189,11 +194,12 @@ def causal_conv1d_update(
     bias: torch.Tensor | None,
     state_indices: torch.Tensor,
     silu: bool = True,
+    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
-    return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu)
+    return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu, scratch_padding)
 
 
 def causal_conv1d_update_dense_ref(

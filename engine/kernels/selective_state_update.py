@@ -39,6 +39,7 @@ def selective_state_update_ref(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
+    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """One Mamba2 recurrence step, updating `state` in place.
 
@@ -47,6 +48,8 @@ def selective_state_update_ref(
       x [b, h, p]; dt [b, h] (before bias and softplus); A [h] (negative); B, C [b, g, n]; D [h];
       dt_bias [h]; state_indices [b] int64, the slot of each row, -1 for a padding row.
     Returns y [b, h, p] in x's dtype; padding rows give zeros and leave every slot untouched.
+    scratch_padding=True: the caller sends padding rows to a scratch row instead of -1 (every index >= 0,
+    repeats only of the scratch row, whose content nobody reads), so rows are written with one index_copy_.
     """
     b, h, p = x.shape
     g = B.shape[1]
@@ -59,7 +62,10 @@ def selective_state_update_ref(
     s = state.index_select(0, idx)  # [b, h, p, n]
     s = s * dA[:, :, None, None] + (dt[:, :, None] * x.float())[..., None] * Bh[:, :, None, :]
     y = (s * Ch[:, :, None, :]).sum(-1) + D.float()[None, :, None] * x.float()
-    write_rows(state, state_indices, s)
+    if scratch_padding:
+        state.index_copy_(0, idx, s)
+    else:
+        write_rows(state, state_indices, s)
     return torch.where(valid[:, None, None], y, torch.zeros_like(y)).to(x.dtype)
 
 
@@ -252,11 +258,14 @@ def selective_state_update(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
+    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
-    return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
+    return selective_state_update_ref(
+        state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max, scratch_padding
+    )
 
 
 def selective_state_update_dense_ref(

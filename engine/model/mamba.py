@@ -8,6 +8,7 @@ RMSNorm applied after the SSM, gate before the norm).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -98,13 +99,16 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = self._split(self.in_proj(x))
         w = self.conv1d.weight[:, 0]
         if active is None:
-            xbc = causal_conv1d_update(xbc, self.conv_state, w, self.conv1d.bias, rows)
+            xbc = causal_conv1d_update(xbc, self.conv_state, w, self.conv1d.bias, rows, scratch_padding=True)
         else:
             xbc = causal_conv1d_update_dense(xbc, self.conv_state, w, self.conv1d.bias, active)
         xs, B, C = xbc.split(self._xbc_sizes, dim=-1)
         # transformers clamps dt at time_step_min only on its chunked path; we clamp on both so that a
         # prefill leaves exactly the state of the same positions stepped one by one.
-        update = selective_state_update if active is None else selective_state_update_dense
+        if active is None:
+            update = functools.partial(selective_state_update, scratch_padding=True)  # rows never hold -1
+        else:
+            update = selective_state_update_dense
         y = update(
             self.ssm_state,
             xs.view(b, cfg.mamba_num_heads, cfg.mamba_head_dim),
