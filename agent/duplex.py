@@ -2,9 +2,9 @@
 
 Caller audio of any rate and channel count goes in as 16 kHz mono; the engine's 22.05 kHz frames come out on
 `audio_stream` (its silence included), the text channel as transcript deltas, the model's tool calls as
-`function_call` events, and tool outputs go back as engine tool results. Two guards keep a busy engine
-responsive: one prompt prefill at a time per engine, and at most 240 ms of caller audio handed over ahead of
-what the engine has taken. Knows livekit-agents and the engine contract (`engine.api`); nothing of tensors,
+`function_call` events, and tool outputs go back as engine tool results. Every caller frame goes to the
+engine, which holds what arrives while the session is paused and replays it faster than real time; a gate
+bounds how many sessions of one engine start at once. Knows livekit-agents and the engine contract (`engine.api`); nothing of tensors,
 rooms or hotels.
 """
 
@@ -47,8 +47,7 @@ OUT_RATE = 22_050  # what the engine says
 SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
 BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
 VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
-PREFILL_LIMIT = 1  # sessions per engine whose prompt is prefilled at the same time
-MAX_LAG_FRAMES = 3  # caller audio the engine may hold: 240 ms (more would be delay for the rest of the call)
+PREFILL_LIMIT = 8  # sessions per engine starting at once (the engine prefills each distinct prompt once)
 _SENTENCE_END = (".", "!", "?")
 
 
@@ -207,7 +206,7 @@ class ChorusSession(llm.DuplexSession):
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
         self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
-                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0, "input_dropped": 0}  # fmt: skip
+                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0}  # fmt: skip
         self._task = asyncio.create_task(self._run(), name="chorus.session")
 
     # -- the framework's side --------------------------------------------------------------------------
@@ -226,11 +225,8 @@ class ChorusSession(llm.DuplexSession):
         for chunk in self._input.push(frame):
             if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
                 self._voiced_at = time.monotonic()
-            # the engine takes one frame per live tick and nothing while prefilling or paused; whatever it
-            # has not taken becomes lasting delay, so the caller's audio is capped at MAX_LAG_FRAMES ahead
-            if not self.live or self._lag >= MAX_LAG_FRAMES:
-                self.stats["input_dropped"] += 1
-                continue
+            # the engine holds what it cannot take yet (prompt, tool pause) and replays it faster than real
+            # time once the session is live again: nothing the caller says is lost
             self._lag += 1
             with contextlib.suppress(EngineClosed):
                 self.handle.push_audio(chunk)
