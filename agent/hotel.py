@@ -14,7 +14,7 @@ import logging
 import uuid
 from typing import Any
 
-from livekit.agents import Agent, RunContext, ToolError, function_tool, llm
+from livekit.agents import Agent, RunContext, ToolError, function_tool
 
 from prompts import load_prompt
 from tools import schemas
@@ -100,20 +100,7 @@ class HotelAgent(Agent):
 
 def tool_schemas(agent: Agent) -> list[dict[str, Any]]:
     """The agent's function tools as {name, description, parameters}: what `engine.prompt` renders into
-    the model's `<AVAILABLE_TOOLS>` block."""
-    found = []
-    for tool in agent.tools:
-        if isinstance(tool, llm.RawFunctionTool):
-            schema = tool.info.raw_schema
-        elif isinstance(tool, llm.FunctionTool):
-            schema = llm.utils.build_legacy_openai_schema(tool, internally_tagged=True)
-        else:
-            raise TypeError(f"the duplex model takes function tools only, not {type(tool).__name__}")
-        found.append(
-            {
-                "name": schema["name"],
-                "description": schema.get("description") or "",
-                "parameters": schema["parameters"],
-            }
-        )
-    return found
+    the model's `<AVAILABLE_TOOLS>` block (the same conversion the duplex model applies)."""
+    from agent.duplex import tool_schemas as schemas_of
+
+    return schemas_of(list(agent.tools))

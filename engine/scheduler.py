@@ -147,8 +147,10 @@ class Scheduler:
                 restore.append((s.slot, s.prompt_key))
                 s.prefill_ids = []
                 s.phase = Phase.REPLAY
-            if s.phase is Phase.REPLAY and len(s.inbox) <= 1:
-                self._resume(s)  # caught up (one frame of jitter buffer left)
+            if s.phase is Phase.REPLAY and len(s.inbox) <= 2:
+                # caught up: this tick takes one frame and one stays as jitter buffer (a frame arrives
+                # every tick, so "one more than after" is what a caught-up session has at planning time)
+                self._resume(s)
             if s.phase is Phase.LIVE:
                 live[s.slot] = True
                 if s.force_text:

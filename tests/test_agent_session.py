@@ -183,7 +183,10 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     assert all(t_pause <= c[1] and c[2] <= t_resume + 1e-3 for c in clips)  # during the pause, not after it
     assert not any(overlaps(c, m) for c in clips for m in model)  # never over the model's speech
     assert any(m[1] >= t_resume for m in model)  # the model spoke again after the result
-    assert out["model_s"] == pytest.approx(stats["speech_frames"] * FRAME_S, abs=1e-3)
+    # the turn the call cut short plays out, except (when the framework's function-call handling interrupts
+    # the generation before its last frames arrive) at most the playout buffer's worth of it
+    lost = stats["speech_frames"] * FRAME_S - out["model_s"]
+    assert -1e-3 <= lost <= 0.16 + 1e-3, lost
     assert out["gaps"] == 0 or out["gap_s"] < 0.5  # the clip never lands inside the model's turn
 
 
