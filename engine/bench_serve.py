@@ -139,6 +139,7 @@ def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: 
             "tool_call_ms_p50": pct(a.tool_call_ms, 50),
             "tool_call_ms_p99": pct(a.tool_call_ms, 99),
             "tool_call_ticks_p50": pct(a.tool_call_ticks, 50),
+            "tool_call_ticks_p99": pct(a.tool_call_ticks, 99),
             "tool_call_ticks_max": max(a.tool_call_ticks, default=0),
             "result_prefill_ms_p50": pct(w.resumed, 50),
             "frames_out": sum(w.frames_out),
