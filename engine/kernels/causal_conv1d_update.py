@@ -13,18 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels._rows import write_rows
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the reference still works without Triton
-    triton = None
-    tl = None
-
-
-def _jit(fn):
-    """`triton.jit` where Triton is installed; otherwise the plain function, which is then never launched."""
-    return triton.jit(fn) if triton is not None else fn
+from engine.kernels._triton import jit as _jit
+from engine.kernels._triton import tl, triton
 
 
 def causal_conv1d_update_ref(
