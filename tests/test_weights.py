@@ -74,3 +74,22 @@ def test_a_missing_or_unreadable_checkpoint_says_so(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="cannot read"):
         read_tensors(tmp_path)
+
+
+def test_the_whole_model_nemo_builds_loads_into_every_stage():
+    """tests/fixtures/model: NemotronVoiceChat's own state dict (scripts/fixtures/make_model_fixtures.py),
+    every tensor consumed or explicitly ignored, each stage's tensors those of its stage fixture."""
+    whole = read_tensors(FIXTURES / "model")
+    p = pipeline()
+    consumed = load_into(p, whole)  # raises on any tensor no stage knows
+    assert "stt_model.llm.layers.0.mixer.in_proj.weight" in consumed
+    assert "tts_model.audio_codec.prvq.mus_list.0" in consumed
+    names: set[str] = set()
+    for stage in ("thinker", "perception", "talker", "codec"):
+        part = load_file(FIXTURES / stage / "model.safetensors")
+        names |= set(part)
+        for k, v in part.items():
+            assert whole[k].dtype == v.dtype and torch.equal(whole[k], v), k
+    assert set(whole) == names
+    w = whole["tts_model.tts_model.embed_code.weight"].float()
+    assert torch.equal(p.talker.embed_code.weight, w)
