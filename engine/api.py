@@ -6,7 +6,7 @@ types below, delivered in tick order on the session's own event loop (or to its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -98,15 +98,3 @@ Event = (
     | SessionFailed
 )
 Output = AudioFrame | Event
-
-
-@dataclass
-class ToolSpec:
-    """A tool as the model sees it: an OpenAI-style function schema."""
-
-    name: str
-    description: str
-    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
-
-    def schema(self) -> dict:
-        return {"name": self.name, "description": self.description, "parameters": self.parameters}

@@ -338,7 +338,7 @@ class Engine:
         return EngineSnapshot(
             preset=self.config.preset, device=str(self.device), num_slots=self.config.num_slots,
             occupancy=self.occupancy, ticks=a.ticks, tick_ms_p50=pct(a.live_ms, 50), tick_ms_p99=pct(a.live_ms, 99),
-            tick_ms_max=round(max(a.live_ms), 3) if a.live_ms else 0.0, live_ms_p50=pct(a.live_ms, 50),
+            tick_ms_max=round(max(a.live_ms), 3) if a.live_ms else 0.0,
             missed_deadlines=a.missed_deadlines, dropped_frames=sum(s.inbox.dropped for s in sessions),
             underruns=self.scheduler.underruns, tool_calls=a.tool_calls, tool_call_ms_p50=pct(a.tool_call_ms, 50),
             tool_call_ticks_p50=pct(a.tool_call_ticks, 50), resume_ms_p50=pct(a.resume_ms, 50), phases=phases,

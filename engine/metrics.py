@@ -42,7 +42,6 @@ class EngineSnapshot(BaseModel):
     tick_ms_p50: float
     tick_ms_p99: float
     tick_ms_max: float
-    live_ms_p50: float
     missed_deadlines: int
     dropped_frames: int
     underruns: int

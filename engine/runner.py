@@ -67,6 +67,7 @@ class Runner:
         if work.kind == "call":
             forced = torch.from_numpy(work.tokens[:, 0]).to(self.device)
             func = self.p.call_step(slots, forced)
+            # slack work, not the live step: the host needs the tokens to decide each session's phase
             return ToolResult(func=func.cpu().numpy())
         if work.kind == "result":
             self.p.prefill_result(slots, torch.from_numpy(work.tokens).to(self.device))

@@ -227,7 +227,7 @@ class Scheduler:
         s.phase = Phase.PREFILL
         s.prefill_ids = self.tok.response_ids(results)
         s.prefill_pos = 0
-        s.pending, s.results, s.early_results = {}, {}, []
+        s.pending, s.results = {}, {}
         if not s.t_last_result:
             s.t_last_result = time.monotonic()
 

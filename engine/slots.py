@@ -104,7 +104,6 @@ class Session:
     call_tokens: list[int] = field(default_factory=list)
     pending: dict[str, ParsedCall] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)
-    early_results: list[dict] = field(default_factory=list)  # error results decided by the engine
     incoming: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     wait_deadline: float = 0.0
     t_call_start: float = 0.0

@@ -327,7 +327,6 @@ class Thinker(nn.Module):
 
 # Release tensor name -> our parameter name: strip the prefix; everything else is named alike.
 RELEASE_PREFIX = "stt_model."
-RELEASE_KEYS = ("stt_model.llm.", "stt_model.embed_tokens.", "stt_model.lm_head.", "stt_model.function_head.")
 
 
 def load_release_weights(thinker: Thinker, tensors: dict[str, torch.Tensor]) -> set[str]:
