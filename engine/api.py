@@ -19,6 +19,11 @@ class EngineFull(EngineError):
     """Every slot is taken; the caller should be routed to another worker."""
 
 
+class EngineOverloaded(EngineFull):
+    """Slots are free but the tick has no headroom left (its recent live step is near the 80 ms budget, or
+    deadlines were missed): the caller should be routed to another worker. A kind of EngineFull."""
+
+
 class EngineClosed(EngineError):
     """The engine was shut down, or the session was closed."""
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.api import EngineClosed, Output, SessionRejected, ToolResultConsumed
+from engine.api import EngineClosed, EngineOverloaded, Output, SessionRejected, ToolResultConsumed
 from engine.config import PRESETS, load_preset
 from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, SnapshotServer, pct
 from engine.model.pipeline import Pipeline
@@ -32,6 +32,10 @@ from engine.slots import FrameInbox, Session, SlotPool
 from engine.tokens import MAX_TOOLS, Tokens
 
 log = logging.getLogger("chorus.engine")
+
+OVERLOAD_WINDOW = 100  # ticks (8 s) of history behind the headroom decision
+OVERLOAD_MIN_TICKS = 10  # no decision before this many ticks were measured
+OVERLOAD_MISSES = 3  # missed deadlines in the window that mean overload
 
 
 class EngineConfig(BaseModel):
@@ -44,6 +48,12 @@ class EngineConfig(BaseModel):
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     tick_ms: float = Field(80.0, gt=0)
     safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
+    admission_s: float = Field(2.0, gt=0)  # a new session is live within this (prompt prefill + held audio)
+    replay_s: float = Field(2.0, gt=0)  # a session back from a tool is live again within this
+    # refuse new sessions while the live step's recent p99 is above this share of the tick (or deadlines
+    # were missed); accept again below the second share with no recent miss
+    overload_ratio: float = Field(0.85, gt=0)
+    recover_ratio: float = Field(0.7, gt=0)
     max_call_tokens: int = Field(512, ge=8)
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
@@ -119,8 +129,12 @@ class SessionHandle:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, **overrides) -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, *, clock: Callable[[], float] = time.monotonic, **overrides
+    ) -> None:
+        """`clock` is the engine's notion of now (seconds); tests drive ticks by hand against their own."""
         self.config = cfg = config or EngineConfig(**overrides)
+        self.clock = clock
         self.model_cfg = load_preset(cfg.preset)
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
@@ -145,12 +159,17 @@ class Engine:
             tool_timeout_s=cfg.tool_timeout_s,
             prefill_chunk=cfg.prefill_chunk,
             result_chunk=1 if cfg.cadence_locked_tools else cfg.prefill_chunk,
+            max_chunk=self.model_cfg.thinker.attention_window,
+            admission_ticks=max(1, round(cfg.admission_s * 1000 / cfg.tick_ms)),
+            replay_ticks=max(1, round(cfg.replay_s * 1000 / cfg.tick_ms)),
         )
-        clock = self.model_cfg.clock
-        self.scheduler = Scheduler(cfg.num_slots, self.tokens, clock.input_samples, limits)
+        frame_clock = self.model_cfg.clock
+        self.scheduler = Scheduler(cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock)
         self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size)
         self.acct = Accounting()
-        self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / clock.frame_ms))
+        self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
+        self._overloaded = False
+        self.refused = 0  # sessions refused for lack of headroom
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.tick = 0
@@ -181,6 +200,14 @@ class Engine:
         `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue."""
         if self._stop.is_set():
             raise EngineClosed("the engine is shut down")
+        if self.failure is not None:
+            raise EngineClosed(f"the engine's tick thread stopped: {self.failure!r}")
+        if self.overloaded:
+            self.refused += 1
+            raise EngineOverloaded(
+                f"no headroom: the live step's recent p99 is {self._recent_p99():.0f} ms of the "
+                f"{self.config.tick_ms:g} ms tick; route the caller to another worker or retry later"
+            )
         tools = tools or []
         if len(tools) > MAX_TOOLS:
             raise SessionRejected(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
@@ -232,6 +259,29 @@ class Engine:
     def occupancy(self) -> float:
         return self.pool.occupancy
 
+    @property
+    def load(self) -> float:
+        """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded."""
+        return 1.0 if self.overloaded else self.occupancy
+
+    def _recent_p99(self) -> float:
+        recent = list(self.acct.live_ms)[-OVERLOAD_WINDOW:]
+        return float(np.percentile(recent, 99)) if recent else 0.0
+
+    @property
+    def overloaded(self) -> bool:
+        """Headroom, measured: the live step's p99 and the missed deadlines of the last OVERLOAD_WINDOW ticks,
+        with hysteresis (refuse above `overload_ratio` of the tick, accept again below `recover_ratio`)."""
+        if len(self.acct.live_ms) < OVERLOAD_MIN_TICKS:
+            return self._overloaded
+        cfg = self.config
+        p99, missed = self._recent_p99(), sum(self.acct.recent_missed)
+        if self._overloaded:
+            self._overloaded = p99 > cfg.recover_ratio * cfg.tick_ms or missed > 0
+        else:
+            self._overloaded = p99 > cfg.overload_ratio * cfg.tick_ms or missed >= OVERLOAD_MISSES
+        return self._overloaded
+
     # -- the tick ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -251,54 +301,64 @@ class Engine:
 
     def _loop(self) -> None:
         tick_s = self.config.tick_ms / 1000
-        t0 = time.monotonic()
+        t0 = self.clock()
         k = 0
         while not self._stop.is_set():
             start = t0 + k * tick_s
-            now = time.monotonic()
+            now = self.clock()
             if now < start:
                 self._stop.wait(start - now)
                 continue
             if now - start > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
+                self.acct.record_slip(int((now - start) / tick_s))
                 t0 = now - k * tick_s
                 start = now
             self.run_tick(k, start + tick_s)
             k += 1
 
     def run_tick(self, k: int, deadline: float) -> None:
-        """One tick: the live step, then slack work until `deadline` minus the safety margin."""
-        t_start = time.monotonic()
+        """One tick: the live step, then paused work (tool calls, prefills, catch-up) in the slack until
+        `deadline` minus the safety margin, then whatever is still owed this tick, slack or not: the progress
+        guarantee. Work past the deadline is counted (`overruns`) and the headroom check sees it."""
+        clock = self.clock
+        t_start = clock()
         self.tick = k
-        reset, sessions = self.pool.begin_tick()
+        reset, sessions, freed = self.pool.begin_tick()
+        for s in freed:
+            self.acct.closed_dropped += s.inbox.dropped
+            self.acct.closed_skipped += s.inbox.skipped
         sch = self.scheduler
         sch.poll(t_start)
         plan = sch.plan_live(k, sessions, reset)
         result = self.runner.live(plan)
         sch.apply_live(plan, result)
-        t_live = time.monotonic()
-        margin = self.config.safety_margin_ms / 1000
+        t_live = clock()
+        until = deadline - self.config.safety_margin_ms / 1000
         cadence = self.config.cadence_locked_tools
         skip: frozenset[str] = frozenset()
         while not self._stop.is_set():
-            budget_ms = (deadline - margin - time.monotonic()) * 1e3
-            if budget_ms <= 0:
-                break
-            sch.poll(time.monotonic())
-            work = sch.next_tool_work(budget_ms, skip)
+            now = clock()
+            sch.poll(now)
+            budget_ms = (until - now) * 1e3
+            work = sch.next_tool_work(budget_ms, skip) if budget_ms > 0 else None
             if work is None:
-                break
+                work = sch.owed_work()
+                if work is None:
+                    break
             if cadence and work.kind in ("call", "result"):
                 skip = skip | {work.kind}
-            t = time.monotonic()
+            t = clock()
             res = self.runner.tool(work)
-            sch.apply_tool(work, res, (time.monotonic() - t) * 1e3)
+            sch.apply_tool(work, res, (clock() - t) * 1e3)
             for slot, key in sch.saves:
                 sch.cached_prompts.difference_update(self.runner.save_prompt(slot, key))
             sch.saves.clear()
         while sch.completed_calls:
             self.acct.record_call(*sch.completed_calls.pop(0))
-        t_end = time.monotonic()
-        self.acct.record_tick((t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline)
+        t_end = clock()
+        self.acct.record_tick(
+            (t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline, t_end > deadline
+        )
 
     def _warm_up(self) -> None:
         """Run each kind of work once on the scratch rows so the cost model starts from measurements."""
@@ -331,7 +391,7 @@ class Engine:
                 id=s.id, slot=s.slot, phase=s.phase.value, age_s=round(now - s.opened_at, 1),
                 frames_in=s.inbox.frames_in, frames_consumed=s.frames_consumed, frames_replayed=s.frames_replayed,
                 underruns=s.underruns, dropped_frames=s.inbox.dropped, tool_calls=s.tool_calls,
-                tool_errors=s.tool_errors, backlog_frames=len(s.inbox),
+                tool_errors=s.tool_errors, backlog_frames=len(s.inbox), skipped_frames=s.inbox.skipped,
             ))  # fmt: skip
         a = self.acct
         tick_ms = list(a.tick_ms)
@@ -339,7 +399,10 @@ class Engine:
             preset=self.config.preset, device=str(self.device), num_slots=self.config.num_slots,
             occupancy=self.occupancy, ticks=a.ticks, tick_ms_p50=pct(a.live_ms, 50), tick_ms_p99=pct(a.live_ms, 99),
             tick_ms_max=round(max(a.live_ms), 3) if a.live_ms else 0.0,
-            missed_deadlines=a.missed_deadlines, dropped_frames=sum(s.inbox.dropped for s in sessions),
+            missed_deadlines=a.missed_deadlines, overruns=a.overruns, slipped_ticks=a.slipped_ticks,
+            overloaded=self.overloaded, refused_sessions=self.refused,
+            dropped_frames=a.closed_dropped + sum(s.inbox.dropped for s in sessions),
+            skipped_frames=a.closed_skipped + sum(s.inbox.skipped for s in sessions),
             underruns=self.scheduler.underruns, tool_calls=a.tool_calls, tool_call_ms_p50=pct(a.tool_call_ms, 50),
             tool_call_ticks_p50=pct(a.tool_call_ticks, 50), resume_ms_p50=pct(a.resume_ms, 50), phases=phases,
             sessions=rows, recent_tick_ms=[round(x, 2) for x in tick_ms[-200:]],

@@ -31,6 +31,7 @@ class SessionSnapshot(BaseModel):
     tool_calls: int
     tool_errors: int
     backlog_frames: int
+    skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
 
 
 class EngineSnapshot(BaseModel):
@@ -42,8 +43,13 @@ class EngineSnapshot(BaseModel):
     tick_ms_p50: float
     tick_ms_p99: float
     tick_ms_max: float
-    missed_deadlines: int
+    missed_deadlines: int  # ticks whose frames were out after the tick's deadline
+    overruns: int = 0  # ticks whose work (the progress guarantee included) ran past the deadline
+    slipped_ticks: int = 0  # ticks the clock skipped after falling more than a tick behind
+    overloaded: bool = False  # new sessions are being refused for lack of headroom
+    refused_sessions: int = 0
     dropped_frames: int
+    skipped_frames: int = 0
     underruns: int
     tool_calls: int
     tool_call_ms_p50: float
@@ -68,6 +74,8 @@ class _Prom:
                     "tick": Histogram("chorus_tick_seconds", "Duration of the live step of a tick",
                                       buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
                     "missed": Counter("chorus_missed_deadlines", "Ticks whose frames were late"),
+                    "overruns": Counter("chorus_overruns", "Ticks whose work ran past the deadline"),
+                    "slipped": Counter("chorus_slipped_ticks", "Ticks skipped by a clock more than a tick behind"),
                     "dropped": Counter("chorus_dropped_frames", "Input frames dropped from a full inbox"),
                     "underruns": Counter("chorus_underruns", "Live ticks with no caller frame (silence fed)"),
                     "tool_calls": Counter("chorus_tool_calls", "Tool calls started by the model"),
@@ -82,7 +90,7 @@ class _Prom:
 class Accounting:
     """Counters and recent history kept by the tick thread; read from any thread."""
 
-    def __init__(self, window: int = 4096) -> None:
+    def __init__(self, window: int = 4096, recent: int = 100) -> None:
         self.prom = _Prom.get()
         self.tick_ms: deque[float] = deque(maxlen=window)
         self.live_ms: deque[float] = deque(maxlen=window)
@@ -90,17 +98,30 @@ class Accounting:
         self.tool_call_ticks: deque[int] = deque(maxlen=window)
         self.resume_ms: deque[float] = deque(maxlen=window)
         self.ticks = 0
+        self.recent_missed: deque[bool] = deque(maxlen=recent)
         self.missed_deadlines = 0
+        self.overruns = 0
+        self.slipped_ticks = 0
+        self.closed_dropped = 0  # frame counters of sessions already closed
+        self.closed_skipped = 0
         self.tool_calls = 0
 
-    def record_tick(self, live_ms: float, tick_ms: float, missed: bool) -> None:
+    def record_tick(self, live_ms: float, tick_ms: float, missed: bool, overran: bool = False) -> None:
         self.ticks += 1
         self.live_ms.append(live_ms)
         self.tick_ms.append(tick_ms)
+        self.recent_missed.append(missed)
         self.prom["tick"].observe(live_ms / 1000)
         if missed:
             self.missed_deadlines += 1
             self.prom["missed"].inc()
+        if overran:
+            self.overruns += 1
+            self.prom["overruns"].inc()
+
+    def record_slip(self, ticks: int) -> None:
+        self.slipped_ticks += ticks
+        self.prom["slipped"].inc(ticks)
 
     def record_call(self, call_ms: float, ticks: int) -> None:
         self.tool_calls += 1

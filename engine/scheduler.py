@@ -1,15 +1,26 @@
-"""The tick's plan and its bookkeeping: who is live, what tool work fits in the slack, and what a result means.
+"""The tick's plan and its bookkeeping: who is live, what paused work runs this tick, and what a result means.
 
-`plan_live` and `apply_live` bracket the one batched live step; `next_tool_work` and `apply_tool` bracket each
-piece of slack work (tool-call tokens, result and prompt prefill, replay). CPU-only and model-free: it works
-on numpy arrays and hand-made results, so it is tested without a model.
+`plan_live` and `apply_live` bracket the one batched live step; `next_tool_work` (what fits in the slack) or
+`owed_work` (what is due this tick whatever the slack) and `apply_tool` bracket each piece of paused work
+(tool-call tokens, result and prompt prefill, replay). CPU-only and model-free: it works on numpy arrays and
+hand-made results, so it is tested without a model.
+
+Progress is guaranteed, not left to the slack: every tick, each paused session that can move gets one piece
+of work (`owed_work`) even when the live step used the whole tick, and the work is sized to bounds counted in
+ticks. A new session is live by `admission_ticks` after it opened: its prompt is prefilled in chunks sized to
+finish in the first two thirds of that bound, and the caller audio held meanwhile is replayed in the rest. A
+session back from a tool is live by `replay_ticks` after its results were prefilled. Held audio that cannot be
+replayed by then is skipped, silence first, and counted (`FrameInbox.skip`); a live session whose backlog
+grows past `live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,8 +46,13 @@ WorkKind = Literal["call", "result", "replay", "prompt"]
 class Limits:
     max_call_tokens: int = 512
     tool_timeout_s: float = 15.0
-    prefill_chunk: int = 64  # prompt positions per prefill forward
+    prefill_chunk: int = 64  # prompt positions per prefill forward in the slack
     result_chunk: int = 64  # tool-result positions per prefill forward
+    max_chunk: int = 256  # the most positions one prefill forward may take (the thinker's attention window)
+    admission_ticks: int = 25  # a new session is live within this many ticks (2 s)
+    replay_ticks: int = 25  # a session back from a tool is live within this many ticks of its results
+    owed_rows: int = 8  # rows of one guaranteed piece of work (the least recently served first)
+    live_lag_frames: int = 12  # a live session's backlog beyond this sheds its silent frames
 
 
 @dataclass
@@ -110,8 +126,16 @@ class CostModel:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, tokens: Tokens, frame_in: int, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        tokens: Tokens,
+        frame_in: int,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.S = num_slots
+        self.clock = clock
         self.tok = tokens
         self.frame_in = frame_in
         self.limits = limits or Limits()
@@ -140,13 +164,28 @@ class Scheduler:
         force_text = np.full(S, -1, dtype=np.int64)
         force_func = np.full(S, -1, dtype=np.int64)
         restore: list[tuple[int, int]] = []
+        lim = self.limits
         for s in sessions:
             if s.closed:
                 continue
+            if s.live_by is None:  # first seen: opened since the last tick
+                s.live_by = tick + lim.admission_ticks
             if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self.cached_prompts:
                 restore.append((s.slot, s.prompt_key))
                 s.prefill_ids = []
                 s.phase = Phase.REPLAY
+            if s.phase is Phase.PROMPT:
+                # positions due this tick: the prompt is done two thirds into the admission bound, and a
+                # short one at once
+                due = s.live_by - lim.admission_ticks // 3
+                left = len(s.prefill_ids) - s.prefill_pos
+                s.owed = max(math.ceil(left / max(1, due - tick)), min(left, lim.prefill_chunk))
+            elif s.phase is Phase.REPLAY:
+                # each tick the live batch and the owed catch-up step take a frame each and one arrives: the
+                # backlog shrinks by at least one per tick; what that cannot clear by `live_by` is skipped
+                s.inbox.skip(len(s.inbox) - 2 - max(0, s.live_by - tick))
+            elif s.phase is Phase.LIVE and len(s.inbox) > lim.live_lag_frames + 1:
+                s.inbox.skip(len(s.inbox) - 1 - lim.live_lag_frames, silent_only=True)
             if s.phase is Phase.REPLAY and len(s.inbox) <= 2:
                 # caught up: this tick takes one frame and one stays as jitter buffer (a frame arrives
                 # every tick, so "one more than after" is what a caught-up session has at planning time)
@@ -193,7 +232,7 @@ class Scheduler:
     def _start_call(self, s: Session, out: list[Output]) -> None:
         s.phase = Phase.TOOL_CALL
         s.call_tokens = []
-        s.t_call_start = time.monotonic()
+        s.t_call_start = self.clock()
         s.tool_calls += 1
         self.call_started_tick[s.id] = self.tick
         if s.speaking:  # a call interrupts the model's own turn
@@ -229,7 +268,7 @@ class Scheduler:
         s.prefill_pos = 0
         s.pending, s.results = {}, {}
         if not s.t_last_result:
-            s.t_last_result = time.monotonic()
+            s.t_last_result = self.clock()
 
     def _fit(self, kind: str, n: int, t_max: int, budget_ms: float) -> tuple[int, int] | None:
         """The largest (rows, positions) of this kind predicted to fit in the budget: halve the positions
@@ -281,16 +320,54 @@ class Scheduler:
                 group = list(first.values())
             if not group:
                 continue
-            t_max = min(chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
+            t_max = min(chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
             fit = self._fit(kind, len(group), t_max, budget_ms)
             if fit:
                 b, T = fit
-                group = group[:b]
-                ids = np.array(
-                    [s.prefill_ids[s.prefill_pos : s.prefill_pos + T] for s in group], dtype=np.int64
-                )
-                return ToolWork(kind, group, _slots(group), ids)
+                return self._prefill_work(kind, group[:b], T)
         return None
+
+    def owed_work(self) -> ToolWork | None:
+        """The next piece of work due this tick whatever the budget, or None once every paused session that
+        can move has moved: the call tokens, result chunk, catch-up step or prompt positions of the sessions
+        served least recently (`owed_rows` rows at a time)."""
+        tick, lim = self.tick, self.limits
+        waiting: dict[Phase, list[Session]] = {}
+        for s in self.sessions:
+            if not s.closed and s.progress_tick != tick:
+                waiting.setdefault(s.phase, []).append(s)
+
+        def first(group: list[Session]) -> list[Session]:
+            return sorted(group, key=lambda s: (s.progress_tick, s.opened_at))[: lim.owed_rows]
+
+        if calls := waiting.get(Phase.TOOL_CALL):
+            group = first(calls)
+            forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
+            return ToolWork("call", group, _slots(group), forced)
+        if results := waiting.get(Phase.PREFILL):
+            group = first(results)
+            T = min(lim.result_chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
+            return self._prefill_work("result", group, T)
+        if replay := [s for s in waiting.get(Phase.REPLAY, []) if len(s.inbox) >= 2]:
+            return self._replay_work(replay)  # one step costs about the same for any number of rows
+        leaders: dict[int, Session] = {}  # one prefill per distinct prompt: the others start from its state
+        prompting = [s for s in self.sessions if s.phase is Phase.PROMPT and not s.closed]
+        for s in sorted(prompting, key=lambda s: (-s.prefill_pos, s.opened_at)):
+            if s.prompt_key not in self.cached_prompts:
+                leaders.setdefault(s.prompt_key, s)
+        if group := [s for s in leaders.values() if s.owed > 0][: lim.owed_rows]:
+            T = min(
+                lim.max_chunk,
+                max(s.owed for s in group),
+                *(len(s.prefill_ids) - s.prefill_pos for s in group),
+            )
+            return self._prefill_work("prompt", group, T)
+        return None
+
+    @staticmethod
+    def _prefill_work(kind: WorkKind, group: list[Session], T: int) -> ToolWork:
+        ids = np.array([s.prefill_ids[s.prefill_pos : s.prefill_pos + T] for s in group], dtype=np.int64)
+        return ToolWork(kind, group, _slots(group), ids)
 
     def _replay_work(self, group: list[Session]) -> ToolWork:
         audio = np.zeros((self.S, self.frame_in), dtype=np.float32)
@@ -305,6 +382,8 @@ class Scheduler:
     def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> None:
         T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
         self.costs.observe(work.kind, len(work.sessions), T, ms)
+        for s in work.sessions:
+            s.progress_tick = self.tick
         if work.kind == "call":
             for s, token in zip(work.sessions, result.func, strict=True):
                 if s.force_func:
@@ -313,8 +392,12 @@ class Scheduler:
         elif work.kind in ("result", "prompt"):
             for s in work.sessions:
                 s.prefill_pos += T
+                if work.kind == "prompt":
+                    s.owed -= T
                 if s.prefill_pos >= len(s.prefill_ids):
-                    if work.kind == "prompt" and s.prompt_key not in self.cached_prompts:
+                    if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
+                        s.live_by = self.tick + self.limits.replay_ticks
+                    elif s.prompt_key not in self.cached_prompts:
                         self.cached_prompts.add(s.prompt_key)
                         self.saves.append((s.slot, s.prompt_key))
                     s.prefill_ids, s.prefill_pos = [], 0
@@ -326,7 +409,7 @@ class Scheduler:
             if len(s.call_tokens) >= self.limits.max_call_tokens:
                 self._reject(s, f"the tool call exceeded {self.limits.max_call_tokens} tokens")
             return
-        now = time.monotonic()
+        now = self.clock()
         s.call_ms = (now - s.t_call_start) * 1e3
         self.completed_calls.append((s.call_ms, self.tick - self.call_started_tick.pop(s.id, self.tick)))
         try:
@@ -352,10 +435,10 @@ class Scheduler:
 
     def _reject(self, s: Session, reason: str) -> None:
         s.tool_errors += 1
-        s.call_ms = (time.monotonic() - s.t_call_start) * 1e3
+        s.call_ms = (self.clock() - s.t_call_start) * 1e3
         self.call_started_tick.pop(s.id, None)
         s.deliver([ToolCallRejected(self.tick, reason)])
-        s.t_last_result = time.monotonic()
+        s.t_last_result = self.clock()
         self._begin_result_prefill(s, [{"error": f"Your tool call could not be run: {reason}."}])
         s.force_func.clear()
 
@@ -363,7 +446,7 @@ class Scheduler:
         was_tool = s.t_call_start > 0
         s.phase = Phase.LIVE
         if was_tool:
-            resume_ms = (time.monotonic() - s.t_last_result) * 1e3
+            resume_ms = (self.clock() - s.t_last_result) * 1e3
             s.deliver([ToolResultConsumed(self.tick, s.call_ms, resume_ms)])
             s.t_call_start = 0.0
 

@@ -22,28 +22,36 @@ from engine.tokens import ParsedCall
 
 
 class Phase(enum.Enum):
-    PROMPT = "prompt"  # system prompt being prefilled (in the slack)
+    PROMPT = "prompt"  # system prompt being prefilled (a guaranteed share of every tick, plus the slack)
     LIVE = "live"  # in the live batch: hears 80 ms, says 80 ms per tick
-    TOOL_CALL = "tool_call"  # paused; tool-call tokens generated unpaced (in the slack)
+    TOOL_CALL = "tool_call"  # paused; tool-call tokens generated unpaced (guaranteed share + slack)
     WAITING = "waiting"  # paused; function calls emitted, waiting for results
-    PREFILL = "prefill"  # paused; results being prefilled in chunks (in the slack)
-    REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent
+    PREFILL = "prefill"  # paused; results being prefilled in chunks (guaranteed share + slack)
+    REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent; live
+    # again by a tick fixed on entry (`Session.live_by`): held audio that cannot be caught up by then is skipped
 
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
 
 
+SILENT_RMS = 0.003  # a frame quieter than this (about -50 dBFS) is silence: the first audio skipped
+
+
 class FrameInbox:
-    """Caller audio of any chunk size, cut into exact frames; bounded (oldest frames dropped and counted)."""
+    """Caller audio of any chunk size, cut into exact frames; bounded (oldest frames dropped and counted).
+
+    Each frame remembers whether it is silent, so held audio that cannot be caught up in time is skipped
+    silence first (`skip`)."""
 
     def __init__(self, frame: int, max_frames: int) -> None:
         self.frame = frame
         self.max_frames = max_frames
         self._lock = threading.Lock()
         self._tail = np.zeros(0, dtype=np.float32)
-        self._frames: deque[np.ndarray] = deque()
+        self._frames: deque[tuple[np.ndarray, bool]] = deque()  # (samples, silent)
         self.frames_in = 0
-        self.dropped = 0
+        self.dropped = 0  # oldest frames pushed out of a full inbox
+        self.skipped = 0  # frames skipped by the catch-up policy
         self.nonfinite = 0
 
     def push(self, pcm: np.ndarray) -> None:
@@ -67,8 +75,10 @@ class FrameInbox:
                 else np.clip(x, -1.0, 1.0)
             )
             n = buf.size // self.frame
-            for i in range(n):
-                self._frames.append(buf[i * self.frame : (i + 1) * self.frame])
+            if n:
+                cut = buf[: n * self.frame].reshape(n, self.frame)
+                silent = np.sqrt(np.mean(np.square(cut), axis=1)) < SILENT_RMS
+                self._frames.extend(zip(cut, silent.tolist(), strict=True))
             self._tail = buf[n * self.frame :].copy()
             self.frames_in += n
             while len(self._frames) > self.max_frames:
@@ -77,7 +87,25 @@ class FrameInbox:
 
     def pop(self) -> np.ndarray | None:
         with self._lock:
-            return self._frames.popleft() if self._frames else None
+            return self._frames.popleft()[0] if self._frames else None
+
+    def skip(self, n: int, *, silent_only: bool = False, keep: int = 2) -> int:
+        """Skip up to `n` held frames, never the newest `keep`: silent frames first (oldest first), then,
+        unless `silent_only`, the oldest. Returns how many were skipped (also counted in `skipped`)."""
+        with self._lock:
+            frames = list(self._frames)
+            head, tail = frames[: max(0, len(frames) - keep)], frames[max(0, len(frames) - keep) :]
+            n = min(n, len(head))
+            if n <= 0:
+                return 0
+            drop = [i for i, (_, silent) in enumerate(head) if silent][:n]
+            if len(drop) < n and not silent_only:
+                loud = [i for i, (_, silent) in enumerate(head) if not silent]
+                drop += loud[: n - len(drop)]
+            gone = set(drop)
+            self._frames = deque([f for i, f in enumerate(head) if i not in gone] + tail)
+            self.skipped += len(gone)
+            return len(gone)
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -109,6 +137,11 @@ class Session:
     t_call_start: float = 0.0
     call_ms: float = 0.0
     t_last_result: float = 0.0
+    # progress bounds, in ticks: the session is live by `live_by` (set on opening and on entering REPLAY);
+    # `progress_tick` is the last tick its paused work advanced; `owed` prompt positions are due this tick
+    live_by: int | None = None
+    progress_tick: int = -1
+    owed: int = 0
     # counters
     frames_consumed: int = 0
     frames_replayed: int = 0
@@ -155,12 +188,15 @@ class SlotPool:
             session.closed = True
             self._to_free.add(session.slot)
 
-    def begin_tick(self) -> tuple[np.ndarray, list[Session]]:
-        """Free the slots closed since the last tick; return the reset mask and the sessions now open."""
+    def begin_tick(self) -> tuple[np.ndarray, list[Session], list[Session]]:
+        """Free the slots closed since the last tick; return the reset mask, the sessions now open and the
+        sessions just freed (for their final counters)."""
         reset = np.zeros(self.num_slots, dtype=bool)
+        freed = []
         with self._lock:
             for slot in self._to_free:
-                self.sessions.pop(slot, None)
+                if (gone := self.sessions.pop(slot, None)) is not None:
+                    freed.append(gone)
                 self._free.append(slot)
                 self._to_reset.discard(slot)
             self._to_free.clear()
@@ -168,4 +204,4 @@ class SlotPool:
                 reset[slot] = True
             self._to_reset.clear()
             live = list(self.sessions.values())
-        return reset, live
+        return reset, live, freed

@@ -19,7 +19,7 @@ from engine.model.perception import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perception"
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"
 FRAME = 1280
 TOL_NEMO = 1e-4  # fp32, per embedding element, vs NeMo's cache_aware_stream_step
 TOL_SELF = 1e-5  # fp32, our streaming vs our offline / batched vs alone (different matmul shapes)

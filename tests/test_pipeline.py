@@ -12,7 +12,7 @@ from engine.config import load_preset
 from engine.model.pipeline import Pipeline
 from engine.tokens import Tokens
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"
 CFG = load_preset("tiny")
 S = 64
 

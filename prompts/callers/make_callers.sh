@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the short caller utterances used by the perception tests: 16 kHz mono 16-bit WAV, 2-4 s.
+# Regenerates the short caller utterances the simulation plays and the perception tests hear: 16 kHz mono 16-bit WAV, 2-4 s.
 # Needs espeak-ng and sox (Debian: apt-get install -y espeak-ng sox). Run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")"
