@@ -61,8 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     from agent.settings import AgentSettings
     from agent.worker import build_server
 
+    settings = AgentSettings.from_env()
+    if command in ("dev", "start", "connect"):
+        missing = [
+            name
+            for name, value in (
+                ("LIVEKIT_URL", settings.livekit_url),
+                ("LIVEKIT_API_KEY", settings.livekit_api_key),
+                ("LIVEKIT_API_SECRET", settings.livekit_api_secret),
+            )
+            if not value
+        ]
+        if missing:
+            print(
+                f"{command}: set {', '.join(missing)} (environment or .env) to reach a LiveKit server",
+                file=sys.stderr,
+            )
+            return 2
     sys.argv = [sys.argv[0], *argv]
-    cli.run_app(build_server(AgentSettings.from_env()))
+    cli.run_app(build_server(settings))
     return 0
 
 

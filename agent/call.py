@@ -114,11 +114,14 @@ class Call:
         return d.handle if d is not None else None
 
     async def wait_open(self, timeout: float = 10.0) -> Any:
-        """The engine session handle, once the slot is open."""
+        """The engine session handle, once the slot is open; the engine's refusal (EngineFull,
+        EngineOverloaded, ...) is raised as it came."""
         async with asyncio.timeout(timeout):
             while self.duplex is None:
                 await asyncio.sleep(0.01)
             await self.duplex.opened.wait()
+        if self.duplex.open_error is not None:
+            raise self.duplex.open_error
         return self.handle
 
     async def aclose(self) -> None:

@@ -3,21 +3,20 @@
 Caller audio of any rate and channel count goes in as 16 kHz mono; the engine's 22.05 kHz frames come out on
 `audio_stream` (its silence included), the text channel as transcript deltas, the model's tool calls as
 `function_call` events, and tool outputs go back as engine tool results. Every caller frame goes to the
-engine, which holds what arrives while the session is paused and replays it faster than real time; a gate
-bounds how many sessions of one engine start at once. Knows livekit-agents and the engine contract (`engine.api`); nothing of tensors,
-rooms or hotels.
+engine, which holds what arrives while the session is paused and replays it faster than real time; frames
+that arrive before the engine slot is open are held here (bounded, counted) and handed over when it opens.
+Rates and frame sizes are the engine's clock. Knows livekit-agents and the engine contract (`engine.api`);
+nothing of tensors, rooms or hotels.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
-import weakref
+from collections import deque
 from collections.abc import AsyncIterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from livekit import rtc
@@ -28,9 +27,10 @@ from livekit.agents.utils.audio import AudioByteStream
 
 from engine.api import (
     AudioFrame,
-    EngineClosed,
     EngineError,
+    EngineFull,
     FunctionCall,
+    Output,
     SessionFailed,
     ToolCallRejected,
     ToolCallStarted,
@@ -39,15 +39,15 @@ from engine.api import (
     TurnStarted,
 )
 
+if TYPE_CHECKING:
+    from engine.engine import Engine, SessionHandle
+
 log = logging.getLogger("chorus.agent.duplex")
 
-IN_RATE = 16_000  # what the engine hears
-IN_FRAME = 1280  # 80 ms at 16 kHz: the engine's input frame
-OUT_RATE = 22_050  # what the engine says
 SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
 BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
 VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
-PREFILL_LIMIT = 8  # sessions per engine starting at once (the engine prefills each distinct prompt once)
+HELD_BEFORE_OPEN_S = 30.0  # caller audio kept while the engine slot opens (oldest dropped and counted beyond)
 _SENTENCE_END = (".", "!", "?")
 
 
@@ -77,12 +77,14 @@ class TurnGate:
 
 
 class InputConverter:
-    """rtc.AudioFrames of any rate and channel count -> int16 mono 16 kHz chunks of exactly 1280 samples."""
+    """rtc.AudioFrames of any rate and channel count -> int16 mono chunks of exactly `frame` samples at `rate`
+    (the engine's input clock: 1280 samples at 16 kHz)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rate: int, frame: int) -> None:
+        self.rate = rate
         self._rate: int | None = None
         self._resampler: rtc.AudioResampler | None = None
-        self._chunks = AudioByteStream(IN_RATE, 1, samples_per_channel=IN_FRAME)
+        self._chunks = AudioByteStream(rate, 1, samples_per_channel=frame)
 
     def push(self, frame: rtc.AudioFrame) -> list[np.ndarray]:
         n, ch, rate = frame.samples_per_channel, frame.num_channels, frame.sample_rate
@@ -99,9 +101,9 @@ class InputConverter:
             self._rate = rate
             self._resampler = (
                 None
-                if rate == IN_RATE
+                if rate == self.rate
                 else rtc.AudioResampler(
-                    rate, IN_RATE, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
+                    rate, self.rate, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
                 )
             )
         mono = rtc.AudioFrame(pcm.tobytes(), rate, 1, n)
@@ -130,33 +132,14 @@ def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
     return found
 
 
-class PrefillGate:
-    """At most `limit` sessions of one engine in prompt prefill at once, across every job thread.
-
-    The engine prefills prompts in the slack after each live step, batched over every session that is
-    prefilling; a burst of calls makes that batch too large to ever fit the slack (the engine's cost model
-    then never plans it again), so sessions wait here for their turn before taking a slot."""
-
-    _lock = threading.Lock()
-    _gates: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def for_engine(cls, engine: Any, limit: int) -> threading.BoundedSemaphore:
-        with cls._lock:
-            return cls._gates.setdefault(engine, threading.BoundedSemaphore(limit))
-
-
 class ChorusModel(llm.DuplexModel):
     """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
 
-    def __init__(
-        self, engine: Any, *, observer: CallObserver | None = None, prefill_limit: int = PREFILL_LIMIT
-    ) -> None:
+    def __init__(self, engine: Engine, *, observer: CallObserver | None = None) -> None:
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
         self.engine = engine
-        self.prefill_gate = PrefillGate.for_engine(engine, prefill_limit)
         self.observer = observer or CallObserver()
         self.sessions: list[ChorusSession] = []
 
@@ -193,20 +176,25 @@ class ChorusSession(llm.DuplexSession):
         self._tools: list[llm.Tool] = []
         self._tool_ctx = llm.ToolContext.empty()
         self._audio_ch = aio.Chan[llm.DuplexAudioFrame]()
-        self._input = InputConverter()
+        clock = model.engine.model_cfg.clock
+        self._in_frame = clock.input_samples
+        self._out_rate = clock.output_rate
+        self._input = InputConverter(clock.input_rate, clock.input_samples)
+        # caller frames that arrive before the slot is open, handed to the engine when it opens
+        self._held: deque[np.ndarray] = deque(maxlen=max(1, int(HELD_BEFORE_OPEN_S * 1000 / clock.frame_ms)))
         self.live = False  # the engine has sent its first frame
-        self._lag = 0  # caller frames pushed and not yet matched by an output frame
         self._last_speech_tick = -10
-        self._gate_held = False
-        self.handle: Any = None  # engine SessionHandle once opened
-        self.opened = asyncio.Event()
+        self.handle: SessionHandle | None = None  # the engine session once opened
+        self.opened = asyncio.Event()  # the attempt to open is over: `handle`, or `open_error`
+        self.open_error: EngineError | None = None
         self.speaking = False
         self.paused = False
         self._turn_text = ""
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
         self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
-                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0}  # fmt: skip
+                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0, "frames_pushed": 0,
+                      "frames_held": 0, "held_dropped": 0, "input_errors": 0}  # fmt: skip
         self._task = asyncio.create_task(self._run(), name="chorus.session")
 
     # -- the framework's side --------------------------------------------------------------------------
@@ -220,16 +208,31 @@ class ChorusSession(llm.DuplexSession):
         return self._tool_ctx
 
     def push_audio(self, frame: rtc.AudioFrame) -> None:
+        """Called by the framework's audio forwarding for every caller frame: nothing may escape from here (it
+        would end the forwarding for the rest of the call), so a failure is counted and logged instead."""
         if self._closing:
             return
-        for chunk in self._input.push(frame):
-            if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
-                self._voiced_at = time.monotonic()
-            # the engine holds what it cannot take yet (prompt, tool pause) and replays it faster than real
-            # time once the session is live again: nothing the caller says is lost
-            self._lag += 1
-            with contextlib.suppress(EngineClosed):
-                self.handle.push_audio(chunk)
+        try:
+            for chunk in self._input.push(frame):
+                if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
+                    self._voiced_at = time.monotonic()
+                self.stats["frames_pushed"] += 1
+                # the engine holds what it cannot take yet (prompt, tool pause) and replays it faster than
+                # real time once the session is live again; before the slot is open it is held here
+                if self.handle is None:
+                    if len(self._held) == self._held.maxlen:
+                        self.stats["held_dropped"] += 1
+                    self._held.append(chunk)
+                    self.stats["frames_held"] += 1
+                elif not self.handle.closed:
+                    self.handle.push_audio(chunk)
+        except Exception:
+            self.stats["input_errors"] += 1
+            if self.stats["input_errors"] == 1:
+                log.exception("session %s: caller audio could not be forwarded", self._id())
+
+    def _id(self) -> str:
+        return self.handle.id if self.handle is not None else "(opening)"
 
     async def _update_instructions(self, instructions: str) -> None:
         if self.handle is not None and instructions != self._instructions:
@@ -262,13 +265,7 @@ class ChorusSession(llm.DuplexSession):
         await aio.cancel_and_wait(self._task)
         self._close_slot()
 
-    def _release_gate(self) -> None:
-        if self._gate_held:
-            self._gate_held = False
-            self._model.prefill_gate.release()
-
     def _close_slot(self) -> None:
-        self._release_gate()
         if self.handle is not None:
             self.handle.close()
         if not self._audio_ch.closed:
@@ -281,19 +278,24 @@ class ChorusSession(llm.DuplexSession):
             await self._configured.wait()
             if self._closing:
                 return
-            engine = self._model.engine
-            while not self._model.prefill_gate.acquire(blocking=False):
-                await asyncio.sleep(0.05)
-            self._gate_held = True
             try:
-                self.handle = engine.open_session(
+                handle = self._model.engine.open_session(
                     self._instructions, tool_schemas(self._tools), loop=self._loop
                 )
             except EngineError as e:
-                log.warning("no engine session: %s", e)
+                # a refusal is an answer, not a fault: no traceback for the framework to log
+                e = e.with_traceback(None)
+                log.log(
+                    logging.INFO if isinstance(e, EngineFull) else logging.WARNING, "no engine session: %s", e
+                )
+                self.open_error = e
+                self.opened.set()
                 self._error(e)
                 return
-            log.info("session %s started (%d tools)", self.handle.id, len(self._tools))
+            while self._held:  # what the caller said while the slot was opening, in order
+                handle.push_audio(self._held.popleft())
+            self.handle = handle
+            log.info("session %s started (%d tools)", handle.id, len(self._tools))
             self.opened.set()
             outputs: asyncio.Queue = self.handle.outputs
             while True:
@@ -304,13 +306,10 @@ class ChorusSession(llm.DuplexSession):
         finally:
             self._close_slot()
 
-    def _on_output(self, item: Any) -> None:
+    def _on_output(self, item: Output) -> None:
         obs = self._model.observer
         if isinstance(item, AudioFrame):
-            if not self.live:
-                self.live = True
-                self._release_gate()
-            self._lag = max(0, self._lag - 1)
+            self.live = True
             self._send_audio(item)
         elif isinstance(item, TurnStarted):
             self.speaking = True
@@ -347,7 +346,7 @@ class ChorusSession(llm.DuplexSession):
 
     def _send_audio(self, item: AudioFrame) -> None:
         pcm = (np.clip(item.samples, -1.0, 1.0) * 32767.0).astype(np.int16)
-        frame = rtc.AudioFrame(pcm.tobytes(), OUT_RATE, 1, pcm.size)
+        frame = rtc.AudioFrame(pcm.tobytes(), self._out_rate, 1, pcm.size)
         frame.userdata[SPEECH] = self.speaking
         start = self._audio_ms
         self._audio_ms += round(frame.duration * 1000)
@@ -374,7 +373,7 @@ class ChorusSession(llm.DuplexSession):
             self.stats["barge_ins"] += 1
         # an empty non-speech frame closes the adapter's burst now rather than on the next frame or timeout
         if not self._audio_ch.closed:
-            self._audio_ch.send_nowait(llm.DuplexAudioFrame(rtc.AudioFrame(b"", OUT_RATE, 1, 0)))
+            self._audio_ch.send_nowait(llm.DuplexAudioFrame(rtc.AudioFrame(b"", self._out_rate, 1, 0)))
         self._model.observer.on_turn_ended(barge_in)
 
     def _error(self, e: Exception) -> None:

@@ -4,6 +4,11 @@ Callers are WAV utterances played in real time; each room's agent audio is writt
 dummy weights the model decides nothing, so agent turns and tool calls are scripted by teacher forcing
 (the text channel for replies, the function channel for calls: reported as scripted); the hotel tools then
 really run against the database. Prints a live progress line, a summary table, and one JSON line last.
+
+It always ends: a room the engine refuses (no slot, no headroom) is reported in one line, a room not live by
+the join deadline is a failure, the whole run has a hard deadline, and Ctrl-C stops it with the figures so
+far. `metrics.json` is written in every case; the exit code is 0 only when every room went live, no room
+failed and every scripted tool call was answered.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ import numpy as np
 
 from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
+from engine.api import EngineFull, EngineOverloaded
+from prompts import PROMPTS_DIR
 
 log = logging.getLogger("chorus.agent.simulate")
 
-ROOT = Path(__file__).resolve().parent.parent
-CALLER_WAVS = sorted((ROOT / "tests" / "data").glob("caller_*.wav"))
+CALLER_WAVS = sorted((PROMPTS_DIR / "callers").glob("caller_*.wav"))
 REPLIES = [
     " Of course, I can help with that.",
     " Certainly. What dates are you thinking of?",
@@ -37,20 +43,33 @@ REPLIES = [
     " Happy to help. Anything else I can do?",
 ]
 UTTERANCE_EVERY_S = 6.0
-JOIN_TIMEOUT_S = 600.0
 TOOL_EVERY_S = 12.0
+LAST_CALL_S = 4.0  # no scripted call starts this close to the end: every call is answered in the window
+REDIAL_S = 1.0  # a room refused for lack of headroom tries again after this (a caller redialling)
+RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
+GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
+EXIT_INTERRUPTED = 130
+
+
+class SimulateError(Exception):
+    """A bad argument or an engine that cannot be built: one line for the user, no traceback."""
+
+
+SURNAMES = ["Alder", "Birch", "Cedar", "Dogwood", "Elm", "Fir", "Gum", "Hazel", "Ivy", "Juniper", "Kauri",
+            "Larch", "Maple", "Nutmeg", "Oak", "Pine"]  # fmt: skip
 
 
 def tool_script(today: dt.date, room: int) -> list[dict]:
     """The calls a tool room makes in turn: real tools, real arguments, run against the database."""
     check_in = today + dt.timedelta(days=7 + room % 20)
+    guest = f"Sim {SURNAMES[room % len(SURNAMES)]}"
     out = check_in + dt.timedelta(days=2)
     return [
         {"name": "check_availability",
          "arguments": {"check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2}},
         {"name": "hotel_info", "arguments": {"topic": "parking"}},
         {"name": "book_room",
-         "arguments": {"guest_name": f"Sim Guest {room}", "contact": f"sim{room}@example.com",
+         "arguments": {"guest_name": guest, "contact": f"sim{room}@example.com",
                        "check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2,
                        "room_type": "standard"}},
         {"name": "find_reservation", "arguments": {"confirmation_code": "ZZZZ2222", "last_name": "Nobody"}},
@@ -80,8 +99,10 @@ class Room:
         self.input = PcmInput()
         self.scripted_calls = 0
         self.scripted_turns = 0
-        self.error: str | None = None
+        self.error: str | None = None  # the room failed (reported, counted, exit code 1)
+        self.refused: str | None = None  # the engine refused the room (no slot or no headroom)
         self.live_at: float | None = None
+        self.frames_in = 0  # caller frames the engine received (from its snapshot at the end)
 
     @property
     def name(self) -> str:
@@ -122,21 +143,45 @@ class Forcing:
                 setattr(self, end, max(getattr(self, end), now) + n)
 
 
-async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: float, today: dt.date,
-                   clips: list[np.ndarray], go: asyncio.Event, end: list[float], stop: asyncio.Event) -> None:  # fmt: skip
-    """Join (slot, prompt prefill), then follow the room's script from `go` until `end[0]`."""
+async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, stop: asyncio.Event) -> Any:
+    """The room's call on an open engine slot, or None with `room.refused` set. A refusal for lack of
+    headroom is retried until `join_by`, as a caller redials; a full engine is final."""
     from agent.hotel import HotelAgent
 
     loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, start_at - loop.time()))
-    rng = random.Random(room.index)
-    agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
-    try:
+    while True:
+        agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
         room.call = call = await start_call(
             engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input
         )
-        handle = await call.wait_open(timeout=JOIN_TIMEOUT_S)
+        try:
+            return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
+        except EngineFull as e:
+            await call.aclose()
+            if not isinstance(e, EngineOverloaded) or loop.time() + REDIAL_S >= join_by or stop.is_set():
+                room.refused = str(e)
+                print(f"{room.name} refused: {e}", flush=True)
+                return None
+        await asyncio.sleep(REDIAL_S)
+
+
+async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: float, join_by: float,
+                   today: dt.date, clips: list[np.ndarray], go: asyncio.Event, end: list[float],
+                   stop: asyncio.Event) -> None:  # fmt: skip
+    """Join (slot, prompt prefill) by `join_by`, then follow the room's script from `go` until `end[0]`."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start_at - loop.time()))
+    rng = random.Random(room.index)
+    try:
+        handle = await join(room, engine, hotel, out, join_by, stop)
+        if handle is None:
+            return
+        call = room.call
         while not call.duplex.live and not stop.is_set():
+            if loop.time() > join_by:
+                room.error = "never went live before the join deadline"
+                print(f"{room.name} failed: {room.error}", flush=True)
+                return
             await asyncio.sleep(0.05)
         room.live_at = loop.time()
         force = Forcing(handle, engine.tokens, call.duplex)
@@ -159,8 +204,9 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
                 force.text([tok.bos, *tok.encode(rng.choice(REPLIES)), tok.eos])  # the reply to the caller
                 room.scripted_turns += 1
                 next_utt = now + UTTERANCE_EVERY_S
-            if now >= next_tool and not duplex.paused and not pending_reply:
-                force.call(tok.call_ids([script[room.scripted_calls % len(script)]]))
+            if now >= next_tool and now < end[0] - LAST_CALL_S and not duplex.paused and not pending_reply:
+                # each tool room starts at a different step, so short runs still book rooms
+                force.call(tok.call_ids([script[(2 * room.index + room.scripted_calls) % len(script)]]))
                 room.scripted_calls += 1
                 next_tool = now + TOOL_EVERY_S
                 pending_reply = True
@@ -171,7 +217,7 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
             force.top_up()
             await asyncio.sleep(0.1)
     except Exception as e:  # one room failing is reported, not fatal
-        room.error = type(e).__name__
+        room.error = f"{type(e).__name__}: {e}"
         log.exception("%s failed", room.name)
     finally:
         room.input.end()
@@ -180,11 +226,13 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
 def _progress(engine: Any, rooms: list[Room], phase: str, elapsed: float, total: float) -> str:
     snap = engine.snapshot()
     live = sum(1 for r in rooms if r.live_at is not None)
+    refused = sum(1 for r in rooms if r.refused)
     calls = sum(r.call.duplex.stats["function_calls"] for r in rooms if r.call and r.call.duplex)
     return (
-        f"[{phase} {elapsed:5.1f}/{total:.0f} s] rooms live {live:3d}/{len(rooms)}  "
-        f"tick p50 {snap.tick_ms_p50:5.1f} p99 {snap.tick_ms_p99:5.1f} ms  missed {snap.missed_deadlines}  "
-        f"tool calls {calls}"
+        f"[{phase} {elapsed:5.1f}/{total:.0f} s] rooms live {live:3d}/{len(rooms)}"
+        + (f" ({refused} refused)" if refused else "")
+        + f"  tick p50 {snap.tick_ms_p50:5.1f} p99 {snap.tick_ms_p99:5.1f} ms  missed {snap.missed_deadlines}"
+        f"  tool calls {calls}"
     )
 
 
@@ -200,8 +248,25 @@ def _window(engine: Any, ticks0: int, missed0: int) -> dict:
             "late_ticks": [[i, round(ms, 1)] for i, ms in enumerate(live_ms) if ms > 80.0]}  # fmt: skip
 
 
-async def simulate(args: argparse.Namespace) -> dict:
+def build_engine(args: argparse.Namespace) -> Any:
+    """The engine, or SimulateError with one line naming what is wrong."""
     from engine.engine import Engine, EngineConfig
+
+    if args.checkpoint and not Path(args.checkpoint).exists():
+        raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")
+    try:
+        return Engine(
+            EngineConfig(
+                preset=args.preset, num_slots=args.slots, checkpoint=args.checkpoint, device=args.device
+            )
+        )
+    except Exception as e:  # a corrupt checkpoint or a device that is not there: one line, not a traceback
+        what = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--preset {args.preset}"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SimulateError(f"cannot build the engine ({what}): {first}") from None
+
+
+async def simulate(args: argparse.Namespace) -> dict:
     from tools.hotel import Hotel
     from tools.seed import seed
     from tools.settings import StoreSettings
@@ -217,11 +282,13 @@ async def simulate(args: argparse.Namespace) -> dict:
     today = dt.date.today()
     seed(store, today)
     hotel = Hotel(store)
+    bookings_before = len(hotel.reservations())
+    try:
+        engine = build_engine(args)
+    except SimulateError:
+        store.close()
+        raise
 
-    slots = max(args.rooms, args.slots or 0)
-    engine = Engine(
-        EngineConfig(preset=args.preset, num_slots=slots, checkpoint=args.checkpoint, device=args.device)
-    )
     rooms = [Room(i, i < args.tool_rooms) for i in range(args.rooms)]
     clips = caller_clips()
     go, stop = asyncio.Event(), asyncio.Event()
@@ -229,8 +296,10 @@ async def simulate(args: argparse.Namespace) -> dict:
     loop = asyncio.get_running_loop()
     ramp = min(5.0, args.seconds / 4)
     t_start = loop.time()
+    join_by = t_start + ramp + args.join_timeout
     tasks = [
-        asyncio.create_task(run_room(r, engine, hotel, out, t_start + ramp * i / len(rooms), today, clips, go, end, stop))
+        asyncio.create_task(run_room(r, engine, hotel, out, t_start + ramp * i / len(rooms), join_by, today,
+                                     clips, go, end, stop))
         for i, r in enumerate(rooms)
     ]  # fmt: skip
     tty = sys.stdout.isatty()
@@ -238,38 +307,55 @@ async def simulate(args: argparse.Namespace) -> dict:
     def show(line: str) -> None:
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
 
+    ended = "completed"
+    join_s = 0.0
+    rss: list[list[float]] = []
+    snap0 = engine.snapshot()
+    window: dict = _window(engine, snap0.ticks, snap0.missed_deadlines)
     try:
-        # join: every room takes a slot and its prompt is prefilled (in the engine's slack)
-        while (
-            not all(r.live_at is not None or r.error for r in rooms)
-            and loop.time() - t_start < JOIN_TIMEOUT_S
-        ):
-            await asyncio.wait(tasks, timeout=1.0)
-            show(_progress(engine, rooms, "join", loop.time() - t_start, JOIN_TIMEOUT_S))
-        join_s = loop.time() - t_start
-        quiet_gc()
-        await asyncio.sleep(0.2)  # the tick that waited for the collection is not the talk's
-        snap0 = engine.snapshot()
-        t_go = loop.time()
-        end[0] = t_go + args.seconds
-        go.set()
-        while not all(t.done() for t in tasks):
-            await asyncio.wait(tasks, timeout=1.0)
-            show(_progress(engine, rooms, "talk", loop.time() - t_go, args.seconds))
-        window = _window(engine, snap0.ticks, snap0.missed_deadlines)
+        async with asyncio.timeout(ramp + args.join_timeout + args.seconds + GRACE_S):
+            # join: every room takes a slot and its prompt is prefilled, or is refused, or fails by join_by
+            while not all(r.live_at is not None or r.error or r.refused for r in rooms):
+                await asyncio.wait(tasks, timeout=1.0)
+                show(_progress(engine, rooms, "join", loop.time() - t_start, ramp + args.join_timeout))
+            join_s = loop.time() - t_start
+            quiet_gc()
+            await asyncio.sleep(0.2)  # the tick that waited for the collection is not the talk's
+            snap0 = engine.snapshot()
+            t_go = loop.time()
+            end[0] = t_go + args.seconds
+            go.set()
+            next_rss = t_go
+            while not all(t.done() for t in tasks):
+                await asyncio.wait(tasks, timeout=1.0)
+                show(_progress(engine, rooms, "talk", loop.time() - t_go, args.seconds))
+                if loop.time() >= next_rss:  # the process's resident memory, once a minute
+                    rss.append([round(loop.time() - t_go), rss_mb()])
+                    next_rss += RSS_EVERY_S
+    except TimeoutError:
+        ended = "deadline"
+    except asyncio.CancelledError:  # Ctrl-C: stop here and report what ran
+        ended = "interrupted"
     finally:
+        window = _window(engine, snap0.ticks, snap0.missed_deadlines)
         stop.set()
         go.set()
         if tty:
             print()
+        if ended != "completed":
+            print(f"simulate: {ended}; stopping the rooms and writing the figures so far", flush=True)
         snap = engine.snapshot()  # before the rooms close: the run's own figures
+        frames_in = {s.id: s.frames_in for s in snap.sessions}
         for r in rooms:
+            handle = r.call.handle if r.call is not None else None
+            r.frames_in = frames_in.get(handle.id, 0) if handle is not None else 0
             if r.call is not None:
                 await r.call.aclose()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0.3)  # slots are freed on the next tick
         occupancy_after = engine.occupancy
         engine.close()
+        bookings = len(hotel.reservations()) - bookings_before
         store.close()
         gc.unfreeze()
 
@@ -277,20 +363,32 @@ async def simulate(args: argparse.Namespace) -> dict:
     for r in rooms:
         d = r.call.duplex.stats if r.call and r.call.duplex else {}
         o = r.call.output.stats if r.call else {}
-        per_room.append({"room": r.name, "tool_room": r.tool_room, "scripted_turns": r.scripted_turns,
-                         "scripted_calls": r.scripted_calls, "function_calls": d.get("function_calls", 0),
-                         "tool_results": d.get("tool_results", 0), "resumes": d.get("resumes", 0),
-                         "rejected_calls": d.get("rejected_calls", 0), "barge_ins": d.get("barge_ins", 0),
+        lost = d.get("frames_pushed", 0) - r.frames_in
+        if r.error is None and d.get("input_errors", 0):
+            r.error = f"caller audio forwarding failed {d['input_errors']} times"
+        if r.error is None and lost > 0 and ended == "completed":
+            r.error = f"{lost} caller frames never reached the engine"
+        per_room.append({"room": r.name, "tool_room": r.tool_room, "live": r.live_at is not None,
+                         "scripted_turns": r.scripted_turns, "scripted_calls": r.scripted_calls,
+                         "function_calls": d.get("function_calls", 0), "tool_results": d.get("tool_results", 0),
+                         "resumes": d.get("resumes", 0), "rejected_calls": d.get("rejected_calls", 0),
+                         "barge_ins": d.get("barge_ins", 0), "frames_pushed": d.get("frames_pushed", 0),
+                         "frames_in": r.frames_in, "input_errors": d.get("input_errors", 0),
                          "speech_s": round(o.get("model_s", 0.0), 2), "clips": o.get("clips", 0),
-                         "clip_s": round(o.get("clip_s", 0.0), 2), "error": r.error})  # fmt: skip
+                         "clip_s": round(o.get("clip_s", 0.0), 2), "error": r.error, "refused": r.refused})  # fmt: skip
     total = {k: sum(p[k] for p in per_room) for k in ("scripted_turns", "scripted_calls", "function_calls",
-                                                       "tool_results", "resumes", "rejected_calls", "clips")}  # fmt: skip
+                                                       "tool_results", "resumes", "rejected_calls", "clips",
+                                                       "frames_pushed", "frames_in", "input_errors")}  # fmt: skip
     metrics = {
         "rooms": args.rooms, "tool_rooms": args.tool_rooms, "seconds": args.seconds, "preset": args.preset,
-        "device": snap.device, "slots": slots, "join_s": round(join_s, 1), **window,
-        "missed_deadlines_join": snap0.missed_deadlines, "dropped_frames": snap.dropped_frames,
-        "underruns": snap.underruns, "engine_tool_calls": snap.tool_calls,
+        "device": snap.device, "slots": args.slots, "ended": ended, "join_s": round(join_s, 1),
+        "rooms_live": sum(1 for p in per_room if p["live"]),
+        "rooms_refused": sum(1 for p in per_room if p["refused"]), **window,
+        "missed_deadlines_join": snap0.missed_deadlines, "missed_deadlines_total": snap.missed_deadlines,
+        "overruns": snap.overruns, "slipped_ticks": snap.slipped_ticks, "dropped_frames": snap.dropped_frames,
+        "skipped_frames": snap.skipped_frames, "underruns": snap.underruns, "engine_tool_calls": snap.tool_calls,
         "tool_call_ms_p50": snap.tool_call_ms_p50, "resume_ms_p50": snap.resume_ms_p50, **total,
+        "bookings_made": bookings,
         "speech_s": round(sum(p["speech_s"] for p in per_room), 1), "clip_s": round(sum(p["clip_s"] for p in per_room), 1),
         "room_errors": sum(1 for p in per_room if p["error"]), "occupancy_after": occupancy_after,
         "tool_calls_scripted": True, "out": str(out),
@@ -298,27 +396,58 @@ async def simulate(args: argparse.Namespace) -> dict:
     late_ticks = metrics.pop("late_ticks")
     (out / "metrics.json").write_text(
         json.dumps(
-            {"summary": metrics, "late_ticks": late_ticks, "rooms": per_room, "engine": snap.model_dump()},
+            {
+                "summary": metrics,
+                "late_ticks": late_ticks,
+                "rss_mb": rss,
+                "rooms": per_room,
+                "engine": snap.model_dump(),
+            },
             indent=1,
         )
     )
     return metrics
 
 
+def rss_mb() -> float:
+    """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def exit_code(m: dict) -> int:
+    """0 only when every room went live, none failed and every scripted tool call was answered."""
+    if m["ended"] == "interrupted":
+        return EXIT_INTERRUPTED
+    ok = (
+        m["ended"] == "completed"
+        and m["rooms_live"] == m["rooms"]
+        and m["room_errors"] == 0
+        and m["tool_results"] == m["scripted_calls"] == m["resumes"]
+    )
+    return 0 if ok else 1
+
+
 def print_summary(m: dict) -> None:
     rows = [
         ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
         ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
+        ("run", m["ended"]),
+        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']}"),
         ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
         ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
-        ("missed deadlines", str(m["missed_deadlines"])),
-        ("dropped frames / underruns", f"{m['dropped_frames']} / {m['underruns']}"),
-        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered"),
+        ("missed deadlines", f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})"),
+        ("caller frames pushed / received", f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)"),
+        ("dropped / skipped frames, underruns", f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}"),
+        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed"),
+        ("bookings made by the tools", str(m["bookings_made"])),
         ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),
         ("agent turns (scripted)", f"{m['scripted_turns']}, {m['speech_s']:.1f} s of agent speech played"),
         ("acknowledgement clips", f"{m['clips']}, {m['clip_s']:.1f} s played"),
-        ("room errors", str(m["room_errors"])),
         ("slots in use after", f"{m['occupancy_after']:.2f}"),
         ("output", f"{m['out']}/room_*.wav, metrics.json"),
     ]  # fmt: skip
@@ -332,21 +461,62 @@ def print_summary(m: dict) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rooms", type=int, default=64, help="virtual rooms (default 64)")
     p.add_argument(
-        "--tool-rooms", type=int, default=16, help="rooms that make scripted tool calls (default 16)"
+        "--tool-rooms",
+        type=int,
+        default=None,
+        help="rooms that make scripted tool calls (default: a quarter)",
     )
     p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
     p.add_argument("--preset", default=os.environ.get("CHORUS_PRESET") or "tiny")
     p.add_argument("--checkpoint", default=os.environ.get("CHORUS_CHECKPOINT") or None)
     p.add_argument("--device", default=os.environ.get("CHORUS_DEVICE") or None)
-    p.add_argument("--slots", type=int, default=None, help="engine slots (default: one per room)")
+    p.add_argument(
+        "--slots", type=int, default=None, help="engine slots (default: one per room, at most 64); rooms "
+        "beyond them are refused"
+    )  # fmt: skip
+    p.add_argument(
+        "--join-timeout", type=float, default=60.0, help="seconds a room may take to go live (default 60)"
+    )
     p.add_argument("--out", default="out/simulate", help="output folder: one WAV per room and metrics.json")
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Fill the defaults that depend on other arguments; SimulateError naming the first bad value."""
+    from engine.config import PRESETS
+
+    if args.rooms < 1:
+        raise SimulateError(f"--rooms {args.rooms}: give at least 1")
+    if args.tool_rooms is None:
+        args.tool_rooms = args.rooms // 4
+    if not 0 <= args.tool_rooms <= args.rooms:
+        raise SimulateError(f"--tool-rooms {args.tool_rooms}: give 0 to {args.rooms} (at most --rooms)")
+    if not args.seconds > 0:
+        raise SimulateError(f"--seconds {args.seconds:g}: give a positive number")
+    if not args.join_timeout > 0:
+        raise SimulateError(f"--join-timeout {args.join_timeout:g}: give a positive number")
+    if args.slots is None:
+        args.slots = min(args.rooms, 64)
+    if not 1 <= args.slots <= 4096:
+        raise SimulateError(f"--slots {args.slots}: give 1 to 4096")
+    if args.preset not in PRESETS:
+        raise SimulateError(f"--preset {args.preset}: unknown; choose one of {', '.join(sorted(PRESETS))}")
+
+
 def main(args: argparse.Namespace) -> int:
-    if args.tool_rooms > args.rooms or args.rooms < 1 or args.seconds <= 0:
-        raise SystemExit("simulate: need 1 <= rooms, 0 <= tool-rooms <= rooms and seconds > 0")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    metrics = asyncio.run(simulate(args))
+    try:
+        check_arguments(args)
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        # a refused room is reported in one line by `join`; the framework's closing error says it again
+        logging.getLogger("livekit.agents").addFilter(
+            lambda r: not (r.exc_info and isinstance(r.exc_info[1], EngineFull))
+        )
+        metrics = asyncio.run(simulate(args))
+    except SimulateError as e:
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during the wind-down
+        print("simulate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print_summary(metrics)
     print(json.dumps(metrics))
-    return 1 if metrics["room_errors"] else 0
+    return exit_code(metrics)

@@ -1,7 +1,7 @@
 """The LiveKit worker: every room is a job thread of this one process, and all of them share one engine.
 
-`build_server` makes an `AgentServer` with the THREAD executor, the engine's occupancy as its load and a load
-threshold of 1.0, so LiveKit sends no more rooms once the slots are taken. `run_job` is the entrypoint:
+`build_server` makes an `AgentServer` with the THREAD executor, the engine's load as its load and a load
+threshold of 1.0, so LiveKit sends no more rooms once the slots are taken or the engine has no headroom left. `run_job` is the entrypoint:
 connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves.
 """
 
@@ -73,7 +73,8 @@ def close_shared() -> None:
 
 
 def engine_load(settings: AgentSettings) -> float:
-    return float(shared_engine(settings).occupancy)
+    """The share of slots in use, or 1.0 while the engine refuses sessions for lack of headroom."""
+    return float(shared_engine(settings).load)
 
 
 def build_server(settings: AgentSettings) -> AgentServer:

@@ -19,14 +19,15 @@ from livekit.agents import io
 from livekit.agents.testing import fake_job_context
 
 from agent.call import PcmInput, start_call
-from agent.duplex import IN_FRAME, InputConverter
+from agent.duplex import InputConverter
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
-from tools.testing import TODAY, booking, seeded_store
-from tools.testing import hotel as make_hotel
+from hotel_support import TODAY, booking, seeded_store
+from hotel_support import hotel as make_hotel
 
 FRAME_S = 0.08
+IN_FRAME = 1280  # the tiny preset's input frame: 80 ms at 16 kHz
 TIMEOUT_S = 90.0  # generous: the machine is shared; waits end on events, never on elapsed time
 
 
@@ -69,7 +70,7 @@ def overlaps(a: list, b: list) -> bool:
 
 def test_input_converter_any_rate_and_channels_to_16k_mono_frames():
     for rate, channels, ms in ((48_000, 2, 10), (8_000, 1, 20), (16_000, 1, 50), (44_100, 1, 10)):
-        conv = InputConverter()
+        conv = InputConverter(16_000, IN_FRAME)
         n = rate * ms // 1000
         chunks = []
         for _ in range(2000 // ms):  # two seconds
@@ -80,7 +81,7 @@ def test_input_converter_any_rate_and_channels_to_16k_mono_frames():
         assert all(c.dtype == np.int16 and c.shape == (IN_FRAME,) for c in chunks)
         assert 32_000 - 2 * IN_FRAME <= got <= 32_000  # the resampler may hold a few ms back
         assert abs(int(np.median(np.concatenate(chunks))) - 1000) < 50  # stereo is averaged, not summed
-    conv = InputConverter()
+    conv = InputConverter(16_000, IN_FRAME)
     assert conv.push(rtc.AudioFrame(b"", 48_000, 2, 0)) == []
 
 
