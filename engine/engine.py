@@ -13,6 +13,7 @@ import atexit
 import gc
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ log = logging.getLogger("chorus.engine")
 
 OVERLOAD_WINDOW = 100  # ticks (8 s) of history behind the headroom decision
 OVERLOAD_MIN_TICKS = 10  # no decision before this many ticks were measured
-OVERLOAD_MISSES = 3  # missed deadlines in the window that mean overload
+OVERLOAD_MISSES = 5  # missed deadlines in the window that mean overload
 
 
 class EngineConfig(BaseModel):
@@ -48,12 +49,17 @@ class EngineConfig(BaseModel):
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     tick_ms: float = Field(80.0, gt=0)
     safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
+    # paused work (tool calls, prefills, catch-up) may use this much of every tick even when the live step
+    # left less slack: progress on a slow machine, at the price of counted overruns
+    reserve_ms: float = Field(10.0, ge=0)
+    switch_interval_ms: float = Field(1.0, gt=0)  # the process's GIL switch interval once the tick runs
     admission_s: float = Field(2.0, gt=0)  # a new session is live within this (prompt prefill + held audio)
-    replay_s: float = Field(2.0, gt=0)  # a session back from a tool is live again within this
-    # refuse new sessions while the live step's recent p99 is above this share of the tick (or deadlines
-    # were missed); accept again below the second share with no recent miss
-    overload_ratio: float = Field(0.85, gt=0)
-    recover_ratio: float = Field(0.7, gt=0)
+    result_s: float = Field(1.0, gt=0)  # tool results are prefilled within this of arriving
+    replay_s: float = Field(2.0, gt=0)  # ...and the session is live again within this after that
+    # refuse new sessions while the live step's recent p95 is above this share of the tick, or deadlines are
+    # being missed; accept again once it is below the second share and misses have (nearly) stopped
+    overload_ratio: float = Field(0.9, gt=0)
+    recover_ratio: float = Field(0.75, gt=0)
     max_call_tokens: int = Field(512, ge=8)
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
@@ -87,6 +93,11 @@ class SessionHandle:
     @property
     def closed(self) -> bool:
         return self._s.closed
+
+    @property
+    def frames_in(self) -> int:
+        """Caller frames this session received (also after it closed)."""
+        return self._s.inbox.frames_in
 
     def push_audio(self, pcm16k: np.ndarray) -> None:
         """Caller audio at 16 kHz mono, int16 or float in [-1, 1], any length; cut into 1280-sample frames."""
@@ -162,6 +173,7 @@ class Engine:
             max_chunk=self.model_cfg.thinker.attention_window,
             admission_ticks=max(1, round(cfg.admission_s * 1000 / cfg.tick_ms)),
             replay_ticks=max(1, round(cfg.replay_s * 1000 / cfg.tick_ms)),
+            result_ticks=max(1, round(cfg.result_s * 1000 / cfg.tick_ms)),
         )
         frame_clock = self.model_cfg.clock
         self.scheduler = Scheduler(cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock)
@@ -205,8 +217,9 @@ class Engine:
         if self.overloaded:
             self.refused += 1
             raise EngineOverloaded(
-                f"no headroom: the live step's recent p99 is {self._recent_p99():.0f} ms of the "
-                f"{self.config.tick_ms:g} ms tick; route the caller to another worker or retry later"
+                f"no headroom: the live step's recent p95 is {self._recent_p95():.0f} ms of the "
+                f"{self.config.tick_ms:g} ms tick, {sum(self.acct.recent_missed)} of the last "
+                f"{len(self.acct.recent_missed)} ticks late; route the caller to another worker or retry later"
             )
         tools = tools or []
         if len(tools) > MAX_TOOLS:
@@ -264,28 +277,34 @@ class Engine:
         """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded."""
         return 1.0 if self.overloaded else self.occupancy
 
-    def _recent_p99(self) -> float:
+    def _recent_p95(self) -> float:
         recent = list(self.acct.live_ms)[-OVERLOAD_WINDOW:]
-        return float(np.percentile(recent, 99)) if recent else 0.0
+        return float(np.percentile(recent, 95)) if recent else 0.0
 
     @property
     def overloaded(self) -> bool:
-        """Headroom, measured: the live step's p99 and the missed deadlines of the last OVERLOAD_WINDOW ticks,
-        with hysteresis (refuse above `overload_ratio` of the tick, accept again below `recover_ratio`)."""
+        """Headroom, measured over the last OVERLOAD_WINDOW ticks: the live step's p95 against the tick, and the
+        deadlines missed, with hysteresis. (The p95 rather than the max-like p99 of 100 ticks: one collector
+        pause must not turn callers away; sustained lateness shows in the missed deadlines.)"""
         if len(self.acct.live_ms) < OVERLOAD_MIN_TICKS:
             return self._overloaded
         cfg = self.config
-        p99, missed = self._recent_p99(), sum(self.acct.recent_missed)
+        p95, missed = self._recent_p95(), sum(self.acct.recent_missed)
         if self._overloaded:
-            self._overloaded = p99 > cfg.recover_ratio * cfg.tick_ms or missed > 0
+            self._overloaded = p95 > cfg.recover_ratio * cfg.tick_ms or missed > OVERLOAD_MISSES // 2
         else:
-            self._overloaded = p99 > cfg.overload_ratio * cfg.tick_ms or missed >= OVERLOAD_MISSES
+            self._overloaded = p95 > cfg.overload_ratio * cfg.tick_ms or missed >= OVERLOAD_MISSES
         return self._overloaded
 
     # -- the tick ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the tick thread. The process's GIL switch interval drops to `switch_interval_ms`: the tick
+        thread gives the GIL up at every tensor op, and with the default 5 ms it waited that long behind the
+        rooms' event loops to get it back, many times a tick."""
         if self._thread is None:
+            if sys.getswitchinterval() > self.config.switch_interval_ms / 1000:
+                sys.setswitchinterval(self.config.switch_interval_ms / 1000)
             self._thread = threading.Thread(target=self._run, name="chorus-tick", daemon=True)
             self._thread.start()
 
@@ -317,9 +336,9 @@ class Engine:
             k += 1
 
     def run_tick(self, k: int, deadline: float) -> None:
-        """One tick: the live step, then paused work (tool calls, prefills, catch-up) in the slack until
-        `deadline` minus the safety margin, then whatever is still owed this tick, slack or not: the progress
-        guarantee. Work past the deadline is counted (`overruns`) and the headroom check sees it."""
+        """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
+        the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever the
+        time: the progress guarantee. Work past the deadline is counted (`overruns`)."""
         clock = self.clock
         t_start = clock()
         self.tick = k
@@ -333,18 +352,21 @@ class Engine:
         result = self.runner.live(plan)
         sch.apply_live(plan, result)
         t_live = clock()
-        until = deadline - self.config.safety_margin_ms / 1000
+        until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
         cadence = self.config.cadence_locked_tools
         skip: frozenset[str] = frozenset()
+        served: frozenset[str] = frozenset()
         while not self._stop.is_set():
             now = clock()
             sch.poll(now)
             budget_ms = (until - now) * 1e3
-            work = sch.next_tool_work(budget_ms, skip) if budget_ms > 0 else None
+            work = sch.next_tool_work(budget_ms, skip, served) if budget_ms > 0 else None
             if work is None:
                 work = sch.owed_work()
                 if work is None:
                     break
+                self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
+            served = served | {work.kind}
             if cadence and work.kind in ("call", "result"):
                 skip = skip | {work.kind}
             t = clock()

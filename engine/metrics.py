@@ -101,6 +101,7 @@ class Accounting:
         self.recent_missed: deque[bool] = deque(maxlen=recent)
         self.missed_deadlines = 0
         self.overruns = 0
+        self.owed: dict[str, int] = {}  # pieces of paused work run past the slack, by kind
         self.slipped_ticks = 0
         self.closed_dropped = 0  # frame counters of sessions already closed
         self.closed_skipped = 0

@@ -5,13 +5,15 @@
 (tool-call tokens, result and prompt prefill, replay). CPU-only and model-free: it works on numpy arrays and
 hand-made results, so it is tested without a model.
 
-Progress is guaranteed, not left to the slack: every tick, each paused session that can move gets one piece
-of work (`owed_work`) even when the live step used the whole tick, and the work is sized to bounds counted in
-ticks. A new session is live by `admission_ticks` after it opened: its prompt is prefilled in chunks sized to
-finish in the first two thirds of that bound, and the caller audio held meanwhile is replayed in the rest. A
-session back from a tool is live by `replay_ticks` after its results were prefilled. Held audio that cannot be
-replayed by then is skipped, silence first, and counted (`FrameInbox.skip`); a live session whose backlog
-grows past `live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames.
+Progress is guaranteed, not left to the slack. The engine gives paused work a reserved share of every tick
+even when the live step left less slack, and `owed_work` forces what must not wait whatever the time left: a
+call-token step for every session calling a tool, and the prompt and result positions due this tick. Bounds
+are counted in ticks. A new session is live by `admission_ticks` after it opened: its prompt is prefilled in
+chunks sized to finish in the first two thirds of that bound, and the caller audio held meanwhile is replayed
+in the rest. Tool results are prefilled within `result_ticks` of arriving, and the session is live again
+`replay_ticks` after that. Held audio that cannot be replayed by then is skipped, silence first, and counted
+(`FrameInbox.skip`); a live session whose backlog grows past `live_lag_frames` (a slow machine, a burst from
+the network) sheds its silent frames.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from engine.slots import Phase, Session
 from engine.tokens import Tokens, ToolCallError, parse_tool_call
 
 WorkKind = Literal["call", "result", "replay", "prompt"]
+PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class Limits:
     max_chunk: int = 256  # the most positions one prefill forward may take (the thinker's attention window)
     admission_ticks: int = 25  # a new session is live within this many ticks (2 s)
     replay_ticks: int = 25  # a session back from a tool is live within this many ticks of its results
-    owed_rows: int = 8  # rows of one guaranteed piece of work (the least recently served first)
+    result_ticks: int = 12  # tool results are prefilled within this many ticks of arriving (1 s)
+    owed_rows: int = 8  # rows of one forced piece of work (the least recently served first)
     live_lag_frames: int = 12  # a live session's backlog beyond this sheds its silent frames
 
 
@@ -95,11 +99,15 @@ class ToolResult:
 
 @dataclass
 class CostModel:
-    """Predicted milliseconds per piece of slack work, learned from measurements (EMA per kind and shape)."""
+    """Predicted milliseconds per piece of slack work, learned from measurements per kind and shape: an EMA of
+    the cost plus two EMAs of its deviation, so a noisy machine plans with a margin without one outlier
+    locking the estimate high."""
 
     default_ms: float = 5.0
     alpha: float = 0.2
-    table: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    table: dict[tuple[str, int, int], float] = field(default_factory=dict)  # the prediction per shape
+    _mean: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    _dev: dict[tuple[str, int, int], float] = field(default_factory=dict)
 
     @staticmethod
     def _key(kind: str, b: int, t: int) -> tuple[str, int, int]:
@@ -120,9 +128,13 @@ class CostModel:
 
     def observe(self, kind: str, b: int, t: int, ms: float) -> None:
         key = self._key(kind, b, t)
-        old = self.table.get(key)
-        # a slow outlier raises the estimate at once; improvements are learned gradually
-        self.table[key] = ms if old is None or ms > old else old + self.alpha * (ms - old)
+        if key not in self._mean:
+            self._mean[key], self._dev[key] = ms, 0.0
+        else:
+            mean = self._mean[key]
+            self._dev[key] += self.alpha * (abs(ms - mean) - self._dev[key])
+            self._mean[key] = mean + self.alpha * (ms - mean)
+        self.table[key] = self._mean[key] + 2 * self._dev[key]
 
 
 class Scheduler:
@@ -180,6 +192,9 @@ class Scheduler:
                 due = s.live_by - lim.admission_ticks // 3
                 left = len(s.prefill_ids) - s.prefill_pos
                 s.owed = max(math.ceil(left / max(1, due - tick)), min(left, lim.prefill_chunk))
+            elif s.phase is Phase.PREFILL:  # result positions due this tick, at least a chunk
+                left = len(s.prefill_ids) - s.prefill_pos
+                s.owed = max(math.ceil(left / max(1, s.prefill_by - tick)), min(left, lim.result_chunk))
             elif s.phase is Phase.REPLAY:
                 # each tick the live batch and the owed catch-up step take a frame each and one arrives: the
                 # backlog shrinks by at least one per tick; what that cannot clear by `live_by` is skipped
@@ -231,6 +246,7 @@ class Scheduler:
 
     def _start_call(self, s: Session, out: list[Output]) -> None:
         s.phase = Phase.TOOL_CALL
+        s.progress_tick = self.tick  # its first call token comes from this tick's live step
         s.call_tokens = []
         s.t_call_start = self.clock()
         s.tool_calls += 1
@@ -264,6 +280,7 @@ class Scheduler:
 
     def _begin_result_prefill(self, s: Session, results: list[dict]) -> None:
         s.phase = Phase.PREFILL
+        s.prefill_by = self.tick + self.limits.result_ticks
         s.prefill_ids = self.tok.response_ids(results)
         s.prefill_pos = 0
         s.pending, s.results = {}, {}
@@ -283,86 +300,91 @@ class Scheduler:
             b //= 2
         return None
 
-    def next_tool_work(self, budget_ms: float, skip: frozenset[str] = frozenset()) -> ToolWork | None:
+    def next_tool_work(
+        self, budget_ms: float, skip: frozenset[str] = frozenset(), served: frozenset[str] = frozenset()
+    ) -> ToolWork | None:
         """The most urgent piece of slack work predicted to fit in budget_ms, or None.
 
-        Priority: tool-call tokens (a caller is waiting), result prefill, replay, prompt prefill. Kinds in
-        `skip` are not planned (the cadence-locked baseline runs each kind at most once per tick).
+        Priority: tool-call tokens (a caller is waiting), result prefill, replay, prompt prefill; but every
+        kind not yet `served` this tick comes before a second piece of any kind, so a stream of call tokens
+        never starves the catch-up. Kinds in `skip` are not planned (the cadence-locked baseline runs each
+        kind at most once per tick).
         """
         by_phase: dict[Phase, list[Session]] = {}
         for s in self.sessions:
             if not s.closed:
                 by_phase.setdefault(s.phase, []).append(s)
-        calls = by_phase.get(Phase.TOOL_CALL, [])
-        if calls and "call" not in skip:
-            fit = self._fit("call", len(calls), 1, budget_ms)
-            if fit:
-                group = sorted(calls, key=lambda s: s.t_call_start)[: fit[0]]
-                forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
-                return ToolWork("call", group, _slots(group), forced)
-        lim = self.limits
-        for kind, phase, chunk in (("result", Phase.PREFILL, lim.result_chunk), ("replay", Phase.REPLAY, 1),
-                                   ("prompt", Phase.PROMPT, lim.prefill_chunk)):  # fmt: skip
-            if kind in skip:
-                continue
-            if kind == "replay":  # catch-up steps beyond the one the live batch gives; keep one frame for it
-                ready = [s for s in by_phase.get(phase, []) if len(s.inbox) >= 2]
-                fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
-                if fit:
-                    return self._replay_work(ready[: fit[0]])
-                continue
-            group = sorted(by_phase.get(phase, []), key=lambda s: (-s.prefill_pos, s.opened_at))
-            if kind == "prompt":  # one prefill per distinct prompt; sessions with the same prompt wait for it
-                first: dict[int, Session] = {}
-                for s in group:
-                    if s.prompt_key not in self.cached_prompts:
-                        first.setdefault(s.prompt_key, s)
-                group = list(first.values())
-            if not group:
-                continue
-            t_max = min(chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
-            fit = self._fit(kind, len(group), t_max, budget_ms)
-            if fit:
-                b, T = fit
-                return self._prefill_work(kind, group[:b], T)
+        kinds = [k for k in PRIORITY if k not in skip]
+        for kind in [k for k in kinds if k not in served] + [k for k in kinds if k in served]:
+            work = self._plan(kind, by_phase, budget_ms)
+            if work is not None:
+                return work
         return None
 
+    def _plan(
+        self, kind: WorkKind, by_phase: dict[Phase, list[Session]], budget_ms: float
+    ) -> ToolWork | None:
+        lim = self.limits
+        if kind == "call":
+            calls = by_phase.get(Phase.TOOL_CALL, [])
+            fit = self._fit("call", len(calls), 1, budget_ms) if calls else None
+            if not fit:
+                return None
+            group = sorted(calls, key=lambda s: s.t_call_start)[: fit[0]]
+            forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
+            return ToolWork("call", group, _slots(group), forced)
+        if kind == "replay":  # catch-up steps beyond the one the live batch gives; keep one frame for it
+            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 2]
+            fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
+            return self._replay_work(ready[: fit[0]]) if fit else None
+        phase, chunk = (
+            (Phase.PREFILL, lim.result_chunk) if kind == "result" else (Phase.PROMPT, lim.prefill_chunk)
+        )
+        group = sorted(by_phase.get(phase, []), key=lambda s: (-s.prefill_pos, s.opened_at))
+        if kind == "prompt":  # one prefill per distinct prompt; sessions with the same prompt wait for it
+            first: dict[int, Session] = {}
+            for s in group:
+                if s.prompt_key not in self.cached_prompts:
+                    first.setdefault(s.prompt_key, s)
+            group = list(first.values())
+        if not group:
+            return None
+        t_max = min(chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
+        fit = self._fit(kind, len(group), t_max, budget_ms)
+        return self._prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
+
     def owed_work(self) -> ToolWork | None:
-        """The next piece of work due this tick whatever the budget, or None once every paused session that
-        can move has moved: the call tokens, result chunk, catch-up step or prompt positions of the sessions
-        served least recently (`owed_rows` rows at a time)."""
+        """The next piece of work due this tick whatever the budget, or None: a call-token step for sessions
+        calling a tool that have not moved this tick, then the result and prompt positions due this tick
+        (`owed_rows` rows at a time, the least recently served first). Catch-up is not forced: the replay
+        bound holds by skipping held audio."""
         tick, lim = self.tick, self.limits
-        waiting: dict[Phase, list[Session]] = {}
-        for s in self.sessions:
-            if not s.closed and s.progress_tick != tick:
-                waiting.setdefault(s.phase, []).append(s)
+        open_ = [s for s in self.sessions if not s.closed]
 
         def first(group: list[Session]) -> list[Session]:
             return sorted(group, key=lambda s: (s.progress_tick, s.opened_at))[: lim.owed_rows]
 
-        if calls := waiting.get(Phase.TOOL_CALL):
+        if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress_tick != tick]:
             group = first(calls)
             forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
             return ToolWork("call", group, _slots(group), forced)
-        if results := waiting.get(Phase.PREFILL):
+        if results := [s for s in open_ if s.phase is Phase.PREFILL and s.owed > 0]:
             group = first(results)
-            T = min(lim.result_chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
-            return self._prefill_work("result", group, T)
-        if replay := [s for s in waiting.get(Phase.REPLAY, []) if len(s.inbox) >= 2]:
-            return self._replay_work(replay)  # one step costs about the same for any number of rows
+            return self._prefill_work("result", group, self._owed_chunk(group))
         leaders: dict[int, Session] = {}  # one prefill per distinct prompt: the others start from its state
-        prompting = [s for s in self.sessions if s.phase is Phase.PROMPT and not s.closed]
-        for s in sorted(prompting, key=lambda s: (-s.prefill_pos, s.opened_at)):
-            if s.prompt_key not in self.cached_prompts:
+        for s in sorted(open_, key=lambda s: (-s.prefill_pos, s.opened_at)):
+            if s.phase is Phase.PROMPT and s.prompt_key not in self.cached_prompts:
                 leaders.setdefault(s.prompt_key, s)
         if group := [s for s in leaders.values() if s.owed > 0][: lim.owed_rows]:
-            T = min(
-                lim.max_chunk,
-                max(s.owed for s in group),
-                *(len(s.prefill_ids) - s.prefill_pos for s in group),
-            )
-            return self._prefill_work("prompt", group, T)
+            return self._prefill_work("prompt", group, self._owed_chunk(group))
         return None
+
+    def _owed_chunk(self, group: list[Session]) -> int:
+        return min(
+            self.limits.max_chunk,
+            max(s.owed for s in group),
+            *(len(s.prefill_ids) - s.prefill_pos for s in group),
+        )
 
     @staticmethod
     def _prefill_work(kind: WorkKind, group: list[Session], T: int) -> ToolWork:
@@ -392,8 +414,7 @@ class Scheduler:
         elif work.kind in ("result", "prompt"):
             for s in work.sessions:
                 s.prefill_pos += T
-                if work.kind == "prompt":
-                    s.owed -= T
+                s.owed -= T
                 if s.prefill_pos >= len(s.prefill_ids):
                     if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
                         s.live_by = self.tick + self.limits.replay_ticks

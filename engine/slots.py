@@ -137,11 +137,13 @@ class Session:
     t_call_start: float = 0.0
     call_ms: float = 0.0
     t_last_result: float = 0.0
-    # progress bounds, in ticks: the session is live by `live_by` (set on opening and on entering REPLAY);
-    # `progress_tick` is the last tick its paused work advanced; `owed` prompt positions are due this tick
+    # progress bounds, in ticks: the session is live by `live_by` (set on opening and on entering REPLAY),
+    # its tool results are prefilled by `prefill_by`; `owed` prompt or result positions are due this tick;
+    # `progress_tick` is the last tick its paused work advanced
     live_by: int | None = None
-    progress_tick: int = -1
+    prefill_by: int = 0
     owed: int = 0
+    progress_tick: int = -1
     # counters
     frames_consumed: int = 0
     frames_replayed: int = 0
