@@ -29,9 +29,9 @@ CORPUS = [
     '"contact": "+1 555 0100", "room_type": "standard"}}]</TOOLCALL>',
     '<TOOL_RESPONSE>[{"available": true, "room_type": "standard", "nightly_rate_cents": 18900, '
     '"total_cents": 41580, "confirmation_code": "K7Q2M9"}]</TOOL_RESPONSE>',
-    "<AVAILABLE_TOOLS>[{\"type\": \"function\", \"function\": {\"name\": \"lookup_reservation\", "
-    "\"description\": \"Find a reservation\", \"parameters\": {\"type\": \"object\", "
-    "\"properties\": {}, \"required\": []}}}]</AVAILABLE_TOOLS>",
+    '<AVAILABLE_TOOLS>[{"type": "function", "function": {"name": "lookup_reservation", '
+    '"description": "Find a reservation", "parameters": {"type": "object", '
+    '"properties": {}, "required": []}}}]</AVAILABLE_TOOLS>',
     "You are the concierge of a hotel. Speak briefly, one question at a time, and read names back.",
     "0123456789 yes no okay sure great perfect what when where which who why how many",
 ]

@@ -5,29 +5,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from datetime import date
 
 import pytest
 from livekit.agents import AgentSession, ToolError, llm
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN
 
+import hotel_support
 from agent.hotel import (
     MAX_FAILED_LOOKUPS,
     SYSTEM_TROUBLE,
     TOO_MANY_LOOKUPS,
     HotelAgent,
-    concierge_instructions,
     tool_schemas,
 )
-from tools import schemas, testing
+from hotel_support import booking
+from prompts import PROMPTS_DIR
+from tools import schemas
 from tools.audit import audit
 from tools.hotel import Hotel
-from tools.testing import booking
 
 
-@pytest.fixture(params=testing.BACKENDS)
+@pytest.fixture(params=hotel_support.BACKENDS)
 def store(request, tmp_path):
-    with testing.seeded_store(request.param, tmp_path) as s:
+    with hotel_support.seeded_store(request.param, tmp_path) as s:
         yield s
 
 
@@ -94,7 +96,7 @@ def outputs(events: list[object]) -> list[llm.FunctionCallOutput]:
 
 
 def test_a_booking_through_the_session_then_the_sold_out_answer(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     (first, second), model = converse(
         hotel,
         [
@@ -128,7 +130,7 @@ def test_a_booking_through_the_session_then_the_sold_out_answer(store):
 
 
 def test_the_same_booking_repeated_by_the_model_books_once(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     (first, second), _ = converse(
         hotel,
         [
@@ -156,7 +158,7 @@ def test_the_same_booking_repeated_by_the_model_books_once(store):
     ],
 )
 def test_bad_arguments_come_back_as_tool_errors_the_model_reads(store, arguments, expected):
-    (events,), _ = converse(testing.hotel(store), [("Book it.", [("book_room", arguments), "Sorry."])])
+    (events,), _ = converse(hotel_support.hotel(store), [("Book it.", [("book_room", arguments), "Sorry."])])
     (out,) = outputs(events)
     assert out.is_error is True and expected in out.output, out.output
     assert len(out.output) < 400
@@ -164,7 +166,7 @@ def test_bad_arguments_come_back_as_tool_errors_the_model_reads(store, arguments
 
 
 def test_lookup_change_and_cancel_through_the_session(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     code = hotel.book_room(booking(room_type="standard"))["confirmation_code"]
     key = {"confirmation_code": code, "last_name": "lovelace"}
     turns, _ = converse(
@@ -196,7 +198,7 @@ def test_lookup_change_and_cancel_through_the_session(store):
 
 
 def test_guessing_codes_is_cut_off_after_a_few_misses(store):
-    agent = HotelAgent(testing.hotel(store), instructions="test")
+    agent = HotelAgent(hotel_support.hotel(store), instructions="test")
 
     async def guess(code: str) -> str:
         try:
@@ -204,7 +206,7 @@ def test_guessing_codes_is_cut_off_after_a_few_misses(store):
         except ToolError as err:
             return err.message
 
-    real = testing.hotel(store).book_room(booking())["confirmation_code"]
+    real = hotel_support.hotel(store).book_room(booking())["confirmation_code"]
 
     async def main():
         misses = [await guess("ACDEFHJ" + c) for c in "KMNPR"[:MAX_FAILED_LOOKUPS]]
@@ -216,7 +218,7 @@ def test_guessing_codes_is_cut_off_after_a_few_misses(store):
 
 
 def test_an_unexpected_failure_is_a_tool_error_without_details(store, monkeypatch, caplog):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     agent = HotelAgent(hotel, instructions="test")
 
     def broken(*args, **kwargs):
@@ -229,11 +231,26 @@ def test_an_unexpected_failure_is_a_tool_error_without_details(store, monkeypatc
     assert "Lovelace" not in caplog.text  # logs carry ids, not guest data
 
 
-def test_the_agent_exposes_the_five_tool_schemas_and_a_dated_prompt(store):
-    hotel = Hotel(store, today=lambda: date(2030, 3, 4))
-    agent = HotelAgent(hotel)
-    assert sorted(tool_schemas(agent), key=lambda t: t["name"]) == sorted(
+@pytest.mark.parametrize("backend", hotel_support.BACKENDS)
+def test_the_agent_exposes_the_five_tool_schemas_and_its_hotels_prompt(backend, tmp_path):
+    """The default instructions are prompts/concierge.md filled in for this hotel: the name stored in its
+    database and its today, spoken; the reader comment gone, every other line as written."""
+    day = date(2030, 11, 29)
+    policy = replace(hotel_support.TEST_HOTEL.policy, name="The Quillfeather Inn")
+    data = replace(hotel_support.TEST_HOTEL, policy=policy)
+    with hotel_support.seeded_store(backend, tmp_path, data=data, today=day) as store:
+        agent = HotelAgent(Hotel(store, today=lambda: day))
+        schemas_shown = tool_schemas(agent)
+    assert sorted(schemas_shown, key=lambda t: t["name"]) == sorted(
         schemas.tool_specs(), key=lambda t: t["name"]
     )
-    assert agent.instructions == concierge_instructions(hotel)
-    assert "The Larkspur Hotel" in agent.instructions and "Monday, March 4, 2030" in agent.instructions
+    text = agent.instructions
+    assert text.startswith(
+        "You are the phone concierge of The Quillfeather Inn. Today is Friday, November 29, 2030.\n"
+    )
+    written = (PROMPTS_DIR / "concierge.md").read_text(encoding="utf-8")
+    body = written.split("-->", 1)[1].strip()
+    assert text == body.replace("{{hotel_name}}", "The Quillfeather Inn").replace(
+        "{{today}}", "Friday, November 29, 2030"
+    )
+    assert not any(mark in text for mark in ("{{", "}}", "<!--", "-->", "Larkspur"))

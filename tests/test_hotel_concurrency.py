@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from tools import testing
+import hotel_support
+from hotel_support import TODAY, booking
 from tools.audit import audit
 from tools.errors import HotelError, SoldOut
-from tools.testing import TODAY, booking
 
 CALLERS = 64
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(params=testing.BACKENDS)
+@pytest.fixture(params=hotel_support.BACKENDS)
 def store(request, tmp_path):
     # one connection per caller: all 64 really race inside the database, none waits in our pool
-    with testing.seeded_store(request.param, tmp_path, pool_size=CALLERS) as s:
+    with hotel_support.seeded_store(request.param, tmp_path, pool_size=CALLERS) as s:
         yield s
 
 
@@ -54,7 +54,7 @@ def race(n: int, attempt) -> list[object]:
 
 
 def test_64_callers_want_the_last_room_exactly_one_gets_it(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     results = race(
         CALLERS,
         lambda i: hotel.call(
@@ -110,7 +110,7 @@ _WORKER = textwrap.dedent(
 
 def test_64_callers_in_four_worker_processes_sell_the_last_room_once(store):
     # Four processes (four LiveKit workers on one database), 16 callers each, released together.
-    env = {**testing.store_env(store), "CHORUS_DB_POOL_SIZE": "16"}
+    env = {**hotel_support.store_env(store), "CHORUS_DB_POOL_SIZE": "16"}
     start_at = time.time() + 2.0
     workers = [
         subprocess.Popen(
@@ -134,7 +134,7 @@ def test_64_callers_in_four_worker_processes_sell_the_last_room_once(store):
 
 
 def test_a_storm_of_bookings_changes_and_cancellations_never_overbooks(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     # A few bookings to change and cancel, then 64 callers doing random things to a tiny hotel.
     codes = [
         hotel.book_room(booking(room_type="standard", check_in=f"2030-03-{10 + i}", nights=1))[

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from tools import testing
+import hotel_support
+from hotel_support import booking
 from tools.audit import audit
 from tools.errors import HotelError, InvalidRequest, NotFound
-from tools.testing import booking
 
 HUGE = "A" * 10_000
 SQL = "Robert'); DROP TABLE reservations;--"
 
 
-@pytest.fixture(scope="module", params=testing.BACKENDS)
+@pytest.fixture(scope="module", params=hotel_support.BACKENDS)
 def store(request, tmp_path_factory):
     # One store per backend for the module: every test asserts it left the database unchanged.
-    with testing.seeded_store(request.param, tmp_path_factory.mktemp(request.param)) as s:
+    with hotel_support.seeded_store(request.param, tmp_path_factory.mktemp(request.param)) as s:
         yield s
 
 
@@ -31,7 +31,10 @@ def snapshot(store) -> tuple:
         return (
             tuple(tables),
             tuple(tx.reservations()),
-            tuple(n.booked for n in tx.nights([(None, testing.TODAY, testing.TODAY.replace(year=2031))])),
+            tuple(
+                n.booked
+                for n in tx.nights([(None, hotel_support.TODAY, hotel_support.TODAY.replace(year=2031))])
+            ),
         )
 
     return store.transact(read)
@@ -78,7 +81,7 @@ BAD_BOOKINGS = {
 
 @pytest.mark.parametrize("args", BAD_BOOKINGS.values(), ids=BAD_BOOKINGS.keys())
 def test_hostile_bookings_are_refused_in_words(store, args):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     before = snapshot(store)
     with pytest.raises(InvalidRequest) as err:
         hotel.call("book_room", args, session="hostile")
@@ -92,7 +95,7 @@ def test_hostile_bookings_are_refused_in_words(store, args):
 @pytest.mark.parametrize("arguments", [None, [], "book me a room", 42, [booking()]])
 def test_arguments_that_are_not_an_object(store, arguments):
     with pytest.raises(InvalidRequest, match="must be a JSON object"):
-        testing.hotel(store).call("book_room", arguments)
+        hotel_support.hotel(store).call("book_room", arguments)
 
 
 @pytest.mark.parametrize(
@@ -134,14 +137,14 @@ def test_arguments_that_are_not_an_object(store, arguments):
 def test_hostile_arguments_to_every_tool(store, tool, args):
     before = snapshot(store)
     with pytest.raises(InvalidRequest) as err:
-        testing.hotel(store).call(tool, args)
+        hotel_support.hotel(store).call(tool, args)
     assert 10 < len(err.value.message) < 400 and HUGE[:100] not in err.value.message
     assert snapshot(store) == before
 
 
 def test_sql_that_passes_validation_is_only_ever_data(store):
     """Text that survives validation reaches SQL as a bound parameter, never as SQL."""
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     before = snapshot(store)
     with pytest.raises(NotFound):  # a well-formed code that does not exist, an apostrophe surname
         hotel.call("find_reservation", {"confirmation_code": "ACDE-FHJK", "last_name": "O'Brien' OR 'x"})
@@ -156,7 +159,7 @@ def test_sql_that_passes_validation_is_only_ever_data(store):
 
 
 def test_a_model_that_repeats_bad_calls_never_changes_anything(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     before = snapshot(store)
     for args in list(BAD_BOOKINGS.values()) * 3:
         with pytest.raises(HotelError):

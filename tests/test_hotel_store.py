@@ -16,24 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from tools import testing
+import hotel_support
+from hotel_support import TODAY, booking
 from tools.audit import audit
 from tools.errors import HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from tools.store import LATEST_VERSION, SchemaTooNew, Tx
-from tools.testing import TODAY, booking
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(params=testing.BACKENDS)
+@pytest.fixture(params=hotel_support.BACKENDS)
 def store(request, tmp_path):
-    with testing.seeded_store(request.param, tmp_path) as s:
+    with hotel_support.seeded_store(request.param, tmp_path) as s:
         yield s
 
 
 @pytest.fixture
 def hotel(store):
-    return testing.hotel(store)
+    return hotel_support.hotel(store)
 
 
 def count(store, sql: str) -> int:
@@ -74,7 +74,7 @@ def test_both_dialects_have_the_same_migrations():
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path):
-    with testing.seeded_store("sqlite", tmp_path, data=None) as s:
+    with hotel_support.seeded_store("sqlite", tmp_path, data=None) as s:
         assert s.transact(lambda tx: tx._rows("PRAGMA journal_mode")[0][0]) == "wal"
         assert s.transact(lambda tx: tx._rows("PRAGMA foreign_keys")[0][0]) == 1
 
@@ -83,8 +83,10 @@ def test_seeding_again_keeps_bookings_and_adds_only_missing_nights(store, hotel)
     from tools.seed import seed
 
     code = hotel.book_room(booking())["confirmation_code"]
-    assert seed(store, TODAY, testing.TEST_HOTEL) == 0
-    assert seed(store, TODAY + timedelta(days=2), testing.TEST_HOTEL) == 2 * 3  # two new days, three types
+    assert seed(store, TODAY, hotel_support.TEST_HOTEL) == 0
+    assert (
+        seed(store, TODAY + timedelta(days=2), hotel_support.TEST_HOTEL) == 2 * 3
+    )  # two new days, three types
     assert (
         hotel.find_reservation({"confirmation_code": code, "last_name": "Lovelace"})["status"] == "confirmed"
     )
@@ -338,9 +340,9 @@ def test_cancelling_early_is_free_and_the_same_stay_can_be_booked_again(store, h
 
 
 def test_a_stay_that_has_started_is_left_to_the_front_desk(store):
-    hotel = testing.hotel(store)
+    hotel = hotel_support.hotel(store)
     code = hotel.book_room(booking(check_in="2030-03-05", nights=3))["confirmation_code"]
-    later = testing.hotel(store, TODAY + timedelta(days=2))
+    later = hotel_support.hotel(store, TODAY + timedelta(days=2))
     with pytest.raises(NotAllowed, match="already started"):
         later.change_or_cancel_reservation(
             {"confirmation_code": code, "last_name": "Lovelace", "action": "cancel"}
@@ -421,7 +423,7 @@ _BOOK_THEN_HANG = textwrap.dedent(
 
 
 def test_bookings_survive_the_process_that_made_them(store):
-    env = testing.store_env(store)
+    env = hotel_support.store_env(store)
     child = subprocess.Popen(
         [sys.executable, "-c", _BOOK_THEN_HANG], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
     )

@@ -19,11 +19,17 @@ import torch  # noqa: E402
 
 from engine.kernels.causal_conv1d_update import (  # noqa: E402
     causal_conv1d_update,
+    causal_conv1d_update_dense,
+    causal_conv1d_update_dense_ref,
+    causal_conv1d_update_dense_triton,
     causal_conv1d_update_ref,
     causal_conv1d_update_triton,
 )
 from engine.kernels.selective_state_update import (  # noqa: E402
     selective_state_update,
+    selective_state_update_dense,
+    selective_state_update_dense_ref,
+    selective_state_update_dense_triton,
     selective_state_update_ref,
     selective_state_update_triton,
 )
@@ -295,22 +301,118 @@ def test_successive_steps_roll_the_window() -> None:
     assert all(torch.equal(o[1], torch.zeros(5)) for o in outs)
 
 
+# ---------------------------------------------------------------- the live batch (dense: row i is slot i)
+
+# Active rows of successive live ticks over a batch of six: mixed, all live, none live, mixed again.
+LIVE_TICKS = [
+    [True, False, True, True, False, True],
+    [True] * 6,
+    [False] * 6,
+    [False, True, False, True, True, False],
+]
+
+
+def _dense_untouched(active: torch.Tensor, rows: int) -> torch.Tensor:
+    """The state rows a dense step must leave bit-identical: inactive batch rows and every row past the batch
+    (the thinker's scratch row)."""
+    return torch.cat([~active, torch.ones(rows - active.numel(), dtype=torch.bool)])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_selective_state_update_dense_triton_matches_dense_reference(dtype: str) -> None:
+    """The live step's SSM through the Triton kernel (interpreted), tick after tick on its own state: outputs
+    and state equal the dense reference's, inactive rows give zeros, inactive and scratch rows stay put."""
+    gen = torch.Generator().manual_seed(13)
+    b = len(LIVE_TICKS[0])
+    state, *_ = _ssm_inputs(gen, b + 1, b, DTYPES[dtype])
+    ref_state, tri_state = state.clone(), state.clone()
+    for tick, (live, clamp) in enumerate(zip(LIVE_TICKS, [(0.0, float("inf")), (0.05, 0.6)] * 2)):
+        active = torch.tensor(live)
+        _, *args = _ssm_inputs(gen, 1, b, DTYPES[dtype])
+        before = tri_state.clone()
+        want = selective_state_update_dense_ref(ref_state, *args, active, *clamp)
+        got = selective_state_update_dense_triton(tri_state, *args, active, *clamp)
+        _close(
+            f"dense ssm {dtype} tick {tick} y", got, want, TOL["fp32" if dtype == "fp32" else "ssm_bf16_out"]
+        )
+        _close(f"dense ssm {dtype} tick {tick} state", tri_state, ref_state, TOL["fp32"])
+        assert torch.all(got[~active] == 0), "inactive rows must give zeros"
+        untouched = _dense_untouched(active, state.shape[0])
+        assert torch.equal(tri_state[untouched], before[untouched]), "an inactive or scratch row changed"
+        # every active row's state moved (the kernel did run for it)
+        assert all(not torch.equal(tri_state[i], before[i]) for i in torch.nonzero(active).flatten())
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape", ["d40-w4", "d40-w2"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_causal_conv1d_update_dense_triton_matches_dense_reference(
+    dtype: str, shape: str, with_bias: bool
+) -> None:
+    """The live step's conv through the Triton kernel (interpreted), tick after tick on its own state:
+    outputs equal the dense reference's, the windows are bit-identical, inactive and scratch rows stay put."""
+    gen = torch.Generator().manual_seed(14)
+    b = len(LIVE_TICKS[0])
+    _, conv_state, weight, bias = _conv_inputs(gen, b + 1, b, DTYPES[dtype], *CONV_SHAPES[shape])
+    bias = bias if with_bias else None
+    ref_state, tri_state = conv_state.clone(), conv_state.clone()
+    for tick, (live, silu) in enumerate(zip(LIVE_TICKS, [True, False] * 2)):
+        active = torch.tensor(live)
+        x = torch.randn(b, CONV_SHAPES[shape][0], generator=gen).to(DTYPES[dtype])
+        before = tri_state.clone()
+        want = causal_conv1d_update_dense_ref(x, ref_state, weight, bias, active, silu)
+        got = causal_conv1d_update_dense_triton(x, tri_state, weight, bias, active, silu)
+        _close(
+            f"dense conv {dtype} tick {tick} out",
+            got,
+            want,
+            TOL["fp32" if dtype == "fp32" else "conv_bf16_out"],
+        )
+        _equal(f"dense conv {dtype} tick {tick} state", tri_state, ref_state)
+        assert torch.all(got[~active] == 0), "inactive rows must give zeros"
+        untouched = _dense_untouched(active, conv_state.shape[0])
+        assert torch.equal(tri_state[untouched], before[untouched]), "an inactive or scratch row changed"
+        # an active row's window moved left by one and took this tick's input as its newest column
+        rows = torch.nonzero(active).flatten()
+        assert torch.equal(tri_state[rows, :, :-1], before[rows, :, 1:])
+        assert torch.equal(tri_state[rows, :, -1], x[rows].to(tri_state.dtype))
+
+
 # ---------------------------------------------------------------- dispatch
 
 
-def test_dispatchers_use_the_reference_on_cpu() -> None:
+def test_dispatchers_on_cpu_compute_the_step() -> None:
+    """Off CUDA the four dispatchers (indexed and dense) must still compute the step: outputs and mutated
+    state against the float64 per-row loops, padding or inactive rows zero, other slots bit-identical."""
     gen = torch.Generator().manual_seed(7)
-    idx = _slot_indices(gen, 9, 4, 2, True)
-    state, *args = _ssm_inputs(gen, 9, idx.numel(), torch.float32)
-    a, b = state.clone(), state.clone()
-    assert torch.equal(selective_state_update(a, *args, idx), selective_state_update_ref(b, *args, idx))
-    assert torch.equal(a, b)
-    x, conv_state, weight, bias = _conv_inputs(gen, 9, idx.numel(), torch.float32, 40, 4)
-    a, b = conv_state.clone(), conv_state.clone()
-    assert torch.equal(
-        causal_conv1d_update(x, a, weight, bias, idx), causal_conv1d_update_ref(x, b, weight, bias, idx)
-    )
-    assert torch.equal(a, b)
+    active = torch.tensor(LIVE_TICKS[0])
+    dense_idx = torch.where(active, torch.arange(active.numel()), -1)  # row i on slot i, inactive = padding
+    indexed = _slot_indices(gen, 9, 4, 2, True)
+    for name, slots, idx in [("indexed", 9, indexed), ("dense", active.numel() + 1, dense_idx)]:
+        untouched = _untouched(slots, idx)
+        state, *args = _ssm_inputs(gen, slots, idx.numel(), torch.float32)
+        want_y, want_state = _naive_ssm(state, *args, idx, 0.0, float("inf"))
+        got_state = state.clone()
+        if name == "dense":
+            got_y = selective_state_update_dense(got_state, *args, active)
+        else:
+            got_y = selective_state_update(got_state, *args, idx)
+        _close(f"{name} ssm dispatch y", got_y, want_y, TOL["fp32"])
+        _close(f"{name} ssm dispatch state", got_state, want_state, TOL["fp32"])
+        assert torch.all(got_y[idx < 0] == 0)
+        assert torch.equal(got_state[untouched], state[untouched])
+
+        x, conv_state, weight, bias = _conv_inputs(gen, slots, idx.numel(), torch.float32, 40, 4)
+        want_out, want_state = _naive_conv(x, conv_state, weight, bias, idx, True)
+        got_state = conv_state.clone()
+        if name == "dense":
+            got_out = causal_conv1d_update_dense(x, got_state, weight, bias, active)
+        else:
+            got_out = causal_conv1d_update(x, got_state, weight, bias, idx)
+        _close(f"{name} conv dispatch out", got_out, want_out, TOL["fp32"])
+        _equal(f"{name} conv dispatch state", got_state, want_state)
+        assert torch.all(got_out[idx < 0] == 0)
+        assert torch.equal(got_state[untouched], conv_state[untouched])
 
 
 def test_kernel_modules_import_and_fall_back_without_triton() -> None:
@@ -342,8 +444,13 @@ print("ok")
 # Runs in a fresh interpreter without TRITON_INTERPRET so the kernels are compiled for the device.
 CUDA_CHECK = """
 import json, torch
-from engine.kernels.selective_state_update import selective_state_update, selective_state_update_ref
-from engine.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_ref
+from engine.kernels.selective_state_update import (
+    selective_state_update, selective_state_update_dense, selective_state_update_dense_ref,
+    selective_state_update_ref,
+)
+from engine.kernels.causal_conv1d_update import (
+    causal_conv1d_update, causal_conv1d_update_dense, causal_conv1d_update_dense_ref, causal_conv1d_update_ref,
+)
 
 dev = "cuda"
 g = torch.Generator(device=dev).manual_seed(0)
@@ -352,6 +459,10 @@ idx = torch.randperm(S, generator=g, device=dev)
 idx[torch.tensor([5, 17, 40], device=dev)] = -1  # padding rows; slot 0 is still in the batch
 untouched = torch.ones(S, dtype=torch.bool, device=dev)
 untouched[idx[idx >= 0]] = False
+# The live batch: row i is slot i, three rows inactive, one scratch row past the batch.
+active = torch.ones(S, dtype=torch.bool, device=dev)
+active[torch.tensor([3, 17, 40], device=dev)] = False
+live_untouched = torch.cat([~active, torch.ones(1, dtype=torch.bool, device=dev)])
 
 
 def r(*shape):
@@ -390,6 +501,16 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         pad_zero=bool((got[idx < 0] == 0).all()),
         untouched=bool(torch.equal(b[untouched], state[untouched])),
     )
+    live_state = r(S + 1, h, p, n)
+    a, b = live_state.clone(), live_state.clone()
+    want = selective_state_update_dense_ref(a, *args, active, 0.0, 100.0)
+    got = selective_state_update_dense(b, *args, active, 0.0, 100.0)
+    result[f"ssm_dense_{name}"] = dict(
+        **diffs("y", got, want, TOL[f"ssm_{name}"][0]),
+        **diffs("state", b, a, TOL[f"ssm_{name}"][1]),
+        pad_zero=bool((got[~active] == 0).all()),
+        untouched=bool(torch.equal(b[live_untouched], live_state[live_untouched])),
+    )
     d, w = 12288, 4
     conv_state = r(S, d, w - 1).to(dtype)
     x, weight, bias = r(rows, d).to(dtype), (r(d, w) / 2).to(dtype), r(d).to(dtype)
@@ -402,13 +523,24 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         pad_zero=bool((got[idx < 0] == 0).all()),
         untouched=bool(torch.equal(b[untouched], conv_state[untouched])),
     )
+    live_conv = r(S + 1, d, w - 1).to(dtype)
+    a, b = live_conv.clone(), live_conv.clone()
+    want = causal_conv1d_update_dense_ref(x, a, weight, bias, active, True)
+    got = causal_conv1d_update_dense(x, b, weight, bias, active, True)
+    result[f"conv_dense_{name}"] = dict(
+        **diffs("y", got, want, TOL[f"conv_{name}"][0]),
+        state_equal=bool(torch.equal(a, b)),
+        pad_zero=bool((got[~active] == 0).all()),
+        untouched=bool(torch.equal(b[live_untouched], live_conv[live_untouched])),
+    )
 print(json.dumps(result))
 """
 
 
 @pytest.mark.gpu
 def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
-    """Compiled kernels at model sizes: 128 heads x 80, d_state 128, 8 groups; conv 12288 x 4; 64 rows."""
+    """Compiled kernels at model sizes: 128 heads x 80, d_state 128, 8 groups; conv 12288 x 4; 64 rows;
+    both the indexed dispatch and the live batch's dense one."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", CUDA_CHECK], cwd=REPO, env=env, capture_output=True, text=True
@@ -425,12 +557,6 @@ def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
 def test_dense_live_batch_updates_equal_the_indexed_ones():
     """The live batch's in-place updates (row i is slot i) equal the indexed references with inactive rows as
     padding: same outputs, same state, and inactive slots bit-identical."""
-    from engine.kernels.causal_conv1d_update import causal_conv1d_update_dense_ref, causal_conv1d_update_ref
-    from engine.kernels.selective_state_update import (
-        selective_state_update_dense_ref,
-        selective_state_update_ref,
-    )
-
     g = torch.Generator().manual_seed(11)
     b, h, p, n, grp = 6, 4, 8, 5, 2
     active = torch.tensor([True, False, True, True, False, True])
@@ -459,9 +585,6 @@ def test_dense_live_batch_updates_equal_the_indexed_ones():
 def test_scratch_padding_writes_the_same_rows_as_the_general_reference():
     """With padding sent to a scratch row (the thinker's convention) the fast row write gives the same
     outputs and the same state for every real slot."""
-    from engine.kernels.causal_conv1d_update import causal_conv1d_update_ref
-    from engine.kernels.selective_state_update import selective_state_update_ref
-
     g = torch.Generator().manual_seed(12)
     S, b, h, p, n, grp = 6, 4, 4, 8, 5, 2
     general = torch.tensor([3, -1, 0, -1])

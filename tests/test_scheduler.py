@@ -12,6 +12,7 @@ from engine.api import (
     ToolCallRejected,
     ToolCallStarted,
     ToolResultConsumed,
+    TurnEnded,
     TurnStarted,
 )
 from engine.config import TokenConfig
@@ -138,8 +139,14 @@ def test_the_tool_path_in_order():
     text[3] = TOK.bos
     func = np.full(S, TOK.pad)
     func[3] = TOK.call_start
-    sch.apply_live(plan, result(text, func))
-    assert [type(e) for e in got] == [TurnStarted, AudioFrame, type(got[2]), ToolCallStarted]
+    audio = np.zeros((S, 1764), np.float32)
+    audio[3] = 0.25
+    sch.apply_live(plan, LiveResult(text, func, audio))
+    started, frame, ended, call_started = got
+    # the turn opens with this frame, and the call that starts on it interrupts the model's own turn
+    assert (started, ended, call_started) == (TurnStarted(0), TurnEnded(0), ToolCallStarted(0))
+    assert isinstance(frame, AudioFrame) and frame.tick == 0 and frame.text == ""  # <bos> is not spoken
+    assert np.array_equal(frame.samples, audio[3])  # the session's own row of the result
     assert s.phase is Phase.TOOL_CALL and other.phase is Phase.LIVE
     # the next live batch leaves the paused slot out
     assert not sch.plan_live(1, sessions, np.zeros(S, bool)).live[3]

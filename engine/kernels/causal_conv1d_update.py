@@ -2,7 +2,8 @@
 
 Knows tensors only. `causal_conv1d_update` dispatches to the Triton kernel (`causal_conv1d_update_triton`)
 on CUDA and to the plain-torch `causal_conv1d_update_ref` elsewhere. Triton is imported guarded, so this
-module imports (and the reference runs) where Triton is missing.
+module imports (and the reference runs) where Triton is missing. `causal_conv1d_update_dense` (with its
+`_dense_triton` and `_dense_ref`) is the same step for the live batch, where row i is slot i.
 """
 
 from __future__ import annotations
@@ -214,9 +215,34 @@ def causal_conv1d_update_dense_ref(
     return torch.where(active[:, None], out, 0.0).to(x.dtype)
 
 
-def causal_conv1d_update_dense(x, conv_state, weight, bias, active, silu=True):
-    """Dispatch for the live batch: the Triton kernel (in place, inactive rows as padding) on CUDA."""
+def causal_conv1d_update_dense_triton(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    active: torch.Tensor,
+    silu: bool = True,
+) -> torch.Tensor:
+    """Triton version of `causal_conv1d_update_dense_ref`: the indexed kernel with row i on slot i and
+    inactive rows as padding (-1), so an inactive slot is never read or written.
+
+    Shapes (b = batch rows, d = channels, w = kernel width): x [b, d]; conv_state [>= b, d, w - 1], rows
+    past b untouched; weight [d, w]; bias [d] or None; active [b] bool. Returns [b, d] in x's dtype, zeros
+    for inactive rows.
+    """
+    idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
+    return causal_conv1d_update_triton(x, conv_state, weight, bias, idx, silu)
+
+
+def causal_conv1d_update_dense(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    active: torch.Tensor,
+    silu: bool = True,
+) -> torch.Tensor:
+    """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
     if triton is not None and x.is_cuda:
-        idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
-        return causal_conv1d_update_triton(x, conv_state, weight, bias, idx, silu)
+        return causal_conv1d_update_dense_triton(x, conv_state, weight, bias, active, silu)
     return causal_conv1d_update_dense_ref(x, conv_state, weight, bias, active, silu)

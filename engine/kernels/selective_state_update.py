@@ -2,7 +2,8 @@
 
 Knows tensors only. `selective_state_update` dispatches to the Triton kernel (`selective_state_update_triton`)
 on CUDA and to the plain-torch `selective_state_update_ref` elsewhere. Triton is imported guarded, so this
-module imports (and the reference runs) where Triton is missing.
+module imports (and the reference runs) where Triton is missing. `selective_state_update_dense` (with its
+`_dense_triton` and `_dense_ref`) is the same step for the live batch, where row i is slot i.
 """
 
 from __future__ import annotations
@@ -291,9 +292,44 @@ def selective_state_update_dense_ref(
     return torch.where(active[:, None, None], y, 0.0).to(x.dtype)
 
 
-def selective_state_update_dense(state, x, dt, A, B, C, D, dt_bias, active, dt_min=0.0, dt_max=float("inf")):
-    """Dispatch for the live batch: the Triton kernel (in place, inactive rows as padding) on CUDA."""
+def selective_state_update_dense_triton(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    active: torch.Tensor,
+    dt_min: float = 0.0,
+    dt_max: float = float("inf"),
+) -> torch.Tensor:
+    """Triton version of `selective_state_update_dense_ref`: the indexed kernel with row i on slot i and
+    inactive rows as padding (-1), so an inactive slot is never read or written.
+
+    Shapes (b = batch rows, h = heads, p = head dim, g = groups, n = state size): state [>= b, h, p, n] fp32,
+    rows past b untouched; x [b, h, p]; dt [b, h]; A, D, dt_bias [h]; B, C [b, g, n]; active [b] bool.
+    Returns y [b, h, p] in x's dtype, zeros for inactive rows.
+    """
+    idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
+    return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, idx, dt_min, dt_max)
+
+
+def selective_state_update_dense(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    active: torch.Tensor,
+    dt_min: float = 0.0,
+    dt_max: float = float("inf"),
+) -> torch.Tensor:
+    """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
     if triton is not None and x.is_cuda:
-        idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
-        return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, idx, dt_min, dt_max)
+        return selective_state_update_dense_triton(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)
     return selective_state_update_dense_ref(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)

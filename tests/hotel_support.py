@@ -1,4 +1,6 @@
-"""Test support for the hotel: a freshly seeded store on SQLite or PostgreSQL. Imported by tests only.
+"""Test support for the hotel: a freshly seeded store on SQLite or PostgreSQL, and valid tool arguments.
+
+A plain module beside the tests (pytest puts tests/ on sys.path), not part of the shipped `tools` package.
 
 Every store lives in its own place (a temporary SQLite file, or a PostgreSQL schema with a random
 name that is dropped afterwards), so tests never see each other's rows. The PostgreSQL server comes
@@ -18,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from .hotel import Hotel
-from .seed import DEFAULT_HOTEL, HotelSeed, RoomSeed
-from .settings import SQLITE_FILE
-from .store import RoomType, Store
-from .store.sqlite import SqliteStore
+from tools.hotel import Hotel
+from tools.seed import DEFAULT_HOTEL, HotelSeed, RoomSeed
+from tools.settings import SQLITE_FILE
+from tools.store import RoomType, Store
+from tools.store.sqlite import SqliteStore
 
 BACKENDS = ("sqlite", "postgres")
 TODAY = date(2030, 3, 4)  # a Monday; the tests' "today"
@@ -65,13 +67,13 @@ def seeded_store(
     today: date = TODAY,
 ) -> Iterator[Store]:
     """A migrated store of `backend`, seeded with `data` (None: empty), closed and removed afterwards."""
-    from .seed import seed
+    from tools.seed import seed
 
     store: Store
     if backend == "sqlite":
         store = SqliteStore(tmp_path / SQLITE_FILE, pool_size=pool_size)
     elif backend == "postgres":
-        from .store.postgres import PostgresStore
+        from tools.store.postgres import PostgresStore
 
         store = PostgresStore(postgres_url(), schema=fresh_schema(), pool_size=pool_size)
     else:
