@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import json
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,7 +47,8 @@ REPLIES = [
 UTTERANCE_EVERY_S = 6.0
 TOOL_EVERY_S = 12.0
 LAST_CALL_S = 4.0  # no scripted call starts this close to the end: every call is answered in the window
-REDIAL_S = 1.0  # a room refused for lack of headroom tries again after this (a caller redialling)
+REDIAL_S = 1.0  # a room refused for lack of headroom tries again after this (a caller redialling), then
+REDIAL_MAX_S = 8.0  # after twice as long each time, up to this
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
 GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
 EXIT_INTERRUPTED = 130
@@ -101,6 +104,7 @@ class Room:
         self.scripted_turns = 0
         self.error: str | None = None  # the room failed (reported, counted, exit code 1)
         self.refused: str | None = None  # the engine refused the room (no slot or no headroom)
+        self.redials = 0  # refusals for lack of headroom that the room retried
         self.live_at: float | None = None
         self.frames_in = 0  # caller frames the engine received (from its snapshot at the end)
 
@@ -149,6 +153,7 @@ async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, s
     from agent.hotel import HotelAgent
 
     loop = asyncio.get_running_loop()
+    wait = REDIAL_S
     while True:
         agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
         room.call = call = await start_call(
@@ -158,11 +163,13 @@ async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, s
             return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
         except EngineFull as e:
             await call.aclose()
-            if not isinstance(e, EngineOverloaded) or loop.time() + REDIAL_S >= join_by or stop.is_set():
+            if not isinstance(e, EngineOverloaded) or loop.time() + wait >= join_by or stop.is_set():
                 room.refused = str(e)
                 print(f"{room.name} refused: {e}", flush=True)
                 return None
-        await asyncio.sleep(REDIAL_S)
+        room.redials += 1
+        await asyncio.sleep(wait * (0.5 + random.random()))  # backing off, not in step with the others
+        wait = min(2 * wait, REDIAL_MAX_S)
 
 
 async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: float, join_by: float,
@@ -233,6 +240,8 @@ def _progress(engine: Any, rooms: list[Room], phase: str, elapsed: float, total:
         + (f" ({refused} refused)" if refused else "")
         + f"  tick p50 {snap.tick_ms_p50:5.1f} p99 {snap.tick_ms_p99:5.1f} ms  missed {snap.missed_deadlines}"
         f"  tool calls {calls}"
+        + (f"  engine refusals {snap.refused_sessions}" if snap.refused_sessions else "")
+        + ("  (overloaded)" if snap.overloaded else "")
     )
 
 
@@ -289,6 +298,10 @@ async def simulate(args: argparse.Namespace) -> dict:
         store.close()
         raise
 
+    # SIGTERM stops the run as Ctrl-C does: the figures so far are written
+    main_task = asyncio.current_task()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     rooms = [Room(i, i < args.tool_rooms) for i in range(args.rooms)]
     clips = caller_clips()
     go, stop = asyncio.Event(), asyncio.Event()
@@ -345,12 +358,10 @@ async def simulate(args: argparse.Namespace) -> dict:
         if ended != "completed":
             print(f"simulate: {ended}; stopping the rooms and writing the figures so far", flush=True)
         snap = engine.snapshot()  # before the rooms close: the run's own figures
-        frames_in = {s.id: s.frames_in for s in snap.sessions}
         for r in rooms:
-            handle = r.call.handle if r.call is not None else None
-            r.frames_in = frames_in.get(handle.id, 0) if handle is not None else 0
             if r.call is not None:
                 await r.call.aclose()
+                r.frames_in = r.call.handle.frames_in if r.call.handle is not None else 0
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0.3)  # slots are freed on the next tick
         occupancy_after = engine.occupancy
@@ -366,7 +377,7 @@ async def simulate(args: argparse.Namespace) -> dict:
         lost = d.get("frames_pushed", 0) - r.frames_in
         if r.error is None and d.get("input_errors", 0):
             r.error = f"caller audio forwarding failed {d['input_errors']} times"
-        if r.error is None and lost > 0 and ended == "completed":
+        if r.error is None and lost > 0 and ended == "completed" and r.live_at is not None:
             r.error = f"{lost} caller frames never reached the engine"
         per_room.append({"room": r.name, "tool_room": r.tool_room, "live": r.live_at is not None,
                          "scripted_turns": r.scripted_turns, "scripted_calls": r.scripted_calls,
@@ -375,10 +386,12 @@ async def simulate(args: argparse.Namespace) -> dict:
                          "barge_ins": d.get("barge_ins", 0), "frames_pushed": d.get("frames_pushed", 0),
                          "frames_in": r.frames_in, "input_errors": d.get("input_errors", 0),
                          "speech_s": round(o.get("model_s", 0.0), 2), "clips": o.get("clips", 0),
-                         "clip_s": round(o.get("clip_s", 0.0), 2), "error": r.error, "refused": r.refused})  # fmt: skip
+                         "clip_s": round(o.get("clip_s", 0.0), 2), "redials": r.redials, "error": r.error,
+                         "refused": r.refused})  # fmt: skip
     total = {k: sum(p[k] for p in per_room) for k in ("scripted_turns", "scripted_calls", "function_calls",
                                                        "tool_results", "resumes", "rejected_calls", "clips",
-                                                       "frames_pushed", "frames_in", "input_errors")}  # fmt: skip
+                                                       "frames_pushed", "frames_in", "input_errors",
+                                                       "redials")}  # fmt: skip
     metrics = {
         "rooms": args.rooms, "tool_rooms": args.tool_rooms, "seconds": args.seconds, "preset": args.preset,
         "device": snap.device, "slots": args.slots, "ended": ended, "join_s": round(join_s, 1),
@@ -436,7 +449,7 @@ def print_summary(m: dict) -> None:
         ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
         ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
         ("run", m["ended"]),
-        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']}"),
+        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} redials after an overload refusal)"),
         ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
         ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),

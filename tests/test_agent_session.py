@@ -19,7 +19,7 @@ from livekit.agents import io
 from livekit.agents.testing import fake_job_context
 
 from agent.call import PcmInput, start_call
-from agent.duplex import InputConverter
+from agent.duplex import ChorusModel, InputConverter
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
@@ -356,3 +356,61 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
     assert stats["function_calls"] == 1 and stats["tool_results"] == 0 and stats["resumes"] == 0
     assert [r for r in hotel.reservations()] == []
     asyncio.run(until(lambda: engine.occupancy == 0, "the last slot to be freed"))
+
+
+def test_caller_audio_before_the_slot_opens_reaches_the_engine(engine):
+    """The framework forwards the caller's track from the moment it is up, which can be before the engine slot
+    is open (the session is configured later): those frames are held and handed over first, in order, so
+    every frame pushed reaches the engine."""
+
+    async def main():
+        model = ChorusModel(engine)
+        session = model.session()
+        chunk = loud(0.08)
+        for _ in range(10):  # no slot yet: the session is not configured
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))
+        held = (session.handle, session.stats["frames_held"])
+        await session._update_session(instructions="You are the concierge.", tools=[])
+        await until(session.opened.is_set, "the slot to open")
+        for _ in range(5):
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))
+        stats, frames_in = dict(session.stats), session.handle.frames_in
+        await model.aclose()
+        return held, stats, frames_in
+
+    held, stats, frames_in = asyncio.run(main())
+    print(stats, "frames in", frames_in)
+    assert held == (None, 10)
+    assert stats["frames_pushed"] == 15 and frames_in == 15 and stats["held_dropped"] == 0
+
+
+def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine):
+    """A fault inside push_audio (here the input converter raising once: an injected fault, since nothing in
+    the path fails on valid frames) must not escape into the framework's forwarding task, which would end
+    the call's audio: it is counted, and the frames after it still arrive."""
+
+    async def main():
+        model = ChorusModel(engine)
+        session = model.session()
+        await session._update_session(instructions="You are the concierge.", tools=[])
+        await until(session.opened.is_set, "the slot to open")
+        chunk = loud(0.08)
+        real = session._input.push
+        calls = {"n": 0}
+
+        def flaky(frame):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("resampler fault")
+            return real(frame)
+
+        session._input.push = flaky
+        for _ in range(6):
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))  # must not raise
+        stats, frames_in = dict(session.stats), session.handle.frames_in
+        await model.aclose()
+        return stats, frames_in
+
+    stats, frames_in = asyncio.run(main())
+    assert stats["input_errors"] == 1
+    assert stats["frames_pushed"] == frames_in == 5  # the five good frames, the one after the fault too
