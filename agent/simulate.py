@@ -51,6 +51,7 @@ REDIAL_S = 1.0  # a room refused for lack of headroom tries again after this (a 
 REDIAL_MAX_S = 8.0  # after twice as long each time, up to this
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
 GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
+JOIN_EVERY_S, MAX_RAMP_S = 0.25, 30.0  # rooms join this far apart, over at most this long
 EXIT_INTERRUPTED = 130
 
 
@@ -307,7 +308,8 @@ async def simulate(args: argparse.Namespace) -> dict:
     go, stop = asyncio.Event(), asyncio.Event()
     end = [float("inf")]
     loop = asyncio.get_running_loop()
-    ramp = min(5.0, args.seconds / 4)
+    # callers arrive one every JOIN_EVERY_S, as a phone line fills, not all in the same instant
+    ramp = min(JOIN_EVERY_S * len(rooms), MAX_RAMP_S, args.seconds / 4)
     t_start = loop.time()
     join_by = t_start + ramp + args.join_timeout
     tasks = [
