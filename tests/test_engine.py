@@ -3,7 +3,6 @@ channel with real tokens (dummy weights decide nothing); everything after that i
 
 import asyncio
 import json
-import time
 import urllib.request
 
 import numpy as np
@@ -44,12 +43,30 @@ def drain(handle) -> list:
     return out
 
 
-def run_ticks(engine: Engine, start: int, n: int) -> int:
-    """Drive the tick by hand with a deadline far away, so all pending slack work (prompt and result prefill,
-    call tokens, replay) completes within the tick: the test is deterministic whatever the machine's load.
+class ManualClock:
+    """The engine's clock in these tests: time moves only when the test says so. Ticks are driven by hand with a
+    deadline far away, so all pending paused work (prompt and result prefill, call tokens, replay) completes
+    within the tick, no step ever looks slow, and the test is deterministic whatever the machine's load.
     Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def engine_on(clock: ManualClock | None = None, **config) -> Engine:
+    return Engine(EngineConfig(preset="tiny", start=False, **config), clock=clock or ManualClock())
+
+
+def run_ticks(engine: Engine, start: int, n: int) -> int:
     for k in range(start, start + n):
-        engine.run_tick(k, time.monotonic() + 60.0)
+        engine.run_tick(k, engine.clock() + 60.0)
+        engine.clock.advance(0.08)
     return start + n
 
 
@@ -59,7 +76,7 @@ def frames(items) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def engine64():
-    e = Engine(EngineConfig(preset="tiny", num_slots=64, start=False))
+    e = engine_on(num_slots=64)
     yield e
     e.close()
 
@@ -186,20 +203,20 @@ def test_bad_calls_get_an_error_result_and_the_session_carries_on(engine64, case
 
 
 def test_timeout_becomes_an_error_result():
-    with Engine(EngineConfig(preset="tiny", num_slots=2, start=False, tool_timeout_s=0.2)) as e:
+    with engine_on(num_slots=2, tool_timeout_s=0.2) as e:
         h = e.open_session(PROMPT, TOOLS)
         k = run_ticks(e, 0, 1)
         h.force_function(e.tokens.call_ids(CALL))
         k = run_ticks(e, k, 3)
         assert h.phase == "waiting"
-        time.sleep(0.25)
+        e.clock.advance(0.25)  # the tool never answers
         k = run_ticks(e, k, 3)
         assert h.phase == "live"
         assert {s.id: s for s in e.snapshot().sessions}[h.id].tool_errors == 1
 
 
 def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
-    with Engine(EngineConfig(preset="tiny", num_slots=4, start=False)) as e:
+    with engine_on(num_slots=4) as e:
         hs = [e.open_session(PROMPT, TOOLS) for _ in range(4)]
         assert e.occupancy == 1.0
         with pytest.raises(EngineFull, match="all 4 slots are in use"):
@@ -218,7 +235,7 @@ def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
             h.close()
         run_ticks(e, k, 8)
         got = frames(drain(reused))
-    with Engine(EngineConfig(preset="tiny", num_slots=4, start=False)) as fresh:
+    with engine_on(num_slots=4) as fresh:
         for _ in range(slot):
             fresh.open_session(PROMPT, TOOLS).close()  # take the same slot number
         run_ticks(fresh, 0, 1)
@@ -232,7 +249,7 @@ def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
 
 
 def test_open_session_refuses_bad_tool_lists():
-    with Engine(EngineConfig(preset="tiny", num_slots=1, start=False)) as e:
+    with engine_on(num_slots=1) as e:
         with pytest.raises(SessionRejected, match="at most 5 tools"):
             e.open_session(PROMPT, [dict(TOOLS[0], name=f"t{i}") for i in range(6)])
         with pytest.raises(SessionRejected, match="distinct"):
@@ -247,7 +264,7 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             h.push_audio(caller_audio(0, 1.0))
             got = []
             while len(got) < 6:
-                got.append(await asyncio.wait_for(h.outputs.get(), timeout=5))
+                got.append(await asyncio.wait_for(h.outputs.get(), timeout=60))  # an event, not a clock
             assert all(isinstance(g, AudioFrame) and g.samples.shape == (1764,) for g in got)
             assert [g.tick for g in got] == sorted(g.tick for g in got)
             url = f"http://127.0.0.1:{e.server.port}"
