@@ -47,7 +47,7 @@ REPLIES = [
 UTTERANCE_EVERY_S = 6.0
 TOOL_EVERY_S = 12.0
 LAST_CALL_S = 4.0  # no scripted call starts this close to the end: every call is answered in the window
-REDIAL_S = 1.0  # a room refused for lack of headroom tries again after this (a caller redialling), then
+REDIAL_S = 1.0  # a room held back for lack of headroom tries again after this, then
 REDIAL_MAX_S = 8.0  # after twice as long each time, up to this
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
 GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
@@ -105,7 +105,7 @@ class Room:
         self.scripted_turns = 0
         self.error: str | None = None  # the room failed (reported, counted, exit code 1)
         self.refused: str | None = None  # the engine refused the room (no slot or no headroom)
-        self.redials = 0  # refusals for lack of headroom that the room retried
+        self.redials = 0  # times the room was held back for lack of headroom and tried again
         self.live_at: float | None = None
         self.frames_in = 0  # caller frames the engine received (from its snapshot at the end)
 
@@ -149,25 +149,31 @@ class Forcing:
 
 
 async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, stop: asyncio.Event) -> Any:
-    """The room's call on an open engine slot, or None with `room.refused` set. A refusal for lack of
-    headroom is retried until `join_by`, as a caller redials; a full engine is final."""
+    """The room's call on an open engine slot, or None with `room.refused` set. As LiveKit's dispatcher does
+    with a worker whose load is full, a room waits (backing off) while the engine reports no headroom, until
+    `join_by`; a room that finds every slot taken is refused at once (there is no other worker here)."""
     from agent.hotel import HotelAgent
 
     loop = asyncio.get_running_loop()
     wait = REDIAL_S
     while True:
-        agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
-        room.call = call = await start_call(
-            engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input
-        )
-        try:
-            return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
-        except EngineFull as e:
-            await call.aclose()
-            if not isinstance(e, EngineOverloaded) or loop.time() + wait >= join_by or stop.is_set():
-                room.refused = str(e)
-                print(f"{room.name} refused: {e}", flush=True)
-                return None
+        refusal: Exception | None = None
+        if engine.overloaded and engine.occupancy < 1.0:
+            refusal = EngineOverloaded("the engine reported no headroom until the join deadline")
+        else:
+            agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
+            room.call = call = await start_call(
+                engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input
+            )
+            try:
+                return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
+            except EngineFull as e:
+                await call.aclose()
+                refusal = e
+        if not isinstance(refusal, EngineOverloaded) or loop.time() + wait >= join_by or stop.is_set():
+            room.refused = str(refusal)
+            print(f"{room.name} refused: {refusal}", flush=True)
+            return None
         room.redials += 1
         await asyncio.sleep(wait * (0.5 + random.random()))  # backing off, not in step with the others
         wait = min(2 * wait, REDIAL_MAX_S)
@@ -451,7 +457,7 @@ def print_summary(m: dict) -> None:
         ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
         ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
         ("run", m["ended"]),
-        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} redials after an overload refusal)"),
+        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),
         ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
         ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
