@@ -15,7 +15,7 @@ import logging
 import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from livekit import rtc
@@ -23,6 +23,9 @@ from livekit.agents import Agent, AgentSession, io, room_io
 
 from agent.duplex import ChorusModel, ChorusSession
 from agent.playout import AckClips, PlayoutOutput, RoomSink, WavSink
+
+if TYPE_CHECKING:
+    from engine.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.call")
 
@@ -109,11 +112,11 @@ class Call:
         return self.model.sessions[-1] if self.model.sessions else None
 
     @property
-    def handle(self) -> Any:
+    def handle(self) -> SessionHandle | None:
         d = self.duplex
         return d.handle if d is not None else None
 
-    async def wait_open(self, timeout: float = 10.0) -> Any:
+    async def wait_open(self, timeout: float = 10.0) -> SessionHandle:
         """The engine session handle, once the slot is open; the engine's refusal (EngineFull,
         EngineOverloaded, ...) is raised as it came."""
         async with asyncio.timeout(timeout):
@@ -151,7 +154,7 @@ def _session(model: ChorusModel) -> AgentSession:
 
 
 async def start_call(
-    engine: Any,
+    engine: Engine,
     agent: Agent,
     *,
     sink: WavSink | RoomSink,

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,10 @@ from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
 from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from tools.hotel import Hotel
 
 log = logging.getLogger("chorus.agent.simulate")
 
@@ -148,7 +152,9 @@ class Forcing:
                 setattr(self, end, max(getattr(self, end), now) + n)
 
 
-async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, stop: asyncio.Event) -> Any:
+async def join(
+    room: Room, engine: Engine, hotel: Hotel, out: Path, join_by: float, stop: asyncio.Event
+) -> Any:
     """The room's call on an open engine slot, or None with `room.refused` set. As LiveKit's dispatcher does
     with a worker whose load is full, a room waits (backing off) while the engine reports no headroom, until
     `join_by`; a room that finds every slot taken is refused at once (there is no other worker here)."""
@@ -179,7 +185,7 @@ async def join(room: Room, engine: Any, hotel: Any, out: Path, join_by: float, s
         wait = min(2 * wait, REDIAL_MAX_S)
 
 
-async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: float, join_by: float,
+async def run_room(room: Room, engine: Engine, hotel: Hotel, out: Path, start_at: float, join_by: float,
                    today: dt.date, clips: list[np.ndarray], go: asyncio.Event, end: list[float],
                    stop: asyncio.Event) -> None:  # fmt: skip
     """Join (slot, prompt prefill) by `join_by`, then follow the room's script from `go` until `end[0]`."""
@@ -237,7 +243,7 @@ async def run_room(room: Room, engine: Any, hotel: Any, out: Path, start_at: flo
         room.input.end()
 
 
-def _progress(engine: Any, rooms: list[Room], phase: str, elapsed: float, total: float) -> str:
+def _progress(engine: Engine, rooms: list[Room], phase: str, elapsed: float, total: float) -> str:
     snap = engine.snapshot()
     live = sum(1 for r in rooms if r.live_at is not None)
     refused = sum(1 for r in rooms if r.refused)
@@ -252,7 +258,7 @@ def _progress(engine: Any, rooms: list[Room], phase: str, elapsed: float, total:
     )
 
 
-def _window(engine: Any, ticks0: int, missed0: int) -> dict:
+def _window(engine: Engine, ticks0: int, missed0: int) -> dict:
     """Tick figures of the measured window only (the join phase's prompt prefill excluded)."""
     snap = engine.snapshot()
     n = snap.ticks - ticks0
@@ -264,7 +270,7 @@ def _window(engine: Any, ticks0: int, missed0: int) -> dict:
             "late_ticks": [[i, round(ms, 1)] for i, ms in enumerate(live_ms) if ms > 80.0]}  # fmt: skip
 
 
-def build_engine(args: argparse.Namespace) -> Any:
+def build_engine(args: argparse.Namespace) -> Engine:
     """The engine, or SimulateError with one line naming what is wrong."""
     from engine.engine import Engine, EngineConfig
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
 from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess
@@ -19,16 +19,19 @@ from agent.call import quiet_gc, start_call
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
 
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
 log = logging.getLogger("chorus.agent.worker")
 
 CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
 
 _lock = threading.Lock()
-_engine: Any = None
+_engine: Engine | None = None
 _hotel: Any = None
 
 
-def shared_engine(settings: AgentSettings) -> Any:
+def shared_engine(settings: AgentSettings) -> Engine:
     """The process's one engine, built on first use by whichever thread asks first."""
     global _engine
     if _engine is None:

@@ -196,9 +196,10 @@ class Scheduler:
                 left = len(s.prefill_ids) - s.prefill_pos
                 s.owed = max(math.ceil(left / max(1, s.prefill_by - tick)), min(left, lim.result_chunk))
             elif s.phase is Phase.REPLAY:
-                # each tick the live batch and the owed catch-up step take a frame each and one arrives: the
-                # backlog shrinks by at least one per tick; what that cannot clear by `live_by` is skipped
-                s.inbox.skip(len(s.inbox) - 2 - max(0, s.live_by - tick))
+                # silence beyond what one catch-up step a tick could clear by `live_by` is skipped as soon as
+                # it is found; at `live_by`, whatever is left beyond this tick's frame and one is skipped
+                ahead = s.live_by - tick
+                s.inbox.skip(len(s.inbox) - 2 - max(0, ahead), silent_only=ahead > 0)
             elif s.phase is Phase.LIVE and len(s.inbox) > lim.live_lag_frames + 1:
                 s.inbox.skip(len(s.inbox) - 1 - lim.live_lag_frames, silent_only=True)
             if s.phase is Phase.REPLAY and len(s.inbox) <= 2:

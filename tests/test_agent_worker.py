@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import wave
@@ -232,3 +233,28 @@ def test_bad_input_gets_one_line_and_a_non_zero_exit(argv, message, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message)
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_simulation_stops_cleanly_and_writes_its_figures(tmp_path, sig):
+    """Ctrl-C (or SIGTERM) during the talk: the rooms are closed, the partial figures are written and printed
+    as for a finished run, no traceback, exit 130."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DATA_DIR")}
+    out = tmp_path / "sim"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "simulate", "--rooms", "2", "--seconds", "600", "--out", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:  # progress lines, one a second
+        lines.append(line)
+        if line.startswith("[talk") and "2/2" in line:
+            break
+    proc.send_signal(sig)
+    rest, err = proc.communicate(timeout=120)
+    print("".join(lines[-3:]), rest[-2000:], err[-2000:])
+    assert proc.returncode == 130
+    last = json.loads(rest.strip().splitlines()[-1])
+    assert last["ended"] == "interrupted" and last["rooms_live"] == 2 and last["occupancy_after"] == 0.0
+    assert json.loads((out / "metrics.json").read_text())["summary"] == last
+    assert "Traceback" not in rest + err

@@ -117,6 +117,6 @@ class PostgresStore(Store):
                 )
 
     def drop_schema(self) -> None:
-        """Delete this store's schema and everything in it (tests and `seed --reset`)."""
+        """Delete this store's schema and everything in it (the tests' clean slate)."""
         with self._pool.connection() as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
