@@ -164,7 +164,9 @@ async def join(
     wait = REDIAL_S
     while True:
         refusal: Exception | None = None
-        if engine.overloaded and engine.occupancy < 1.0:
+        if engine.occupancy >= 1.0:  # no other worker to send the room to
+            refusal = EngineFull(f"all {engine.config.num_slots} slots are in use")
+        elif engine.overloaded:
             refusal = EngineOverloaded("the engine reported no headroom until the join deadline")
         else:
             agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")

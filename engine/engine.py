@@ -23,7 +23,14 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.api import EngineClosed, EngineOverloaded, Output, SessionRejected, ToolResultConsumed
+from engine.api import (
+    EngineClosed,
+    EngineOverloaded,
+    Output,
+    SessionFailed,
+    SessionRejected,
+    ToolResultConsumed,
+)
 from engine.config import PRESETS, load_preset
 from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, SnapshotServer, pct
 from engine.model.pipeline import Pipeline
@@ -274,8 +281,9 @@ class Engine:
 
     @property
     def load(self) -> float:
-        """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded."""
-        return 1.0 if self.overloaded else self.occupancy
+        """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded or
+        after the tick thread stopped."""
+        return 1.0 if self.failure is not None or self.overloaded else self.occupancy
 
     def _recent_p95(self) -> float:
         recent = list(self.acct.live_ms)[-OVERLOAD_WINDOW:]
@@ -317,6 +325,13 @@ class Engine:
         except BaseException as e:  # the tick thread must not die silently
             self.failure = e
             log.exception("tick thread stopped")
+            self._fail_all(f"the engine stopped: {type(e).__name__}: {e}")
+
+    def _fail_all(self, message: str) -> None:
+        """Tell every open session the engine is gone (the worker reports itself full from now on)."""
+        for s in list(self.pool.sessions.values()):
+            if not s.closed:
+                s.deliver([SessionFailed(self.tick, message)])
 
     def _loop(self) -> None:
         tick_s = self.config.tick_ms / 1000
@@ -343,10 +358,11 @@ class Engine:
         t_start = clock()
         self.tick = k
         reset, sessions, freed = self.pool.begin_tick()
+        sch = self.scheduler
         for s in freed:
             self.acct.closed_dropped += s.inbox.dropped
             self.acct.closed_skipped += s.inbox.skipped
-        sch = self.scheduler
+            sch.call_started_tick.pop(s.id, None)  # closed mid-call
         sch.poll(t_start)
         plan = sch.plan_live(k, sessions, reset)
         result = self.runner.live(plan)

@@ -439,6 +439,9 @@ class Scheduler:
         except ToolCallError as e:
             self._reject(s, str(e))
             return
+        except Exception as e:  # whatever the model wrote, it is this session's bad call, never the tick's
+            self._reject(s, f"the tool call cannot be read ({type(e).__name__})")
+            return
         out: list[Output] = []
         s.pending, s.results = {}, {}
         for call in calls:

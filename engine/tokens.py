@@ -98,6 +98,8 @@ def parse_tool_call(text: str) -> list[ParsedCall]:
         entries = json.loads(body[len(CALL_OPEN) : -len(CALL_CLOSE)])
     except json.JSONDecodeError as e:
         raise ToolCallError(f"the tool call is not valid JSON ({e.msg} at character {e.pos})") from None
+    except (RecursionError, ValueError) as e:  # nesting too deep, a number too long to convert
+        raise ToolCallError(f"the tool call cannot be read ({type(e).__name__})") from None
     if not isinstance(entries, list) or not entries:
         raise ToolCallError("a tool call must be a non-empty JSON list of calls")
     calls = []
@@ -108,7 +110,7 @@ def parse_tool_call(text: str) -> list[ParsedCall]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (RecursionError, ValueError):  # JSONDecodeError is a ValueError
                 raise ToolCallError(f"call {i} ({entry['name']}): arguments are not valid JSON") from None
         if not isinstance(args, dict):
             raise ToolCallError(f"call {i} ({entry['name']}): arguments must be a JSON object")

@@ -14,7 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from engine.api import AudioFrame, EngineFull, EngineOverloaded, FunctionCall, ToolResultConsumed
+from engine.api import (
+    AudioFrame,
+    EngineClosed,
+    EngineFull,
+    EngineOverloaded,
+    FunctionCall,
+    ToolResultConsumed,
+)
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
 from prompts import load_prompt
@@ -186,3 +193,41 @@ def test_overload_refuses_new_sessions_and_recovers_when_the_headroom_returns():
         assert not e.overloaded  # a window of ticks with headroom and no miss
         e.open_session("You are the concierge.", []).close()
         h.close()
+
+
+def test_a_call_nested_past_the_parsers_depth_is_that_sessions_bad_call_not_the_ticks():
+    """A 1,200-deep call (a legal length with max_call_tokens raised) used to raise RecursionError out of the
+    parser and stop the tick thread; now the session gets an error result and everyone keeps the cadence."""
+    clock = OffsetClock()
+    with Engine(
+        EngineConfig(preset="tiny", num_slots=2, start=False, max_call_tokens=8192), clock=clock
+    ) as e:
+        h, other = e.open_session("You are the concierge.", []), e.open_session("You are the concierge.", [])
+        tok = e.tokens
+        deep = "<TOOLCALL>" + "[" * 1200 + "]" * 1200 + "</TOOLCALL>"
+        h.force_function([tok.call_start, *tok.encode(deep), tok.call_end])
+        for k in range(40):
+            other.push_audio(speech(1, k))
+            e.run_tick(k, clock() + 60.0)  # all paused work completes within each tick
+        items = drain(h)
+        assert any(type(i).__name__ == "ToolCallRejected" and "cannot be read" in i.reason for i in items)
+        assert h.phase == "live" and e.failure is None
+        ticks = [o.tick for o in drain(other) if isinstance(o, AudioFrame)]
+        assert ticks == list(range(ticks[0], 40))
+
+
+def test_when_the_tick_thread_dies_every_session_is_told_and_the_worker_reports_full():
+    with Engine(EngineConfig(preset="tiny", num_slots=2)) as e:
+        h = e.open_session("You are the concierge.", [])
+
+        def broken(plan):
+            raise RuntimeError("device lost")
+
+        e.runner.live = broken
+        got = h.outputs.get(timeout=60)  # an event, not a clock: the next tick fails
+        while type(got).__name__ != "SessionFailed":
+            got = h.outputs.get(timeout=60)
+        assert "device lost" in got.message
+        assert e.load == 1.0
+        with pytest.raises(EngineClosed, match="tick thread stopped"):
+            e.open_session("You are the concierge.", [])
