@@ -68,6 +68,7 @@ class EngineConfig(BaseModel):
     overload_ratio: float = Field(0.9, gt=0)
     recover_ratio: float = Field(0.75, gt=0)
     max_call_tokens: int = Field(512, ge=8)
+    max_result_chars: int = Field(16_000, ge=100)  # a longer tool result is cut, with a note to the model
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
     prompt_cache_size: int = Field(8, ge=0)  # prefilled system prompts kept for new sessions to start from
@@ -117,11 +118,16 @@ class SessionHandle:
         if self._s.closed:
             return
         name = self._s.pending.get(call_id)
+        output, cap = str(output), self._engine.config.max_result_chars
+        if (
+            len(output) > cap
+        ):  # every character is prefilled on the tick: the model reads the start and a note
+            output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
         self._s.incoming.put(
             {
                 "call_id": call_id,
                 "name": name.name if name else "",
-                "output": str(output),
+                "output": output,
                 "is_error": bool(is_error),
             }
         )

@@ -60,20 +60,16 @@ class FrameInbox:
             raise ValueError(f"push_audio: expected mono samples of shape (n,), got shape {a.shape}")
         if a.dtype == np.int16:
             x = a.astype(np.float32) / 32768.0
-        elif a.dtype in (np.float32, np.float64):
-            x = a.astype(np.float32)
+            bad = np.zeros(0, dtype=bool)
+        elif np.issubdtype(a.dtype, np.floating):
+            # clipped in the caller's precision first: a finite 1e39 in float64 is loud, not infinity
+            bad = ~np.isfinite(a)
+            x = np.clip(np.where(bad, 0.0, a) if bad.any() else a, -1.0, 1.0).astype(np.float32)
         else:
             raise ValueError(f"push_audio: expected int16 or float samples, got {a.dtype}")
-        bad = ~np.isfinite(x)
-        if bad.any():
-            x = np.where(bad, 0.0, x).astype(np.float32)
         with self._lock:
             self.nonfinite += int(bad.sum())
-            buf = (
-                np.concatenate([self._tail, np.clip(x, -1.0, 1.0)])
-                if self._tail.size
-                else np.clip(x, -1.0, 1.0)
-            )
+            buf = np.concatenate([self._tail, x]) if self._tail.size else x
             n = buf.size // self.frame
             if n:
                 cut = buf[: n * self.frame].reshape(n, self.frame)

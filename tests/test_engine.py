@@ -275,3 +275,36 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             h.close()
 
     asyncio.run(main())
+
+
+def test_caller_audio_of_any_float_precision_is_clipped_not_silenced():
+    """float16 is a float too; a finite sample beyond the float32 range is loud (clipped to full scale), not
+    turned into infinity and then silence; NaN and infinity are silence and counted."""
+    with engine_on(num_slots=1) as e:
+        h = e.open_session(PROMPT, TOOLS)
+        inbox = h._s.inbox
+        h.push_audio(np.full(1280, 0.25, np.float16))
+        h.push_audio(np.full(1280, 1e39, np.float64))
+        h.push_audio(np.array([np.nan, np.inf, -np.inf] + [-5.0] * 1277, np.float64))
+        frames = [inbox.pop() for _ in range(3)]
+        assert frames[0].dtype == np.float32 and np.all(frames[0] == 0.25)
+        assert np.all(frames[1] == 1.0)
+        assert np.all(frames[2][:3] == 0.0) and np.all(frames[2][3:] == -1.0)
+        assert inbox.nonfinite == 3
+
+
+def test_a_huge_tool_result_is_cut_with_a_note_the_model_reads():
+    with engine_on(num_slots=1, max_result_chars=1000) as e:
+        h = e.open_session(PROMPT, TOOLS)
+        k = run_ticks(e, 0, 1)
+        h.force_function(e.tokens.call_ids(CALL))
+        k = run_ticks(e, k, 3)
+        call = next(i for i in drain(h) if isinstance(i, FunctionCall))
+        h.submit_tool_result(call.call_id, "x" * 1_000_000)
+        e.scheduler.poll(e.clock())
+        ids = h._s.prefill_ids
+        text = e.tokens.decode(ids)
+        assert "the result was cut: 1000000 characters, the first 1000 kept" in text
+        assert len(ids) < 2000
+        run_ticks(e, k, 4)
+        assert h.phase == "live"
