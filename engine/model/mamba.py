@@ -23,9 +23,9 @@ from engine.kernels.selective_state_update import selective_state_update, select
 class GatedRMSNorm(nn.Module):
     """RMSNorm over groups of channels of `x * silu(gate)` (NemotronH's `mixer.norm`)."""
 
-    def __init__(self, size: int, group_size: int, eps: float) -> None:
+    def __init__(self, size: int, group_size: int, eps: float, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))  # the mixer's dtype, as in transformers
         self.group_size = group_size
         self.eps = eps
 
@@ -50,7 +50,7 @@ class Mamba2Mixer(nn.Module):
         )
         self.dt_bias = nn.Parameter(torch.empty(h))
         self.A_log = nn.Parameter(torch.empty(h))
-        self.norm = GatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, cfg.norm_eps)
+        self.norm = GatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, cfg.norm_eps, dtype)
         self.D = nn.Parameter(torch.empty(h))
         self._xbc_sizes = [cfg.d_inner, cfg.n_groups * n, cfg.n_groups * n]
         self.out_proj = nn.Linear(cfg.d_inner, cfg.hidden_size, bias=False, dtype=dtype)
