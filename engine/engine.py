@@ -118,10 +118,9 @@ class SessionHandle:
         if self._s.closed:
             return
         name = self._s.pending.get(call_id)
+        # every character is prefilled on the tick: a longer result is cut, and the model reads a note saying so
         output, cap = str(output), self._engine.config.max_result_chars
-        if (
-            len(output) > cap
-        ):  # every character is prefilled on the tick: the model reads the start and a note
+        if len(output) > cap:
             output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
         self._s.incoming.put(
             {
