@@ -36,7 +36,7 @@ from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, Snapshot
 from engine.model.pipeline import Pipeline
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
-from engine.slots import FrameInbox, Session, SlotPool
+from engine.slots import FrameInbox, Phase, Session, SlotPool
 from engine.tokens import MAX_TOOLS, Tokens
 
 log = logging.getLogger("chorus.engine")
@@ -72,6 +72,9 @@ class EngineConfig(BaseModel):
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
     prompt_cache_size: int = Field(8, ge=0)  # prefilled system prompts kept for new sessions to start from
+    max_prompt_prefills: int = Field(
+        4, ge=1
+    )  # distinct new prompts admitted at once (each costs its prefill)
     max_backlog_s: float = Field(30.0, gt=0)  # caller audio held per session while paused
     cadence_locked_tools: bool = False  # baseline: one tool token per tick, results one token per tick
     metrics_port: int | None = None  # serve /snapshot and /metrics on 127.0.0.1 (0: any free port)
@@ -243,6 +246,14 @@ class Engine:
             prompt_ids = self.tokens.prompt_ids(prompt, tools)
         except ValueError as e:
             raise SessionRejected(str(e)) from None
+        key = hash(tuple(prompt_ids))
+        prefilling = self._prompts_prefilling()
+        if key not in prefilling and len(prefilling) >= self.config.max_prompt_prefills:
+            self.refused += 1
+            raise EngineOverloaded(
+                f"{len(prefilling)} other system prompts are being prefilled (the most at once is "
+                f"{self.config.max_prompt_prefills}); retry shortly, or share one prompt across sessions"
+            )
         if sink is not None:
             outputs, deliver = None, sink
         elif loop is not None:
@@ -263,7 +274,7 @@ class Engine:
         def make(session_id: str, slot: int) -> Session:
             return Session(
                 session_id, slot, frozenset(names), FrameInbox(frame, self._max_backlog), self._accounted(deliver),
-                prefill_ids=prompt_ids, prompt_key=hash(tuple(prompt_ids)),
+                prefill_ids=prompt_ids, prompt_key=key,
             )  # fmt: skip
 
         session = self.pool.open(make)
@@ -283,6 +294,16 @@ class Engine:
     @property
     def occupancy(self) -> float:
         return self.pool.occupancy
+
+    def _prompts_prefilling(self) -> set[int]:
+        """Distinct system prompts not yet cached that open sessions are waiting for (read across threads:
+        a snapshot, good enough for admission)."""
+        cached = self.scheduler.cached_prompts
+        return {
+            s.prompt_key
+            for s in list(self.pool.sessions.values())
+            if s.phase is Phase.PROMPT and not s.closed and s.prompt_key not in cached
+        }
 
     @property
     def load(self) -> float:

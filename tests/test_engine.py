@@ -11,6 +11,7 @@ import pytest
 from engine.api import (
     AudioFrame,
     EngineFull,
+    EngineOverloaded,
     FunctionCall,
     SessionRejected,
     ToolCallRejected,
@@ -308,3 +309,17 @@ def test_a_huge_tool_result_is_cut_with_a_note_the_model_reads():
         assert len(ids) < 2000
         run_ticks(e, k, 4)
         assert h.phase == "live"
+
+
+def test_distinct_new_prompts_are_admitted_a_few_at_a_time():
+    """Each distinct prompt costs its own prefill: past `max_prompt_prefills` of them waiting at once, a new
+    one is refused as overload, while sessions sharing a prompt already on its way are always admitted."""
+    with engine_on(num_slots=8, max_prompt_prefills=2) as e:
+        e.open_session("You are the concierge of the Harbour Hotel.", TOOLS)
+        e.open_session("You are the concierge of the Quay Hotel.", TOOLS)
+        with pytest.raises(EngineOverloaded, match="2 other system prompts are being prefilled"):
+            e.open_session("You are the concierge of the Pier Hotel.", TOOLS)
+        e.open_session("You are the concierge of the Quay Hotel.", TOOLS)  # shares a prefill on its way
+        run_ticks(e, 0, 2)  # both prompts prefilled and cached
+        e.open_session("You are the concierge of the Pier Hotel.", TOOLS)
+        assert e.occupancy == 4 / 8
