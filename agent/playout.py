@@ -34,6 +34,7 @@ CHUNK_S = 0.080  # clips are played in chunks of this length
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
 ACKS_DIR = Path(__file__).resolve().parent.parent / "prompts" / "acks"
+HISTORY = 4096  # playout events and spans kept per call (about five minutes of chunks)
 
 
 # -- sinks ------------------------------------------------------------------------------------------------
@@ -196,8 +197,9 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._paused = False
         self._ack_on_flush = False
         self._ack_timer: asyncio.TimerHandle | None = None
-        self.events: list[tuple[float, str]] = []  # (monotonic time, what): for reports and tests
-        self.spans: list[list] = []  # [kind, start, end] of every chunk played, ends corrected by cuts
+        # recent history for reports and tests, bounded: a call can last for hours
+        self.events: deque[tuple[float, str]] = deque(maxlen=HISTORY)  # (monotonic time, what)
+        self.spans: deque[list] = deque(maxlen=HISTORY)  # [kind, start, end] per chunk played, ends cut
         self.stats = {
             "model_s": 0.0,
             "clip_s": 0.0,
