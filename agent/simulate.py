@@ -50,7 +50,8 @@ REPLIES = [
 ]
 UTTERANCE_EVERY_S = 6.0
 TOOL_EVERY_S = 12.0
-LAST_CALL_S = 4.0  # no scripted call starts this close to the end: every call is answered in the window
+LAST_CALL_S = 4.0  # no scripted call starts this close to the end of the window
+DRAIN_S = 20.0  # after the window, calls still on their way get this long to be answered and resumed
 REDIAL_S = 1.0  # a room held back for lack of headroom tries again after this, then
 REDIAL_MAX_S = 8.0  # after twice as long each time, up to this
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
@@ -236,6 +237,12 @@ async def run_room(room: Room, engine: Engine, hotel: Hotel, out: Path, start_at
                 # forced while paused, so the model speaks it as soon as the tool result is consumed
                 force.text([tok.bos, *tok.encode(" Thanks for waiting."), tok.eos])
                 pending_reply = False
+            force.top_up()
+            await asyncio.sleep(0.1)
+        # the window is over: a call still on its way is seen through (tool, result, replay), within DRAIN_S
+        while not stop.is_set() and call.duplex.stats["resumes"] < room.scripted_calls:
+            if loop.time() > end[0] + DRAIN_S:
+                break
             force.top_up()
             await asyncio.sleep(0.1)
     except Exception as e:  # one room failing is reported, not fatal
