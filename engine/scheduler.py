@@ -331,9 +331,7 @@ class Scheduler:
             fit = self._fit("call", len(calls), 1, budget_ms) if calls else None
             if not fit:
                 return None
-            group = sorted(calls, key=lambda s: s.t_call_start)[: fit[0]]
-            forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
-            return ToolWork("call", group, _slots(group), forced)
+            return _call_work(sorted(calls, key=lambda s: s.t_call_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives; keep one frame for it
             ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 2]
             fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
@@ -341,13 +339,8 @@ class Scheduler:
         phase, chunk = (
             (Phase.PREFILL, lim.result_chunk) if kind == "result" else (Phase.PROMPT, lim.prefill_chunk)
         )
-        group = sorted(by_phase.get(phase, []), key=lambda s: (-s.prefill_pos, s.opened_at))
-        if kind == "prompt":  # one prefill per distinct prompt; sessions with the same prompt wait for it
-            first: dict[int, Session] = {}
-            for s in group:
-                if s.prompt_key not in self.cached_prompts:
-                    first.setdefault(s.prompt_key, s)
-            group = list(first.values())
+        group = by_phase.get(phase, [])
+        group = self._prompt_leaders(group) if kind == "prompt" else sorted(group, key=_furthest_first)
         if not group:
             return None
         t_max = min(chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
@@ -366,19 +359,23 @@ class Scheduler:
             return sorted(group, key=lambda s: (s.progress_tick, s.opened_at))[: lim.owed_rows]
 
         if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress_tick != tick]:
-            group = first(calls)
-            forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
-            return ToolWork("call", group, _slots(group), forced)
+            return _call_work(first(calls))
         if results := [s for s in open_ if s.phase is Phase.PREFILL and s.owed > 0]:
             group = first(results)
             return self._prefill_work("result", group, self._owed_chunk(group))
-        leaders: dict[int, Session] = {}  # one prefill per distinct prompt: the others start from its state
-        for s in sorted(open_, key=lambda s: (-s.prefill_pos, s.opened_at)):
-            if s.phase is Phase.PROMPT and s.prompt_key not in self.cached_prompts:
-                leaders.setdefault(s.prompt_key, s)
-        if group := [s for s in leaders.values() if s.owed > 0][: lim.owed_rows]:
+        leaders = self._prompt_leaders([s for s in open_ if s.phase is Phase.PROMPT])
+        if group := [s for s in leaders if s.owed > 0][: lim.owed_rows]:
             return self._prefill_work("prompt", group, self._owed_chunk(group))
         return None
+
+    def _prompt_leaders(self, prompting: list[Session]) -> list[Session]:
+        """One session per distinct uncached prompt, the furthest along: it prefills, and the others with the
+        same prompt start from its state once it is cached."""
+        leaders: dict[int, Session] = {}
+        for s in sorted(prompting, key=_furthest_first):
+            if s.prompt_key not in self.cached_prompts:
+                leaders.setdefault(s.prompt_key, s)
+        return list(leaders.values())
 
     def _owed_chunk(self, group: list[Session]) -> int:
         return min(
@@ -474,6 +471,16 @@ class Scheduler:
             resume_ms = (self.clock() - s.t_last_result) * 1e3
             s.deliver([ToolResultConsumed(self.tick, s.call_ms, resume_ms)])
             s.t_call_start = 0.0
+
+
+def _furthest_first(s: Session) -> tuple[int, float]:
+    return -s.prefill_pos, s.opened_at
+
+
+def _call_work(group: list[Session]) -> ToolWork:
+    """One call-token step for `group`, with each session's forced function token (-1: the model's own)."""
+    forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
+    return ToolWork("call", group, _slots(group), forced)
 
 
 def _slots(sessions: list[Session]) -> np.ndarray:
