@@ -32,6 +32,7 @@ import numpy as np
 
 from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
+from agent.sim_report import EXIT_INTERRUPTED, exit_code, print_summary, rss_mb
 from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
@@ -57,7 +58,6 @@ REDIAL_MAX_S = 8.0  # after twice as long each time, up to this
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
 GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
 JOIN_EVERY_S, MAX_RAMP_S = 0.25, 30.0  # rooms join this far apart, over at most this long
-EXIT_INTERRUPTED = 130
 
 
 class SimulateError(Exception):
@@ -443,55 +443,6 @@ async def simulate(args: argparse.Namespace) -> dict:
         )
     )
     return metrics
-
-
-def rss_mb() -> float:
-    """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-
-
-def exit_code(m: dict) -> int:
-    """0 only when every room went live, none failed and every scripted tool call was answered."""
-    if m["ended"] == "interrupted":
-        return EXIT_INTERRUPTED
-    ok = (
-        m["ended"] == "completed"
-        and m["rooms_live"] == m["rooms"]
-        and m["room_errors"] == 0
-        and m["tool_results"] == m["scripted_calls"] == m["resumes"]
-    )
-    return 0 if ok else 1
-
-
-def print_summary(m: dict) -> None:
-    rows = [
-        ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
-        ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
-        ("run", m["ended"]),
-        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),
-        ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
-        ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
-        ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
-        ("missed deadlines", f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})"),
-        ("caller frames pushed / received", f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)"),
-        ("dropped / skipped frames, underruns", f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}"),
-        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed"),
-        ("bookings made by the tools", str(m["bookings_made"])),
-        ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),
-        ("agent turns (scripted)", f"{m['scripted_turns']}, {m['speech_s']:.1f} s of agent speech played"),
-        ("acknowledgement clips", f"{m['clips']}, {m['clip_s']:.1f} s played"),
-        ("slots in use after", f"{m['occupancy_after']:.2f}"),
-        ("output", f"{m['out']}/room_*.wav, metrics.json"),
-    ]  # fmt: skip
-    width = max(len(k) for k, _ in rows)
-    print("-" * (width + 40))
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    print("-" * (width + 40))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,59 @@
+"""What `python -m agent simulate` reports: the summary table, the exit code, and the resident memory it samples.
+Knows the simulation's metrics dictionary; nothing of rooms, sessions or the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EXIT_INTERRUPTED = 130
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def exit_code(m: dict) -> int:
+    """0 only when every room went live, none failed and every scripted tool call was answered."""
+    if m["ended"] == "interrupted":
+        return EXIT_INTERRUPTED
+    ok = (
+        m["ended"] == "completed"
+        and m["rooms_live"] == m["rooms"]
+        and m["room_errors"] == 0
+        and m["tool_results"] == m["scripted_calls"] == m["resumes"]
+    )
+    return 0 if ok else 1
+
+
+def print_summary(m: dict) -> None:
+    rows = [
+        ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
+        ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
+        ("run", m["ended"]),
+        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),
+        ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
+        ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
+        ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
+        ("missed deadlines", f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})"),
+        ("caller frames pushed / received", f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)"),
+        ("dropped / skipped frames, underruns", f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}"),
+        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed"),
+        ("bookings made by the tools", str(m["bookings_made"])),
+        ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),
+        ("agent turns (scripted)", f"{m['scripted_turns']}, {m['speech_s']:.1f} s of agent speech played"),
+        ("acknowledgement clips", f"{m['clips']}, {m['clip_s']:.1f} s played"),
+        ("slots in use after", f"{m['occupancy_after']:.2f}"),
+        ("output", f"{m['out']}/room_*.wav, metrics.json"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    print("-" * (width + 40))
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    print("-" * (width + 40))
