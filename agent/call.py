@@ -22,6 +22,7 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, room_io
 
 from agent.duplex import ChorusModel, ChorusSession
+from agent.history import bound_call_memory
 from agent.playout import AckClips, PlayoutOutput, RoomSink, WavSink
 
 if TYPE_CHECKING:
@@ -127,11 +128,16 @@ class Call:
             raise self.duplex.open_error
         return self.handle
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, play_out: bool = False) -> None:
+        """End the call. The engine slot is freed first (a caller who left holds nothing, even while a tool
+        runs); with `play_out` (the call ends on the agent's side), what is queued for the caller still plays
+        (at most the playout buffer), instead of being cut off."""
         if self.closed:
             return
         self.closed = True
-        await self.model.aclose()  # the slot first: a caller who left holds nothing, even while a tool runs
+        await self.model.aclose()
+        if play_out:
+            await self.output.play_out()
         with contextlib.suppress(RuntimeError):
             await self.session.aclose()
         await self.output.aclose()
@@ -188,6 +194,7 @@ async def start_call(
                 session.input.audio = audio_input
             session.output.audio = output
             await session.start(agent=agent, record=False)
+        bound_call_memory(session)
         output.start()
     except BaseException:
         await call.aclose()

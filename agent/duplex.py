@@ -190,6 +190,7 @@ class ChorusSession(llm.DuplexSession):
         self.speaking = False
         self.paused = False
         self._turn_text = ""
+        self._answered: set[str] = set()  # call ids whose result went to the engine
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
         self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
@@ -254,6 +255,9 @@ class ChorusSession(llm.DuplexSession):
             if self._closing or self.handle.closed:
                 log.info("session %s: late result of %s discarded", self.handle.id, item.call_id)
                 continue
+            if item.call_id in self._answered:  # the framework's context diff may hand an item over again
+                continue
+            self._answered.add(item.call_id)
             self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
             self.stats["tool_results"] += 1
 

@@ -34,7 +34,7 @@ CHUNK_S = 0.080  # clips are played in chunks of this length
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
 ACKS_DIR = Path(__file__).resolve().parent.parent / "prompts" / "acks"
-HISTORY = 4096  # playout events and spans kept per call (about five minutes of chunks)
+HISTORY = 1024  # playout events and spans kept per call (about 80 s of chunks)
 
 
 # -- sinks ------------------------------------------------------------------------------------------------
@@ -431,6 +431,16 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
                 self.stats["clip_s"] += chunk.duration
             self._space.set()
             await self.sink.write(chunk.samples, start)
+
+    async def play_out(self, timeout: float = BUFFER_S + 0.5) -> None:
+        """Until the audio already handed over has played (the framework's last frames of a turn included), at
+        most `timeout`: a call that ends on the agent's side keeps its last words."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        while (
+            (self._seg is not None or self.queued_s > 1e-3) and loop.time() < until and self._task is not None
+        ):
+            await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
         self._paused = False

@@ -381,9 +381,11 @@ async def simulate(args: argparse.Namespace) -> dict:
         if ended != "completed":
             print(f"simulate: {ended}; stopping the rooms and writing the figures so far", flush=True)
         snap = engine.snapshot()  # before the rooms close: the run's own figures
+        # the agents end their calls: what each has queued still plays (interrupted: cut at once)
+        closing = [r.call.aclose(play_out=ended == "completed") for r in rooms if r.call is not None]
+        await asyncio.gather(*closing, return_exceptions=True)
         for r in rooms:
             if r.call is not None:
-                await r.call.aclose()
                 r.frames_in = r.call.handle.frames_in if r.call.handle is not None else 0
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0.3)  # slots are freed on the next tick

@@ -39,7 +39,10 @@ def _call_of_length(engine: Engine, n: int) -> list[int]:
 
 
 def _result_of_length(engine: Engine, n: int) -> str:
-    """An output whose `<TOOL_RESPONSE>` encoding is about n tokens."""
+    """An output whose `<TOOL_RESPONSE>` encoding is about n tokens; n < 0: exactly -n characters (a result
+    too long to prefill whole, which the engine cuts at `max_result_chars`)."""
+    if n < 0:
+        return ("room 12 free; " * (-n // 14 + 1))[:-n]
     text = ""
     while len(engine.tokens.response_ids([{"name": "check_availability", "output": text}])) < n:
         text += "room 12 free; "
@@ -189,7 +192,8 @@ def plot(series: list[float], path: str, title: str) -> None:
 def serve(args) -> dict:
     base = EngineConfig(preset=args.preset, num_slots=args.sessions, device=args.device, threads=args.threads,
                         checkpoint=args.checkpoint, start=True)  # fmt: skip
-    common = dict(call_tokens=args.call_tokens, result_tokens=args.result_tokens,
+    common = dict(call_tokens=args.call_tokens,
+                  result_tokens=-args.result_chars if args.result_chars else args.result_tokens,
                   tool_latency_s=args.tool_latency_ms / 1000, call_every_s=args.call_every_s)  # fmt: skip
     if args.sweep:
         return sweep(base, args, common)
@@ -210,7 +214,7 @@ def serve(args) -> dict:
           f"{cadence['tool_call_ticks_p50']} ticks cadence-locked; naive per-session tick {naive} ms")  # fmt: skip
     return {
         "bench": "serve", "preset": args.preset, "sessions": args.sessions, "tool_sessions": args.tool_sessions,
-        "seconds": args.seconds, **main, "tick_series_len": len(series),
+        "seconds": args.seconds, "result_chars": args.result_chars, **main, "tick_series_len": len(series),
         "cadence_tool_call_ticks_p50": cadence["tool_call_ticks_p50"],
         "cadence_tool_call_ms_p50": cadence["tool_call_ms_p50"],
         "cadence_result_prefill_ms_p50": cadence["result_prefill_ms_p50"],
@@ -256,6 +260,12 @@ def add_arguments(p) -> None:
     p.add_argument("--baseline-seconds", type=float, default=20.0)
     p.add_argument("--call-tokens", type=int, default=40)
     p.add_argument("--result-tokens", type=int, default=200)
+    p.add_argument(
+        "--result-chars",
+        type=int,
+        default=0,
+        help="answer every call with this many characters instead (e.g. 1000000: an oversized result)",
+    )
     p.add_argument("--tool-latency-ms", type=float, default=300.0)
     p.add_argument("--call-every-s", type=float, default=2.0, help="live time between a session's tool calls")
     p.add_argument("--checkpoint", default=None)

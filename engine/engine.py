@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,8 @@ class Engine:
         )
         frame_clock = self.model_cfg.clock
         self.scheduler = Scheduler(cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock)
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-tokens")
+        self.scheduler.encode_pool = self._encoder  # tool results are tokenised off the tick thread
         self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
@@ -476,6 +479,7 @@ class Engine:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._encoder.shutdown(wait=False, cancel_futures=True)
         if self.server is not None:
             self.server.close()
 

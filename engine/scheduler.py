@@ -19,10 +19,12 @@ the network) sheds its silent frames.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,6 +42,8 @@ from engine.api import (
 )
 from engine.slots import Phase, Session
 from engine.tokens import Tokens, ToolCallError, parse_tool_call
+
+log = logging.getLogger("chorus.engine.scheduler")
 
 WorkKind = Literal["call", "result", "replay", "prompt"]
 PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
@@ -158,6 +162,7 @@ class Scheduler:
         self.cached_prompts: set[int] = set()
         self.saves: list[tuple[int, int]] = []
         self.call_started_tick: dict[str, int] = {}
+        self.encode_pool: Executor | None = None  # where tool results are tokenised (None: inline)
         self.tick = 0
         self.underruns = 0
 
@@ -262,6 +267,10 @@ class Scheduler:
         for s in self.sessions:
             if s.phase is not Phase.WAITING or s.closed:
                 continue
+            if s.response is not None:  # the results are in; their tokens are on their way
+                if s.response.done():
+                    self._prefill_response(s, s.response)
+                continue
             while not s.incoming.empty():
                 r = s.incoming.get_nowait()
                 if r["call_id"] in s.pending and r["call_id"] not in s.results:
@@ -280,13 +289,30 @@ class Scheduler:
                 self._begin_result_prefill(s, [_public(r) for r in ordered])
 
     def _begin_result_prefill(self, s: Session, results: list[dict]) -> None:
-        s.phase = Phase.PREFILL
-        s.prefill_by = self.tick + self.limits.result_ticks
-        s.prefill_ids = self.tok.response_ids(results)
-        s.prefill_pos = 0
+        """The results are complete: their tokens are encoded by `encode_pool` (off the tick thread: a long
+        result would otherwise stall every session), and the prefill starts on the first poll after."""
         s.pending, s.results = {}, {}
         if not s.t_last_result:
             s.t_last_result = self.clock()
+        if self.encode_pool is None:
+            done: Future = Future()
+            done.set_result(self.tok.response_ids(results))
+            self._prefill_response(s, done)
+            return
+        s.phase = Phase.WAITING
+        s.response = self.encode_pool.submit(self.tok.response_ids, results)
+
+    def _prefill_response(self, s: Session, response: Future) -> None:
+        s.response = None
+        try:
+            ids = response.result()
+        except Exception as e:  # the model still hears that its call came back
+            log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
+            ids = self.tok.response_ids([{"error": "the tool results could not be read"}])
+        s.phase = Phase.PREFILL
+        s.prefill_by = self.tick + self.limits.result_ticks
+        s.prefill_ids = ids
+        s.prefill_pos = 0
 
     def _fit(self, kind: str, n: int, t_max: int, budget_ms: float) -> tuple[int, int] | None:
         """The largest (rows, positions) of this kind predicted to fit in the budget: halve the positions

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,6 +130,7 @@ class Session:
     pending: dict[str, ParsedCall] = field(default_factory=dict)
     results: dict[str, dict] = field(default_factory=dict)
     incoming: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    response: Future | None = None  # the results' tokens, being encoded off the tick thread
     wait_deadline: float = 0.0
     t_call_start: float = 0.0
     call_ms: float = 0.0
@@ -160,7 +162,7 @@ class SlotPool:
         self._free: deque[int] = deque(range(num_slots))
         self.sessions: dict[int, Session] = {}
         self._to_reset: set[int] = set()  # opened since the last tick: the model must reset these rows
-        self._to_free: set[int] = set()  # closed since the last tick: freed by the tick thread
+        self._closed: list[Session] = []  # closed since the last tick (their final counters)
 
     @property
     def occupancy(self) -> float:
@@ -180,24 +182,23 @@ class SlotPool:
             return session
 
     def close(self, session: Session) -> None:
+        """The slot is free at once: a caller waiting for one gets it now. The tick in progress skips the
+        closed session, and the slot's rows are reset before a new session's first step."""
         with self._lock:
             if session.closed:
                 return
             session.closed = True
-            self._to_free.add(session.slot)
+            if self.sessions.get(session.slot) is session:
+                del self.sessions[session.slot]
+                self._free.append(session.slot)
+            self._closed.append(session)
 
     def begin_tick(self) -> tuple[np.ndarray, list[Session], list[Session]]:
-        """Free the slots closed since the last tick; return the reset mask, the sessions now open and the
-        sessions just freed (for their final counters)."""
+        """The reset mask (slots opened since the last tick), the sessions now open and the sessions closed
+        since the last tick (for their final counters)."""
         reset = np.zeros(self.num_slots, dtype=bool)
-        freed = []
         with self._lock:
-            for slot in self._to_free:
-                if (gone := self.sessions.pop(slot, None)) is not None:
-                    freed.append(gone)
-                self._free.append(slot)
-                self._to_reset.discard(slot)
-            self._to_free.clear()
+            freed, self._closed = self._closed, []
             for slot in self._to_reset:
                 reset[slot] = True
             self._to_reset.clear()

@@ -61,7 +61,9 @@ class Tokens:
         )
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        # the batch call gives the same ids and lets go of the GIL while it works (`encode` holds it: a long
+        # tool result or prompt would stall the tick thread for its whole length)
+        return self.tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)

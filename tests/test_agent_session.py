@@ -414,3 +414,75 @@ def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine):
     stats, frames_in = asyncio.run(main())
     assert stats["input_errors"] == 1
     assert stats["frames_pushed"] == frames_in == 5  # the five good frames, the one after the fault too
+
+
+def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(engine, hotel, tmp_path, monkeypatch,
+                                                                              caplog):  # fmt: skip
+    """The framework's per-call history and event record are trimmed as the call goes on (here to 4 items and
+    8 events, so a short call shows it). Calls made after a trim still run their tool once, hand the result
+    to the engine once, and the adapter never sees an item removed from under it."""
+    import agent.history
+
+    monkeypatch.setattr(agent.history, "HISTORY_ITEMS", 4)
+    monkeypatch.setattr(agent.history, "EVENTS_KEPT", 8)
+    tok = engine.tokens
+
+    async def main():
+        with fake_job_context():
+            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050))
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            sizes = []
+            guests = [("Ada Lovelace", "2030-03-12"), ("Grace Hopper", "2030-04-12")]
+            for n in range(1, 13):
+                handle.force_text(turn(engine, f" Reply {n}."))
+                await until(
+                    lambda n=n: call.duplex.stats["turns"] == n and not call.duplex.speaking, "a turn"
+                )
+                if n in (6, 12):  # a call after the history was trimmed (and a second one)
+                    calls = call.duplex.stats["resumes"] + 1
+                    guest, check_in = guests.pop(0)
+                    args = booking(guest_name=guest, check_in=check_in, nights=2)
+                    handle.force_function(tok.call_ids([{"name": "book_room", "arguments": args}]))
+                    await until(
+                        lambda c=calls: call.duplex.stats["resumes"] == c, "the result to be consumed"
+                    )
+                sizes.append((len(call.session.history.items), len(call.session._recorded_events)))
+            stats = dict(call.duplex.stats)
+            await call.aclose()
+            return sizes, stats
+
+    with caplog.at_level("WARNING"):
+        sizes, stats = asyncio.run(main())
+    print(sizes, stats)
+    assert max(h for h, _ in sizes) < 2 * 4 + 2  # trimmed back to 4 whenever it reached 8 (+ instructions)
+    assert max(e for _, e in sizes) < 2 * 8
+    assert stats["function_calls"] == 2 and stats["tool_results"] == 2 and stats["resumes"] == 2
+    assert sorted(r.guest_name for r in hotel.reservations()) == ["Ada Lovelace", "Grace Hopper"]
+    assert not [r for r in caplog.records if "append-only" in r.getMessage()]
+
+
+@pytest.mark.parametrize("rate", [22_050, 48_000])
+def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp_path, rate):
+    """The call ends right as the model's last turn ends: everything it said still plays, all of it (the
+    160 ms playout buffer and, at 48 kHz, the resampler's tail), and the WAV holds it."""
+
+    async def main():
+        with fake_job_context():
+            sink = WavSink(tmp_path / "out.wav", rate)
+            call = await start_call(engine, HotelAgent(hotel), sink=sink)
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            handle.force_text(turn(engine, " Thank you for calling, goodbye now."))
+            await until(lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the last turn")
+            await call.aclose(play_out=True)
+            return dict(call.duplex.stats), dict(call.output.stats)
+
+    stats, out = asyncio.run(main())
+    print(stats, out)
+    said = stats["speech_frames"] * FRAME_S
+    assert said > 0.5 and abs(out["model_s"] - said) < 2e-3, (said, out["model_s"])
+    assert out["flushed_s"] == 0 and out["dropped_s"] == 0
+    with wave.open(str(tmp_path / "out.wav"), "rb") as w:
+        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    assert np.count_nonzero(pcm) >= int(0.9 * said * rate)  # the speech is in the file, not cut at its end

@@ -155,6 +155,15 @@ def test_the_same_booking_repeated_by_the_model_books_once(store):
             "The number of guests must be a whole number.",
         ),  # cut-off JSON
         ("[1, 2]", "Error parsing arguments"),  # the framework's own refusal, still a readable error
+        # digits int() rejects (Ethiopic numerals are digits, not decimals) and days no calendar can hold:
+        # a request to say the date again, not "the reservation system has a problem"
+        (booking(check_in="\u1369"), "I could not read the check-in date"),
+        (booking(check_in="March \u1369\u136a"), "I could not read the check-in date"),
+        (booking(check_in="March 99999999999999999999"), "does not exist on the calendar"),
+        (booking(check_in="March 12 99999999999999999999"), "does not exist on the calendar"),
+        (booking(check_in="2030-03-12", check_out="99999999999999999999"), "does not exist on the calendar"),
+        # the limit counts the name as stored: U+0958 is two characters once NFC-normalised
+        (booking(guest_name="\u0958" * 80), "The guest name must be at most 80 characters long."),
     ],
 )
 def test_bad_arguments_come_back_as_tool_errors_the_model_reads(store, arguments, expected):

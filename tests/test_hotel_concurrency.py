@@ -20,6 +20,7 @@ import hotel_support
 from hotel_support import TODAY, booking
 from tools.audit import audit
 from tools.errors import HotelError, SoldOut
+from tools.hotel import KEY_REUSED
 
 CALLERS = 64
 REPO = Path(__file__).resolve().parents[1]
@@ -87,14 +88,16 @@ _WORKER = textwrap.dedent(
     from tools.store import open_store
     from tools.settings import StoreSettings
     worker, threads, start_at = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    key = sys.argv[4] if len(sys.argv) > 4 else None  # one key for every request: a retried booking
     hotel = Hotel(open_store(StoreSettings.from_env()), today=lambda: date(2030, 3, 4))
     outcomes = []
     def attempt(i):
         time.sleep(max(0.0, start_at - time.time()))
+        contact = "+15550000000" if key else f"+1555000{worker:02d}{i:02d}"
         try:
-            hotel.book_room({"guest_name": "Ada Lovelace", "contact": f"+1555000{worker:02d}{i:02d}",
-                             "check_in": "2030-03-12", "nights": 2, "guests": 2, "room_type": "deluxe"})
-            outcomes.append("booked")
+            view = hotel.book_room({"guest_name": "Ada Lovelace", "contact": contact, "check_in": "2030-03-12",
+                                    "nights": 2, "guests": 2, "room_type": "deluxe"}, idempotency_key=key)
+            outcomes.append(view["confirmation_code"] if key else "booked")
         except SoldOut:
             outcomes.append("sold_out")
         except Exception as exc:
@@ -108,28 +111,68 @@ _WORKER = textwrap.dedent(
 )
 
 
-def test_64_callers_in_four_worker_processes_sell_the_last_room_once(store):
-    # Four processes (four LiveKit workers on one database), 16 callers each, released together.
-    env = {**hotel_support.store_env(store), "CHORUS_DB_POOL_SIZE": "16"}
+def run_workers(store, processes: int, threads: int, *key: str) -> Counter[str]:
+    """Each process books the last deluxe room from `threads` threads, all released together; the outcomes."""
+    env = {**hotel_support.store_env(store), "CHORUS_DB_POOL_SIZE": str(threads)}
     start_at = time.time() + 2.0
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(w), "16", str(start_at)],
+            [sys.executable, "-c", _WORKER, str(w), str(threads), str(start_at), *key],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for w in range(4)
+        for w in range(processes)
     ]
     outcomes: Counter[str] = Counter()
     for w in workers:
         out, err = w.communicate(timeout=180)
         assert w.returncode == 0, err
         outcomes.update(json.loads(out.strip().splitlines()[-1]))
+    return outcomes
+
+
+def test_64_callers_in_four_worker_processes_sell_the_last_room_once(store):
+    # Four processes (four LiveKit workers on one database), 16 callers each, released together.
+    outcomes = run_workers(store, 4, 16)
     assert outcomes == Counter({"booked": 1, "sold_out": CALLERS - 1})
     assert len(store.transact(lambda tx: tx.reservations())) == 1
+    assert audit(store) == []
+
+
+def test_a_booking_retried_16_times_at_once_for_the_last_room_gets_one_code_every_time(store):
+    """The same booking (one idempotency key, or the same details again in one call) sent 16 times at once for
+    the last room: every answer is that booking, none is "sold out"; one reservation, one room taken."""
+    hotel = hotel_support.hotel(store)
+    same_key = race(16, lambda i: hotel.book_room(booking(), idempotency_key="retry-1"))
+    same_call = race(16, lambda i: hotel.call("book_room", booking(check_in="2030-04-12"), session="call-7"))
+    for results in (same_key, same_call):
+        assert [type(r).__name__ for r in results if not isinstance(r, dict)] == []
+        assert len({r["confirmation_code"] for r in results}) == 1
+        assert sorted(r["already_booked"] for r in results) == [False] + [True] * 15
+    assert len(store.transact(lambda tx: tx.reservations())) == 2
+    assert audit(store) == []
+
+
+def test_a_retried_booking_from_four_worker_processes_gets_one_code(store):
+    outcomes = run_workers(store, 4, 4, "retry-from-4-workers")
+    assert len(outcomes) == 1 and sum(outcomes.values()) == 16, outcomes
+    assert "sold_out" not in outcomes
+    assert len(store.transact(lambda tx: tx.reservations())) == 1
+    assert audit(store) == []
+
+
+def test_a_key_reused_for_another_booking_is_refused(store):
+    hotel = hotel_support.hotel(store)
+    first = hotel.book_room(booking(), idempotency_key="k-1")
+    with pytest.raises(HotelError) as refused:
+        hotel.book_room(booking(guest_name="Grace Hopper"), idempotency_key="k-1")
+    assert refused.value.message == KEY_REUSED
+    again = hotel.book_room(booking(), idempotency_key="k-1")  # the same request again is still answered
+    assert again["confirmation_code"] == first["confirmation_code"] and again["already_booked"] is True
+    assert [r.guest_name for r in store.transact(lambda tx: tx.reservations())] == ["Ada Lovelace"]
     assert audit(store) == []
 
 

@@ -1,7 +1,9 @@
 """The scheduler on hand-made results: no model, just plans, phases and events."""
 
 import json
+import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -235,6 +237,84 @@ def test_a_runaway_call_is_cut_at_the_token_limit():
         sch.apply_tool(w, ToolResult(func=np.array([TOK.encode("a")[0]])), 1.0)
     assert s.phase is Phase.PREFILL
     assert "exceeded 16 tokens" in got[-1].reason
+
+
+class HeldPool:
+    """An executor that runs nothing until `run_all`."""
+
+    def __init__(self) -> None:
+        self.jobs: list = []
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self.jobs.append((fut, fn, args))
+        return fut
+
+    def run_all(self) -> None:
+        for fut, fn, args in self.jobs:
+            fut.set_result(fn(*args))
+        self.jobs.clear()
+
+
+def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
+    """A long tool result's tokens are encoded by the engine's encoder pool: the session stays WAITING until
+    they are ready, every other session stays in the live batch meanwhile, and the prefill is exactly the
+    tokens of the whole response."""
+    sch = sched()
+    pool = sch.encode_pool = HeldPool()
+    s, got = make_session(1, Phase.TOOL_CALL)
+    other, _ = make_session(4)
+    sessions = [s, other]
+    sch.sessions = sessions
+    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+    (call,) = [e for e in got if isinstance(e, FunctionCall)]
+    output = json.dumps({"rooms": ["a quiet room facing the garden"] * 400})  # about 13,000 characters
+    s.incoming.put({"call_id": call.call_id, "name": call.name, "output": output, "is_error": False})
+    for tick in range(1, 4):  # the tokens are not ready: the session waits, the other one is live
+        sch.poll(time.monotonic())
+        assert s.phase is Phase.WAITING and len(pool.jobs) == 1
+        plan = sch.plan_live(tick, sessions, np.zeros(S, bool))
+        assert plan.live[4] and not plan.live[1]
+        assert sch.next_tool_work(100.0) is None  # nothing of the waiting session's on the tick
+    pool.run_all()
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.PREFILL
+    assert s.prefill_ids == TOK.response_ids([{"name": "check_availability", "output": output}])
+
+
+def test_a_rejected_call_is_answered_through_the_encoder_pool_too():
+    sch = sched()
+    pool = sch.encode_pool = HeldPool()
+    s, got = make_session(2, Phase.TOOL_CALL)
+    sch.sessions = [s]
+    run_call(sch, s, "check_availability(2)")
+    assert isinstance(got[-1], ToolCallRejected) and s.phase is Phase.WAITING
+    pool.run_all()
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.PREFILL and "could not be run" in TOK.decode(s.prefill_ids)
+
+
+def test_the_tokenizer_lets_go_of_the_gil_while_it_encodes():
+    """`Tokens.encode` gives the ids of the tokenizer's own `encode`, and another thread keeps running while
+    it works on a long text (the tick thread, while a result is tokenised)."""
+    text = json.dumps([{"name": "hotel_info", "output": "The pool opens at seven. " * 4000}])
+    assert TOK.encode(text) == TOK.tok.encode(text, add_special_tokens=False).ids
+    done = threading.Event()
+    steps = 0
+
+    def encode() -> None:
+        for _ in range(5):
+            TOK.encode(text)
+        done.set()
+
+    t = threading.Thread(target=encode)
+    t.start()
+    while not done.is_set():
+        steps += 1
+        time.sleep(0)
+    t.join()
+    # holding the GIL, the encoder would let this loop through about once per 5 ms switch interval
+    assert steps > 50, steps
 
 
 def test_frame_inbox_cuts_any_chunking_into_exact_frames():

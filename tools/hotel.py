@@ -26,6 +26,9 @@ NOT_FOUND = (
     "I couldn't find a reservation with that confirmation code and last name. "
     "Could you read me the code again, one character at a time?"
 )
+KEY_REUSED = (
+    "This request key was already used for a booking with other details; a different booking needs a new key."
+)
 
 
 class NotSetUp(HotelError):
@@ -181,6 +184,12 @@ class Hotel:
         ]
         return "s:" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
+    @staticmethod
+    def _same_booking(r: Reservation, args: schemas.BookRoom, room: RoomType, stay: Stay) -> bool:
+        return (r.guest_name.casefold(), r.contact, r.room_type, r.check_in, r.check_out, r.guests) == (
+            args.guest_name.casefold(), args.contact, room.code, stay.check_in, stay.check_out, args.guests
+        )  # fmt: skip
+
     def book_room(
         self,
         args: schemas.BookRoom | Mapping[str, Any],
@@ -200,11 +209,16 @@ class Hotel:
             stay = self._stay(args, policy, today)
             room = self._match_room(args.room_type, rooms)
             key = idempotency_key or (self._derived_key(session, args, room, stay) if session else None)
-            if key is not None and (existing := tx.reservation_by_key(key)) is not None:
-                return existing, True, rooms, policy
             if args.guests > room.max_guests:
                 raise replies.too_many_guests(room, args.guests, rooms)
+            # the key is looked up only once the nights are locked: a concurrent request with the same key
+            # holds them until it commits, and its booking is then visible here (READ COMMITTED sees rows
+            # committed before each statement), so a retry is answered with that booking, never "sold out"
             rows = tx.nights([(room.code, stay.check_in, stay.check_out)], lock=True)
+            if key is not None and (existing := tx.reservation_by_key(key)) is not None:
+                if not self._same_booking(existing, args, room, stay):
+                    raise InvalidRequest(KEY_REUSED)
+                return existing, True, rooms, policy
             option = replies.Option(room, rows, stay)
             if option.rooms_left <= 0:
                 everything = replies.options(rooms, tx.nights([(None, stay.check_in, stay.check_out)]), stay)

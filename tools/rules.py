@@ -76,21 +76,23 @@ def parse_date(text: str, today: date, *, not_before: date | None = None, field:
         return today + timedelta(days=(_WEEKDAYS[words[1]] - today.weekday() - 1) % 7 + 1)
     if len(words) == 1 and words[0] in _WEEKDAYS:
         return anchor + timedelta(days=(_WEEKDAYS[words[0]] - anchor.weekday()) % 7)
-    if len(words) == 1 and words[0].isdigit():
+    # isdecimal, not isdigit: int() takes every decimal digit (Arabic-Indic too) but no other "digit"
+    # (Ethiopic numerals, circled numbers)
+    if len(words) == 1 and words[0].isdecimal():
         found = _next_day_of_month(int(words[0]), anchor)
         if found is None:
             raise InvalidRequest(f"The {field} {_clip(raw)} does not exist on the calendar.")
         return found
-    numbers = [w for w in words if w.isdigit()]
-    names = [w for w in words if not w.isdigit()]
+    numbers = [w for w in words if w.isdecimal()]
+    names = [w for w in words if not w.isdecimal()]
     if len(names) == 1 and names[0] in _MONTHS and 1 <= len(numbers) <= 2:
         month, day = _MONTHS[names[0]], int(numbers[0])
         years = [int(numbers[1])] if len(numbers) == 2 else range(anchor.year, anchor.year + 9)
         for year in years:
             try:
                 candidate = date(year, month, day)
-            except ValueError:
-                continue  # no such day that year (February 29th): try the next one
+            except (ValueError, OverflowError):
+                continue  # no such day that year (February 29th, the 99999999999th): try the next one
             if candidate >= anchor or len(numbers) == 2:
                 return candidate
         raise InvalidRequest(f"The {field} {_clip(raw)} does not exist on the calendar.")
@@ -259,6 +261,7 @@ def spoken_code(code: str) -> str:
 # --- names -------------------------------------------------------------------------------------------
 
 NAME_PUNCTUATION = " -'.’"
+NAME_MAX = 80  # characters, counted as stored (after NFC, which lengthens some letters)
 
 
 def clean_name(text: str) -> str:
@@ -272,6 +275,8 @@ def clean_name(text: str) -> str:
             raise ValueError("a name can only contain letters, spaces, hyphens, apostrophes and periods")
     if not any(unicodedata.category(ch).startswith("L") for ch in name):
         raise ValueError("a name needs at least one letter")
+    if len(name) > NAME_MAX:
+        raise ValueError(f"must be at most {NAME_MAX} characters long")
     return name
 
 
