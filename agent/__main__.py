@@ -1,5 +1,6 @@
 """`python -m agent simulate | token | dev | start | console`: the simulation (the embedded default), a join
-token for a test client, or the livekit-agents worker commands, passed through with Chorus's server.
+token for a test client, or the worker: `dev` and `start` are livekit-agents' `python -m livekit.agents start
+[--dev] agent/worker.py`, `console` is what `lk agent console` runs (it needs the LiveKit CLI's --connect-addr).
 Settings come from the environment or `.env` (see agent/settings.py).
 """
 
@@ -12,7 +13,7 @@ import sys
 def _token(argv: list[str]) -> int:
     from livekit import api
 
-    from agent.settings import AgentSettings
+    from agent.settings import AgentSettings, SettingsError
 
     p = argparse.ArgumentParser(
         prog="python -m agent token", description="print a join token for a test client"
@@ -21,7 +22,11 @@ def _token(argv: list[str]) -> int:
     p.add_argument("--identity", default="caller")
     p.add_argument("--ttl-minutes", type=int, default=60)
     args = p.parse_args(argv)
-    s = AgentSettings.from_env()
+    try:
+        s = AgentSettings.from_env()
+    except SettingsError as e:
+        print(f"token: {e}", file=sys.stderr)
+        return 2
     if not s.livekit_api_key or not s.livekit_api_secret:
         print("token: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET (environment or .env)", file=sys.stderr)
         return 2
@@ -37,6 +42,10 @@ def _token(argv: list[str]) -> int:
     )
     print(token)
     return 0
+
+
+# `python -m agent X` -> `python -m livekit.agents ... agent/worker.py`
+WORKER_COMMANDS = {"dev": ["start", "--dev"], "start": ["start"], "console": ["console"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,14 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("-h", "--help"):
         print(__doc__)
         return 0
-    # dev | start | console | download-files ...: livekit-agents' own CLI, running Chorus's server
-    from livekit.agents import cli
+    if command not in WORKER_COMMANDS:
+        print(f"{command}: unknown command; choose simulate, token, dev, start or console", file=sys.stderr)
+        return 2
+    # dev | start | console: livekit-agents' own CLI, on the `server` of agent/worker.py
+    from agent.settings import AgentSettings, SettingsError
+    from tools.settings import StoreSettings
 
-    from agent.settings import AgentSettings
-    from agent.worker import build_server
-
-    settings = AgentSettings.from_env()
-    if command in ("dev", "start", "connect"):
+    try:
+        settings = AgentSettings.from_env()
+        StoreSettings.from_env()  # the jobs open the store later: a bad setting is refused now
+    except SettingsError as e:
+        print(f"{command}: {e}", file=sys.stderr)
+        return 2
+    if command in ("dev", "start"):
         missing = [
             name
             for name, value in (
@@ -78,9 +93,20 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    sys.argv = [sys.argv[0], *argv]
-    cli.run_app(build_server(settings))
-    return 0
+    if command == "console" and not any(a.split("=")[0] == "--connect-addr" for a in argv[1:]):
+        print(
+            "console: run `lk agent console` on agent/worker.py (the LiveKit CLI owns the microphone and speaker)",
+            file=sys.stderr,
+        )
+        return 2
+    from livekit.agents.__main__ import main as livekit_agents_main
+
+    try:
+        from agent import worker
+    except ValueError as e:  # a setting only the worker reads (CHORUS_STARTUP_TIMEOUT_S)
+        print(f"{command}: {e}", file=sys.stderr)
+        return 2
+    return livekit_agents_main([*WORKER_COMMANDS[command], worker.__file__, *argv[1:]])
 
 
 if __name__ == "__main__":

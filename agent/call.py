@@ -1,7 +1,8 @@
 """One call: an `AgentSession` running the hotel agent on the shared engine, its playout and its caller audio.
 
-`start_call` is used by the worker's entrypoint (room audio in, a published track out) and by the simulation
-and tests (a WAV or scripted input, a WAV file out); both get the same model, playout and clips.
+`start_call` is used by the worker's entrypoint (room audio in, a published track out; under `lk agent console`
+the console's microphone in, its speaker out) and by the simulation and tests (a WAV or scripted input, a WAV
+file out); all get the same model, playout and clips.
 Knows livekit-agents sessions and the pieces of `agent/`; nothing of tensors.
 """
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, room_io
+from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
 from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
@@ -100,6 +102,36 @@ def quiet_gc() -> None:
     atexit.register(gc.unfreeze)  # frozen objects would outlive the interpreter's own cleanup
 
 
+class ConsoleSink:
+    """The console's speaker (`lk agent console`), fed by the playout as a room's track is. The console puts its
+    own audio output on the session when the session starts; `start_call` then plays into that output through
+    this sink and puts the playout back in front, so a developer hears what a caller hears."""
+
+    def __init__(self, sample_rate: int = CONSOLE_SAMPLE_RATE) -> None:
+        self.sample_rate = sample_rate
+        self.speaker: io.AudioOutput | None = None
+
+    def attach(self, output: io.AudioOutput) -> None:
+        """Play into the far end of `output`'s chain (the console's speaker, past its transcript sync)."""
+        while output.next_in_chain is not None:
+            output = output.next_in_chain
+        if output.sample_rate not in (None, self.sample_rate):
+            raise ValueError(f"console: its speaker plays {output.sample_rate} Hz, not {self.sample_rate} Hz")
+        self.speaker = output
+
+    async def write(self, samples: np.ndarray, at: float) -> None:
+        if self.speaker is not None:
+            frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
+            await self.speaker.capture_frame(frame)
+
+    def cut(self, at: float) -> None:
+        if self.speaker is not None:
+            self.speaker.clear_buffer()
+
+    async def aclose(self) -> None:
+        self.speaker = None
+
+
 @dataclass
 class Call:
     session: AgentSession
@@ -163,7 +195,7 @@ async def start_call(
     engine: Engine,
     agent: Agent,
     *,
-    sink: WavSink | RoomSink,
+    sink: WavSink | RoomSink | ConsoleSink,
     audio_input: io.AudioInput | None = None,
     room: rtc.Room | None = None,
     participant: str | None = None,
@@ -187,8 +219,16 @@ async def start_call(
             )
             if isinstance(sink, RoomSink):
                 await sink.start(room)
-            session.output.audio = output
+            if not isinstance(sink, ConsoleSink):
+                session.output.audio = output
             await session.start(agent=agent, room=room, room_options=opts, record=False)
+            if isinstance(sink, ConsoleSink) and session.output.audio is not None:
+                # the console put its speaker on the session (none in its text mode): the playout goes in front;
+                # the console's transcript sync, paired with that speaker, passes its text to nothing
+                sink.attach(session.output.audio)
+                session.output.audio = output
+                session.output.transcription = None
+                log.info("console: the agent's audio goes through the playout to the console's speaker")
         else:
             if audio_input is not None:
                 session.input.audio = audio_input

@@ -1,57 +1,68 @@
-"""Worker settings from the environment (and a `.env` file): LiveKit credentials, engine preset, checkpoint,
-slots, agent name and ports. Read once, passed explicitly; secrets never have defaults and are never logged.
+"""Worker settings from the environment (and `.env` in the working directory): LiveKit credentials, engine
+preset, checkpoint, slots, device, agent name and ports. Read once with `AgentSettings.from_env()`, passed
+explicitly; a bad value is a one-line `SettingsError` (tools/settings.py). Secrets have no defaults and are
+never logged.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+
+from tools.settings import EnvSettings, SettingsError
+
+__all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "SettingsError"]
 
 DEFAULT_AGENT_NAME = "chorus-concierge"
 
 
-class AgentSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _not_zero_from_text(value: object) -> object:
+    # Code may ask for port 0 (any free port, as the tests do); from the environment a port is 1 to 65535.
+    if isinstance(value, str) and value.strip().lstrip("+-0") == "":
+        raise ValueError
+    return value
 
-    livekit_url: str = ""
-    livekit_api_key: str = ""
-    livekit_api_secret: str = Field("", repr=False)
-    preset: str = "tiny"
-    checkpoint: str | None = None
-    slots: int = Field(64, ge=1)
-    device: str | None = None
-    agent_name: str = DEFAULT_AGENT_NAME
-    prometheus_port: int | None = None  # the worker's /metrics (livekit-agents' and Chorus's)
-    metrics_port: int | None = None  # the engine's /snapshot for the monitoring page
-    http_port: int | None = (
-        None  # the worker's health and /worker endpoint (livekit-agents' default if unset)
+
+Port = Annotated[int, BeforeValidator(_not_zero_from_text), Field(ge=0, le=65535)]
+PORT = "a port number, 1 to 65535"
+
+
+class AgentSettings(EnvSettings):
+    livekit_url: str = Field("", validation_alias="LIVEKIT_URL")
+    livekit_api_key: str = Field("", validation_alias="LIVEKIT_API_KEY")
+    livekit_api_secret: str = Field("", validation_alias="LIVEKIT_API_SECRET", repr=False)
+    preset: str = Field("tiny", validation_alias="CHORUS_PRESET")
+    checkpoint: str | None = Field(
+        None, validation_alias="CHORUS_CHECKPOINT", description="an existing file or folder"
     )
+    slots: int = Field(64, ge=1, validation_alias="CHORUS_SLOTS", description="a whole number of at least 1")
+    # cpu, cuda, cuda:1 ... (unset: cuda when there is one)
+    device: str | None = Field(None, validation_alias="CHORUS_DEVICE")
+    # LiveKit's own variable wins over Chorus's
+    agent_name: str = Field(
+        DEFAULT_AGENT_NAME, validation_alias=AliasChoices("LIVEKIT_AGENT_NAME", "CHORUS_AGENT_NAME")
+    )
+    # the worker's /metrics (livekit-agents' and Chorus's)
+    prometheus_port: Port | None = Field(None, validation_alias="CHORUS_PROMETHEUS_PORT", description=PORT)
+    # the engine's /snapshot for the monitoring page
+    metrics_port: Port | None = Field(None, validation_alias="CHORUS_METRICS_PORT", description=PORT)
+    # the worker's health and /worker endpoint (livekit-agents' default if unset)
+    http_port: Port | None = Field(None, validation_alias="CHORUS_HTTP_PORT", description=PORT)
 
+    @field_validator("preset")
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, dotenv: bool = True) -> AgentSettings:
-        if env is None:
-            if dotenv:
-                from dotenv import load_dotenv
+    def _known_preset(cls, preset: str) -> str:
+        from engine.config import PRESETS  # the presets' names only; the engine itself is not imported
 
-                load_dotenv(override=False)
-            env = os.environ
+        if preset not in PRESETS:
+            raise ValueError(f"one of {', '.join(sorted(PRESETS))}")
+        return preset
 
-        def opt_int(name: str) -> int | None:
-            value = (env.get(name) or "").strip()
-            return int(value) if value else None
-
-        return cls(
-            livekit_url=env.get("LIVEKIT_URL", ""),
-            livekit_api_key=env.get("LIVEKIT_API_KEY", ""),
-            livekit_api_secret=env.get("LIVEKIT_API_SECRET", ""),
-            preset=env.get("CHORUS_PRESET") or "tiny",
-            checkpoint=(env.get("CHORUS_CHECKPOINT") or "").strip() or None,
-            slots=opt_int("CHORUS_SLOTS") or 64,
-            device=(env.get("CHORUS_DEVICE") or "").strip() or None,
-            agent_name=env.get("CHORUS_AGENT_NAME") or DEFAULT_AGENT_NAME,
-            prometheus_port=opt_int("CHORUS_PROMETHEUS_PORT"),
-            metrics_port=opt_int("CHORUS_METRICS_PORT"),
-            http_port=opt_int("CHORUS_HTTP_PORT"),
-        )
+    @field_validator("checkpoint")
+    @classmethod
+    def _existing_checkpoint(cls, checkpoint: str | None) -> str | None:
+        if checkpoint is not None and not Path(checkpoint).exists():
+            raise ValueError  # the description says what is allowed
+        return checkpoint

@@ -19,6 +19,26 @@ def rss_mb() -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+def heap_mb() -> float | None:
+    """Bytes the C heap has handed out and not had back, in MiB (glibc's `mallinfo2`; None elsewhere). Beside
+    the resident size it tells live memory from memory freed but kept: with the trim threshold raised (see the
+    Makefile), glibc keeps what a burst used, so resident memory is a high-water mark."""
+    try:
+        import ctypes
+
+        class _MallInfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                               "keepcost")]  # fmt: skip
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return None
+    return round((info.uordblks + info.hblkhd) / 2**20, 1)
+
+
 def exit_code(m: dict) -> int:
     """0 only when every room went live, none failed and every scripted tool call was answered."""
     if m["ended"] == "interrupted":

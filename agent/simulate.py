@@ -20,7 +20,6 @@ import datetime as dt
 import gc
 import json
 import logging
-import os
 import random
 import signal
 import sys
@@ -32,7 +31,7 @@ import numpy as np
 
 from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
-from agent.sim_report import EXIT_INTERRUPTED, exit_code, print_summary, rss_mb
+from agent.sim_report import EXIT_INTERRUPTED, exit_code, heap_mb, print_summary, rss_mb
 from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
@@ -300,14 +299,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
 async def simulate(args: argparse.Namespace) -> dict:
     from tools.hotel import Hotel
     from tools.seed import seed
-    from tools.settings import StoreSettings
     from tools.store import open_store
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not os.environ.get("DATABASE_URL") and not os.environ.get("CHORUS_DATA_DIR"):
-        os.environ["CHORUS_DATA_DIR"] = str(out / "data")
-    settings = StoreSettings.from_env()
+    settings = args.store
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings)
     today = dt.date.today()
@@ -323,7 +319,8 @@ async def simulate(args: argparse.Namespace) -> dict:
     # SIGTERM stops the run as Ctrl-C does: the figures so far are written
     main_task = asyncio.current_task()
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a shell may start a job with it ignored
+            asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
     rooms = [Room(i, i < args.tool_rooms) for i in range(args.rooms)]
     clips = caller_clips()
     go, stop = asyncio.Event(), asyncio.Event()
@@ -346,6 +343,7 @@ async def simulate(args: argparse.Namespace) -> dict:
     ended = "completed"
     join_s = 0.0
     rss: list[list[float]] = []
+    heap: list[list[float | None]] = []  # the C heap in use at the same moments (metrics.json "heap_mb")
     snap0 = engine.snapshot()
     window: dict = _window(engine, snap0.ticks, snap0.missed_deadlines)
     try:
@@ -367,6 +365,7 @@ async def simulate(args: argparse.Namespace) -> dict:
                 show(_progress(engine, rooms, "talk", loop.time() - t_go, args.seconds))
                 if loop.time() >= next_rss:  # the process's resident memory, once a minute
                     rss.append([round(loop.time() - t_go), rss_mb()])
+                    heap.append([round(loop.time() - t_go), heap_mb()])
                     next_rss += RSS_EVERY_S
     except TimeoutError:
         ended = "deadline"
@@ -438,6 +437,7 @@ async def simulate(args: argparse.Namespace) -> dict:
                 "summary": metrics,
                 "late_ticks": late_ticks,
                 "rss_mb": rss,
+                "heap_mb": heap,
                 "rooms": per_room,
                 "engine": snap.model_dump(),
             },
@@ -456,9 +456,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rooms that make scripted tool calls (default: a quarter)",
     )
     p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
-    p.add_argument("--preset", default=os.environ.get("CHORUS_PRESET") or "tiny")
-    p.add_argument("--checkpoint", default=os.environ.get("CHORUS_CHECKPOINT") or None)
-    p.add_argument("--device", default=os.environ.get("CHORUS_DEVICE") or None)
+    p.add_argument("--preset", help="engine preset (default: CHORUS_PRESET, else tiny)")
+    p.add_argument("--checkpoint", help="weights to load (default: CHORUS_CHECKPOINT, else dummy weights)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CHORUS_DEVICE, else cuda if any)")
     p.add_argument(
         "--slots", type=int, default=None, help="engine slots (default: one per room, at most 64); rooms "
         "beyond them are refused"
@@ -470,9 +470,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Fill the defaults that depend on other arguments; SimulateError naming the first bad value."""
+    """Fill the defaults from the settings and the other arguments; SimulateError naming the first bad value.
+    Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
+    from agent.settings import AgentSettings, SettingsError
     from engine.config import PRESETS
+    from tools.settings import StoreSettings
 
+    try:
+        settings, store = AgentSettings.from_env(), StoreSettings.from_env()
+    except SettingsError as e:
+        raise SimulateError(str(e)) from None
+    args.preset = args.preset or settings.preset
+    args.checkpoint = args.checkpoint or settings.checkpoint
+    args.device = args.device or settings.device
+    # bookings go to the configured database, else to a fresh SQLite file beside the run's output
+    if not store.database_url and "data_dir" not in store.model_fields_set:
+        store = store.model_copy(update={"data_dir": Path(args.out) / "data"})
+    args.store = store
     if args.rooms < 1:
         raise SimulateError(f"--rooms {args.rooms}: give at least 1")
     if args.tool_rooms is None:

@@ -1,21 +1,30 @@
 """The LiveKit worker: every room is a job thread of this one process, and all of them share one engine.
 
-`build_server` makes an `AgentServer` with the THREAD executor, the engine's load as its load and a load
-threshold of 1.0, so LiveKit sends no more rooms once the slots are taken or the engine has no headroom left. `run_job` is the entrypoint:
+`server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
+agent/worker.py`, `lk agent dev`, `lk agent console`; `python -m agent dev|start|console` runs the same
+object). Building it reads the settings and sizes the startup timeout; the engine itself is built when the
+worker runs (`setup_fnc`, or the first load poll), and LiveKit credentials are needed only to connect.
+It has the THREAD executor, the engine's load as its load and a load threshold of 1.0, so LiveKit sends no
+more rooms once the slots are taken or the engine has no headroom left. `run_job` is the entrypoint:
 connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import sys
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
-from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess
+from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, cli
 
-from agent.call import quiet_gc, start_call
+from agent.call import ConsoleSink, quiet_gc, start_call
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
 
@@ -25,6 +34,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.agent.worker")
 
 CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
+
+# How long livekit-agents waits for a job runner's `setup_fnc`, which builds the engine, before it gives up on
+# that runner: a base for imports, the device and the engine's warm-up, plus the time to read the weights.
+STARTUP_TIMEOUT_ENV = "CHORUS_STARTUP_TIMEOUT_S"
+STARTUP_BASE_S = 120.0
+STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 
 _lock = threading.Lock()
 _engine: Engine | None = None
@@ -48,6 +63,7 @@ def shared_engine(settings: AgentSettings) -> Engine:
                         metrics_port=settings.metrics_port,
                     )
                 )
+                atexit.register(close_shared)  # its tick thread stops before the interpreter does
     return _engine
 
 
@@ -80,7 +96,37 @@ def engine_load(settings: AgentSettings) -> float:
     return float(shared_engine(settings).load)
 
 
+def weight_bytes(settings: AgentSettings) -> int:
+    """What the engine reads or builds at startup: the checkpoint's size on disk, or without one the preset's
+    parameters (counted on the meta device by `python -m engine info`) at 2 bytes each, as in a bf16 file."""
+    if settings.checkpoint:
+        path = Path(settings.checkpoint)
+        path = path / "model.safetensors" if path.is_dir() else path
+        return path.stat().st_size if path.is_file() else 0  # a missing file fails the engine's own check
+    from engine.config import load_preset
+    from engine.info import report
+
+    return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
+
+
+def startup_timeout_s(settings: AgentSettings, env: Mapping[str, str] | None = None) -> float:
+    """Seconds a job runner may take to start: `CHORUS_STARTUP_TIMEOUT_S` when set, else a base plus seconds
+    per GB of weights (about five and a half minutes for the 11B preset's 22 GB, two for `tiny`)."""
+    env = os.environ if env is None else env
+    raw = (env.get(STARTUP_TIMEOUT_ENV) or "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise ValueError(f"{STARTUP_TIMEOUT_ENV}={raw!r}: must be a number of seconds above 0")
+        return value
+    return STARTUP_BASE_S + STARTUP_S_PER_GB * weight_bytes(settings) / 1e9
+
+
 def build_server(settings: AgentSettings) -> AgentServer:
+    """The worker for these settings (`server` below is the one for the environment's)."""
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port
@@ -89,6 +135,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
         load_fnc=lambda: engine_load(settings),
         load_threshold=1.0,
         setup_fnc=lambda proc: _setup(proc, settings),
+        initialize_process_timeout=startup_timeout_s(settings),
         prometheus_port=settings.prometheus_port,
         ws_url=settings.livekit_url or None,
         api_key=settings.livekit_api_key or None,
@@ -110,13 +157,17 @@ def _setup(proc: JobProcess, settings: AgentSettings) -> None:
 
 
 async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
-    """One room: the caller talks to the hotel agent until they leave; then the slot is freed."""
+    """One room: the caller talks to the hotel agent until they leave; then the slot is freed. Under the
+    console (`lk agent console`) the caller is this machine's microphone and speaker, and the agent's voice
+    reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
     from agent.hotel import HotelAgent
 
     engine = shared_engine(settings)
     await ctx.connect()
     caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
+    console = cli.AgentsConsole.get_instance().enabled
     kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
+    kind = "console" if console else kind
     log.info("job %s: %s caller joined", ctx.job.id, kind)
 
     left = asyncio.Event()
@@ -128,7 +179,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.room.on("participant_disconnected", on_left)
     ctx.room.on("disconnected", lambda *_: left.set())
     agent = HotelAgent(await asyncio.to_thread(shared_hotel), session_key=ctx.job.id)
-    call = await start_call(engine, agent, sink=RoomSink(), room=ctx.room, participant=caller.identity)
+    sink = ConsoleSink() if console else RoomSink()
+    call = await start_call(engine, agent, sink=sink, room=ctx.room, participant=caller.identity)
     call.session.on("close", lambda _ev: left.set())
     ctx.add_shutdown_callback(call.aclose)
 
@@ -142,3 +194,17 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await call.aclose()
         log.info("job %s: call ended", ctx.job.id)
     ctx.shutdown("the caller left")
+
+
+def _server_from_env() -> AgentServer:
+    """The environment's worker; a bad setting is one line and exit status 2, also when livekit-agents' own
+    CLI (`python -m livekit.agents start agent/worker.py`, `lk agent ...`) imports this file."""
+    try:
+        return build_server(AgentSettings.from_env())
+    except ValueError as e:  # SettingsError, or CHORUS_STARTUP_TIMEOUT_S
+        print(f"chorus worker: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+server = _server_from_env()
+"""The worker livekit-agents' CLI discovers in this module (see the module docstring)."""

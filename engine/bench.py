@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from engine.config import PRESETS, ModelConfig, load_preset
+from engine.config import DTYPE_POLICIES, PRESETS, DtypePolicy, ModelConfig, dtype_policy, load_preset
 
 TICK_MS = 80.0
 
@@ -38,23 +38,30 @@ def _percentiles(ms: list[float]) -> dict[str, float]:
     }
 
 
-def _build_thinker(cfg: ModelConfig, slots: int, device: torch.device):
+def _build_thinker(cfg: ModelConfig, slots: int, device: torch.device, dtypes: DtypePolicy):
+    from engine.model.pipeline import DTYPES
     from engine.model.thinker import Thinker
 
-    dtype = torch.float32 if device.type == "cpu" else getattr(torch, cfg.thinker_dtype)
     with torch.device(device):
-        th = Thinker(cfg.thinker, slots, pad_id=12, dtype=dtype)
+        th = Thinker(
+            cfg.thinker, slots, pad_id=12, dtype=DTYPES[dtypes.thinker], kv_dtype=DTYPES[dtypes.thinker_kv]
+        )
     th.init_dummy(cfg.seed)
     return th.eval()
 
 
 def bench_thinker(
-    cfg: ModelConfig, batch_sizes: list[int], steps: int, warmup: int, device: torch.device
+    cfg: ModelConfig,
+    batch_sizes: list[int],
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    dtypes: DtypePolicy = DTYPE_POLICIES["fp32"],
 ) -> dict:
     """Dense live steps of the thinker alone at each batch size."""
     results = {}
     for b in batch_sizes:
-        th = _build_thinker(cfg, b, device)
+        th = _build_thinker(cfg, b, device, dtypes)
         slots = torch.arange(b, device=device)
         audio = torch.randn(b, cfg.thinker.hidden_size, device=device, dtype=th.dtype)
         ms = []
@@ -80,14 +87,14 @@ def bench_pipeline(args) -> int:
 
     cfg = load_preset(args.preset)
     device = _device(args.device)
+    dtypes = dtype_policy(args.dtype, device.type)
     sizes = [int(s) for s in args.slots.split(",")]
-    out = {"bench": "pipeline", "preset": args.preset, "device": str(device), "threads": args.threads}
+    out = {"bench": "pipeline", "preset": args.preset, "device": str(device), "threads": args.threads,
+           "dtype": dtypes.name}  # fmt: skip
     rng = torch.Generator().manual_seed(0)
     for b in sizes:
         with torch.device(device):
-            p = Pipeline(
-                cfg, b, Tokens(cfg.tokens), thinker_dtype=torch.float32 if device.type == "cpu" else None
-            )
+            p = Pipeline(cfg, b, Tokens(cfg.tokens), dtypes)
         p.eval()
         p.prepare()
         active = torch.ones(b, dtype=torch.bool, device=device)
@@ -154,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="CPU intra-op threads (the engine's default: 1)"
     )
     parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPE_POLICIES],
+        help="dtype policy of the thinker and pipeline benches (auto: gpu on CUDA)",
+    )
     from engine.bench_serve import add_arguments, main_serve
 
     add_arguments(parser)
@@ -164,15 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "pipeline":
         return bench_pipeline(args)
     device = _device(args.device)
+    dtypes = dtype_policy(args.dtype, device.type)
     cfg = load_preset(args.preset)
     sizes = [int(s) for s in args.slots.split(",")]
     with torch.inference_mode():
-        res = bench_thinker(cfg, sizes, args.steps, args.warmup, device)
+        res = bench_thinker(cfg, sizes, args.steps, args.warmup, device, dtypes)
     out = {
         "bench": args.what,
         "preset": args.preset,
         "device": str(device),
         "threads": args.threads,
+        "dtype": dtypes.name,
         **{f"step_ms_p50_{b}": r["p50"] for b, r in res.items()},
         **{f"step_ms_p99_{b}": r["p99"] for b, r in res.items()},
     }

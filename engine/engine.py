@@ -32,7 +32,7 @@ from engine.api import (
     SessionRejected,
     ToolResultConsumed,
 )
-from engine.config import PRESETS, load_preset
+from engine.config import PRESETS, DtypePolicy, DtypePolicyName, dtype_policy, load_preset
 from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, SnapshotServer, pct
 from engine.model.pipeline import Pipeline
 from engine.runner import Runner
@@ -41,6 +41,9 @@ from engine.slots import FrameInbox, Phase, Session, SlotPool
 from engine.tokens import MAX_TOOLS, Tokens
 
 log = logging.getLogger("chorus.engine")
+
+GC_EVERY_S = 60.0  # the tick thread runs a full garbage collection this often, in a tick's slack
+GC_FORCE_AFTER = 3  # ...and without slack after this many periods (a pass can outlast a tick)
 
 OVERLOAD_WINDOW = 100  # ticks (8 s) of history behind the headroom decision
 OVERLOAD_MIN_TICKS = 10  # no decision before this many ticks were measured
@@ -54,6 +57,8 @@ class EngineConfig(BaseModel):
     num_slots: int = Field(64, ge=1, le=4096)
     checkpoint: str | None = None
     device: str | None = None  # default: cuda when available, else cpu
+    # each stage's dtypes: "auto" is "gpu" (bf16 where parity allows) on CUDA and "fp32" elsewhere
+    dtype: DtypePolicyName | DtypePolicy = "auto"
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     tick_ms: float = Field(80.0, gt=0)
     safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
@@ -168,18 +173,18 @@ class Engine:
             torch.set_num_threads(cfg.threads)
         self.tokens = Tokens(self.model_cfg.tokens)
         self.vocab_size = self.model_cfg.thinker.vocab_size
-        dtype = torch.float32 if self.device.type == "cpu" else None
+        self.dtypes = dtype_policy(cfg.dtype, self.device.type)
         t0 = time.monotonic()
         with torch.device(self.device):
-            self.pipeline = Pipeline(self.model_cfg, cfg.num_slots, self.tokens, thinker_dtype=dtype)
+            self.pipeline = Pipeline(self.model_cfg, cfg.num_slots, self.tokens, self.dtypes)
         if cfg.checkpoint:
             from engine.model.weights import load_checkpoint
 
             load_checkpoint(self.pipeline, cfg.checkpoint)
         self.pipeline.eval()
         self.pipeline.prepare()
-        log.info("model %s ready on %s in %.1f s (%d slots)", cfg.preset, self.device, time.monotonic() - t0,
-                 cfg.num_slots)  # fmt: skip
+        log.info("model %s ready on %s in %.1f s (%d slots, dtypes %s)", cfg.preset, self.device,
+                 time.monotonic() - t0, cfg.num_slots, self.dtypes)  # fmt: skip
         self.pool = SlotPool(cfg.num_slots)
         limits = Limits(
             max_call_tokens=cfg.max_call_tokens,
@@ -201,12 +206,16 @@ class Engine:
         self._overloaded = False
         self.refused = 0  # sessions refused for lack of headroom
         self._stop = threading.Event()
+        self._closed = False  # the model released (by close)
         self._thread: threading.Thread | None = None
+        self._gc_at = time.monotonic()  # the tick thread's last full collection
+        self.gc_ms = 5.0  # what one is expected to cost (learned)
+        self.gc_runs = 0
         self.tick = 0
         self.failure: BaseException | None = None
         self._warm_up()
         gc.collect()
-        gc.freeze()  # the model and its buffers never die: keep them out of the collector's full passes
+        gc.freeze()  # the model lives until close: keep it out of the collector's full passes (close drops it)
         atexit.register(gc.unfreeze)  # ...but let the interpreter's own cleanup see them at exit
         self.server = (
             SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
@@ -362,6 +371,27 @@ class Engine:
             if not s.closed:
                 s.deliver([SessionFailed(self.tick, message)])
 
+    def _collect_garbage(self, next_start: float) -> None:
+        """A full collection about once a minute, in a tick's slack when it fits. The objects of a turn or a
+        tool call live for seconds, long enough to reach the collector's oldest generation, whose own passes
+        are rare (`agent.call.quiet_gc`), so their reference cycles would otherwise never be freed. With the
+        long-lived objects frozen, a pass costs milliseconds; one that finds no room for GC_FORCE_AFTER of
+        its periods runs anyway: bounded memory is worth one late tick."""
+        now = time.monotonic()
+        since = now - self._gc_at
+        if since < GC_EVERY_S:
+            return
+        room = next_start - self.clock()
+        if room < 1.5 * self.gc_ms / 1000 + 0.002 and since < GC_FORCE_AFTER * GC_EVERY_S:
+            return
+        t = time.perf_counter()
+        gc.collect()
+        ms = (time.perf_counter() - t) * 1e3
+        self.gc_ms = max(ms, 0.7 * self.gc_ms + 0.3 * ms)  # what the next one is expected to cost
+        self.gc_runs += 1
+        self._gc_at = time.monotonic()
+        log.debug("full collection in %.1f ms (%.1f ms of room)", ms, room * 1e3)
+
     def _loop(self) -> None:
         tick_s = self.config.tick_ms / 1000
         t0 = self.clock()
@@ -378,6 +408,7 @@ class Engine:
                 start = now
             self.run_tick(k, start + tick_s)
             k += 1
+            self._collect_garbage(t0 + k * tick_s)
 
     def run_tick(self, k: int, deadline: float) -> None:
         """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
@@ -476,12 +507,26 @@ class Engine:
         )  # fmt: skip
 
     def close(self) -> None:
+        """Stop the tick thread, the tokeniser pool and the metrics server, then release the model: the
+        pipeline and the runner's buffers become unreachable (on CUDA the allocator's cache is emptied too),
+        so the next engine in this process gets their memory. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._encoder.shutdown(wait=False, cancel_futures=True)
         if self.server is not None:
             self.server.close()
+            self.server = None
+        if self._closed:
+            return
+        if self._thread is not None and self._thread.is_alive():  # never pull tensors from a running step
+            log.warning("tick thread still in a step 5 s after close: the model's memory stays allocated")
+            return
+        self._closed = True
+        self.pipeline = self.runner = None  # the only references: no cycle holds them, so they die here
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> Engine:
         return self

@@ -1,20 +1,22 @@
-"""Sizing of a preset: parameters per component, weight bytes per dtype, per-session state, sessions per GPU.
+"""Sizing of a preset under a dtype policy: parameters per stage, weight bytes per dtype, per-session state,
+sessions per GPU.
 
-Every module is built on the `meta` device, so the full 11B preset is sized in a second with no memory.
-Knows the model's modules and their buffers; knows nothing of sessions or time.
+The stages are built as the pipeline builds them (`build_stages`), on the `meta` device, so the full 11B preset
+is sized in a second with no memory. State is what each stage allocates as per-slot state (its `slot_state()`
+buffers), measured at one and at two slots: the difference is one session's, the rest is fixed (the thinker's
+scratch row), whatever a buffer's layout. Knows the stages and their state contract; knows nothing of sessions
+or time.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from engine.config import ModelConfig
+from engine.config import DtypePolicy, DtypePolicyName, ModelConfig, dtype_policy
+from engine.model.pipeline import STAGES, build_stages
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Memory kept free for activations, CUDA graphs and the allocator, beyond weights and state.
 WORKSPACE_GB = 4.0
 
@@ -22,9 +24,11 @@ WORKSPACE_GB = 4.0
 @dataclass
 class Component:
     name: str
-    params: dict[str, int]  # sub-part -> parameter count
-    weight_dtype: torch.dtype
+    params: dict[str, int]  # sub-part -> parameter count (checkpoint tensors: parameters, persistent buffers)
+    weight_bytes: dict[str, int]  # dtype name -> bytes of those tensors held in it
     state_bytes_per_session: int
+    state_bytes_fixed: int = 0  # per-slot state not tied to a session (the thinker's scratch row)
+    derived_bytes: int = 0  # other buffers: tables and fused copies rebuilt from the weights, constants
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -32,92 +36,59 @@ class Component:
         return sum(self.params.values())
 
 
-def _state_bytes(module: nn.Module, rows: int) -> int:
-    """Bytes of the per-slot buffers (first dimension == rows) for one slot."""
-    total = 0
-    for buf in module.buffers():
-        if buf.dim() >= 1 and buf.shape[0] == rows:
-            total += buf[0].numel() * buf.element_size()
-    return total
+def _state_bytes(stage: torch.nn.Module) -> int:
+    return sum(t.nbytes for t in stage.slot_state())
 
 
-def _thinker(cfg: ModelConfig) -> Component:
-    from engine.model.thinker import Thinker
-
-    dtype = DTYPES[cfg.thinker_dtype]
+def components(cfg: ModelConfig, dtypes: DtypePolicy) -> list[Component]:
+    """One Component per stage, sized from meta-device builds at one and two slots."""
     with torch.device("meta"):
-        th = Thinker(cfg.thinker, num_slots=1, pad_id=0, dtype=dtype)
-    count = lambda m: sum(t.numel() for t in m.state_dict().values())  # noqa: E731
-    return Component(
-        "thinker",
-        {
-            "llm": count(th.llm),
-            "embed_tokens": count(th.embed_tokens),
-            "lm_head": count(th.lm_head),
-            "function_head": count(th.function_head),
-        },
-        dtype,
-        _state_bytes(th, rows=2),
-    )
-
-
-def _optional(cfg: ModelConfig, name: str, module: str, cls: str, build) -> Component | None:
-    """A voice stage, if its module exists in this build."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError:
-        return None
-    with torch.device("meta"):
-        m = build(getattr(mod, cls), cfg)
-    parts: dict[str, int] = {}
-    for key, t in m.state_dict().items():  # checkpoint tensors: parameters and persistent buffers
-        part = key.split(".")[0] if "." in key else "(own)"
-        parts[part] = parts.get(part, 0) + t.numel()
-    return Component(name, parts, torch.float32, _state_bytes(m, rows=1))
+        one = build_stages(cfg, 1, 0, dtypes)
+        two = build_stages(cfg, 2, 0, dtypes)
+    out = []
+    for name, a, b in zip(STAGES, one, two, strict=True):
+        parts: dict[str, int] = {}
+        weight_bytes: dict[str, int] = {}
+        for key, t in a.state_dict().items():
+            part = key.split(".")[0] if "." in key else "(own)"
+            parts[part] = parts.get(part, 0) + t.numel()
+            dt = str(t.dtype).removeprefix("torch.")
+            weight_bytes[dt] = weight_bytes.get(dt, 0) + t.nbytes
+        per = _state_bytes(b) - _state_bytes(a)
+        state = {id(t) for t in a.slot_state()}
+        saved = a.state_dict(keep_vars=True)
+        derived = sum(t.nbytes for n, t in a.named_buffers() if n not in saved and id(t) not in state)
+        out.append(Component(name, parts, weight_bytes, per, _state_bytes(a) - per, derived))
+    return out
 
 
 # Release tensors that inference never loads (so no module of ours holds them): counted for reference.
 NOT_LOADED = "the codec's encoder (~0.092 B) and the RNNT user-transcript branch (~0.009 B)"
 
 
-def components(cfg: ModelConfig) -> list[Component]:
-    out = [_thinker(cfg)]
-    voice = [
-        (
-            "perception",
-            "engine.model.perception",
-            "Perception",
-            lambda C, c: C(c.perception, c.thinker.hidden_size, 1),
-        ),
-        ("talker", "engine.model.talker", "Talker", lambda C, c: C(c.talker, c.tokens.tokenizer, 1)),
-        ("codec", "engine.model.codec", "Codec", lambda C, c: C(c.codec, 1)),
-    ]
-    for name, module, cls, build in voice:
-        comp = _optional(cfg, name, module, cls, build)
-        if comp is not None:
-            out.append(comp)
-    return out
-
-
-def report(cfg: ModelConfig, gpu_mem_gb: float) -> dict:
-    comps = components(cfg)
+def report(cfg: ModelConfig, gpu_mem_gb: float, dtypes: DtypePolicyName | DtypePolicy = "gpu") -> dict:
+    """The sizing of `cfg` on a GPU with `gpu_mem_gb` GB under the dtype policy (default: the GPU's)."""
+    policy = dtype_policy(dtypes, "cuda")
+    comps = components(cfg, policy)
     weight_bytes: dict[str, int] = {}
     for c in comps:
-        key = str(c.weight_dtype).removeprefix("torch.")
-        weight_bytes[key] = (
-            weight_bytes.get(key, 0) + c.total * torch.tensor([], dtype=c.weight_dtype).element_size()
-        )
+        for key, n in c.weight_bytes.items():
+            weight_bytes[key] = weight_bytes.get(key, 0) + n
     state = sum(c.state_bytes_per_session for c in comps)
+    fixed = sum(c.state_bytes_fixed + c.derived_bytes for c in comps)
     weights = sum(weight_bytes.values())
-    free = gpu_mem_gb * 2**30 - weights - WORKSPACE_GB * 2**30
+    free = gpu_mem_gb * 2**30 - weights - fixed - WORKSPACE_GB * 2**30
     return {
         "preset": cfg.name,
+        "dtype_policy": policy.model_dump(),
         "params_total": sum(c.total for c in comps),
         "params": {c.name: c.total for c in comps},
         "params_detail": {c.name: c.params for c in comps},
         "weight_bytes": weight_bytes,
         "state_bytes_per_session": state,
         "state_bytes_detail": {c.name: c.state_bytes_per_session for c in comps},
+        "state_bytes_fixed": sum(c.state_bytes_fixed for c in comps),
+        "derived_bytes": {c.name: c.derived_bytes for c in comps},
         "gpu_mem_gb": gpu_mem_gb,
         "workspace_gb": WORKSPACE_GB,
         "sessions_fit": max(0, int(free // state)) if state else None,
@@ -139,9 +110,17 @@ def print_report(r: dict) -> None:
         print(f"  {name:<12} {_human(sum(parts.values())):>10}")
         for part, n in parts.items():
             print(f"    {part:<22} {n:>15,d}")
+    policy = r["dtype_policy"]
+    print(
+        f"dtype policy {policy['name']}: " + ", ".join(f"{k} {v}" for k, v in policy.items() if k != "name")
+    )
     for dtype, b in r["weight_bytes"].items():
         print(f"weights in {dtype}: {b / 2**30:.2f} GiB")
-    print(f"state per session: {r['state_bytes_per_session'] / 2**20:.2f} MiB")
+    derived = r["derived_bytes"]
+    print(f"derived buffers (fused weights, tables, constants): {sum(derived.values()) / 2**30:.2f} GiB "
+          f"({', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in derived.items())})")  # fmt: skip
+    print(f"state per session: {r['state_bytes_per_session'] / 2**20:.2f} MiB "
+          f"(plus {r['state_bytes_fixed'] / 2**20:.2f} MiB for the scratch row)")  # fmt: skip
     for name, b in r["state_bytes_detail"].items():
         print(f"  {name:<12} {b / 2**20:10.2f} MiB")
     print(

@@ -10,10 +10,10 @@ even when the live step left less slack, and `owed_work` forces what must not wa
 call-token step for every session calling a tool, and the prompt and result positions due this tick. Bounds
 are counted in ticks. A new session is live by `admission_ticks` after it opened: its prompt is prefilled in
 chunks sized to finish in the first two thirds of that bound, and the caller audio held meanwhile is replayed
-in the rest. Tool results are prefilled within `result_ticks` of arriving, and the session is live again
-`replay_ticks` after that. Held audio that cannot be replayed by then is skipped, silence first, and counted
-(`FrameInbox.skip`); a live session whose backlog grows past `live_lag_frames` (a slow machine, a burst from
-the network) sheds its silent frames.
+in the rest. Tool results are prefilled within `result_ticks` of arriving (a longer one at a chunk a tick),
+and the session is live again `replay_ticks` after that. Held audio that cannot be replayed by then is
+skipped, silence first, and counted (`FrameInbox.skip`); a live session whose backlog grows past
+`live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames.
 """
 
 from __future__ import annotations
@@ -310,7 +310,11 @@ class Scheduler:
             log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
             ids = self.tok.response_ids([{"error": "the tool results could not be read"}])
         s.phase = Phase.PREFILL
-        s.prefill_by = self.tick + self.limits.result_ticks
+        # within `result_ticks`; a result too long for that at one chunk a tick takes one chunk a tick, so
+        # an oversized result never forces more than a chunk a tick onto everyone else's cadence
+        s.prefill_by = self.tick + max(
+            self.limits.result_ticks, math.ceil(len(ids) / self.limits.result_chunk)
+        )
         s.prefill_ids = ids
         s.prefill_pos = 0
 

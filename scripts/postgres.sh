@@ -1,35 +1,61 @@
 # Start a throwaway PostgreSQL server on 127.0.0.1 for the test suite. Source this file, then call
 # start_postgres; it exports CHORUS_TEST_DATABASE_URL. stop_postgres shuts the server down.
+#
+# Needs PostgreSQL's server programs (initdb, pg_ctl): Debian's under /usr/lib/postgresql/*/bin, or any on PATH.
+# As an ordinary user the server runs as that user. As root (CI) the Debian package is installed when they are
+# missing, and the server runs as the `postgres` system user (initdb refuses root).
 
 PG_PORT="${PG_PORT:-55432}"
-PG_DIR="${PG_DIR:-/tmp/chorus-pg}"
+PG_DIR="${PG_DIR:-/tmp/chorus-pg-$(id -u)}"
 
 _pg_bin() {
     local dir
     dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-    [ -n "$dir" ] && echo "$dir"
+    if [ -z "$dir" ] && command -v pg_ctl >/dev/null 2>&1; then
+        dir=$(dirname "$(command -v pg_ctl)")
+    fi
+    echo "$dir"
+}
+
+# one command line, run as the server's owner
+_pg_as() {
+    if [ "$(id -u)" = 0 ]; then
+        su postgres -c "$1"
+    else
+        sh -c "$1"
+    fi
 }
 
 start_postgres() {
-    if [ -z "$(_pg_bin)" ]; then
+    local bin
+    bin=$(_pg_bin)
+    if [ -z "$bin" ]; then
+        if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+            echo "start_postgres: no PostgreSQL server programs (initdb, pg_ctl): install PostgreSQL" \
+                "(Debian: apt-get install postgresql) or put its bin directory on PATH" >&2
+            return 1
+        fi
         echo "installing postgresql (Debian package)..."
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq postgresql >/dev/null
+        bin=$(_pg_bin)
     fi
-    local bin
-    bin=$(_pg_bin)
-    id postgres >/dev/null 2>&1 || useradd --system --home "$PG_DIR" postgres
+    if [ "$(id -u)" = 0 ]; then
+        id postgres >/dev/null 2>&1 || useradd --system --home "$PG_DIR" postgres
+    fi
     if [ -f "$PG_DIR/data/postmaster.pid" ]; then
-        su postgres -c "$bin/pg_ctl -D $PG_DIR/data -m fast stop" >/dev/null 2>&1 || true
+        _pg_as "$bin/pg_ctl -D $PG_DIR/data -m fast stop" >/dev/null 2>&1 || true
     fi
     rm -rf "$PG_DIR"
     mkdir -p "$PG_DIR"
-    chown postgres "$PG_DIR"
-    su postgres -c "$bin/initdb -D $PG_DIR/data -A trust -U postgres" >/dev/null
-    su postgres -c "$bin/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -w \
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres "$PG_DIR"
+    fi
+    _pg_as "$bin/initdb -D $PG_DIR/data -A trust -U postgres" >/dev/null
+    _pg_as "$bin/pg_ctl -D $PG_DIR/data -l $PG_DIR/log -w \
         -o '-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=200' start" >/dev/null
-    su postgres -c "$bin/createdb -h 127.0.0.1 -p $PG_PORT chorus_test"
+    _pg_as "$bin/createdb -h 127.0.0.1 -p $PG_PORT -U postgres chorus_test"
     export CHORUS_TEST_DATABASE_URL="postgresql://postgres@127.0.0.1:$PG_PORT/chorus_test"
     echo "postgresql ready at $CHORUS_TEST_DATABASE_URL"
 }
@@ -37,5 +63,7 @@ start_postgres() {
 stop_postgres() {
     local bin
     bin=$(_pg_bin)
-    [ -n "$bin" ] && su postgres -c "$bin/pg_ctl -D $PG_DIR/data -m fast stop" >/dev/null 2>&1 || true
+    if [ -n "$bin" ] && [ -f "$PG_DIR/data/postmaster.pid" ]; then
+        _pg_as "$bin/pg_ctl -D $PG_DIR/data -m fast stop" >/dev/null 2>&1 || true
+    fi
 }

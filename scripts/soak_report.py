@@ -42,6 +42,16 @@ def main() -> int:
         "rss_flat_within_5pct": spread is not None and spread <= 5.0,
         "rss_mb": rss,
     }
+    heap = [[t, mb] for t, mb in m.get("heap_mb", []) if mb is not None]  # the C heap in use, when sampled
+    if heap:
+        h_after = [mb for t, mb in heap if t >= args.warmup_s]
+        h_base = h_after[0] if h_after else None
+        h_spread = (max(abs(mb - h_base) for mb in h_after) / h_base * 100) if h_after else None
+        record["heap_after_warmup_mb"] = {"first": h_base, "min": min(h_after, default=None),
+                                          "max": max(h_after, default=None)}  # fmt: skip
+        record["heap_max_deviation_pct"] = round(h_spread, 2) if h_spread is not None else None
+        record["heap_flat_within_5pct"] = h_spread is not None and h_spread <= 5.0
+        record["heap_mb"] = heap
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
@@ -52,7 +62,11 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(9, 3.5))
-        ax.plot([t / 60 for t, _ in rss], [mb for _, mb in rss], marker=".", lw=1)
+        ax.plot([t / 60 for t, _ in rss], [mb for _, mb in rss], marker=".", lw=1, label="resident")
+        if heap:
+            ax.plot(
+                [t / 60 for t, _ in heap], [mb for _, mb in heap], marker=".", lw=1, label="C heap in use"
+            )
         if base is not None:
             ax.axhspan(base * 0.95, base * 1.05, color="green", alpha=0.1, label="+-5% of the warm-up's end")
             ax.axvline(args.warmup_s / 60, color="grey", ls=":", label="end of warm-up")
@@ -65,7 +79,7 @@ def main() -> int:
         fig.savefig(out.with_suffix(".png"), dpi=110)
     except ImportError:
         print("matplotlib is not installed: no plot")
-    print(json.dumps({k: v for k, v in record.items() if k != "rss_mb"}))
+    print(json.dumps({k: v for k, v in record.items() if k not in ("rss_mb", "heap_mb")}))
     return 0
 
 

@@ -23,7 +23,7 @@ from agent.duplex import ChorusModel, InputConverter
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
-from hotel_support import TODAY, booking, seeded_store
+from hotel_support import TODAY, booking, seeded_store, until
 from hotel_support import hotel as make_hotel
 
 FRAME_S = 0.08
@@ -43,15 +43,6 @@ def hotel(tmp_path, monkeypatch):
     monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
     with seeded_store("sqlite", tmp_path) as store:
         yield make_hotel(store)
-
-
-async def until(predicate, what: str, timeout: float = TIMEOUT_S) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def loud(seconds: float, rate: int = 16_000) -> np.ndarray:

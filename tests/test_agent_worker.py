@@ -6,7 +6,6 @@ Also the join token and the simulation, the README's main command, on a short ru
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import os
 import signal
@@ -19,31 +18,10 @@ import pytest
 
 from agent import worker
 from agent.settings import AgentSettings
+from hotel_support import until
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 90.0
-
-
-async def until(predicate, what: str, timeout: float = TIMEOUT_S) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
-@pytest.fixture
-def seeded_env(tmp_path, monkeypatch):
-    from tools.seed import seed
-    from tools.store import open_store
-
-    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    with open_store() as store:
-        seed(store, dt.date.today())
-    yield tmp_path
-    worker.close_shared()
 
 
 def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env):

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from engine.config import ThinkerConfig, load_preset
+from engine.config import DtypePolicy, ThinkerConfig, dtype_policy, load_preset
 
 
 def test_presets_have_the_spec_dimensions():
@@ -34,3 +34,17 @@ def test_inconsistent_fields_name_the_field():
         load_preset("tiny", codec={"upsample": (9, 7, 5)})
     with pytest.raises(ValidationError, match="extra"):
         ThinkerConfig(hiden_size=3)
+
+
+def test_dtype_policy_auto_follows_the_device_and_names_the_choices():
+    assert dtype_policy("auto", "cuda") == dtype_policy("gpu") != dtype_policy("auto", "cpu")
+    assert dtype_policy("auto", "cpu") == dtype_policy("fp32")
+    assert all(v == "float32" for k, v in dtype_policy("fp32").model_dump().items() if k != "name")
+    custom = DtypePolicy(thinker="bfloat16")
+    assert dtype_policy(custom, "cuda") is custom
+    with pytest.raises(ValueError, match="unknown dtype policy 'bf16'.*auto.*fp32.*gpu"):
+        dtype_policy("bf16")
+    with pytest.raises(ValidationError, match="thinker_kv"):
+        DtypePolicy(thinker_kv="int8")
+    with pytest.raises(ValidationError, match="extra"):
+        DtypePolicy(ssm="bfloat16")  # the SSM state is float32 under every policy

@@ -325,3 +325,34 @@ def test_distinct_new_prompts_are_admitted_a_few_at_a_time():
         run_ticks(e, 0, 2)  # both prompts prefilled and cached
         e.open_session("You are the concierge of the Pier Hotel.", TOOLS)
         assert e.occupancy == 4 / 8
+
+
+def test_the_tick_thread_frees_old_reference_cycles_in_its_slack():
+    """A cycle that reached the collector's oldest generation is freed by the engine's once-a-minute full
+    collection, run when the slack fits it, or after five periods whatever the slack."""
+    import gc
+    import time
+    import weakref
+
+    import engine.engine as engine_mod
+
+    class Node:
+        pass
+
+    with engine_on() as e:
+        node = Node()
+        node.me = node
+        gone = weakref.ref(node)
+        gc.collect(1)  # survives the young generations: only a full pass can free it now
+        del node
+        assert gone() is not None
+        e._collect_garbage(e.clock() + 1.0)  # within the minute: nothing yet
+        assert e.gc_runs == 0 and gone() is not None
+        e._gc_at = time.monotonic() - engine_mod.GC_EVERY_S
+        e._collect_garbage(e.clock())  # due, but no slack to spare
+        assert e.gc_runs == 0
+        e._collect_garbage(e.clock() + 1.0)  # due and it fits
+        assert e.gc_runs == 1 and gone() is None
+        e._gc_at = time.monotonic() - engine_mod.GC_FORCE_AFTER * engine_mod.GC_EVERY_S
+        e._collect_garbage(e.clock())  # overdue: runs without slack
+        assert e.gc_runs == 2

@@ -11,6 +11,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import pytest
 import hotel_support
 from hotel_support import TODAY, booking
 from tools.audit import audit
-from tools.errors import HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
+from tools.errors import Busy, HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from tools.store import LATEST_VERSION, SchemaTooNew, Tx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -482,3 +485,82 @@ def test_seed_command_creates_the_default_hotel(tmp_path):
         assert len(nights) == 365 * 3 and all(
             n.booked == 0 and n.total > 0 and n.rate_cents > 0 for n in nights
         )
+
+
+# --- the connection pool ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def small_pool(backend: str, tmp_path: Path, *, size: int, wait_s: float):
+    """A seeded store with `size` connections, whose callers wait at most `wait_s` for one."""
+    from tools.seed import seed
+
+    if backend == "sqlite":
+        from tools.store.sqlite import SqliteStore
+
+        store = SqliteStore(tmp_path / "hotel.sqlite3", pool_size=size, wait_s=wait_s)
+    else:
+        from tools.store.postgres import PostgresStore
+
+        url, schema = hotel_support.postgres_url(), hotel_support.fresh_schema()
+        store = PostgresStore(url, schema=schema, pool_size=size, wait_s=wait_s)
+    try:
+        seed(store, TODAY, hotel_support.TEST_HOTEL)
+        yield store
+    finally:
+        if backend == "postgres":
+            store.drop_schema()
+        store.close()
+
+
+@pytest.mark.parametrize("backend", hotel_support.BACKENDS)
+def test_eight_bookings_on_a_pool_of_two_wait_their_turn_and_all_succeed(backend, tmp_path):
+    with small_pool(backend, tmp_path, size=2, wait_s=30.0) as store:
+        hotel = hotel_support.hotel(store)
+        stays = [
+            (TODAY + timedelta(days=6 + 3 * i)).isoformat() for i in range(8)
+        ]  # the deluxe room, 8 times
+        barrier = threading.Barrier(len(stays))
+
+        def book(check_in: str) -> str:
+            barrier.wait()
+            return hotel.book_room(booking(check_in=check_in, nights=2))["confirmation_code"]
+
+        with ThreadPoolExecutor(len(stays)) as pool:
+            codes = list(pool.map(book, stays))
+        rows = store.transact(lambda tx: tx.reservations())
+        assert sorted(r.code for r in rows) == sorted(codes) and len(set(codes)) == 8
+        assert sorted(r.check_in.isoformat() for r in rows) == stays
+        assert audit(store) == []
+
+
+@pytest.mark.parametrize("backend", hotel_support.BACKENDS)
+def test_a_booking_that_finds_every_connection_held_is_told_busy_after_the_wait(backend, tmp_path):
+    wait_s = 0.5
+    with small_pool(backend, tmp_path, size=2, wait_s=wait_s) as store:
+        hotel = hotel_support.hotel(store)
+        entered, release = threading.Semaphore(0), threading.Event()
+
+        def hold(tx: Tx) -> None:
+            entered.release()
+            release.wait(60)
+
+        with ThreadPoolExecutor(3) as pool:
+            holders = [pool.submit(store.transact, hold) for _ in range(2)]
+            try:
+                assert entered.acquire(timeout=30) and entered.acquire(timeout=30), "the pool was not held"
+                t0 = time.monotonic()
+                refused = pool.submit(hotel.book_room, booking()).exception(timeout=30)
+                waited = time.monotonic() - t0
+            finally:
+                release.set()
+            for holder in holders:
+                holder.result(timeout=30)
+        print(f"told busy after {waited:.2f} s")
+        assert isinstance(refused, Busy) and refused.message == Busy().message
+        assert refused.message == "The reservation system is busy; please try again in a moment."
+        assert wait_s * 0.9 <= waited < wait_s + 10  # it waited, then answered instead of hanging
+        assert count(store, "SELECT COUNT(*) FROM reservations") == 0
+        hotel.book_room(booking())  # the connections are back: the same booking now goes through
+        assert count(store, "SELECT COUNT(*) FROM reservations") == 1
+        assert audit(store) == []

@@ -4,8 +4,12 @@ import json
 import subprocess
 import sys
 
-from engine.config import load_preset
+import pytest
+
+from engine.config import dtype_policy, load_preset
 from engine.info import report
+from engine.model.pipeline import Pipeline
+from engine.tokens import Tokens
 
 PUBLISHED = {"llm": 7.714e9, "embed_tokens": 0.587e9, "lm_head": 0.587e9, "function_head": 0.587e9}
 
@@ -36,6 +40,46 @@ def test_voice_stages_and_total_match_the_published_counts():
         assert abs(ours - published) / published < 0.01, (name, ours)
     # the release's 11.095 B includes the codec encoder and the RNNT branch, which inference never loads
     assert abs(r["params_total"] - 11.095e9) / 11.095e9 < 0.01
+
+
+# ids: a bare "gpu" would read as the marker of the GPU-only tests
+@pytest.mark.parametrize("policy", ["fp32", "gpu"], ids=["fp32-policy", "gpu-policy"])
+def test_state_bytes_are_what_the_built_pipeline_allocates(policy):
+    """At the tiny preset, the state `engine info` predicts for n slots (n per-session shares plus the fixed
+    scratch row) is the bytes of the state buffers a built pipeline holds, at 1 and 5 slots; and every buffer
+    that grows with the slot count is one of them, so nothing a slot costs escapes the count."""
+    cfg = load_preset("tiny")
+    r = report(cfg, gpu_mem_gb=80, dtypes=policy)
+    per, fixed = r["state_bytes_per_session"], r["state_bytes_fixed"]
+    assert per == sum(r["state_bytes_detail"].values()) > 0
+    built = {n: Pipeline(cfg, n, Tokens(cfg.tokens), dtype_policy(policy)) for n in (1, 5)}
+    for n, p in built.items():
+        state = p.slot_state()
+        assert sum(t.nbytes for ts in state.values() for t in ts) == per * n + fixed, n
+    one, five = ({name: b.nbytes for name, b in p.named_buffers()} for p in built.values())
+    declared = {id(t) for ts in built[5].slot_state().values() for t in ts}
+    grown = {name for name in five if five[name] != one[name]}
+    state_names = {name for name, b in built[5].named_buffers() if id(b) in declared}
+    assert grown - state_names == {"all_slots"}  # the live batch's row index, 8 bytes a slot: not state
+    assert state_names <= grown
+    assert sum(five.values()) - sum(one.values()) == 4 * (per + 8)
+
+
+def test_full_preset_state_follows_the_dtype_policy():
+    """Perception's caches are layer-major ([layers, slots, ...]): they count in full (K and V rings of 70
+    frames in 24 layers, ~14.6 MB a session in fp32), and halve under the GPU policy's bf16."""
+    cfg = load_preset("nemotron-voicechat-11b")
+    fp32, gpu = report(cfg, gpu_mem_gb=141, dtypes="fp32"), report(cfg, gpu_mem_gb=141, dtypes="gpu")
+    rings = 2 * 24 * 70 * 1024  # K and V, 8 heads x 128
+    assert 4 * rings < fp32["state_bytes_detail"]["perception"] < 1.1 * 4 * rings
+    assert 2 * rings < gpu["state_bytes_detail"]["perception"] < 1.1 * 2 * rings
+    kv = 4 * 8192 * 8 * 128 * 2  # the thinker's 4 attention layers, K and V, per byte of dtype
+    ssm = 27 * 128 * 80 * 128 * 4  # always fp32
+    thinker = {name: r["state_bytes_detail"]["thinker"] for name, r in (("fp32", fp32), ("gpu", gpu))}
+    assert thinker["fp32"] >= 4 * kv + ssm > thinker["gpu"] >= 2 * kv + ssm
+    assert set(fp32["weight_bytes"]) == {"float32", "int64"} and "bfloat16" in gpu["weight_bytes"]
+    assert sum(gpu["weight_bytes"].values()) < 0.6 * sum(fp32["weight_bytes"].values())
+    assert gpu["sessions_fit"] > fp32["sessions_fit"]
 
 
 def test_cli_prints_json_last():

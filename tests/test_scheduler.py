@@ -282,6 +282,31 @@ def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
     assert s.prefill_ids == TOK.response_ids([{"name": "check_availability", "output": output}])
 
 
+def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_the_bound():
+    """Positions forced whatever the time are the others' cadence: a result too long to prefill within
+    `result_ticks` at one chunk a tick gets one chunk a tick; a short one is still done within the bound."""
+    sch = sched(result_chunk=16, result_ticks=4)
+    for n_chars, most_owed in ((10, None), (8000, 16)):
+        s, got = make_session(2, Phase.TOOL_CALL)
+        sch.sessions = [s]
+        run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+        (call,) = [e for e in got if isinstance(e, FunctionCall)]
+        s.incoming.put({"call_id": call.call_id, "name": call.name, "output": "x " * (n_chars // 2),
+                        "is_error": False})  # fmt: skip
+        sch.poll(time.monotonic())
+        total, owed, ticks = len(s.prefill_ids), [], 0
+        while s.phase is Phase.PREFILL:
+            sch.plan_live(ticks, [s], np.zeros(S, bool))
+            owed.append(s.owed)
+            while (w := sch.owed_work()) is not None:  # no slack at all: only what is owed runs
+                sch.apply_tool(w, ToolResult(), 1.0)
+            ticks += 1
+        if most_owed is None:
+            assert ticks <= 4 and total > 16, (owed, total)  # within the bound: up to 4 x 16 positions
+        else:
+            assert max(owed) <= most_owed and ticks == -(-total // 16), (max(owed), ticks, total)
+
+
 def test_a_rejected_call_is_answered_through_the_encoder_pool_too():
     sch = sched()
     pool = sch.encode_pool = HeldPool()

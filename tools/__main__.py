@@ -1,7 +1,8 @@
 """Hotel admin: `python -m tools seed | bookings | audit`.
 
-The database comes from the environment (and a `.env` file): `DATABASE_URL` for PostgreSQL,
-otherwise a SQLite file under `CHORUS_DATA_DIR` (default ./data).
+The database comes from the environment (and `.env` in the working directory): `DATABASE_URL` for
+PostgreSQL, otherwise a SQLite file under `CHORUS_DATA_DIR` (default ./data). A bad setting is one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .audit import audit
 from .hotel import Hotel
 from .rules import money
 from .seed import seed
-from .settings import StoreSettings
+from .settings import SettingsError, StoreSettings
 from .store import open_store
 
 
@@ -34,12 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        from dotenv import load_dotenv
-
-        load_dotenv()
-    except ImportError:  # python-dotenv is a dependency; tolerate its absence in odd environments
-        pass
-    settings = StoreSettings.from_env()
+        settings = StoreSettings.from_env()
+    except SettingsError as e:
+        print(f"{args.command}: {e}", file=sys.stderr)
+        return 2
     with open_store(settings) as store:
         if args.command == "seed":
             added = seed(store, args.today or _default_today())

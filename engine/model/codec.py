@@ -4,7 +4,8 @@ Sum of the selected codebook centroids -> causal ConvNeXt decoder (channel-major
 head, with each slot's causal-conv inputs and iSTFT overlap kept in preallocated buffers. Reproduces the release's streaming
 decode (NeMo `RVQVAEModel.decode` with a per-session `CausalConv1dCache`, as vllm-omni's duplex path runs it):
 that is NeMo's offline decode delayed by `output_delay` samples (8). Knows tensors and the release's tensor
-names; knows nothing of the talker, the clock or slot lifetimes. fp32 only.
+names; knows nothing of the talker, the clock or slot lifetimes. The ConvNeXt decoder may run in a narrower
+dtype (`Codec(dtype=...)`); the codebooks, the iSTFT head and its overlap state are float32 only.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ class _ConvNeXt(nn.Module):
         padded = torch.cat([context, x], dim=2)
         # Depthwise over time: [C, B, K - 1 + L] is a one-image, C-channel [B, K - 1 + L] picture.
         y = F.conv2d(padded[None], self.dwconv.weight[:, :, None, :], self.dwconv.bias, groups=c)[0]
+        y = y.float()  # the channel statistics in float32 whatever the dtype (a no-op in float32)
         y = y.sub_(y.mean(0, keepdim=True))
         rstd = torch.rsqrt(y.square().mean(0, keepdim=True).add_(self.norm.eps))
-        y = torch.addcmul(self.norm.bias[:, None, None], y.mul_(rstd), self.norm.weight[:, None, None])
+        y = y.mul_(rstd).to(x.dtype)
+        y = torch.addcmul(self.norm.bias[:, None, None], y, self.norm.weight[:, None, None])
         h = torch.addmm(self.pwconv1.bias[:, None], self.pwconv1.weight[:, :, 0], y.view(c, b * length))
         h = F.gelu(h)
         out = torch.addmm(x.view(c, b * length), self.pwconv2.weight[:, :, 0], h)
@@ -105,9 +108,9 @@ class _Head(nn.Module):
         self.weight = nn.Parameter(nn.Conv1d(dim, out, 1, bias=False).weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[C, B, L] -> [n_fft + 2, B, L]."""
+        """[C, B, L] (any float dtype) -> [n_fft + 2, B, L] in the head's dtype."""
         c, b, length = x.shape
-        return (self.weight[:, :, 0] @ x.view(c, b * length)).view(-1, b, length)
+        return (self.weight[:, :, 0] @ x.reshape(c, b * length).to(self.weight.dtype)).view(-1, b, length)
 
 
 class _Decoder(nn.Module):
@@ -147,14 +150,21 @@ class _Decoder(nn.Module):
 
 
 class Codec(nn.Module):
-    """Streaming RVQ-VAE decoder over `num_slots` slots; `state_dict()` names are the release's (less PREFIX)."""
+    """Streaming RVQ-VAE decoder over `num_slots` slots; `state_dict()` names are the release's (less PREFIX).
 
-    def __init__(self, cfg: CodecConfig, num_slots: int):
+    `dtype`: the upsamplers' and ConvNeXt blocks' weights, activations and causal-conv contexts.
+    """
+
+    def __init__(self, cfg: CodecConfig, num_slots: int, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg = cfg
         self.num_slots = num_slots
+        self.dtype = dtype
         self.prvq = _Codebooks(cfg)
         self.decoder = _Decoder(cfg)
+        for layer in self.decoder.layers:
+            if not isinstance(layer, _Head):
+                layer.to(dtype)
         hop, n_fft = cfg.hop_length, cfg.n_fft
         self.frame_samples = cfg.samples_per_frame
         self.cached_columns = codec_ops.cached_columns(n_fft, hop)
@@ -168,8 +178,8 @@ class Codec(nn.Module):
         self._state_names: list[str] = []
         for i, block in enumerate(self.decoder.blocks()):
             dim = block.dwconv.weight.shape[0]
-            self._add_state(f"_context{i}", (num_slots, dim, cfg.block_kernel - 1))
-        self._add_state("_tail", (num_slots, n_fft, self.cached_columns))
+            self._add_state(f"_context{i}", (num_slots, dim, cfg.block_kernel - 1), dtype)
+        self._add_state("_tail", (num_slots, n_fft, self.cached_columns), torch.float32)
         self.requires_grad_(False)
         self.init_buffers()
 
@@ -183,8 +193,8 @@ class Codec(nn.Module):
         for state in self._states():
             state.zero_()
 
-    def _add_state(self, name: str, shape: tuple[int, ...]) -> None:
-        self.register_buffer(name, torch.empty(shape), persistent=False)
+    def _add_state(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.register_buffer(name, torch.empty(shape, dtype=dtype), persistent=False)
         self._state_names.append(name)
 
     @property
@@ -194,6 +204,10 @@ class Codec(nn.Module):
 
     def _states(self) -> list[torch.Tensor]:
         return [getattr(self, n) for n in self._state_names]
+
+    def slot_state(self) -> list[torch.Tensor]:
+        """Every per-slot state buffer (slots on dim 0): each block's conv context, the iSTFT overlap."""
+        return self._states()
 
     def _run(
         self, codes: torch.Tensor, states: list[torch.Tensor]
@@ -205,7 +219,7 @@ class Codec(nn.Module):
         """
         b, t, _ = codes.shape
         states = [s.transpose(0, 1) for s in states]
-        x, contexts = self.decoder(self.prvq(codes), states[:-1])
+        x, contexts = self.decoder(self.prvq(codes).to(self.dtype), states[:-1])
         frames = codec_ops.spectrum_frames(x, self._irfft, self._window)
         frames = torch.cat([states[-1], frames], dim=2)
         signal = codec_ops.overlap_add(frames, self.cfg.hop_length)
@@ -216,10 +230,12 @@ class Codec(nn.Module):
         return wav.view(b, n), [s.transpose(0, 1) for s in new]
 
     def _check_codes(self, codes: torch.Tensor, shape: tuple[int | str, ...]) -> None:
-        """Dtype, shape (str entries are free dimensions) and device; and that the module is fp32."""
-        if self._tail.dtype != torch.float32:
+        """Dtype, shape (str entries are free dimensions) and device; and that the iSTFT head is fp32."""
+        head = self.decoder.layers[-1].weight.dtype
+        if self._tail.dtype != torch.float32 or head != torch.float32:
             raise RuntimeError(
-                f"codec: runs in float32 only, not {self._tail.dtype} (low precision ruins the audio)"
+                f"codec: the iSTFT head and its state run in float32 only, not {self._tail.dtype} (low "
+                "precision ruins the audio); choose the decoder's dtype with Codec(dtype=...)"
             )
         want = f"an int64 tensor of shape ({', '.join(map(str, shape))})"
         ok = isinstance(codes, torch.Tensor) and codes.dtype == torch.long and codes.dim() == len(shape)

@@ -159,7 +159,8 @@ class RelPositionAttention(nn.Module):
         x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
         of each ring entry to the current frame (1..W); hidden [B, 1, 1 + W] additive score bias for the current
         frame (first, 0) and the ring entries: -10000 (NeMo's fill) where an entry holds no frame, else 0.
-        Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - the caller writes k, v into the ring.
+        Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - k, v in the caches' dtype: the caller writes them
+        into the ring.
         """
         b, w, dk = x.shape[0], k_cache.shape[2], self.d_k
         bh = b * self.h
@@ -168,15 +169,19 @@ class RelPositionAttention(nn.Module):
         qu = q + self.pos_bias_u
         bd_all = ((q + self.pos_bias_v).transpose(0, 1) @ p).transpose(0, 1)  # [B, H, W + 1]
         bd_ring = bd_all.gather(-1, dist[:, None, :].expand(-1, self.h, -1))
-        ring = torch.baddbmm(bd_ring.view(bh, w, 1), k_cache.view(bh, w, dk), qu.view(bh, dk, 1))
+        # attention runs in the caches' dtype (every cast a no-op when it is x's), the current frame's key and
+        # value as the ring will hold them; scores and softmax in float32
+        kv = k_cache.dtype
+        k, v, qu = k.to(kv), v.to(kv), qu.to(kv)
+        ring = torch.baddbmm(bd_ring.view(bh, w, 1).to(kv), k_cache.view(bh, w, dk), qu.view(bh, dk, 1))
         cur = (qu * k).sum(-1, keepdim=True) + bd_all[..., :1]
         scores = torch.cat([cur, ring.view(b, self.h, w)], dim=-1)  # the current frame first
         # hidden keys get exactly 0 weight (the current frame is always visible), as after NeMo's masked_fill
-        attn = torch.softmax(scores.div_(math.sqrt(dk)).add_(hidden), dim=-1)
+        attn = torch.softmax(scores.float().div_(math.sqrt(dk)).add_(hidden), dim=-1).to(kv)
         out = torch.baddbmm(
             (attn[..., :1] * v).view(bh, 1, dk), attn[..., 1:].reshape(bh, 1, w), v_cache.view(bh, w, dk)
         )
-        return self.linear_out(out.view(b, -1)), k, v
+        return self.linear_out(out.view(b, -1).to(x.dtype)), k, v
 
 
 class ConformerLayer(nn.Module):

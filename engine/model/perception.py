@@ -87,9 +87,21 @@ class MelFrontEnd(nn.Module):
 
 
 class Perception(nn.Module):
-    """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state."""
+    """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state.
 
-    def __init__(self, cfg: PerceptionConfig, out_dim: int, num_slots: int) -> None:
+    `dtype`: the encoder's and the projection's weights and activations, and the conv caches; `kv_dtype`
+    (default `dtype`): the attention caches, in which attention runs. The mel front end, its audio and mel
+    tails and the attention softmax are float32 whatever the dtypes; the embeddings come out in `dtype`.
+    """
+
+    def __init__(
+        self,
+        cfg: PerceptionConfig,
+        out_dim: int,
+        num_slots: int,
+        dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if cfg.att_context_right != 0:
             raise NotImplementedError("att_context_right: only 0 (fully causal attention) is implemented")
@@ -108,6 +120,9 @@ class Perception(nn.Module):
             left_context=cfg.att_context_left,
         )
         self.proj = nn.Linear(cfg.d_model, out_dim)
+        self.encoder.to(dtype)
+        self.proj.to(dtype)
+        self.dtype = dtype
         rf = self.encoder.pre_encode.receptive_field
         if cfg.subsampling_factor != cfg.chunk_mel:
             raise ValueError(
@@ -133,9 +148,9 @@ class Perception(nn.Module):
         state = {
             "audio_tail": torch.zeros(s, self.audio_tail_len),
             "mel_tail": torch.zeros(s, self.mel_tail_len, cfg.n_mels),
-            "k_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
-            "v_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k),
-            "conv_cache": torch.zeros(layers, s, cfg.d_model, cfg.conv_kernel - 1),
+            "k_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype),
+            "v_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype),
+            "conv_cache": torch.zeros(layers, s, cfg.d_model, cfg.conv_kernel - 1, dtype=dtype),
             "frames": torch.zeros(s, dtype=torch.int64),
             "nonfinite_samples": torch.zeros(s, dtype=torch.int64),
         }
@@ -150,6 +165,10 @@ class Perception(nn.Module):
         self.register_buffer("ring_hidden", ring_hidden, persistent=False)
         # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
         self.state_buffers = tuple(state)
+
+    def slot_state(self) -> list[torch.Tensor]:
+        """Every per-slot state buffer (slots on dim 0, or dim 1 for the layer-major caches)."""
+        return [getattr(self, name) for name in self.state_buffers]
 
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
@@ -179,7 +198,7 @@ class Perception(nn.Module):
         # frame 0 is column 0 alone: the columns before the stream are zero, for this frame and the next
         early = torch.arange(window.shape[1], device=window.device) < window.shape[1] - 1
         window = window.masked_fill(first[:, None, None] & early[None, :, None], 0.0)
-        x = self.encoder.pre_encode(window, first)[:, 0]
+        x = self.encoder.pre_encode(window.to(self.dtype), first)[:, 0]
 
         w = self.cfg.att_context_left
         slot_in_ring = torch.remainder(self.frames, w)
@@ -251,7 +270,7 @@ class Perception(nn.Module):
             return mel.new_zeros(mel.shape[0], 0, self.proj.out_features)
         # columns -14 .. 8(T-1): columns before the stream are zero (frame 0 zeroes them, frame 1 sees them)
         pre = self.encoder.pre_encode
-        mel = F.pad(mel, (0, 0, pre.receptive_field - 1, 0))
+        mel = F.pad(mel, (0, 0, pre.receptive_field - 1, 0)).to(self.dtype)
         first = torch.ones(mel.shape[0], dtype=torch.bool, device=mel.device)
         x = pre(mel)
         x = torch.cat([pre(mel[:, : pre.receptive_field], first), x[:, 1:]], dim=1)

@@ -2,7 +2,8 @@
 work the engine does in the slack (tool-call tokens, prompt and result prefill, replay of held audio).
 
 1280 samples in -> text token, function token, 1764 samples out, per slot. Forced tokens (teacher forcing of
-either channel, per slot) are inputs of every step. Knows the stages and slot rows; knows nothing of time.
+either channel, per slot) are inputs of every step. Each stage runs in the dtypes of a `DtypePolicy` and casts
+what it receives to its own dtype. Knows the stages and slot rows; knows nothing of time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config import DTYPE_POLICIES, DtypePolicy, ModelConfig
 from engine.model.codec import Codec
 from engine.model.perception import Perception
 from engine.model.talker import Talker
@@ -20,6 +21,22 @@ from engine.model.thinker import Thinker
 from engine.tokens import Tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STAGES = ("perception", "thinker", "talker", "codec")
+
+
+def build_stages(
+    cfg: ModelConfig, num_slots: int, pad_id: int, dtypes: DtypePolicy
+) -> tuple[Perception, Thinker, Talker, Codec]:
+    """The four stages with their per-slot state for `num_slots` slots, in the policy's dtypes (weights
+    undrawn for the thinker: see `Thinker.init_dummy`). Also what `engine info` sizes, on the meta device."""
+    d = {name: DTYPES[getattr(dtypes, name)] for name in DtypePolicy.model_fields if name != "name"}
+    perception = Perception(
+        cfg.perception, cfg.thinker.hidden_size, num_slots, d["perception"], d["perception_kv"]
+    )
+    thinker = Thinker(cfg.thinker, num_slots, pad_id=pad_id, dtype=d["thinker"], kv_dtype=d["thinker_kv"])
+    talker = Talker(cfg.talker, cfg.tokens.tokenizer, num_slots, d["talker"], d["talker_kv"])
+    codec = Codec(cfg.codec, num_slots, d["codec"])
+    return perception, thinker, talker, codec
 
 
 @dataclass
@@ -30,26 +47,24 @@ class LiveOutput:
 
 
 class Pipeline(nn.Module):
-    """All four stages over `num_slots` slots, with their per-slot state preallocated."""
+    """All four stages over `num_slots` slots, with their per-slot state preallocated, in the dtypes of
+    `dtypes` (default: float32 everywhere)."""
 
-    def __init__(
-        self, cfg: ModelConfig, num_slots: int, tokens: Tokens, thinker_dtype: torch.dtype | None = None
-    ):
+    def __init__(self, cfg: ModelConfig, num_slots: int, tokens: Tokens, dtypes: DtypePolicy | None = None):
         super().__init__()
         if tokens.vocab_size > cfg.thinker.vocab_size:
             raise ValueError(
                 f"tokens.tokenizer: {tokens.vocab_size} tokens but thinker.vocab_size is {cfg.thinker.vocab_size}"
             )
         self.cfg, self.num_slots, self.tok = cfg, num_slots, tokens
+        self.dtypes = dtypes or DTYPE_POLICIES["fp32"]
         torch.manual_seed(cfg.seed)  # the stages' own initialisers draw from it: dummy weights are seeded
-        dtype = thinker_dtype or DTYPES[cfg.thinker_dtype]
-        self.perception = Perception(cfg.perception, cfg.thinker.hidden_size, num_slots)
-        self.thinker = Thinker(cfg.thinker, num_slots, pad_id=tokens.pad, dtype=dtype)
+        self.perception, self.thinker, self.talker, self.codec = build_stages(
+            cfg, num_slots, tokens.pad, self.dtypes
+        )
         self.thinker.init_dummy(cfg.seed)
-        self.talker = Talker(cfg.talker, cfg.tokens.tokenizer, num_slots)
-        self.codec = Codec(cfg.codec, num_slots)
         H = cfg.thinker.hidden_size
-        self.register_buffer("silence", torch.zeros(H, dtype=dtype), persistent=False)
+        self.register_buffer("silence", torch.zeros(H, dtype=self.thinker.dtype), persistent=False)
         self.register_buffer("all_slots", torch.arange(num_slots), persistent=False)
 
     @torch.inference_mode()
@@ -66,6 +81,10 @@ class Pipeline(nn.Module):
             emb = self.perception.step(zeros, every)
         self.silence.copy_(emb[0].to(self.silence.dtype))
         self.reset(every)
+
+    def slot_state(self) -> dict[str, list[torch.Tensor]]:
+        """Every stage's per-slot state buffers, by stage: all the memory a slot costs beyond the weights."""
+        return {name: getattr(self, name).slot_state() for name in STAGES}
 
     @torch.inference_mode()
     def reset(self, mask: torch.Tensor) -> None:

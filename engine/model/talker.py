@@ -100,11 +100,23 @@ class Talker(nn.Module):
     With `cfg.use_cfg` each slot has a second, unconditional stream (rows `num_slots..2*num_slots-1` of
     the KV cache). Derived tensors (subword table, warm-up KV, fused heads) are rebuilt by `refresh()`,
     which `load_release_weights` calls; call it yourself after changing weights any other way.
+
+    `dtype`: the backbone's and the MoG head's MLP stack's weights and activations; `kv_dtype` (default
+    `dtype`): the KV rings, in which attention runs (queries rounded to it, scores and softmax float32).
+    Inputs (code embeddings, fusion, the subword table) and sampling (component logits, means, RVQ
+    quantisation) are float32 whatever the dtypes: they decide discrete codes.
     """
 
-    def __init__(self, cfg: TalkerConfig, tokenizer_path: str | None, num_slots: int) -> None:
+    def __init__(
+        self,
+        cfg: TalkerConfig,
+        tokenizer_path: str | None,
+        num_slots: int,
+        dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.cfg, self.num_slots = cfg, num_slots
+        self.cfg, self.num_slots, self.dtype = cfg, num_slots, dtype
         h, q, v, d = cfg.hidden_size, cfg.num_codebooks, cfg.codebook_size, cfg.latent_dim
         self.backbone = _Backbone(cfg)
         self.bos_emb = nn.Parameter(torch.randn(h))
@@ -114,6 +126,11 @@ class Talker(nn.Module):
         self.embed_subword = CharAwareSubwordEncoder(cfg, h)
         self.gated_fusion_audio_text = GatedProjectedSumRMSNorm(h, q, cfg.rms_eps)
         self.mog_head = MoGHead(cfg)
+        self.backbone.to(dtype)
+        self.mog_head.mlp_stack.to(dtype)
+        for mod in self.modules():  # `1 + w` of every norm stays float32: the norms compute in float32
+            if isinstance(mod, RMSNorm):
+                mod.scale = mod.scale.float()
         self.schedule = unmasking_schedule(q, cfg.num_iterations, cfg.schedule_exponent)
         self._read_tokenizer(tokenizer_path)
 
@@ -131,13 +148,13 @@ class Talker(nn.Module):
         buf("rvq_neg2t", torch.zeros(q, d, v))
         buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
         self.rings = [cfg.sliding_window if t == "sliding" else cfg.attention_window for t in cfg.layer_types]
-        kv, hd = cfg.num_kv_heads, cfg.head_dim
+        kv, hd, kvd = cfg.num_kv_heads, cfg.head_dim, kv_dtype or dtype
         for i, ring in enumerate(self.rings):
-            buf(f"k_cache{i}", torch.zeros(rows, kv, ring, hd))
-            buf(f"v_cache{i}", torch.zeros(rows, kv, ring, hd))
-            # warm-up KV, position-major so no dimension looks like a slot dimension
-            buf(f"warm_k{i}", torch.zeros(w, streams, kv, hd))
-            buf(f"warm_v{i}", torch.zeros(w, streams, kv, hd))
+            buf(f"k_cache{i}", torch.zeros(rows, kv, ring, hd, dtype=kvd))
+            buf(f"v_cache{i}", torch.zeros(rows, kv, ring, hd, dtype=kvd))
+            # warm-up KV, position-major: one template for every slot, not per-slot state
+            buf(f"warm_k{i}", torch.zeros(w, streams, kv, hd, dtype=kvd))
+            buf(f"warm_v{i}", torch.zeros(w, streams, kv, hd, dtype=kvd))
         for t in set(cfg.layer_types):
             theta = cfg.rope_local_theta if t == "sliding" else cfg.rope_theta
             buf(f"inv_freq_{t}", rope_inv_freq(hd, theta))
@@ -226,7 +243,7 @@ class Talker(nn.Module):
         )
         conds = [cond] + ([self.null_emb.expand(w, -1)] if cfg.use_cfg else [])
         x = torch.stack([self.gated_fusion_audio_text(audio, c) for c in conds])  # [streams, w, h]
-        self._prefill(x)
+        self._prefill(x.to(self.dtype))
 
     def _prefill(self, x: Tensor) -> None:
         """Causal multi-position pass over `x` `[S, T, h]` (T <= every ring) into the warm-up KV templates."""
@@ -235,24 +252,31 @@ class Talker(nn.Module):
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pos = torch.arange(t, device=x.device)
         causal = pos[None, :] <= pos[:, None]
+        kvd = self.warm_k0.dtype
         for i, layer in enumerate(self.backbone.layers):
             a = layer.self_attn
             cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{cfg.layer_types[i]}"))
             q, k, v = a.project(layer.input_layernorm(x))
-            q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin)
-            k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin)
-            v = v.reshape(s, t, hk, d).transpose(1, 2)
+            # attention in the KV dtype, as the step runs it over these cached entries
+            q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin).to(kvd)
+            k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin).to(kvd)
+            v = v.reshape(s, t, hk, d).transpose(1, 2).to(kvd)
             getattr(self, f"warm_k{i}").copy_(k.permute(2, 0, 1, 3))
             getattr(self, f"warm_v{i}").copy_(v.permute(2, 0, 1, 3))
             kk = k.repeat_interleave(hq // hk, dim=1)
             vv = v.repeat_interleave(hq // hk, dim=1)
-            sc = torch.matmul(q, kk.transpose(2, 3)) * cfg.query_pre_attn_scalar**-0.5
-            p = torch.softmax(sc.masked_fill(~causal, float("-inf")), dim=-1)
-            o = torch.matmul(p, vv).transpose(1, 2).reshape(s, t, hq * d)
+            sc = torch.matmul(q, kk.transpose(2, 3)).float() * cfg.query_pre_attn_scalar**-0.5
+            p = torch.softmax(sc.masked_fill(~causal, float("-inf")), dim=-1).to(kvd)
+            o = torch.matmul(p, vv).transpose(1, 2).reshape(s, t, hq * d).to(x.dtype)
             x = x + layer.post_attention_layernorm(a.o_proj(o))
             x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
 
     # ------------------------------------------------------------------ per-slot state
+
+    def slot_state(self) -> list[Tensor]:
+        """Every per-slot state buffer (slots on dim 0; with guidance the KV rows are stream-major)."""
+        kv = [getattr(self, f"{kind}_cache{i}") for i in range(len(self.rings)) for kind in ("k", "v")]
+        return [*kv, self.pos, self.prev_codes, self.seeds, self.frames]
 
     def _rows(self, mask: Tensor) -> Tensor:
         return torch.cat([mask, mask]) if self.cfg.use_cfg else mask
@@ -308,7 +332,7 @@ class Talker(nn.Module):
             code_emb = torch.cat([code_emb, code_emb])
             cond = torch.cat([cond, self.null_emb.expand(n, -1)])
         x = self.gated_fusion_audio_text(code_emb, cond)
-        hidden = self._backbone_step(x, self._rows(active))
+        hidden = self._backbone_step(x.to(self.dtype), self._rows(active))
         codes = self._sample(hidden)
         self.prev_codes.copy_(torch.where(active[:, None], codes, self.prev_codes))
         self.frames.add_(active.long())
@@ -342,12 +366,14 @@ class Talker(nn.Module):
             v = v.reshape(r, hk, d)
             idx = slot[ring]
             kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
+            # attention runs in the KV dtype: no copy of the ring in another dtype (no-ops when they agree)
+            k, v = k.to(kc.dtype), v.to(vc.dtype)
             kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
             vc.scatter_(2, idx, torch.where(keep, v[:, :, None], vc.gather(2, idx)))
-            qg = q.view(r, hk, hq // hk, d)
-            sc = torch.matmul(qg, kc.transpose(2, 3)) * scale  # [r, hk, g, ring]
+            qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
+            sc = torch.matmul(qg, kc.transpose(2, 3)).float() * scale  # [r, hk, g, ring]
             sc = sc.masked_fill(hidden[ring], float("-inf"))
-            o = torch.matmul(torch.softmax(sc, dim=-1), vc).reshape(r, hq * d)
+            o = torch.matmul(torch.softmax(sc, dim=-1).to(vc.dtype), vc).reshape(r, hq * d).to(x.dtype)
             x = x + layer.post_attention_layernorm(a.o_proj(o))
             x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
         self.pos.add_(active.long())
@@ -369,7 +395,7 @@ class Talker(nn.Module):
             normal = normal_from_uniform(u[..., nc : nc + dl], u[..., nc + dl :])
         mus = m.proj_mus.weight.view(nc, rank, -1)
         sq, neg2t, embs = self.rvq_sq.unbind(0), self.rvq_neg2t.unbind(0), self.rvq_embs.unbind(0)
-        acc = hidden.new_zeros(n, dl)
+        acc = hidden.new_zeros(n, dl, dtype=torch.float32)
         codes: list[Tensor] = []
         level = 0
         for p, k in enumerate(work):
@@ -378,7 +404,7 @@ class Talker(nn.Module):
             else:
                 e = self.embed_code(acc)
                 e = (torch.cat([e, e]) if cfg.use_cfg else e) + hidden
-            x = m.mlp_stack(e)
+            x = m.mlp_stack(e.to(self.dtype)).float()  # sampling is float32 whatever the stack's dtype
             if cfg.use_cfg:
                 xc, xu = x[:n], x[n:]
                 x = xc + cfg.cfg_scale * (xc - xu)

@@ -49,7 +49,9 @@ class Attention(nn.Module):
     and a conversation never reaches a context limit: it attends to its last `window` positions.
     """
 
-    def __init__(self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__()
         self.nq, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.window = cfg.attention_window
@@ -59,17 +61,19 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
         self.o_proj = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False, dtype=dtype)
         shape = (state_rows, self.nkv, self.window, self.d)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+        kv_dtype = kv_dtype or dtype
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
 
     def step(self, x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
         """x [b, hidden]; rows [b]; pos [b] position of this token. dense: rows[i] is i or the scratch row."""
         b = x.shape[0]
         g = self.nq // self.nkv
-        q = self.q_proj(x).view(b, self.nkv, g, self.d)
+        kv = self.k_cache.dtype  # attention runs in the cache's dtype (casts are no-ops when it is x's)
+        q = self.q_proj(x).view(b, self.nkv, g, self.d).to(kv)
         ring = pos % self.window
-        self.k_cache[rows, :, ring] = self.k_proj(x).view(b, self.nkv, self.d)
-        self.v_cache[rows, :, ring] = self.v_proj(x).view(b, self.nkv, self.d)
+        self.k_cache[rows, :, ring] = self.k_proj(x).view(b, self.nkv, self.d).to(kv)
+        self.v_cache[rows, :, ring] = self.v_proj(x).view(b, self.nkv, self.d).to(kv)
         if dense:
             k, v = self.k_cache[:b], self.v_cache[:b]
         else:
@@ -78,15 +82,16 @@ class Attention(nn.Module):
         valid = torch.arange(self.window, device=x.device)[None, :] <= pos[:, None]
         scores = scores.masked_fill(~valid[:, None, None, :], -torch.inf)
         out = torch.matmul(scores.softmax(-1).to(v.dtype), v)  # [b, nkv, g, d]
-        return self.o_proj(out.reshape(b, self.nq * self.d))
+        return self.o_proj(out.reshape(b, self.nq * self.d).to(x.dtype))
 
     def prefill(self, x: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
         """x [b, T, hidden] (T <= window) at positions pos0[b] .. pos0 + T - 1; rows distinct."""
         b, T, _ = x.shape
         g, W = self.nq // self.nkv, self.window
-        q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4)  # [b, kv, g, T, d]
-        k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2)  # [b, kv, T, d]
-        v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2)
+        kv = self.k_cache.dtype  # as in `step`: attention in the cache's dtype, the new keys as it holds them
+        q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4).to(kv)  # [b, kv, g, T, d]
+        k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)  # [b, kv, T, d]
+        v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)
         k_old, v_old = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
         # position held by ring entry j before this chunk, and whether query t may see it
         j = torch.arange(W, device=x.device)
@@ -104,20 +109,22 @@ class Attention(nn.Module):
         ring = torch.remainder(query_pos, W)  # [b, T]
         self.k_cache[rows[:, None], :, ring] = k.transpose(1, 2)
         self.v_cache[rows[:, None], :, ring] = v.transpose(1, 2)
-        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, T, self.nq * self.d))
+        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, T, self.nq * self.d).to(x.dtype))
 
 
 class Block(nn.Module):
     """Pre-norm residual block around one mixer (`M` Mamba2, `*` attention, `-` MLP)."""
 
-    def __init__(self, kind: str, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, kind: str, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype, kv_dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.kind = kind
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype)
         if kind == "M":
             self.mixer: nn.Module = Mamba2Mixer(cfg, state_rows, dtype)
         elif kind == "*":
-            self.mixer = Attention(cfg, state_rows, dtype)
+            self.mixer = Attention(cfg, state_rows, dtype, kv_dtype)
         else:
             self.mixer = MLP(cfg, dtype)
 
@@ -141,9 +148,11 @@ class Block(nn.Module):
 class Backbone(nn.Module):
     """`stt_model.llm`: the blocks and the final norm."""
 
-    def __init__(self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype, kv_dtype: torch.dtype
+    ) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(Block(k, cfg, state_rows, dtype) for k in cfg.layer_pattern)
+        self.layers = nn.ModuleList(Block(k, cfg, state_rows, dtype, kv_dtype) for k in cfg.layer_pattern)
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype)
 
 
@@ -159,16 +168,25 @@ class ThinkerOutput:
 
 
 class Thinker(nn.Module):
-    """NemotronH thinker with per-slot state. Module names follow the release's `stt_model.*` tensors."""
+    """NemotronH thinker with per-slot state. Module names follow the release's `stt_model.*` tensors.
+
+    `dtype`: weights, activations and the Mamba conv state; `kv_dtype` (default `dtype`): the attention
+    KV rings. The SSM state is float32 and the logits come out float32 whatever the dtypes.
+    """
 
     def __init__(
-        self, cfg: ThinkerConfig, num_slots: int, pad_id: int, dtype: torch.dtype = torch.float32
+        self,
+        cfg: ThinkerConfig,
+        num_slots: int,
+        pad_id: int,
+        dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.cfg, self.num_slots, self.pad_id, self.dtype = cfg, num_slots, pad_id, dtype
         rows = num_slots + 1  # the last row is scratch for padding rows
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.llm = Backbone(cfg, rows, dtype)
+        self.llm = Backbone(cfg, rows, dtype, kv_dtype or dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.function_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.register_buffer("pos", torch.zeros(rows, dtype=torch.long), persistent=False)

@@ -29,7 +29,12 @@ def open_store(settings: StoreSettings | None = None) -> Store:
     if settings.database_url:
         from .postgres import PostgresStore  # psycopg only when PostgreSQL is used
 
-        return PostgresStore(settings.database_url, schema=settings.schema, pool_size=settings.pool_size)
+        return PostgresStore(
+            settings.database_url,
+            schema=settings.schema,
+            pool_size=settings.pool_size,
+            wait_s=settings.wait_s,
+        )
     from .sqlite import SqliteStore
 
-    return SqliteStore(settings.sqlite_path, pool_size=settings.pool_size)
+    return SqliteStore(settings.sqlite_path, pool_size=settings.pool_size, wait_s=settings.wait_s)

@@ -1,26 +1,25 @@
-"""The booking store: transactions over a small connection pool, versioned migrations, and the SQL.
+"""The booking store: transactions over the backend's connection pool, versioned migrations, and the SQL.
 
 `Store.transact(fn, write=...)` runs `fn(tx)` in one database transaction and retries it when the
 database reports a transient conflict (a lock timeout, a deadlock, a serialization failure, or a
 unique key taken by a concurrent writer); any other exception rolls the whole transaction back.
+A call that finds no free connection within the pool's wait gets `Busy`, as does one that keeps conflicting.
 `Tx` holds every statement, written once with `?` placeholders; the two backends differ only in how
-they connect, begin, lock and classify errors. Knows SQL and records, not the hotel's rules.
+they pool connections, begin, lock and classify errors. Knows SQL and records, not the hotel's rules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import astuple, fields
 from datetime import UTC, date, datetime
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import Busy
 from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType, as_date, as_datetime
@@ -28,7 +27,6 @@ from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType, as_dat
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-C = TypeVar("C")
 
 
 class StoreError(Exception):
@@ -71,65 +69,6 @@ def statements(sql: str) -> list[str]:
 
 
 LATEST_VERSION = len(migrations("sqlite"))
-
-
-# --- connection pool ---------------------------------------------------------------------------------
-
-
-class Pool(Generic[C]):
-    """At most `size` connections, created on demand, reused LIFO; a broken one is dropped."""
-
-    def __init__(
-        self, connect: Callable[[], C], *, size: int, healthy: Callable[[C], bool], close: Callable[[C], None]
-    ):
-        if size < 1:
-            raise ValueError("pool size must be at least 1")
-        self._connect, self._healthy, self._close = connect, healthy, close
-        self._size = size
-        self._idle: list[C] = []
-        self._open = 0
-        self._closed = False
-        self._cond = threading.Condition()
-
-    @contextmanager
-    def connection(self) -> Iterator[C]:
-        with self._cond:
-            while not self._idle and self._open >= self._size and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                raise StoreError("the store is closed")
-            conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                self._open += 1
-        if conn is None:
-            try:
-                conn = self._connect()
-            except BaseException:
-                with self._cond:
-                    self._open -= 1
-                    self._cond.notify()
-                raise
-        try:
-            yield conn
-        finally:
-            keep = not self._closed and self._healthy(conn)
-            if not keep:
-                self._close(conn)
-            with self._cond:
-                if keep:
-                    self._idle.append(conn)
-                else:
-                    self._open -= 1
-                self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._open -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            self._close(conn)
 
 
 # --- statements --------------------------------------------------------------------------------------
@@ -296,20 +235,12 @@ class Store(ABC):
     dialect: str
     lock_clause: str = ""  # appended to a SELECT that must lock the rows it reads
 
-    def __init__(self, pool_size: int):
-        self._pool: Pool[Any] = Pool(self._connect, size=pool_size, healthy=self._healthy, close=self._close)
-
     # backend hooks ---------------------------------------------------------------------------------
 
     @abstractmethod
-    def _connect(self) -> Any: ...
-
-    @abstractmethod
-    def _healthy(self, conn: Any) -> bool: ...
-
-    def _close(self, conn: Any) -> None:
-        with contextlib.suppress(Exception):  # closing a broken connection may fail; nothing to do
-            conn.close()
+    def _connection(self) -> AbstractContextManager[Any]:
+        """A pooled connection, handed back to the pool afterwards; `Busy` when none is free within the
+        pool's wait, StoreError once the store is closed."""
 
     @abstractmethod
     def _begin(self, conn: Any, write: bool) -> None: ...
@@ -341,7 +272,7 @@ class Store(ABC):
 
     def migrate(self) -> int:
         """Apply every migration not yet applied; returns the schema version now in the database."""
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             self._migrate(conn)
         return self.schema_version()
 
@@ -359,7 +290,7 @@ class Store(ABC):
         the transaction. Anything else rolls back and propagates unchanged; so does the last Conflict
         or Transient, as `Busy`, once `attempts` are spent."""
         for attempt in range(1, attempts + 1):
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 try:
                     self._begin(conn, write)
                     result = fn(Tx(self, conn))
@@ -377,8 +308,9 @@ class Store(ABC):
             time.sleep(random.uniform(0.002, 0.02) * attempt)
         raise AssertionError("unreachable")
 
+    @abstractmethod
     def close(self) -> None:
-        self._pool.close()
+        """Close the pool: idle connections now, the ones in use as they are handed back."""
 
     def __enter__(self) -> Store:
         return self

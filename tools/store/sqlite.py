@@ -2,29 +2,113 @@
 
 WAL lets readers run beside the single writer; `BEGIN IMMEDIATE` takes the write lock before the
 first read, so a booking's availability check and its update see the same rows (no lock upgrade,
-no SQLITE_BUSY_SNAPSHOT). `synchronous=FULL`: a committed booking survives a power cut.
+no SQLITE_BUSY_SNAPSHOT). `synchronous=FULL`: a committed booking survives a power cut. Connections come
+from a small pool of its own; a call that finds none free within `wait_s` gets `Busy`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from ..errors import Busy
 from .base import Conflict, SchemaTooNew, Store, StoreError, Transient, migrations, statements
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    """At most `size` connections, created on demand, reused LIFO; a broken one is dropped. A caller waits
+    at most `wait_s` for one to be free, then gets `Busy`."""
+
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        *,
+        size: int,
+        wait_s: float,
+        healthy: Callable[[sqlite3.Connection], bool],
+    ):
+        if size < 1:
+            raise ValueError("pool size must be at least 1")
+        if not wait_s > 0:
+            raise ValueError("the wait for a connection must be above 0 s")
+        self._connect, self._healthy = connect, healthy
+        self._size, self._wait_s = size, wait_s
+        self._idle: list[sqlite3.Connection] = []
+        self._open = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        deadline = time.monotonic() + self._wait_s
+        with self._cond:
+            while not self._idle and self._open >= self._size and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("store: no free SQLite connection within %.1f s", self._wait_s)
+                    raise Busy()
+                self._cond.wait(left)
+            if self._closed:
+                raise StoreError("the store is closed")
+            conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                self._open += 1
+        if conn is None:
+            try:
+                conn = self._connect()
+            except BaseException:
+                with self._cond:
+                    self._open -= 1
+                    self._cond.notify()
+                raise
+        try:
+            yield conn
+        finally:
+            keep = not self._closed and self._healthy(conn)
+            if not keep:
+                _close(conn)
+            with self._cond:
+                if keep:
+                    self._idle.append(conn)
+                else:
+                    self._open -= 1
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            _close(conn)
+
+
+def _close(conn: sqlite3.Connection) -> None:
+    with contextlib.suppress(Exception):  # closing a broken connection may fail; nothing to do
+        conn.close()
 
 
 class SqliteStore(Store):
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, *, pool_size: int = 8, busy_timeout_s: float = 10.0):
+    def __init__(
+        self, path: str | Path, *, pool_size: int = 8, wait_s: float = 5.0, busy_timeout_s: float = 10.0
+    ):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._busy_timeout_s = busy_timeout_s
-        super().__init__(pool_size)
+        self._pool = Pool(self._connect, size=pool_size, wait_s=wait_s, healthy=self._healthy)
         self.migrate()
 
     def __repr__(self) -> str:
@@ -43,6 +127,12 @@ class SqliteStore(Store):
 
     def _healthy(self, conn: sqlite3.Connection) -> bool:
         return not conn.in_transaction
+
+    def _connection(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._pool.connection()
+
+    def close(self) -> None:
+        self._pool.close()
 
     def _begin(self, conn: sqlite3.Connection, write: bool) -> None:
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")

@@ -1,0 +1,86 @@
+"""The declared dependencies (pyproject.toml, with the dev extra) and the lock (constraints.txt) resolve from
+PyPI for every supported Python and for a platform without triton wheels, as wheels only: what `make` installs
+on a Linux host (PyPI's torch there is the CUDA build) and on a Mac. Needs PyPI: skipped when it cannot be
+reached. Nothing is installed (`pip install --dry-run`); this machine's pip configuration is ignored.
+
+pip's --platform and --python-version pick wheels for the target but leave environment markers (`triton;
+sys_platform == 'linux'`, torch's own) to this machine's values, so pip runs here with the target's marker
+values in their place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHONS = ["3.11", "3.12", "3.13"]
+# pip does not widen a manylinux_2_N tag to older glibcs, so every tag a current Linux accepts is listed
+LINUX_X86_64 = [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)] + ["manylinux2014_x86_64"]
+PLATFORMS = {"linux-x86_64": LINUX_X86_64, "macos-arm64": ["macosx_14_0_arm64"]}
+MARKERS = {
+    "linux-x86_64": {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"},
+    "macos-arm64": {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64"},
+}
+# pip, with the marker environment of the target (argv[1], JSON) in place of this machine's
+PIP_AS_TARGET = """
+import json, sys
+import pip._vendor.packaging.markers as markers
+target = {**markers.default_environment(), **json.loads(sys.argv[1])}
+markers.default_environment = lambda: dict(target)
+from pip._internal.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+# pip settings that would change what is resolved: the project's files must not depend on them
+PIP_RESOLVE_VARS = (
+    "PIP_CONSTRAINT", "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX",
+    "PIP_REQUIRE_VIRTUALENV", "PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_ONLY_BINARY", "PIP_NO_BINARY",
+)  # fmt: skip
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pypi() -> None:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError:
+        pytest.skip("PyPI cannot be reached")
+
+
+def declared_requirements() -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["dependencies"] + project["optional-dependencies"]["dev"]
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_dependencies_and_the_lock_resolve(python, platform, tmp_path):
+    (tmp_path / "requirements.txt").write_text("\n".join(declared_requirements()) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in PIP_RESOLVE_VARS}
+    env["PIP_CONFIG_FILE"] = os.devnull  # no global, user or site pip configuration
+    markers = {**MARKERS[platform], "python_version": python, "python_full_version": f"{python}.0"}
+    cmd = [
+        sys.executable, "-c", PIP_AS_TARGET, json.dumps(markers), "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+        "--quiet", "--index-url", "https://pypi.org/simple", "--python-version", python,
+        *(arg for tag in PLATFORMS[platform] for arg in ("--platform", tag)),
+        "--target", str(tmp_path / "target"), "--report", str(tmp_path / "report.json"),
+        "-r", str(tmp_path / "requirements.txt"), "-c", str(ROOT / "constraints.txt"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"Python {python} on {platform} does not resolve:\n{proc.stderr[-3000:]}"
+    installed = {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in json.loads((tmp_path / "report.json").read_text())["install"]
+    }
+    print(f"Python {python} on {platform}: {len(installed)} packages, torch {installed.get('torch')}")
+    assert installed["torch"] == "2.13.0" and installed["livekit-agents"] == "1.8.9"
+    assert ("triton" in installed) == platform.startswith("linux")
