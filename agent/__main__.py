@@ -101,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from livekit.agents.__main__ import main as livekit_agents_main
 
-    try:
-        from agent import worker
-    except ValueError as e:  # a setting only the worker reads (CHORUS_STARTUP_TIMEOUT_S)
-        print(f"{command}: {e}", file=sys.stderr)
-        return 2
+    from agent import worker  # its settings were checked above
+
     return livekit_agents_main([*WORKER_COMMANDS[command], worker.__file__, *argv[1:]])
 
 

@@ -50,6 +50,10 @@ class AgentSettings(EnvSettings):
     metrics_port: Port | None = Field(None, validation_alias="CHORUS_METRICS_PORT", description=PORT)
     # the worker's health and /worker endpoint (livekit-agents' default if unset)
     http_port: Port | None = Field(None, validation_alias="CHORUS_HTTP_PORT", description=PORT)
+    # how long a job runner may take to start (unset: sized from the weights, see agent/worker.py)
+    startup_timeout_s: float | None = Field(
+        None, gt=0, validation_alias="CHORUS_STARTUP_TIMEOUT_S", description="a number of seconds above 0"
+    )
 
     @field_validator("preset")
     @classmethod

@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +35,6 @@ CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKi
 
 # How long livekit-agents waits for a job runner's `setup_fnc`, which builds the engine, before it gives up on
 # that runner: a base for imports, the device and the engine's warm-up, plus the time to read the weights.
-STARTUP_TIMEOUT_ENV = "CHORUS_STARTUP_TIMEOUT_S"
 STARTUP_BASE_S = 120.0
 STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 
@@ -109,19 +106,11 @@ def weight_bytes(settings: AgentSettings) -> int:
     return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
 
 
-def startup_timeout_s(settings: AgentSettings, env: Mapping[str, str] | None = None) -> float:
+def startup_timeout_s(settings: AgentSettings) -> float:
     """Seconds a job runner may take to start: `CHORUS_STARTUP_TIMEOUT_S` when set, else a base plus seconds
     per GB of weights (about five and a half minutes for the 11B preset's 22 GB, two for `tiny`)."""
-    env = os.environ if env is None else env
-    raw = (env.get(STARTUP_TIMEOUT_ENV) or "").strip()
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = 0.0
-        if not value > 0:
-            raise ValueError(f"{STARTUP_TIMEOUT_ENV}={raw!r}: must be a number of seconds above 0")
-        return value
+    if settings.startup_timeout_s is not None:
+        return settings.startup_timeout_s
     return STARTUP_BASE_S + STARTUP_S_PER_GB * weight_bytes(settings) / 1e9
 
 
@@ -201,7 +190,7 @@ def _server_from_env() -> AgentServer:
     CLI (`python -m livekit.agents start agent/worker.py`, `lk agent ...`) imports this file."""
     try:
         return build_server(AgentSettings.from_env())
-    except ValueError as e:  # SettingsError, or CHORUS_STARTUP_TIMEOUT_S
+    except ValueError as e:  # SettingsError
         print(f"chorus worker: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
