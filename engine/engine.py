@@ -374,9 +374,10 @@ class Engine:
     def _collect_garbage(self, next_start: float) -> None:
         """A full collection about once a minute, in a tick's slack when it fits. The objects of a turn or a
         tool call live for seconds, long enough to reach the collector's oldest generation, whose own passes
-        are rare (`agent.call.quiet_gc`), so their reference cycles would otherwise never be freed. With the
-        long-lived objects frozen, a pass costs milliseconds; one that finds no room for GC_FORCE_AFTER of
-        its periods runs anyway: bounded memory is worth one late tick."""
+        are rare (`agent.call.quiet_gc`), so their reference cycles would otherwise never be freed. The model
+        and other long-lived objects are frozen, so a pass walks only what came since; still, on a busy CPU it
+        can outlast a tick, and one that finds no room for GC_FORCE_AFTER of its periods runs anyway: bounded
+        memory is worth one late tick."""
         now = time.monotonic()
         since = now - self._gc_at
         if since < GC_EVERY_S:

@@ -24,7 +24,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -269,7 +269,7 @@ class Scheduler:
                 continue
             if s.response is not None:  # the results are in; their tokens are on their way
                 if s.response.done():
-                    self._prefill_response(s, s.response)
+                    self._prefill_response(s, self._response_ids(s))
                 continue
             while not s.incoming.empty():
                 r = s.incoming.get_nowait()
@@ -295,20 +295,21 @@ class Scheduler:
         if not s.t_last_result:
             s.t_last_result = self.clock()
         if self.encode_pool is None:
-            done: Future = Future()
-            done.set_result(self.tok.response_ids(results))
-            self._prefill_response(s, done)
+            self._prefill_response(s, self.tok.response_ids(results))
             return
         s.phase = Phase.WAITING
         s.response = self.encode_pool.submit(self.tok.response_ids, results)
 
-    def _prefill_response(self, s: Session, response: Future) -> None:
-        s.response = None
+    def _response_ids(self, s: Session) -> list[int]:
+        """The encoded results of a finished `s.response`."""
+        response, s.response = s.response, None
         try:
-            ids = response.result()
+            return response.result()
         except Exception as e:  # the model still hears that its call came back
             log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
-            ids = self.tok.response_ids([{"error": "the tool results could not be read"}])
+            return self.tok.response_ids([{"error": "the tool results could not be read"}])
+
+    def _prefill_response(self, s: Session, ids: list[int]) -> None:
         s.phase = Phase.PREFILL
         # within `result_ticks`; a result too long for that at one chunk a tick takes one chunk a tick, so
         # an oversized result never forces more than a chunk a tick onto everyone else's cadence
