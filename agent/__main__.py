@@ -1,6 +1,7 @@
-"""`python -m agent simulate | token | dev | start | console`: the simulation (the embedded default), a join
-token for a test client, or the worker: `dev` and `start` are livekit-agents' `python -m livekit.agents start
-[--dev] agent/worker.py`, `console` is what `lk agent console` runs (it needs the LiveKit CLI's --connect-addr).
+"""`python -m agent simulate | token | sip | dev | start | console`: the simulation (the embedded default), a
+join token for a test client, the phone line (`sip setup | list | teardown | call`, agent/sip.py), or the
+worker: `dev` and `start` are livekit-agents' `python -m livekit.agents start [--dev] agent/worker.py`,
+`console` is what `lk agent console` runs (it needs the LiveKit CLI's --connect-addr).
 Settings come from the environment or `.env` (see agent/settings.py).
 """
 
@@ -61,11 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         return simulate.main(p.parse_args(argv[1:]))
     if command == "token":
         return _token(argv[1:])
+    if command == "sip":
+        from agent import sip
+
+        return sip.main(argv[1:])
     if command in ("-h", "--help"):
         print(__doc__)
         return 0
     if command not in WORKER_COMMANDS:
-        print(f"{command}: unknown command; choose simulate, token, dev, start or console", file=sys.stderr)
+        print(
+            f"{command}: unknown command; choose simulate, token, sip, dev, start or console", file=sys.stderr
+        )
         return 2
     # dev | start | console: livekit-agents' own CLI, on the `server` of agent/worker.py
     from agent.settings import AgentSettings, SettingsError
@@ -78,15 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{command}: {e}", file=sys.stderr)
         return 2
     if command in ("dev", "start"):
-        missing = [
-            name
-            for name, value in (
-                ("LIVEKIT_URL", settings.livekit_url),
-                ("LIVEKIT_API_KEY", settings.livekit_api_key),
-                ("LIVEKIT_API_SECRET", settings.livekit_api_secret),
-            )
-            if not value
-        ]
+        missing = settings.missing_livekit()
         if missing:
             print(
                 f"{command}: set {', '.join(missing)} (environment or .env) to reach a LiveKit server",

@@ -14,6 +14,7 @@ import contextlib
 import gc
 import logging
 import wave
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -200,10 +201,20 @@ async def start_call(
     room: rtc.Room | None = None,
     participant: str | None = None,
     acks: bool = True,
+    label: str | None = None,
+    caller: str | None = None,
 ) -> Call:
-    """Start the session; returns once the framework runs it (the engine slot opens right after)."""
+    """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
+    `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP participant,
+    else "web")."""
     output = PlayoutOutput(sink, acks=AckClips(sink.sample_rate) if acks else None)
-    model = ChorusModel(engine, observer=output)
+    room_label, room_caller = describe_caller(room, participant)
+    model = ChorusModel(
+        engine,
+        observer=output,
+        label=room_label if label is None else label,
+        caller=room_caller if caller is None else caller,
+    )
     session = _session(model)
     call = Call(session, model, output, agent)
     try:
@@ -240,6 +251,17 @@ async def start_call(
         await call.aclose()
         raise
     return call
+
+
+def describe_caller(room: rtc.Room | None, participant: str | None) -> tuple[str, str]:
+    """(the room's name, "phone" for a SIP participant else "web"); ("", "") without a room."""
+    if room is None:
+        return "", ""
+    name = str(getattr(room, "name", "") or "")
+    remote = getattr(room, "remote_participants", None) or {}
+    who = remote.get(participant) if participant and isinstance(remote, Mapping) else None
+    sip = who is not None and getattr(who, "kind", None) == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+    return name, "phone" if sip else "web"
 
 
 NOT_SET: Any = room_io.RoomOptions.__dataclass_fields__["participant_identity"].default

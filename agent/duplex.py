@@ -135,12 +135,16 @@ def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
 class ChorusModel(llm.DuplexModel):
     """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
 
-    def __init__(self, engine: Engine, *, observer: CallObserver | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, observer: CallObserver | None = None, label: str = "", caller: str = ""
+    ) -> None:
+        """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page."""
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
         self.engine = engine
         self.observer = observer or CallObserver()
+        self.session_label, self.caller_kind = label, caller  # (`label` is the framework's own property)
         self.sessions: list[ChorusSession] = []
 
     @property
@@ -284,7 +288,11 @@ class ChorusSession(llm.DuplexSession):
                 return
             try:
                 handle = self._model.engine.open_session(
-                    self._instructions, tool_schemas(self._tools), loop=self._loop
+                    self._instructions,
+                    tool_schemas(self._tools),
+                    loop=self._loop,
+                    label=self._model.session_label,
+                    caller=self._model.caller_kind,
                 )
             except EngineError as e:
                 # a refusal is an answer, not a fault: no traceback for the framework to log

@@ -1,5 +1,7 @@
 """The hotel concierge: a livekit-agents `Agent` whose five function tools call `tools/`.
 
+`Concierge` holds what every caller's agent shares (the tool runner and the tools common to all);
+`HotelAgent` is a web caller's concierge, and agent/phone.py's `PhoneConcierge` a phone caller's.
 The only module that joins the hotel to LiveKit. The tools' JSON schemas come from `tools.schemas`
 (one source of truth), so each `@function_tool` takes the model's raw arguments and `tools/` validates
 them with messages the model can speak. Domain failures become `ToolError`s; the store is synchronous,
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # A confirmation code has ~36 bits; this many misses in one call ends lookups for that call.
 MAX_FAILED_LOOKUPS = 5
-_LOOKUPS = ("find_reservation", "change_or_cancel_reservation")
+_LOOKUPS = ("find_reservation", "change_or_cancel_reservation", "manage_reservation")
 TOO_MANY_LOOKUPS = (
     "I can't look up any more reservations on this call; the front desk can help you with that reservation."
 )
@@ -42,9 +44,10 @@ def concierge_instructions(hotel: Hotel) -> str:
     return load_prompt("concierge", hotel_name=policy.name, today=spoken_date(today))
 
 
-class HotelAgent(Agent):
-    """One caller's concierge. `session_key` scopes booking idempotency to this conversation: the same
-    booking asked twice (a retried call, a repeated tool call) is made once."""
+class Concierge(Agent):
+    """One caller's concierge: the tools every caller has, and the runner of all hotel tools. `session_key`
+    scopes booking idempotency to this conversation: the same booking asked twice (a retried call, a
+    repeated tool call) is made once."""
 
     def __init__(
         self, hotel: Hotel, *, instructions: str | None = None, session_key: str | None = None
@@ -79,6 +82,14 @@ class HotelAgent(Agent):
     async def check_availability(self, raw_arguments: dict[str, object], context: RunContext) -> str:
         return await self._call("check_availability", raw_arguments, context)
 
+    @function_tool(raw_schema=schemas.tool_schema("hotel_info"))
+    async def hotel_info(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("hotel_info", raw_arguments, context)
+
+
+class HotelAgent(Concierge):
+    """A web caller's concierge: the hotel's five tools (`tools.schemas.WEB_TOOLS`)."""
+
     @function_tool(raw_schema=schemas.tool_schema("book_room"))
     async def book_room(self, raw_arguments: dict[str, object], context: RunContext) -> str:
         return await self._call("book_room", raw_arguments, context)
@@ -92,10 +103,6 @@ class HotelAgent(Agent):
         self, raw_arguments: dict[str, object], context: RunContext
     ) -> str:
         return await self._call("change_or_cancel_reservation", raw_arguments, context)
-
-    @function_tool(raw_schema=schemas.tool_schema("hotel_info"))
-    async def hotel_info(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("hotel_info", raw_arguments, context)
 
 
 def tool_schemas(agent: Agent) -> list[dict[str, Any]]:

@@ -197,6 +197,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._paused = False
         self._ack_on_flush = False
         self._ack_timer: asyncio.TimerHandle | None = None
+        self.turns_started = self.turns_ended = 0  # the model's turns (see `after_next_turn`)
         # recent history for reports and tests, bounded: a call can last for hours
         self.events: deque[tuple[float, str]] = deque(maxlen=HISTORY)  # (monotonic time, what)
         self.spans: deque[list] = deque(maxlen=HISTORY)  # [kind, start, end] per chunk played, ends cut
@@ -277,11 +278,28 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
     # -- CallObserver ----------------------------------------------------------------------------------
 
     def on_turn_started(self) -> None:
+        self.turns_started += 1
         self.stop_clip()
 
     def on_turn_ended(self, barge_in: bool) -> None:
+        self.turns_ended += 1
         if barge_in:
             self.cut()
+
+    async def after_next_turn(self, timeout: float) -> bool:
+        """Until a turn the model starts from now on has ended and its audio has played (True), or `timeout`
+        seconds (False): the moment a phone call may be handed over or hung up after the agent said so."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        started = self.turns_started
+        while self.turns_started == started and loop.time() < until:
+            await asyncio.sleep(0.05)
+        if self.turns_started == started:
+            return False
+        while self.turns_ended < self.turns_started and loop.time() < until:
+            await asyncio.sleep(0.05)
+        await self.play_out(timeout=max(0.0, until - loop.time()))
+        return self.turns_ended >= self.turns_started
 
     def on_tool_pause(self, after_speech: bool) -> None:
         self._note("pause")

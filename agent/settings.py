@@ -6,6 +6,7 @@ never logged.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -13,9 +14,20 @@ from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 
 from tools.settings import EnvSettings, SettingsError
 
-__all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "SettingsError"]
+__all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "SettingsError", "e164"]
 
 DEFAULT_AGENT_NAME = "chorus-concierge"
+E164 = "a phone number in E.164 form: + and 7 to 15 digits, e.g. +14155550100"
+_E164 = re.compile(r"\+[1-9][0-9]{6,14}")
+
+
+def e164(number: str) -> str:
+    """`number` in E.164 form (spaces, dots, dashes and brackets dropped); ValueError naming the form if it
+    is not one. The number itself is never put in the message: it is personal data."""
+    compact = re.sub(r"[\s.()-]", "", number)
+    if not _E164.fullmatch(compact):
+        raise ValueError(E164)
+    return compact
 
 
 def _not_zero_from_text(value: object) -> object:
@@ -37,6 +49,10 @@ class AgentSettings(EnvSettings):
     checkpoint: str | None = Field(
         None, validation_alias="CHORUS_CHECKPOINT", description="an existing file or folder"
     )
+    tokenizer: str | None = Field(
+        None, validation_alias="CHORUS_TOKENIZER", description="an existing tokenizer.json or its folder"
+    )
+    speaker: str | None = Field(None, validation_alias="CHORUS_SPEAKER")  # a speaker latent of the checkpoint
     slots: int = Field(64, ge=1, validation_alias="CHORUS_SLOTS", description="a whole number of at least 1")
     # cpu, cuda, cuda:1 ... (unset: cuda when there is one)
     device: str | None = Field(None, validation_alias="CHORUS_DEVICE")
@@ -55,6 +71,43 @@ class AgentSettings(EnvSettings):
         None, gt=0, validation_alias="CHORUS_STARTUP_TIMEOUT_S", description="a number of seconds above 0"
     )
 
+    # context windows (engine/config.py `with_windows`); empty: the release's. Capacity mode: a short talker window
+    talker_window: int | None = Field(
+        None,
+        ge=2,
+        validation_alias="CHORUS_TALKER_WINDOW",
+        description="a whole number of positions, at least 2",
+    )
+    thinker_window: int | None = Field(
+        None,
+        ge=1,
+        validation_alias="CHORUS_THINKER_WINDOW",
+        description="a whole number of positions, at least 1",
+    )
+    capacity_mode: bool = Field(False, validation_alias="CHORUS_CAPACITY_MODE", description="true or false")
+    # phone calls (agent/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule makes
+    front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)
+    sip_room_prefix: str = Field(
+        "call-",
+        pattern=r"^[A-Za-z0-9_-]{1,32}$",
+        validation_alias="CHORUS_SIP_ROOM_PREFIX",
+        description="1 to 32 letters, digits, - or _",
+    )
+
+    def missing_livekit(self) -> list[str]:
+        """The LiveKit connection settings that are not set (their variables' names)."""
+        given = {
+            "LIVEKIT_URL": self.livekit_url,
+            "LIVEKIT_API_KEY": self.livekit_api_key,
+            "LIVEKIT_API_SECRET": self.livekit_api_secret,
+        }
+        return [name for name, value in given.items() if not value]
+
+    @field_validator("front_desk_number")
+    @classmethod
+    def _front_desk_e164(cls, number: str | None) -> str | None:
+        return None if number is None or not number.strip() else e164(number)
+
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
@@ -64,7 +117,7 @@ class AgentSettings(EnvSettings):
             raise ValueError(f"one of {', '.join(sorted(PRESETS))}")
         return preset
 
-    @field_validator("checkpoint")
+    @field_validator("checkpoint", "tokenizer")
     @classmethod
     def _existing_checkpoint(cls, checkpoint: str | None) -> str | None:
         if checkpoint is not None and not Path(checkpoint).exists():

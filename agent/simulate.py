@@ -171,8 +171,9 @@ async def join(
         else:
             agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
             room.call = call = await start_call(
-                engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input
-            )
+                engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input,
+                label=room.name, caller="web",
+            )  # fmt: skip
             try:
                 return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
             except EngineFull as e:
@@ -287,7 +288,13 @@ def build_engine(args: argparse.Namespace) -> Engine:
     try:
         return Engine(
             EngineConfig(
-                preset=args.preset, num_slots=args.slots, checkpoint=args.checkpoint, device=args.device
+                preset=args.preset,
+                num_slots=args.slots,
+                checkpoint=args.checkpoint,
+                tokenizer=args.tokenizer,
+                speaker=args.speaker,
+                device=args.device,
+                metrics_port=args.metrics_port,
             )
         )
     except Exception as e:  # a corrupt checkpoint or a device that is not there: one line, not a traceback
@@ -315,6 +322,13 @@ async def simulate(args: argparse.Namespace) -> dict:
     except SimulateError:
         store.close()
         raise
+    if engine.server is not None:  # the monitoring page can watch the run (README, "Monitoring")
+        url = f"http://{engine.config.metrics_host}:{engine.server.port}/snapshot"
+        where = "" if settings.database_url else f" CHORUS_DATA_DIR={settings.data_dir}"
+        print(
+            f"engine snapshot at {url}; watch it with: CHORUS_MONITOR_URLS={url}{where} python -m ui",
+            flush=True,
+        )
 
     # SIGTERM stops the run as Ctrl-C does: the figures so far are written
     main_task = asyncio.current_task()
@@ -458,6 +472,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
     p.add_argument("--preset", help="engine preset (default: CHORUS_PRESET, else tiny)")
     p.add_argument("--checkpoint", help="weights to load (default: CHORUS_CHECKPOINT, else dummy weights)")
+    p.add_argument("--tokenizer", help="the thinker's tokenizer.json or folder (default: CHORUS_TOKENIZER)")
+    p.add_argument("--speaker", help="speaker latent of the checkpoint (default: CHORUS_SPEAKER, else Aria)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CHORUS_DEVICE, else cuda if any)")
     p.add_argument(
         "--slots", type=int, default=None, help="engine slots (default: one per room, at most 64); rooms "
@@ -467,6 +483,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--join-timeout", type=float, default=60.0, help="seconds a room may take to go live (default 60)"
     )
     p.add_argument("--out", default="out/simulate", help="output folder: one WAV per room and metrics.json")
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve the engine's /snapshot and /metrics on "
+        "127.0.0.1 during the run, for the monitoring page (0: any free port, printed at the start; default: "
+        "CHORUS_METRICS_PORT, else not served)"
+    )  # fmt: skip
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -482,7 +503,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SimulateError(str(e)) from None
     args.preset = args.preset or settings.preset
     args.checkpoint = args.checkpoint or settings.checkpoint
+    args.tokenizer = args.tokenizer or settings.tokenizer
+    args.speaker = args.speaker or settings.speaker
     args.device = args.device or settings.device
+    if args.metrics_port is None:
+        args.metrics_port = settings.metrics_port
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise SimulateError(f"--metrics-port {args.metrics_port}: give 0 (any free port) to 65535")
     # bookings go to the configured database, else to a fresh SQLite file beside the run's output
     if not store.database_url and "data_dir" not in store.model_fields_set:
         store = store.model_copy(update={"data_dir": Path(args.out) / "data"})

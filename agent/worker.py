@@ -6,13 +6,15 @@ object). Building it reads the settings and sizes the startup timeout; the engin
 worker runs (`setup_fnc`, or the first load poll), and LiveKit credentials are needed only to connect.
 It has the THREAD executor, the engine's load as its load and a load threshold of 1.0, so LiveKit sends no
 more rooms once the slots are taken or the engine has no headroom left. `run_job` is the entrypoint:
-connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves.
+connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves; a phone caller gets
+the phone concierge (agent/phone.py), which can also transfer the call or hang up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import sys
 import threading
@@ -27,6 +29,9 @@ from agent.playout import RoomSink
 from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
+    from livekit.agents import Agent
+
+    from agent.phone import PhoneLine
     from engine.engine import Engine
 
 log = logging.getLogger("chorus.agent.worker")
@@ -56,6 +61,11 @@ def shared_engine(settings: AgentSettings) -> Engine:
                         preset=settings.preset,
                         num_slots=settings.slots,
                         checkpoint=settings.checkpoint,
+                        tokenizer=settings.tokenizer,
+                        speaker=settings.speaker,
+                        talker_window=settings.talker_window,
+                        thinker_window=settings.thinker_window,
+                        capacity_mode=settings.capacity_mode,
                         device=settings.device,
                         metrics_port=settings.metrics_port,
                     )
@@ -149,8 +159,6 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     """One room: the caller talks to the hotel agent until they leave; then the slot is freed. Under the
     console (`lk agent console`) the caller is this machine's microphone and speaker, and the agent's voice
     reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
-    from agent.hotel import HotelAgent
-
     engine = shared_engine(settings)
     await ctx.connect()
     caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
@@ -167,10 +175,23 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
 
     ctx.room.on("participant_disconnected", on_left)
     ctx.room.on("disconnected", lambda *_: left.set())
-    agent = HotelAgent(await asyncio.to_thread(shared_hotel), session_key=ctx.job.id)
+    hotel = await asyncio.to_thread(shared_hotel)
+    agent, line = concierge_for(
+        settings,
+        hotel,
+        phone=kind == "sip",
+        room=ctx.room.name,
+        identity=caller.identity,
+        attributes=dict(caller.attributes),
+        job_id=ctx.job.id,
+        job_metadata=ctx.job.metadata,
+    )
     sink = ConsoleSink() if console else RoomSink()
     call = await start_call(engine, agent, sink=sink, room=ctx.room, participant=caller.identity)
     call.session.on("close", lambda _ev: left.set())
+    if line is not None:
+        line.attach(call.output)
+        ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
 
     async def on_shutdown(_reason: str = "") -> None:
@@ -183,6 +204,39 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await call.aclose()
         log.info("job %s: call ended", ctx.job.id)
     ctx.shutdown("the caller left")
+
+
+def concierge_for(
+    settings: AgentSettings,
+    hotel: Any,
+    *,
+    phone: bool,
+    room: str,
+    identity: str,
+    attributes: dict[str, str],
+    job_id: str,
+    job_metadata: str | None = None,
+) -> tuple[Agent, PhoneLine | None]:
+    """The caller's agent: a web caller's `HotelAgent`, or for a phone caller (a SIP participant) the
+    `PhoneConcierge` with its `PhoneLine` (transfer, hang-up, their number for bookings)."""
+    from agent.hotel import HotelAgent
+    from agent.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
+
+    if not phone:
+        return HotelAgent(hotel, session_key=job_id), None
+    line = PhoneLine(settings, room=room, identity=identity, number=attributes.get(PHONE_NUMBER_ATTRIBUTE))
+    return PhoneConcierge(hotel, line, purpose=call_purpose(job_metadata), session_key=job_id), line
+
+
+def call_purpose(metadata: str | None) -> str:
+    """Why the hotel placed this call: the `reason` that `python -m agent sip call` put in the job's metadata
+    ("" for an incoming call, or metadata that is not ours)."""
+    try:
+        meta = json.loads(metadata or "{}")
+    except ValueError:
+        return ""
+    reason = meta.get("reason") if isinstance(meta, dict) else None
+    return reason.strip()[:500] if isinstance(reason, str) else ""
 
 
 def _server_from_env() -> AgentServer:

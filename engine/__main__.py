@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from engine.config import PRESETS, load_preset
+from engine.config import PRESETS, add_window_arguments, load_preset, windows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     info = sub.add_parser("info", help="parameters, weight and state bytes, sessions per GPU")
     info.add_argument("--preset", default="nemotron-voicechat-11b", choices=sorted(PRESETS))
     info.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
+    add_window_arguments(info)
     demo = sub.add_parser("demo", help="step the model for many slots and print timings")
     demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     demo.add_argument("--sessions", type=int, default=64)
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         from engine.info import print_report, report
 
-        r = report(load_preset(args.preset), args.gpu_mem_gb)
+        r = report(windows(load_preset(args.preset), args), args.gpu_mem_gb)
         print_report(r)
         print(json.dumps(r))
         return 0

@@ -13,7 +13,16 @@ import time
 
 import torch
 
-from engine.config import DTYPE_POLICIES, PRESETS, DtypePolicy, ModelConfig, dtype_policy, load_preset
+from engine.config import (
+    DTYPE_POLICIES,
+    PRESETS,
+    DtypePolicy,
+    ModelConfig,
+    add_window_arguments,
+    dtype_policy,
+    load_preset,
+    windows,
+)
 
 TICK_MS = 80.0
 
@@ -85,16 +94,22 @@ def bench_pipeline(args) -> int:
     from engine.model.pipeline import Pipeline
     from engine.tokens import Tokens
 
-    cfg = load_preset(args.preset)
+    cfg = windows(load_preset(args.preset), args)
     device = _device(args.device)
     dtypes = dtype_policy(args.dtype, device.type)
     sizes = [int(s) for s in args.slots.split(",")]
-    out = {"bench": "pipeline", "preset": args.preset, "device": str(device), "threads": args.threads,
+    out = {"bench": "pipeline", "talker_window": cfg.talker.attention_window, "preset": args.preset, "device": str(device), "threads": args.threads,
            "dtype": dtypes.name}  # fmt: skip
     rng = torch.Generator().manual_seed(0)
     for b in sizes:
-        with torch.device(device):
-            p = Pipeline(cfg, b, Tokens(cfg.tokens), dtypes)
+        try:
+            with torch.device(device):
+                p = Pipeline(cfg, b, Tokens(cfg.tokens), dtypes)
+        except torch.OutOfMemoryError:
+            out[f"oom_{b}"] = True
+            print(f"slots={b:<3d} out of device memory building the pipeline", flush=True)
+            _free(device)
+            continue
         p.eval()
         p.prepare()
         active = torch.ones(b, dtype=torch.bool, device=device)
@@ -126,9 +141,42 @@ def bench_pipeline(args) -> int:
             st = _percentiles(ms)
             out[f"{name}_ms_p50_{b}"], out[f"{name}_ms_p99_{b}"] = st["p50"], st["p99"]
             line.append(f"{name} {st['p50']:.2f}/{st['p99']:.2f}")
+        if device.type == "cuda" and args.graph:
+            st = _percentiles(_graphed_step_ms(p, b, device, args.warmup, args.steps))
+            out[f"graph_ms_p50_{b}"], out[f"graph_ms_p99_{b}"] = st["p50"], st["p99"]
+            line.append(f"graphed step {st['p50']:.2f}/{st['p99']:.2f}")
+        if device.type == "cuda":
+            out[f"peak_gb_{b}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
         print(f"slots={b:<3d} p50/p99 ms: " + ", ".join(line), flush=True)
+        del p
+        _free(device)
     print(json.dumps(out))
     return 0
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _graphed_step_ms(p, b: int, device: torch.device, warmup: int, steps: int) -> list[float]:
+    """The whole live step as one captured CUDA graph (engine/graph.py), replayed: wall ms per step."""
+    from engine.graph import StepGraph
+    from engine.model.pipeline import all_inactive, live_inputs
+
+    static = live_inputs(p.cfg, b, device)
+    step = StepGraph(p.live_step, static, prepare_warmup=all_inactive)
+    ms = []
+    for i in range(warmup + steps):
+        static[0].normal_(0.0, 0.1)
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        if i >= warmup:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return ms
 
 
 def demo(preset: str, sessions: int, seconds: float, device_name: str | None) -> int:
@@ -167,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", *DTYPE_POLICIES],
         help="dtype policy of the thinker and pipeline benches (auto: gpu on CUDA)",
     )
+    parser.add_argument(
+        "--no-graph", dest="graph", action="store_false", help="pipeline: skip the captured-graph timing"
+    )
     from engine.bench_serve import add_arguments, main_serve
 
     add_arguments(parser)
+    add_window_arguments(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.what == "serve":

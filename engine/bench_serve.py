@@ -191,7 +191,9 @@ def plot(series: list[float], path: str, title: str) -> None:
 
 def serve(args) -> dict:
     base = EngineConfig(preset=args.preset, num_slots=args.sessions, device=args.device, threads=args.threads,
-                        checkpoint=args.checkpoint, start=True)  # fmt: skip
+                        checkpoint=args.checkpoint, tokenizer=args.tokenizer, speaker=args.speaker,
+                        dtype=getattr(args, "dtype", "auto"), talker_window=args.talker_window,
+                        thinker_window=args.thinker_window, capacity_mode=args.capacity, start=True)  # fmt: skip
     common = dict(call_tokens=args.call_tokens,
                   result_tokens=-args.result_chars if args.result_chars else args.result_tokens,
                   tool_latency_s=args.tool_latency_ms / 1000, call_every_s=args.call_every_s)  # fmt: skip
@@ -200,11 +202,15 @@ def serve(args) -> dict:
     print(f"serve: {args.sessions} sessions ({args.tool_sessions} calling tools), {args.seconds:g} s, "
           f"preset {args.preset}", flush=True)  # fmt: skip
     main = run_workload(base, args.sessions, args.tool_sessions, args.seconds, **common)
-    print(f"cadence-locked baseline ({args.baseline_seconds:g} s)...", flush=True)
-    cadence = run_workload(base.model_copy(update={"cadence_locked_tools": True}), args.sessions,
-                           args.tool_sessions, args.baseline_seconds, progress=False, **common)  # fmt: skip
-    print("naive per-session baseline...", flush=True)
-    naive = naive_tick_ms(base, args.sessions)
+    cadence: dict = {"tool_call_ticks_p50": None, "tool_call_ms_p50": None, "result_prefill_ms_p50": None,
+                     "missed_deadlines": None}  # fmt: skip
+    naive = None
+    if args.baseline_seconds > 0:  # the baselines: tools at the cadence, and one session per forward
+        print(f"cadence-locked baseline ({args.baseline_seconds:g} s)...", flush=True)
+        cadence = run_workload(base.model_copy(update={"cadence_locked_tools": True}), args.sessions,
+                               args.tool_sessions, args.baseline_seconds, progress=False, **common)  # fmt: skip
+        print("naive per-session baseline...", flush=True)
+        naive = naive_tick_ms(base, args.sessions)
     if args.plot:
         plot(main["tick_series_ms"], args.plot, f"{args.sessions} sessions, {args.tool_sessions} with tools")
     series = main.pop("tick_series_ms")
@@ -224,32 +230,50 @@ def serve(args) -> dict:
 
 
 def sweep(base: EngineConfig, args, common: dict) -> dict:
-    """The most sessions (a quarter calling tools) with zero missed deadlines, by doubling then bisecting."""
+    """The most sessions (a quarter calling tools) with zero missed deadlines, by doubling then bisecting, up to
+    `--sweep-max` sessions and within `--sweep-budget-s` seconds (then the best found so far; a size that runs
+    out of device memory counts as a failure)."""
+    t0 = time.monotonic()
+    tried: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
-        r = run_workload(base.model_copy(update={"num_slots": n}), n, n // 4, args.sweep_seconds, progress=False,
-                         **common)  # fmt: skip
-        good = r["missed_deadlines"] == 0
+        try:
+            r = run_workload(base.model_copy(update={"num_slots": n}), n, n // 4, args.sweep_seconds,
+                             progress=False, **common)  # fmt: skip
+        except torch.OutOfMemoryError:
+            tried[n] = {"oom": True}
+            print(f"  {n:5d} sessions: out of device memory", flush=True)
+            return False
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        tried[n] = {"tick_ms_p99": r["tick_ms_p99"], "missed_deadlines": r["missed_deadlines"]}
         print(
             f"  {n:5d} sessions: live p99 {r['tick_ms_p99']:7.2f} ms, missed {r['missed_deadlines']}",
             flush=True,
         )
-        return good
+        return r["missed_deadlines"] == 0
 
-    lo, hi = 0, args.sessions
-    while ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 4096:
+    def spent() -> bool:
+        return args.sweep_budget_s is not None and time.monotonic() - t0 > args.sweep_budget_s
+
+    lo, hi = 0, min(args.sessions, args.sweep_max)
+    while not spent() and ok(hi):
+        lo = hi
+        if hi >= args.sweep_max:
             break
-    while hi - lo > max(1, lo // 16):
+        hi = min(hi * 2, args.sweep_max)
+    while lo < hi and hi - lo > max(1, lo // 16) and not spent():
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    print(f"most sessions with zero missed deadlines: {lo}")
+    print(f"most sessions with zero missed deadlines: {lo}" + (" (the budget ran out)" if spent() else ""))
     return {
         "bench": "serve-sweep",
         "preset": args.preset,
         "max_sessions": lo,
         "sweep_seconds": args.sweep_seconds,
+        "bounded_by_budget": spent(),
+        "tried": {str(n): r for n, r in sorted(tried.items())},
     }
 
 
@@ -257,7 +281,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--tool-sessions", type=int, default=16)
     p.add_argument("--seconds", type=float, default=60.0)
-    p.add_argument("--baseline-seconds", type=float, default=20.0)
+    p.add_argument("--baseline-seconds", type=float, default=20.0, help="0: no baselines")
     p.add_argument("--call-tokens", type=int, default=40)
     p.add_argument("--result-tokens", type=int, default=200)
     p.add_argument(
@@ -268,10 +292,16 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--tool-latency-ms", type=float, default=300.0)
     p.add_argument("--call-every-s", type=float, default=2.0, help="live time between a session's tool calls")
-    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--checkpoint", default=None, help="the release folder (model.safetensors, config.json)")
+    p.add_argument("--tokenizer", default=None, help="the Nano-9B-v2 tokenizer.json or its folder")
+    p.add_argument("--speaker", default=None, help="speaker latent of the checkpoint (default: Aria)")
     p.add_argument("--plot", default=None, help="draw tick time over the run to this PNG")
     p.add_argument("--sweep", action="store_true", help="find the most sessions with zero missed deadlines")
     p.add_argument("--sweep-seconds", type=float, default=15.0)
+    p.add_argument("--sweep-max", type=int, default=4096, help="the sweep tries no more sessions than this")
+    p.add_argument(
+        "--sweep-budget-s", type=float, default=None, help="stop the sweep after this many seconds"
+    )
 
 
 def main_serve(args) -> int:

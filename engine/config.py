@@ -67,6 +67,12 @@ class ThinkerConfig(_Frozen):
     time_step_min: float = 0.001
     time_step_max: float = 0.1
     time_step_floor: float = 1e-4
+    # lower clamp of softplus(dt) on both the step and the chunked scan. 0: none, as the deployed path runs:
+    # vLLM's MambaMixer2 (vllm/model_executor/layers/mamba/mamba_mixer2.py, forward_cuda) passes
+    # `dt_limit=(0.0, inf)` to `mamba_chunk_scan_combined` on prefill and calls `selective_state_update(...,
+    # dt_softplus=True)` with no limit on decode. (transformers' NemotronH clamps at time_step_min on its
+    # chunked path only; its own step does not.)
+    time_step_limit_min: float = 0.0
     # attention mixer (no RoPE in the release; no bias)
     num_attention_heads: int = 40
     num_key_value_heads: int = 8
@@ -432,3 +438,61 @@ def load_preset(name: str, **overrides: object) -> ModelConfig:
     if overrides:
         cfg = ModelConfig.model_validate({**cfg.model_dump(), **overrides})
     return cfg
+
+
+# The capacity mode's talker window: 1,500 positions (two minutes of agent speech at 12.5 Hz) in every talker
+# layer instead of the release's 7,500 (sliding) and 8,192 (global); about a fifth of the talker's KV per
+# session. Replies stay conditioned on the last two minutes of speech only: a documented departure from the
+# release, for serving more rooms on one GPU.
+CAPACITY_TALKER_WINDOW = 1500
+
+
+def with_windows(cfg: ModelConfig, talker: int | None = None, thinker: int | None = None) -> ModelConfig:
+    """`cfg` with the talker's KV rings (sliding and global layers alike) at most `talker` positions and the
+    thinker's attention window at `thinker`; None keeps the preset's (the release's) windows."""
+    tk, th = cfg.talker, cfg.thinker
+    if talker is not None:
+        if talker < tk.warmup_positions:
+            raise ValueError(
+                f"talker window: {talker} positions; it must hold the {tk.warmup_positions} warm-up positions"
+            )
+        tk = tk.model_copy(
+            update={"sliding_window": min(tk.sliding_window, talker), "attention_window": talker}
+        )
+    if thinker is not None:
+        if thinker < 1:
+            raise ValueError(f"thinker window: {thinker} positions; it must be at least 1")
+        th = th.model_copy(update={"attention_window": thinker})
+    if tk is cfg.talker and th is cfg.thinker:
+        return cfg
+    return ModelConfig.model_validate(
+        {**cfg.model_dump(), "talker": tk.model_dump(), "thinker": th.model_dump()}
+    )
+
+
+def add_window_arguments(parser) -> None:
+    """`--talker-window N`, `--thinker-window N` and `--capacity` for the command lines that size or build a
+    model (`windows(cfg, args)` applies them)."""
+    parser.add_argument(
+        "--talker-window", type=int, default=None, help="talker KV ring positions (default: the release's)"
+    )
+    parser.add_argument(
+        "--thinker-window", type=int, default=None, help="thinker attention window (default: the release's)"
+    )
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help=f"capacity mode: talker window {CAPACITY_TALKER_WINDOW} unless given",
+    )
+
+
+def talker_window(cfg: ModelConfig, window: int | None, capacity: bool) -> int | None:
+    """The talker window asked for: `window` when given, else in capacity mode CAPACITY_TALKER_WINDOW (never
+    longer than the preset's own), else None (the preset's)."""
+    if window is not None or not capacity:
+        return window
+    return min(CAPACITY_TALKER_WINDOW, cfg.talker.attention_window)
+
+
+def windows(cfg: ModelConfig, args) -> ModelConfig:
+    return with_windows(cfg, talker_window(cfg, args.talker_window, args.capacity), args.thinker_window)

@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import gc
 import logging
+import os
 import queue
 import sys
 import threading
@@ -32,9 +33,27 @@ from engine.api import (
     SessionRejected,
     ToolResultConsumed,
 )
-from engine.config import PRESETS, DtypePolicy, DtypePolicyName, dtype_policy, load_preset
-from engine.metrics import Accounting, EngineSnapshot, SessionSnapshot, SnapshotServer, pct
+from engine.config import (
+    PRESETS,
+    DtypePolicy,
+    DtypePolicyName,
+    dtype_policy,
+    load_preset,
+    talker_window,
+    with_windows,
+)
+from engine.metrics import (
+    LAST_WORDS,
+    Accounting,
+    EngineSnapshot,
+    SessionSnapshot,
+    SnapshotServer,
+    ToolCallSnapshot,
+    history,
+    pct,
+)
 from engine.model.pipeline import Pipeline
+from engine.model.weights import check_memory, model_config
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
 from engine.slots import FrameInbox, Phase, Session, SlotPool
@@ -56,10 +75,18 @@ class EngineConfig(BaseModel):
     preset: str = "tiny"
     num_slots: int = Field(64, ge=1, le=4096)
     checkpoint: str | None = None
+    tokenizer: str | None = None  # the thinker's tokenizer.json (or its folder); default: the preset's
+    speaker: str | None = None  # the speaker latent `audio_prompt_latents.<Name>`; default: the preset's
     device: str | None = None  # default: cuda when available, else cpu
     # each stage's dtypes: "auto" is "gpu" (bf16 where parity allows) on CUDA and "fp32" elsewhere
     dtype: DtypePolicyName | DtypePolicy = "auto"
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
+    cuda_graph: bool = True  # on CUDA, the live step runs as one captured graph (engine/graph.py)
+    # context windows (positions) of the talker's KV rings and the thinker's attention; None: the release's.
+    # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/config.py) unless set.
+    talker_window: int | None = Field(None, ge=2)
+    thinker_window: int | None = Field(None, ge=1)
+    capacity_mode: bool = False
     tick_ms: float = Field(80.0, gt=0)
     safety_margin_ms: float = Field(6.0, ge=0)  # slack work stops this long before the deadline
     # paused work (tool calls, prefills, catch-up) may use this much of every tick even when the live step
@@ -72,6 +99,10 @@ class EngineConfig(BaseModel):
     # refuse new sessions while the live step's recent p95 is above this share of the tick, or deadlines are
     # being missed; accept again once it is below the second share and misses have (nearly) stopped
     overload_ratio: float = Field(0.9, gt=0)
+    # False: admit up to the slots whatever the headroom (overload is still measured and shown). For a worker
+    # that is the only one of its agent name, where a slow answer beats none, and for tests of other behaviour
+    # on a shared machine.
+    refuse_when_overloaded: bool = True
     recover_ratio: float = Field(0.75, gt=0)
     max_call_tokens: int = Field(512, ge=8)
     max_result_chars: int = Field(16_000, ge=100)  # a longer tool result is cut, with a note to the model
@@ -167,13 +198,18 @@ class Engine:
         """`clock` is the engine's notion of now (seconds); tests drive ticks by hand against their own."""
         self.config = cfg = config or EngineConfig(**overrides)
         self.clock = clock
-        self.model_cfg = load_preset(cfg.preset)
+        release = model_config(load_preset(cfg.preset), cfg.checkpoint, cfg.tokenizer, cfg.speaker)
+        self.model_cfg = with_windows(
+            release, talker_window(release, cfg.talker_window, cfg.capacity_mode), cfg.thinker_window
+        )
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
             torch.set_num_threads(cfg.threads)
         self.tokens = Tokens(self.model_cfg.tokens)
         self.vocab_size = self.model_cfg.thinker.vocab_size
         self.dtypes = dtype_policy(cfg.dtype, self.device.type)
+        if cfg.checkpoint:
+            check_memory(self.model_cfg, self.dtypes, cfg.num_slots, self.device)
         t0 = time.monotonic()
         with torch.device(self.device):
             self.pipeline = Pipeline(self.model_cfg, cfg.num_slots, self.tokens, self.dtypes)
@@ -200,7 +236,7 @@ class Engine:
         self.scheduler = Scheduler(cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock)
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-tokens")
         self.scheduler.encode_pool = self._encoder  # tool results are tokenised off the tick thread
-        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size)
+        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
         self._overloaded = False
@@ -234,14 +270,18 @@ class Engine:
         *,
         loop: asyncio.AbstractEventLoop | None = None,
         sink: Callable[[list[Output]], None] | None = None,
+        label: str = "",
+        caller: str = "",
     ) -> SessionHandle:
         """A slot for a new conversation, or EngineFull. Outputs arrive on `loop` (an asyncio.Queue in
-        `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue."""
+        `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
+        `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot shows
+        them (at most 80 characters each), the engine neither reads nor logs them."""
         if self._stop.is_set():
             raise EngineClosed("the engine is shut down")
         if self.failure is not None:
             raise EngineClosed(f"the engine's tick thread stopped: {self.failure!r}")
-        if self.overloaded:
+        if self.overloaded and self.config.refuse_when_overloaded:
             self.refused += 1
             raise EngineOverloaded(
                 f"no headroom: the live step's recent p95 is {self._recent_p95():.0f} ms of the "
@@ -286,7 +326,7 @@ class Engine:
         def make(session_id: str, slot: int) -> Session:
             return Session(
                 session_id, slot, frozenset(names), FrameInbox(frame, self._max_backlog), self._accounted(deliver),
-                prefill_ids=prompt_ids, prompt_key=key,
+                prefill_ids=prompt_ids, prompt_key=key, label=str(label)[:80], caller=str(caller)[:80],
             )  # fmt: skip
 
         session = self.pool.open(make)
@@ -321,7 +361,8 @@ class Engine:
     def load(self) -> float:
         """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded or
         after the tick thread stopped."""
-        return 1.0 if self.failure is not None or self.overloaded else self.occupancy
+        full = self.failure is not None or (self.overloaded and self.config.refuse_when_overloaded)
+        return 1.0 if full else self.occupancy
 
     def _recent_p95(self) -> float:
         recent = list(self.acct.live_ms)[-OVERLOAD_WINDOW:]
@@ -480,20 +521,32 @@ class Engine:
     # -- observation and shutdown -----------------------------------------------------------------------
 
     def snapshot(self) -> EngineSnapshot:
+        """The engine's state for the monitoring page and the benchmarks. Everything here is computed now, on
+        the caller's thread, from counters and references the tick thread keeps (no per-tick copies)."""
         now = time.monotonic()
         sessions = list(self.pool.sessions.values())
         phases: dict[str, int] = {}
         rows = []
         for s in sessions:
             phases[s.phase.value] = phases.get(s.phase.value, 0) + 1
+            calling = list(s.call_names) if s.phase in (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL) else []
             rows.append(SessionSnapshot(
                 id=s.id, slot=s.slot, phase=s.phase.value, age_s=round(now - s.opened_at, 1),
                 frames_in=s.inbox.frames_in, frames_consumed=s.frames_consumed, frames_replayed=s.frames_replayed,
                 underruns=s.underruns, dropped_frames=s.inbox.dropped, tool_calls=s.tool_calls,
                 tool_errors=s.tool_errors, backlog_frames=len(s.inbox), skipped_frames=s.inbox.skipped,
+                label=s.label, caller=s.caller, speaking=s.speaking, calling=calling,
+                last_words="".join(list(s.said))[-LAST_WORDS:].strip(),
             ))  # fmt: skip
         a = self.acct
         tick_ms = list(a.tick_ms)
+        per = max(1, round(1000 / self.config.tick_ms))  # live steps per history point (about a second)
+        hist_max, hist_p50 = history(list(a.live_ms), per)
+        used, total = _memory(self.device)
+        log_rows = [ToolCallSnapshot(session=c.session, label=c.label, names=list(c.names), ok=c.ok, at=c.at,
+                                     call_ms=round(c.call_ms, 1), tool_ms=round(c.tool_ms, 1),
+                                     resume_ms=round(c.resume_ms, 1))
+                    for c in list(self.scheduler.call_log)]  # fmt: skip
         return EngineSnapshot(
             preset=self.config.preset, device=str(self.device), num_slots=self.config.num_slots,
             occupancy=self.occupancy, ticks=a.ticks, tick_ms_p50=pct(a.live_ms, 50), tick_ms_p99=pct(a.live_ms, 99),
@@ -504,7 +557,10 @@ class Engine:
             skipped_frames=a.closed_skipped + sum(s.inbox.skipped for s in sessions),
             underruns=self.scheduler.underruns, tool_calls=a.tool_calls, tool_call_ms_p50=pct(a.tool_call_ms, 50),
             tool_call_ticks_p50=pct(a.tool_call_ticks, 50), resume_ms_p50=pct(a.resume_ms, 50), phases=phases,
-            sessions=rows, recent_tick_ms=[round(x, 2) for x in tick_ms[-200:]],
+            sessions=rows, recent_tick_ms=[round(x, 2) for x in tick_ms[-200:]], at=time.time(),
+            tick_budget_ms=self.config.tick_ms, history_step_s=per * self.config.tick_ms / 1000,
+            history_max_ms=hist_max, history_p50_ms=hist_p50, memory_bytes=used, memory_total_bytes=total,
+            tool_log=log_rows,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -534,6 +590,20 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _memory(device: torch.device) -> tuple[int, int]:
+    """(in use, total) bytes: CUDA memory allocated on the device and its size; on CPU the process's resident
+    memory and the machine's."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * page
+        return resident, os.sysconf("SC_PHYS_PAGES") * page
+    except (OSError, ValueError, IndexError):  # no /proc (macOS): unknown
+        return 0, 0
 
 
 def _put_all(q: asyncio.Queue, items: list[Output]) -> None:

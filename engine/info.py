@@ -62,6 +62,21 @@ def components(cfg: ModelConfig, dtypes: DtypePolicy) -> list[Component]:
     return out
 
 
+def needed_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, workspace: bool = True
+                 ) -> tuple[int, dict[str, int]]:  # fmt: skip
+    """Device memory the model needs with `num_slots` slots: weights, derived buffers, per-slot state and
+    (on a GPU) the workspace. Returns (total, parts)."""
+    comps = components(cfg, dtypes)
+    parts = {
+        "weights": sum(sum(c.weight_bytes.values()) for c in comps),
+        "derived buffers": sum(c.derived_bytes + c.state_bytes_fixed for c in comps),
+        f"state of {num_slots} slots": num_slots * sum(c.state_bytes_per_session for c in comps),
+    }
+    if workspace:
+        parts["workspace"] = int(WORKSPACE_GB * 2**30)
+    return sum(parts.values()), parts
+
+
 # Release tensors that inference never loads (so no module of ours holds them): counted for reference.
 NOT_LOADED = "the codec's encoder (~0.092 B) and the RNNT user-transcript branch (~0.009 B)"
 

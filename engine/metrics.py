@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_late
 from pydantic import BaseModel
 
 TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
+LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
 
 
 class SessionSnapshot(BaseModel):
@@ -32,6 +33,24 @@ class SessionSnapshot(BaseModel):
     tool_errors: int
     backlog_frames: int
     skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
+    label: str = ""  # what the agent calls the conversation (a room name): opaque to the engine
+    caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
+    speaking: bool = False  # the agent is in a turn of its own
+    calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
+    last_words: str = ""  # the end of the agent's current or last turn, at most LAST_WORDS characters
+
+
+class ToolCallSnapshot(BaseModel):
+    """One finished tool call (the latest CALL_LOG of them are kept)."""
+
+    session: str
+    label: str = ""
+    names: list[str]  # empty when the model's call could not be read
+    ok: bool  # every result came back without an error
+    at: float  # wall-clock time (Unix seconds) the session was live again
+    call_ms: float  # start of call -> function calls emitted (the model writing the call)
+    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
+    resume_ms: float  # last result -> live again (result prefill and replay)
 
 
 class EngineSnapshot(BaseModel):
@@ -58,6 +77,15 @@ class EngineSnapshot(BaseModel):
     phases: dict[str, int]
     sessions: list[SessionSnapshot]
     recent_tick_ms: list[float]
+    at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
+    tick_budget_ms: float = 80.0
+    # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
+    history_step_s: float = 0.96
+    history_max_ms: list[float] = []
+    history_p50_ms: list[float] = []
+    memory_bytes: int = 0  # CUDA: allocated on the device; CPU: the process's resident memory
+    memory_total_bytes: int = 0  # the device's (or the machine's) memory
+    tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
 
 
 class _Prom:
@@ -139,6 +167,16 @@ class Accounting:
 def pct(values, q: float) -> float:
     v = list(values)
     return round(float(np.percentile(v, q)), 3) if v else 0.0
+
+
+def history(values, per: int) -> tuple[list[float], list[float]]:
+    """The max and the median of each run of `per` values (oldest first; an incomplete oldest run is left out)."""
+    v = np.fromiter(values, dtype=np.float64)
+    n = v.size // per * per
+    if n == 0:
+        return [], []
+    runs = v[v.size - n :].reshape(-1, per)
+    return np.round(runs.max(axis=1), 2).tolist(), np.round(np.median(runs, axis=1), 2).tolist()
 
 
 class SnapshotServer:

@@ -1,7 +1,8 @@
 """Executes the scheduler's plans on the model: numpy in, one batched call, numpy out.
 
-Inputs are copied into device buffers allocated once; each live step makes exactly one host transfer back
-(text, function tokens and audio of every slot together). Knows the pipeline and the plan types.
+Inputs are copied into device buffers allocated once; the live step runs over them (one CUDA graph on CUDA,
+engine/graph.py) and makes exactly one host transfer back (text, function tokens and audio of every slot
+together). Knows the pipeline and the plan types.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from engine.model.pipeline import Pipeline
+from engine.graph import StepGraph
+from engine.model.pipeline import Pipeline, all_inactive
 from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
 
 
 class Runner:
-    def __init__(self, pipeline: Pipeline, device: torch.device, prompt_cache_size: int = 8) -> None:
+    def __init__(
+        self, pipeline: Pipeline, device: torch.device, prompt_cache_size: int = 8, *, capture: bool = True
+    ) -> None:
         self.p = pipeline
         self.device = device
         S = pipeline.num_slots
@@ -33,6 +37,13 @@ class Runner:
         self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
         if device.type == "cuda":
             self._out = self._out.pin_memory()
+        # the live step over the buffers above: one CUDA graph on CUDA (with `capture`), eager elsewhere
+        self.step = StepGraph(
+            pipeline.live_step,
+            (self.audio, self.active, self.force_text, self.force_func, self.quiet),
+            capture=capture,
+            prepare_warmup=all_inactive,
+        )
 
     def live(self, plan: LivePlan) -> LiveResult:
         if plan.reset.any():
@@ -46,7 +57,7 @@ class Runner:
         self.force_text.copy_(torch.from_numpy(plan.force_text))
         self.force_func.copy_(torch.from_numpy(plan.force_func))
         self.quiet.copy_(torch.from_numpy(plan.quiet))
-        out = self.p.live_step(self.audio, self.active, self.force_text, self.force_func, self.quiet)
+        out = self.step()
         # token ids are far below 2**24, so they travel exactly as float32 beside the audio
         self._out[:, 0].copy_(out.text)
         self._out[:, 1].copy_(out.func)

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -47,6 +48,21 @@ log = logging.getLogger("chorus.engine.scheduler")
 
 WorkKind = Literal["call", "result", "replay", "prompt"]
 PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
+CALL_LOG = 50  # finished tool calls kept for the snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One finished tool call, made once per call (when the session is live again), read by snapshots."""
+
+    session: str
+    label: str
+    names: tuple[str, ...]  # () when the call could not be read
+    ok: bool  # every result came back without an error
+    at: float  # wall-clock time (Unix seconds) the session was live again
+    call_ms: float  # start of call -> function calls emitted (the model writing the call)
+    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
+    resume_ms: float  # last result -> live again (result prefill and replay)
 
 
 @dataclass(frozen=True)
@@ -158,6 +174,7 @@ class Scheduler:
         self.costs = CostModel()
         self.sessions: list[Session] = []
         self.completed_calls: list[tuple[float, int]] = []  # (ms, ticks) per finished call, for the engine
+        self.call_log: deque[CallRecord] = deque(maxlen=CALL_LOG)  # the latest tool calls, newest last
         # prompts whose prefilled state the runner holds (by key), and the ones it should save next
         self.cached_prompts: set[int] = set()
         self.saves: list[tuple[int, int]] = []
@@ -237,10 +254,14 @@ class Scheduler:
                 continue
             out: list[Output] = []
             text, func = int(result.text[s.slot]), int(result.func[s.slot])
+            piece = self.tok.piece(text)
             if text == self.tok.bos and not s.speaking:
                 s.speaking = True
+                s.said.clear()
                 out.append(TurnStarted(plan.tick))
-            out.append(AudioFrame(plan.tick, result.audio[s.slot], self.tok.piece(text)))
+            if piece and s.speaking:
+                s.said.append(piece)  # the vocabulary's own string: nothing is copied
+            out.append(AudioFrame(plan.tick, result.audio[s.slot], piece))
             if text == self.tok.eos and s.speaking:
                 s.speaking = False
                 out.append(TurnEnded(plan.tick))
@@ -254,6 +275,7 @@ class Scheduler:
         s.phase = Phase.TOOL_CALL
         s.progress_tick = self.tick  # its first call token comes from this tick's live step
         s.call_tokens = []
+        s.call_names, s.call_failed = (), False
         s.t_call_start = self.clock()
         s.tool_calls += 1
         self.call_started_tick[s.id] = self.tick
@@ -292,6 +314,7 @@ class Scheduler:
         """The results are complete: their tokens are encoded by `encode_pool` (off the tick thread: a long
         result would otherwise stall every session), and the prefill starts on the first poll after."""
         s.pending, s.results = {}, {}
+        s.call_failed = any("error" in r for r in results)
         if not s.t_last_result:
             s.t_last_result = self.clock()
         if self.encode_pool is None:
@@ -472,6 +495,7 @@ class Scheduler:
             return
         out: list[Output] = []
         s.pending, s.results = {}, {}
+        s.call_names = tuple(call.name for call in calls)
         for call in calls:
             call_id = "call_" + uuid.uuid4().hex[:12]
             s.pending[call_id] = call
@@ -500,6 +524,9 @@ class Scheduler:
         s.phase = Phase.LIVE
         if was_tool:
             resume_ms = (self.clock() - s.t_last_result) * 1e3
+            tool_ms = max(0.0, (s.t_last_result - s.t_call_start) * 1e3 - s.call_ms)
+            self.call_log.append(CallRecord(s.id, s.label, s.call_names, not s.call_failed, time.time(),
+                                            s.call_ms, tool_ms, resume_ms))  # fmt: skip
             s.deliver([ToolResultConsumed(self.tick, s.call_ms, resume_ms)])
             s.t_call_start = 0.0
 

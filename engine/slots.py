@@ -36,6 +36,7 @@ PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
 
 
 SILENT_RMS = 0.003  # a frame quieter than this (about -50 dBFS) is silence: the first audio skipped
+SAID_PIECES = 64  # text pieces of the agent's current (or last) turn kept for the snapshot's `last_words`
 
 
 class FrameInbox:
@@ -118,6 +119,10 @@ class Session:
     inbox: FrameInbox
     deliver: Callable[[list[Output]], None]
     phase: Phase = Phase.PROMPT
+    # what the agent calls this conversation and its caller ("web", "phone"): shown by the snapshot, never
+    # interpreted or logged by the engine
+    label: str = ""
+    caller: str = ""
     # the ids a PROMPT or PREFILL phase still has to prefill, and how far it got
     prefill_ids: list[int] = field(default_factory=list)
     prefill_pos: int = 0
@@ -128,6 +133,8 @@ class Session:
     # the tool call in progress
     call_tokens: list[int] = field(default_factory=list)
     pending: dict[str, ParsedCall] = field(default_factory=dict)
+    call_names: tuple[str, ...] = ()  # the tools of the call in progress (or the last one)
+    call_failed: bool = False  # ...and whether any of its results was an error
     results: dict[str, dict] = field(default_factory=dict)
     incoming: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     response: Future | None = None  # the results' tokens, being encoded off the tick thread
@@ -149,6 +156,9 @@ class Session:
     tool_calls: int = 0
     tool_errors: int = 0
     speaking: bool = False
+    # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined only
+    # when a snapshot is taken
+    said: deque[str] = field(default_factory=lambda: deque(maxlen=SAID_PIECES))
     closed: bool = False
     opened_at: float = field(default_factory=time.monotonic)
 

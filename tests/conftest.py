@@ -13,7 +13,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not a parameter id that says "gpu"
             item.add_marker(skip)
 
 
@@ -33,3 +33,30 @@ def seeded_env(tmp_path, monkeypatch):
         seed(store, dt.date.today())
     yield tmp_path
     worker.close_shared()
+
+
+@pytest.fixture
+def sqlite_hotel(tmp_path, monkeypatch):
+    """The hotel the agent books in: a seeded SQLite store in tmp_path (also the process's CHORUS_DATA_DIR)."""
+    from hotel_support import hotel, seeded_store
+
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    with seeded_store("sqlite", tmp_path) as store:
+        yield hotel(store)
+
+
+@pytest.fixture
+def livekit(monkeypatch):
+    """A protocol fake of LiveKit's server API (tests/twirp_fake.py) as the process's LIVEKIT_URL, with its key
+    and secret, and CHORUS_FRONT_DESK_NUMBER set to FRONT_DESK."""
+    from twirp_fake import FRONT_DESK, KEY, SECRET, LiveKitFake
+
+    fake = LiveKitFake()
+    url, server = fake.serve()
+    monkeypatch.setenv("LIVEKIT_URL", url)
+    monkeypatch.setenv("LIVEKIT_API_KEY", KEY)
+    monkeypatch.setenv("LIVEKIT_API_SECRET", SECRET)
+    monkeypatch.setenv("CHORUS_FRONT_DESK_NUMBER", FRONT_DESK)
+    yield fake
+    server.shutdown()
+    server.server_close()

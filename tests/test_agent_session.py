@@ -23,8 +23,7 @@ from agent.duplex import ChorusModel, InputConverter
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
-from hotel_support import TODAY, booking, seeded_store, until
-from hotel_support import hotel as make_hotel
+from hotel_support import TODAY, booking, until
 
 FRAME_S = 0.08
 IN_FRAME = 1280  # the tiny preset's input frame: 80 ms at 16 kHz
@@ -33,16 +32,16 @@ TIMEOUT_S = 90.0  # generous: the machine is shared; waits end on events, never 
 
 @pytest.fixture(scope="module")
 def engine():
-    e = Engine(preset="tiny", num_slots=8)
+    # calls, not admission, are tested here: a slow shared machine must not turn them away (tests/test_overload.py
+    # tests the refusal)
+    e = Engine(preset="tiny", num_slots=8, refuse_when_overloaded=False)
     yield e
     e.close()
 
 
 @pytest.fixture
-def hotel(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
-    with seeded_store("sqlite", tmp_path) as store:
-        yield make_hotel(store)
+def hotel(sqlite_hotel):
+    return sqlite_hotel  # tests/conftest.py
 
 
 def loud(seconds: float, rate: int = 16_000) -> np.ndarray:

@@ -123,7 +123,7 @@ def test_a_booking_through_the_session_then_the_sold_out_answer(store):
     # the model saw the error text as the tool's output before it answered
     last_ctx = model.contexts[-1]
     assert any(i.type == "function_call_output" and i.output == refused.output for i in last_ctx.items)
-    assert model.tool_names[0] == sorted(schemas.TOOLS)
+    assert model.tool_names[0] == sorted(schemas.WEB_TOOLS)
     rows = store.transact(lambda tx: tx.reservations())
     assert [(r.code, r.guest_name) for r in rows] == [(result["confirmation_code"], "Ada Lovelace")]
     assert audit(store) == []

@@ -125,6 +125,10 @@ def test_a_full_tick_still_admits_64_sessions_within_the_bound_and_keeps_their_c
         with pytest.raises(EngineOverloaded, match="no headroom"):
             e.open_session(prompt, tools)
         assert e.load == 1.0 and e.occupancy == 1.0
+        handles[0].close()
+        e.config.refuse_when_overloaded = False  # a worker that prefers a slow answer to none
+        assert e.overloaded and e.load == e.occupancy == 63 / 64
+        assert e.open_session(prompt, tools).phase in ("prompt", "replay", "live")  # into the free slot
 
 
 def test_catch_up_after_a_long_tool_wait_is_bounded_and_skips_silence_first():

@@ -83,7 +83,7 @@ def test_the_rendered_prompt_as_the_model_reads_it():
     assert "{{" not in text and "<!--" not in text
     tools = read_tools(text)
     assert 1 <= len(tools) <= MAX_TOOLS
-    assert sorted(t["name"] for t in tools) == sorted(schemas.TOOLS)
+    assert sorted(t["name"] for t in tools) == sorted(schemas.WEB_TOOLS)
     for tool in tools:
         assert set(tool) == {"name", "description", "parameters"}
         assert len(tool["description"]) > 20, tool["name"]

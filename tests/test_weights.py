@@ -1,6 +1,7 @@
 """A release-format checkpoint (the stages' reference fixtures merged into one file) loads by name, every
 tensor accounted for; bad checkpoints fail with a message that names the problem."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import load_preset
 from engine.engine import Engine, EngineConfig
+from engine.model.checkpoint import release_config
 from engine.model.pipeline import Pipeline
 from engine.model.weights import CheckpointError, load_into, read_tensors
 from engine.tokens import Tokens
@@ -55,6 +57,7 @@ def test_missing_and_unknown_tensors_are_named(release):
 
 def test_engine_loads_a_checkpoint_folder(release, tmp_path):
     save_file({k: v.contiguous() for k, v in release.items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(release_config(CFG)))
     assert set(read_tensors(tmp_path)) == set(release)
     with Engine(EngineConfig(preset="tiny", num_slots=2, checkpoint=str(tmp_path), start=False)) as e:
         w = e.pipeline.talker.embed_code.weight

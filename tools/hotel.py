@@ -98,6 +98,8 @@ class Hotel:
         """Run tool `name` on the model's raw `arguments`. `session` scopes the idempotency of
         bookings: the same booking asked twice in one conversation is made once."""
         args = schemas.parse_args(name, arguments)
+        if isinstance(args, schemas.ManageReservation):  # the phone's one tool for the three steps
+            args = args.step()
         if isinstance(args, schemas.CheckAvailability):
             result = self.check_availability(args)
         elif isinstance(args, schemas.BookRoom):

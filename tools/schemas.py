@@ -1,11 +1,14 @@
-"""The five tools the model sees: their argument schemas, descriptions, and readable validation errors.
+"""The tools the model sees: their argument schemas, descriptions, and readable validation errors.
 
 One pydantic model per tool is the single source of truth: `tool_specs()` renders them as OpenAI-style
 function schemas ({name, description, parameters}) and `parse_args()` validates what the model sent,
 turning any failure into one `InvalidRequest` sentence. Knows nothing about LiveKit or the database.
 
 The model accepts at most five tools, so the set follows the call's steps: check availability, book,
-find a reservation, change or cancel it, and answer questions about the hotel.
+find a reservation, change or cancel it, and answer questions about the hotel (`WEB_TOOLS`). A phone call
+also needs call control (agent/phone.py), so on the phone finding, changing and cancelling a reservation
+are one tool, `manage_reservation`, whose action picks the step (`PHONE_TOOLS`): the three take the same
+confirmation code and last name, and the model already picks change or cancel by an action.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ _ROOM_TYPE = "Room type as the caller said it, for example standard, deluxe or s
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
+
+
+ToolArgs = _Args  # the base of every tool's arguments, for tools defined outside the hotel (agent/phone.py)
 
 
 class CheckAvailability(_Args):
@@ -159,6 +165,25 @@ class ChangeOrCancelReservation(_Args):
     )
 
 
+class ManageReservation(ChangeOrCancelReservation):
+    """Look up, change or cancel an existing reservation. Needs the confirmation code and last name;
+    find reads the reservation back, change modifies its dates, room type or guests, cancel cancels it
+    under the hotel's policy."""
+
+    action: Literal["find", "change", "cancel"] = Field(  # type: ignore[assignment]
+        title="action",
+        description="find to read the reservation back, change to modify it, cancel to cancel it.",
+    )
+
+    def step(self) -> FindReservation | ChangeOrCancelReservation:
+        """The single-step tool this call stands for (a lookup ignores change fields it was given)."""
+        if self.action == "find":
+            return FindReservation.model_construct(
+                confirmation_code=self.confirmation_code, last_name=self.last_name
+            )
+        return ChangeOrCancelReservation.model_construct(**dict(self))
+
+
 class HotelInfo(_Args):
     """Answer a question about the hotel: hours, check-in and check-out times, parking, breakfast,
     wifi, pets, pool, cancellation policy and more."""
@@ -177,13 +202,24 @@ TOOLS: dict[str, type[_Args]] = {
     "find_reservation": FindReservation,
     "change_or_cancel_reservation": ChangeOrCancelReservation,
     "hotel_info": HotelInfo,
+    "manage_reservation": ManageReservation,
 }
+
+WEB_TOOLS = (
+    "check_availability",
+    "book_room",
+    "find_reservation",
+    "change_or_cancel_reservation",
+    "hotel_info",
+)
+# the fifth place is the phone's call control (agent/phone.py)
+PHONE_TOOLS = ("check_availability", "book_room", "manage_reservation", "hotel_info")
 
 
 # --- rendering ---------------------------------------------------------------------------------------
 
 
-def _describe(model: type[_Args]) -> str:
+def _describe(model: type[BaseModel]) -> str:
     return " ".join((model.__doc__ or "").split())
 
 
@@ -206,21 +242,24 @@ def _clean(node: Any) -> Any:
     return {key: _clean(value) for key, value in node.items()}
 
 
-def _parameters(model: type[_Args]) -> dict[str, Any]:
+def _parameters(model: type[BaseModel]) -> dict[str, Any]:
     parameters = _clean(model.model_json_schema())
     parameters.pop("description", None)  # the docstring is the tool's description already
     return parameters
 
 
+def function_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """An argument model as an OpenAI-style function schema: {name, description, parameters}."""
+    return {"name": name, "description": _describe(model), "parameters": _parameters(model)}
+
+
 def tool_schema(name: str) -> dict[str, Any]:
-    """One tool as an OpenAI-style function schema: {name, description, parameters}."""
-    model = TOOLS[name]
-    parameters = _parameters(model)
-    return {"name": name, "description": _describe(model), "parameters": parameters}
+    """One hotel tool as an OpenAI-style function schema: {name, description, parameters}."""
+    return function_schema(name, TOOLS[name])
 
 
-def tool_specs() -> list[dict[str, Any]]:
-    return [tool_schema(name) for name in TOOLS]
+def tool_specs(names: tuple[str, ...] = WEB_TOOLS) -> list[dict[str, Any]]:
+    return [tool_schema(name) for name in names]
 
 
 # --- validation --------------------------------------------------------------------------------------

@@ -103,8 +103,8 @@ class Mamba2Mixer(nn.Module):
         else:
             xbc = causal_conv1d_update_dense(xbc, self.conv_state, w, self.conv1d.bias, active)
         xs, B, C = xbc.split(self._xbc_sizes, dim=-1)
-        # transformers clamps dt at time_step_min only on its chunked path; we clamp on both so that a
-        # prefill leaves exactly the state of the same positions stepped one by one.
+        # dt is clamped below at `time_step_limit_min` on both paths (0: not at all, as vLLM serves the
+        # release; see ThinkerConfig), so a prefill leaves exactly the state of the same positions stepped.
         if active is None:
             update = functools.partial(selective_state_update, scratch_padding=True)  # rows never hold -1
         else:
@@ -119,7 +119,7 @@ class Mamba2Mixer(nn.Module):
             self.D,
             self.dt_bias,
             rows if active is None else active,
-            dt_min=cfg.time_step_min,
+            dt_min=cfg.time_step_limit_min,
         )
         return self.out_proj(self.norm(y.reshape(b, cfg.d_inner), z))
 
@@ -145,7 +145,7 @@ class Mamba2Mixer(nn.Module):
             self.dt_bias,
             self.ssm_state.index_select(0, rows),
             cfg.mamba_chunk_size,
-            dt_min=cfg.time_step_min,
+            dt_min=cfg.time_step_limit_min,
         )
         self.ssm_state.index_copy_(0, rows, final)
         return self.out_proj(self.norm(y.reshape(b, T, cfg.d_inner).to(x.dtype), z))

@@ -39,6 +39,25 @@ def build_stages(
     return perception, thinker, talker, codec
 
 
+def live_inputs(cfg: ModelConfig, slots: int, device, *, active: bool = True) -> tuple[torch.Tensor, ...]:
+    """Buffers for `Pipeline.live_step`: silent audio, every slot `active` (or none), no forced tokens (-1),
+    no replaying rows; for benchmarks and the step graph (the runner keeps its own)."""
+    return (
+        torch.zeros(slots, cfg.clock.input_samples, device=device),
+        torch.full((slots,), active, dtype=torch.bool, device=device),
+        torch.full((slots,), -1, dtype=torch.long, device=device),
+        torch.full((slots,), -1, dtype=torch.long, device=device),
+        torch.zeros(slots, dtype=torch.bool, device=device),
+    )
+
+
+def all_inactive(inputs: tuple[torch.Tensor, ...]) -> None:
+    """`live_step` inputs (as `live_inputs` orders them) made a step that changes no slot's state: no slot active,
+    none replaying. The step graph warms up and captures on such a step."""
+    inputs[1].zero_()
+    inputs[4].zero_()
+
+
 @dataclass
 class LiveOutput:
     text: torch.Tensor  # [S] int64

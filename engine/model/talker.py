@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config import TalkerConfig
+from engine.kernels.decode_attention import decode_attention
 from engine.model.talker_heads import (
     CharAwareSubwordEncoder,
     GatedMLP,
@@ -181,6 +182,9 @@ class Talker(nn.Module):
 
         tok = Tokenizer.from_file(path)
         vocab = tok.get_vocab(with_added_tokens=True)
+        absent = [s for s in (cfg.bos_token, cfg.eos_token, cfg.pad_token) if s not in vocab]
+        if absent:
+            raise ValueError(f"tokenizer: special token(s) {', '.join(map(repr, absent))} not in {path!r}")
         self.eos_id = vocab[cfg.eos_token]
         self.pad_id = vocab[cfg.pad_token]
         if len(vocab) != cfg.vocab_size:
@@ -349,14 +353,9 @@ class Talker(nn.Module):
             rope[t] = cos[:, None, :], (sin * self.rope_sign)[:, None, :]
         scale = cfg.query_pre_attn_scalar**-0.5
         keep = active.view(r, 1, 1, 1)
-        # per ring size: the ring index written this step and the entries holding a position (incl. it)
+        # per ring size: the ring index written this step and how many entries hold a position (incl. it)
         slot = {ring: (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d) for ring in set(self.rings)}
-        hidden = {
-            ring: (torch.arange(ring, device=x.device) >= (pos + 1).clamp_max(ring)[:, None])[
-                :, None, None, :
-            ]
-            for ring in set(self.rings)
-        }
+        filled = {ring: (pos + 1).clamp_max(ring) for ring in set(self.rings)}
         for i, layer in enumerate(self.backbone.layers):
             a, ring = layer.self_attn, self.rings[i]
             cos, sin = rope[cfg.layer_types[i]]
@@ -371,9 +370,7 @@ class Talker(nn.Module):
             kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
             vc.scatter_(2, idx, torch.where(keep, v[:, :, None], vc.gather(2, idx)))
             qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
-            sc = torch.matmul(qg, kc.transpose(2, 3)).float() * scale  # [r, hk, g, ring]
-            sc = sc.masked_fill(hidden[ring], float("-inf"))
-            o = torch.matmul(torch.softmax(sc, dim=-1).to(vc.dtype), vc).reshape(r, hq * d).to(x.dtype)
+            o = decode_attention(qg, kc, vc, filled[ring], scale).reshape(r, hq * d).to(x.dtype)
             x = x + layer.post_attention_layernorm(a.o_proj(o))
             x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
         self.pos.add_(active.long())

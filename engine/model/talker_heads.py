@@ -235,12 +235,21 @@ def token_chars_and_flags(
 # ---------------------------------------------------------------- fusion and MoG head
 
 
+# The divisor of the summed code embeddings, whatever the codebook count. NeMo 3.0.0's `RVQEARTTSModel` builds
+# `GatedProjectedSumRMSNorm(hidden, hidden, hidden, num_quantizers)`: the count lands in the `final_norm`
+# position (truthy: the norm is on) and `num_codebooks` keeps its default of 31. The release was trained
+# through that code, so the sum is divided by 31 at any count (at the release's 31 the two agree).
+NEMO_AUDIO_DIVISOR = 31
+
+
 class GatedProjectedSumRMSNorm(nn.Module):
-    """`RMSNorm(sig(r) * (sig(g) * audio_proj(a / n) + (1 - sig(g)) * text_proj(c)))`."""
+    """`RMSNorm(sig(r) * (sig(g) * audio_proj(a / 31) + (1 - sig(g)) * text_proj(c)))` (31: NEMO_AUDIO_DIVISOR,
+    not the codebook count)."""
 
     def __init__(self, hidden: int, num_codebooks: int, eps: float) -> None:
         super().__init__()
         self.num_codebooks = num_codebooks
+        self.divisor = NEMO_AUDIO_DIVISOR
         self.audio_proj = nn.Linear(hidden, hidden)
         self.text_proj = nn.Linear(hidden, hidden)
         self.gate = nn.Parameter(torch.zeros(hidden))
@@ -248,7 +257,7 @@ class GatedProjectedSumRMSNorm(nn.Module):
         self.final_norm = RMSNorm(hidden, eps)
 
     def forward(self, audio: Tensor, text: Tensor) -> Tensor:
-        a = self.audio_proj(audio / self.num_codebooks)
+        a = self.audio_proj(audio / self.divisor)
         c = self.text_proj(text)
         g = torch.sigmoid(self.gate)
         h = torch.sigmoid(self.residual_scale) * (g * a + (1 - g) * c)

@@ -210,6 +210,14 @@ class Tx:
         rows = self._rows(sql + " ORDER BY check_in, created_at, code", params)
         return [self._reservation(row) for row in rows]
 
+    def latest_reservations(self, limit: int) -> list[Reservation]:
+        """The `limit` reservations made last, newest first (for the monitoring page)."""
+        rows = self._rows(
+            f"SELECT {_RES_COLUMNS} FROM reservations ORDER BY created_at DESC, code DESC LIMIT ?",
+            [int(limit)],
+        )
+        return [self._reservation(row) for row in rows]
+
     def insert_reservation(self, r: Reservation) -> None:
         self._run(
             f"INSERT INTO reservations ({_RES_COLUMNS}) VALUES ({', '.join('?' * len(fields(Reservation)))})",

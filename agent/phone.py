@@ -1,0 +1,241 @@
+"""Phone callers: the concierge they get, and the live call's controls (transfer, hang-up) through LiveKit's API.
+
+LiveKit's SIP bridge puts a caller in a room as a participant of kind SIP, with their number in the attribute
+`sip.phoneNumber` (absent when withheld). `PhoneConcierge` is their agent. The model takes at most five tools
+and the hotel already uses five, so on the phone the reservation's three steps are one tool
+(`manage_reservation`, tools/schemas.py) and the fifth place is `call_control`: transfer to the front desk, or
+end the call. The model tells the caller first; `PhoneLine` acts once that turn has played, at most
+`HANDOFF_WAIT_S` later. The caller's number prefills a booking's contact and is never logged.
+Knows livekit-agents and LiveKit's server API; the hotel only through agent/hotel.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+from livekit import api
+from livekit.agents import RunContext, ToolError, function_tool
+from pydantic import Field, ValidationError
+
+from agent.hotel import Concierge, concierge_instructions
+from prompts import load_prompt
+from tools import schemas
+from tools.hotel import Hotel
+
+if TYPE_CHECKING:
+    from agent.playout import PlayoutOutput
+    from agent.settings import AgentSettings
+
+log = logging.getLogger("chorus.agent.phone")
+
+PHONE_NUMBER_ATTRIBUTE = "sip.phoneNumber"  # set by LiveKit's SIP bridge on the caller's participant
+HANDOFF_WAIT_S = 15.0  # the longest the line waits for the model's words before it transfers or hangs up
+API_TIMEOUT_S = 10.0  # hang-up and room requests
+TRANSFER_TIMEOUT_S = 40.0  # a transfer rings the front desk
+
+NO_FRONT_DESK = (
+    "There is no front desk line to transfer to right now. Apologise, and keep helping the caller yourself."
+)
+ALREADY = "The call is already being {}; say nothing more about it."
+SAY_FIRST = {
+    "transfer": "Tell the caller you are putting them through to the front desk now. The call is handed over "
+    "when you finish speaking.",
+    "end": "Say a short goodbye to the caller. The call ends when you finish speaking.",
+}
+
+
+class CallControl(schemas.ToolArgs):
+    """Transfer the caller to the hotel's front desk, or end the call once the caller is done. Tell the
+    caller first; the line is handed over or hung up when you finish speaking."""
+
+    action: Literal["transfer", "end"] = Field(
+        title="action", description="transfer to put the caller through to the front desk, end to hang up."
+    )
+
+
+def book_room_schema() -> dict[str, Any]:
+    """`book_room` as a phone caller sees it: the contact may be left out, for the number they call from."""
+    schema = json.loads(json.dumps(schemas.tool_schema("book_room")))
+    params = schema["parameters"]
+    params["required"] = [name for name in params["required"] if name != "contact"]
+    params["properties"]["contact"]["description"] = (
+        "Phone number or email address of the guest; leave it out to use the number the caller is calling from."
+    )
+    return schema
+
+
+def mask_number(number: str | None) -> str:
+    """A number as an operator may see it: its last four digits ("•••• 0100"), or "withheld"."""
+    digits = "".join(ch for ch in number or "" if ch.isdigit())
+    return f"•••• {digits[-4:]}" if len(digits) >= 4 else "withheld"
+
+
+def livekit_api(settings: AgentSettings, timeout_s: float = API_TIMEOUT_S) -> api.LiveKitAPI:
+    """A client of the LiveKit server's API (LIVEKIT_URL with its key and secret); use it `async with`."""
+    return api.LiveKitAPI(
+        settings.livekit_url,
+        settings.livekit_api_key,
+        settings.livekit_api_secret,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    )
+
+
+class PhoneLine:
+    """One phone call's controls: the room and caller it concerns, the front desk it may hand over to, and
+    the agent's output, whose next turn is awaited before the line is handed over or hung up."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        room: str,
+        identity: str,
+        number: str | None = None,
+        front_desk: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.room = room
+        self.identity = identity
+        self.number = number or None  # the caller's number: personal data, never logged
+        self.front_desk = front_desk if front_desk is not None else settings.front_desk_number
+        self.output: PlayoutOutput | None = None
+        self.pending: asyncio.Task | None = None
+        self.action: str | None = None
+        self.outcome: str | None = None  # "transferred", "ended", or why it failed
+
+    def attach(self, output: PlayoutOutput) -> None:
+        """The call's playout, whose turns `after_goodbye` waits for (set once the call has started)."""
+        self.output = output
+
+    async def transfer(self) -> None:
+        """Hand the caller to the front desk (a SIP REFER through LiveKit); the caller leaves the room."""
+        if self.front_desk is None:
+            raise ValueError("no front desk number (CHORUS_FRONT_DESK_NUMBER)")
+        async with livekit_api(self.settings, TRANSFER_TIMEOUT_S) as lk:
+            await lk.sip.transfer_sip_participant(
+                api.TransferSIPParticipantRequest(
+                    room_name=self.room,
+                    participant_identity=self.identity,
+                    transfer_to=f"tel:{self.front_desk}",
+                    play_dialtone=False,
+                ),
+                timeout=TRANSFER_TIMEOUT_S,
+            )
+
+    async def hang_up(self) -> None:
+        """Remove the caller (the phone call ends) and close the room."""
+        async with livekit_api(self.settings) as lk:
+            with contextlib.suppress(api.ServerError):  # already gone: the room still closes
+                await lk.room.remove_participant(
+                    api.RoomParticipantIdentity(room=self.room, identity=self.identity)
+                )
+            await lk.room.delete_room(api.DeleteRoomRequest(room=self.room))
+
+    def request(self, action: Literal["transfer", "end"]) -> str:
+        """The model asked for `action`: what it is to say now. The action itself runs after that."""
+        if self.action is not None:
+            return ALREADY.format("transferred" if self.action == "transfer" else "ended")
+        if action == "transfer" and self.front_desk is None:
+            raise ToolError(NO_FRONT_DESK)
+        self.action = action
+        self.pending = asyncio.get_running_loop().create_task(self.after_goodbye(action), name="chorus.phone")
+        return SAY_FIRST[action]
+
+    async def after_goodbye(self, action: Literal["transfer", "end"]) -> None:
+        """Once the model's next turn has played (or `HANDOFF_WAIT_S`), transfer or hang up. A transfer that
+        fails leaves the caller with the agent; either failure is logged by kind only."""
+        if self.output is not None:
+            await self.output.after_next_turn(HANDOFF_WAIT_S)
+        try:
+            if action == "transfer":
+                await self.transfer()
+                self.outcome = "transferred"
+            else:
+                await self.hang_up()
+                self.outcome = "ended"
+            log.info("phone call in room %s: %s", self.room, self.outcome)
+        except (api.ServerError, aiohttp.ClientError, OSError, TimeoutError) as e:
+            self.outcome = f"{action} failed: {describe_api_error(e)}"
+            self.action = None  # the model may try again
+            log.warning("phone call in room %s: %s", self.room, self.outcome)
+
+    async def aclose(self) -> None:
+        if self.pending is not None and not self.pending.done():
+            self.pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.pending
+
+
+def describe_api_error(e: BaseException) -> str:
+    """A LiveKit API failure in a few words, without the request (which can hold a phone number)."""
+    if isinstance(e, api.SipCallError) and (e.sip_status_code or e.sip_transfer_reason):
+        return str(e)
+    if isinstance(e, api.ServerError):
+        if e.status == 401 or e.code == api.ServerErrorCode.UNAUTHENTICATED:
+            return "LiveKit refused the credentials: check LIVEKIT_API_KEY and LIVEKIT_API_SECRET"
+        if e.status == 403 or e.code == api.ServerErrorCode.PERMISSION_DENIED:
+            return f"LiveKit denied the request: {e.message}"
+        return f"LiveKit answered {e.code or e.status}: {e.message}"
+    if isinstance(e, TimeoutError | asyncio.TimeoutError):
+        return "LiveKit did not answer in time"
+    return f"cannot reach LiveKit ({type(e).__name__}: {e})"
+
+
+def phone_instructions(hotel: Hotel, line: PhoneLine, purpose: str = "") -> str:
+    """The concierge prompt with what a phone call adds: the caller's number, call control, and why the
+    hotel called when it did."""
+    contact = (
+        "Their number is on file: a booking uses it as the contact unless they give another."
+        if line.number
+        else "Their number is withheld: ask for a phone number or email address when booking."
+    )
+    reason = f"You placed this call to the guest: {purpose.strip()}" if purpose.strip() else ""
+    phone = load_prompt("phone", contact=contact, purpose=reason)
+    return f"{concierge_instructions(hotel)}\n\n{phone}"
+
+
+class PhoneConcierge(Concierge):
+    """A phone caller's concierge: availability, booking (the contact prefilled from the caller's number),
+    one reservation tool, hotel questions, and call control (`tools.schemas.PHONE_TOOLS` + `call_control`)."""
+
+    def __init__(
+        self,
+        hotel: Hotel,
+        line: PhoneLine,
+        *,
+        purpose: str = "",
+        instructions: str | None = None,
+        session_key: str | None = None,
+    ) -> None:
+        self.line = line
+        super().__init__(
+            hotel,
+            instructions=instructions
+            if instructions is not None
+            else phone_instructions(hotel, line, purpose),
+            session_key=session_key,
+        )
+
+    @function_tool(raw_schema=book_room_schema())
+    async def book_room(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        arguments = raw_arguments
+        if isinstance(raw_arguments, dict) and not raw_arguments.get("contact") and self.line.number:
+            arguments = {**raw_arguments, "contact": self.line.number}
+        return await self._call("book_room", arguments, context)
+
+    @function_tool(raw_schema=schemas.tool_schema("manage_reservation"))
+    async def manage_reservation(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call("manage_reservation", raw_arguments, context)
+
+    @function_tool(raw_schema=schemas.function_schema("call_control", CallControl))
+    async def call_control(self, raw_arguments: dict[str, object], context: RunContext) -> str:
+        try:
+            args = CallControl.model_validate(raw_arguments)
+        except ValidationError as e:
+            raise ToolError(schemas.explain(CallControl, e)) from None
+        return json.dumps({"message": self.line.request(args.action)})

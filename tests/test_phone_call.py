@@ -1,0 +1,155 @@
+"""A phone call end to end on the real engine (tiny preset, dummy weights) in an offline `AgentSession`:
+telephone-band caller audio (8 kHz, through G.711 mu-law and back) and the phone concierge hanging up.
+
+Dummy weights decide nothing, so the tool call is made by teacher forcing: the function channel is forced with
+`call_control`'s real token sequence and the goodbye is a forced turn. LiveKit's API is the protocol fake of
+tests/twirp_fake.py (no LiveKit server can run here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+from livekit import api, rtc
+from livekit.agents.testing import fake_job_context
+
+from agent.call import PcmInput, read_wav, start_call
+from agent.phone import PhoneConcierge, PhoneLine
+from agent.playout import WavSink
+from agent.settings import AgentSettings
+from engine.engine import Engine
+from hotel_support import until
+from prompts import PROMPTS_DIR
+
+PHONE_RATE = 8_000
+PHONE_FRAME = 640  # 80 ms at 8 kHz
+
+
+def mulaw_encode(pcm: np.ndarray) -> np.ndarray:
+    """G.711 mu-law bytes of int16 samples (the telephone network's 8-bit codec), as ITU-T G.711 specifies."""
+    x = pcm.astype(np.int32)
+    sign = np.where(x < 0, 0x80, 0)
+    mag = np.minimum(np.abs(x), 32635) + 0x84
+    exponent = np.floor(np.log2(mag)).astype(np.int32) - 7
+    mantissa = (mag >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def mulaw_decode(code: np.ndarray) -> np.ndarray:
+    u = ~code.astype(np.int32) & 0xFF
+    sign, exponent, mantissa = u & 0x80, (u >> 4) & 0x07, u & 0x0F
+    mag = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return np.where(sign != 0, -mag, mag).astype(np.int16)
+
+
+def telephone_band(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """Caller speech as a phone line carries it: 8 kHz, mu-law coded and decoded (int16 at 8 kHz)."""
+    rs = rtc.AudioResampler(rate, PHONE_RATE, num_channels=1, quality=rtc.AudioResamplerQuality.HIGH)
+    frames = [*rs.push(rtc.AudioFrame(pcm.tobytes(), rate, 1, pcm.size)), *rs.flush()]
+    narrow = np.concatenate([np.frombuffer(f.data, np.int16) for f in frames])
+    return mulaw_decode(mulaw_encode(narrow))
+
+
+def test_mulaw_round_trip_is_g711():
+    x = np.array([0, 1, -1, 100, -100, 1000, -8000, 32767, -32768], np.int16)
+    codes = mulaw_encode(x)
+    assert codes[0] == 0xFF and codes[7] == 0x80 and codes[8] == 0x00  # G.711's zero and extremes
+    y = mulaw_decode(codes)
+    assert np.all(np.abs(y.astype(int) - x) <= np.maximum(4, np.abs(x.astype(int)) // 16))  # <= half a step
+    assert np.array_equal(mulaw_decode(mulaw_encode(y)), y)  # decoded values are fixed points
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(preset="tiny", num_slots=4, refuse_when_overloaded=False)  # a call, not admission, under test
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def hotel(sqlite_hotel):
+    return sqlite_hotel  # tests/conftest.py
+
+
+def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_hangs_up(
+    engine, hotel, livekit, tmp_path
+):
+    """The caller's 3.5 s of speech at telephone band reaches the engine as 80 ms frames, every one of them;
+    the agent answers each frame it heard with one of its own. Then the model calls `call_control` to end the
+    call (forced), says goodbye (a forced turn), and only after that turn has played is the caller removed
+    and the room closed."""
+    pcm, rate = read_wav(PROMPTS_DIR / "callers" / "caller_booking.wav")
+    phone = telephone_band(pcm, rate)
+    sent = math.ceil(phone.size / PHONE_FRAME)  # PcmInput pads the last frame
+
+    async def main():
+        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="chorus-concierge", room="call-1"))
+        livekit.participants["call-1"] = {"sip_guest"}
+        line = PhoneLine(AgentSettings.from_env(dotenv=False), room="call-1", identity="sip_guest",
+                         number="+447700900123")  # fmt: skip
+        inp = PcmInput(sample_rate=PHONE_RATE, silence=False)  # only the caller's words, no silence after
+        with fake_job_context():
+            call = await start_call(
+                engine,
+                PhoneConcierge(hotel, line),
+                sink=WavSink(tmp_path / "out.wav", 22_050),
+                audio_input=inp,
+            )
+            line.attach(call.output)
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            inp.push(phone)
+
+            def heard():
+                s = next(s for s in engine.snapshot().sessions if s.id == handle.id)
+                return s.frames_in, s.frames_consumed
+
+            await until(lambda: heard()[0] >= sent - 1 and heard()[1] == heard()[0], "the caller's words")
+            await asyncio.sleep(0.5)  # anything still on its way would arrive now
+            frames_in, consumed = heard()
+            out_before = call.duplex.stats["frames_out"]
+
+            tok = engine.tokens
+            handle.force_function(tok.call_ids([{"name": "call_control", "arguments": {"action": "end"}}]))
+            await until(lambda: call.duplex.paused, "the pause")
+            goodbye = [tok.bos, *tok.encode(" Thank you for calling, goodbye."), tok.eos]
+            handle.force_text(goodbye)
+            await until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
+            removed_while_speaking = []
+
+            def watch():
+                if call.duplex.speaking and livekit.calls("RemoveParticipant"):
+                    removed_while_speaking.append(True)
+                return line.outcome is not None
+
+            await until(watch, "the hang-up")
+            items = [(i.type, getattr(i, "name", None)) for i in call.session.history.items]
+            stats = dict(call.duplex.stats)
+            played = call.output.stats["model_s"]  # when the line was hung up
+            await call.aclose()
+            return (
+                frames_in,
+                consumed,
+                out_before,
+                stats,
+                items,
+                line,
+                removed_while_speaking,
+                played,
+                goodbye,
+            )
+
+    frames_in, consumed, out_before, stats, items, line, early, played, goodbye = asyncio.run(main())
+    print("sent", sent, "in", frames_in, "consumed", consumed, "out", out_before, stats)
+    assert sent - 1 <= frames_in <= sent  # every 80 ms frame (the resampler may hold back its last few ms)
+    assert consumed == frames_in  # the model heard each one
+    assert out_before >= frames_in  # and said one frame for each (plus its frames before the caller spoke)
+    assert ("function_call", "call_control") in items and stats["function_calls"] == 1
+    assert line.outcome == "ended" and not early
+    assert stats["turns"] == 1 and stats["speech_frames"] == len(goodbye)
+    assert played == pytest.approx(len(goodbye) * 0.08, abs=1e-3)  # the goodbye had played before the hang-up
+    assert livekit.methods() == ["RemoveParticipant", "DeleteRoom"]
+    assert "call-1" not in livekit.rooms

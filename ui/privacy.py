@@ -1,0 +1,64 @@
+"""What the monitoring page may show of a person: masked phone numbers, names, contacts and codes, and
+transcripts cut short. Plain functions on strings; knows nothing of Streamlit or the engine."""
+
+from __future__ import annotations
+
+import re
+
+DOTS = "••••"
+# a run of digits, maybe with a leading + and spaces, dots, dashes or brackets between them
+_NUMBER = re.compile(r"(?<![\d+])\+?\d[\d\s().-]*\d(?!\d)")  # also inside a name: call-_+4420..._x
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+MIN_PHONE_DIGITS = 7
+
+
+def _mask_number(m: re.Match[str]) -> str:
+    text = m.group(0)
+    digits = re.sub(r"\D", "", text)
+    if len(digits) < MIN_PHONE_DIGITS or _ISO_DATE.fullmatch(text.strip()):
+        return text
+    head = f"+{digits[:2]} " if text.startswith("+") else ""
+    return f"{head}{DOTS} {digits[-4:]}"
+
+
+def mask_phones(text: str) -> str:
+    """Every phone-number-like run of 7 digits or more in `text` as "+44 •••• 0958" (the country code, when the
+    number has one, and the last four digits); dates and short numbers stay."""
+    return _NUMBER.sub(_mask_number, text)
+
+
+def mask_name(name: str) -> str:
+    """ "Ada Lovelace" -> "A. L***"; one word -> "A***"."""
+    words = name.split()
+    if not words:
+        return ""
+    if len(words) == 1:
+        return f"{words[0][0]}***"
+    return f"{words[0][0]}. {words[-1][0]}***"
+
+
+def mask_contact(contact: str) -> str:
+    """An e-mail address as "a***@example.com", a phone number as mask_phones does, anything else as "***"."""
+    contact = contact.strip()
+    if "@" in contact:
+        user, _, domain = contact.partition("@")
+        return f"{user[:1]}***@{domain}"
+    masked = mask_phones(contact)
+    return masked if masked != contact else "***"
+
+
+def mask_code(code: str) -> str:
+    """A confirmation code (with the guest's last name it opens the booking): its ends only."""
+    return f"{code[:2]}{DOTS}{code[-2:]}" if len(code) >= 6 else DOTS
+
+
+def shorten(text: str, chars: int) -> str:
+    """At most the last `chars` characters of a transcript (its end is what was said last), from a word's start,
+    "…" in front when cut."""
+    text = " ".join(text.split())
+    if len(text) <= chars:
+        return text
+    tail = text[-(chars - 1) :]
+    if text[-chars] != " " and " " in tail:  # the cut fell inside a word: drop its end
+        tail = tail.split(" ", 1)[1]
+    return "…" + tail.lstrip()

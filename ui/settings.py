@@ -1,0 +1,68 @@
+"""The monitoring page's settings from the environment (and `.env`), read with `MonitorSettings.from_env()`.
+
+`CHORUS_MONITOR_URLS`: the workers' snapshot URLs, comma-separated (one worker per GPU); a URL without a path
+gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>`.
+`CHORUS_MONITOR_REFRESH_S`, `CHORUS_MONITOR_TIMEOUT_S`, `CHORUS_MONITOR_BOOKINGS`. The bookings database is
+the tools' own setting (`DATABASE_URL` or `CHORUS_DATA_DIR`, tools/settings.py).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from tools.settings import EnvSettings
+
+DEFAULT_URL = "http://127.0.0.1:8090/snapshot"
+URLS = "comma-separated http:// or https:// URLs of workers' /snapshot (e.g. http://127.0.0.1:8090/snapshot)"
+
+
+def snapshot_url(url: str) -> str:
+    """`url` with `/snapshot` as its path when it has none; ValueError when it is not an http(s) URL."""
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(URLS)
+    return url.rstrip("/") + "/snapshot" if parts.path in ("", "/") else url
+
+
+def parse_urls(text: str) -> list[str]:
+    """Snapshot URLs from a comma- or line-separated list (duplicates dropped, order kept); ValueError on a bad
+    one."""
+    out: list[str] = []
+    for item in text.replace("\n", ",").split(","):
+        if item.strip() and (url := snapshot_url(item)) not in out:
+            out.append(url)
+    return out
+
+
+class MonitorSettings(EnvSettings):
+    urls: str = Field(DEFAULT_URL, validation_alias="CHORUS_MONITOR_URLS", description=URLS)
+    token: SecretStr | None = Field(
+        None, min_length=8, validation_alias="CHORUS_MONITOR_TOKEN", description="at least 8 characters"
+    )
+    refresh_s: float = Field(
+        2.0, ge=0.5, le=60, validation_alias="CHORUS_MONITOR_REFRESH_S", description="0.5 to 60 seconds"
+    )
+    timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=30,
+        validation_alias="CHORUS_MONITOR_TIMEOUT_S",
+        description="a number of seconds, 0 to 30",
+    )
+    bookings: int = Field(
+        10, ge=0, le=200, validation_alias="CHORUS_MONITOR_BOOKINGS", description="0 to 200 (0: none shown)"
+    )
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        if not parse_urls(value):
+            raise ValueError(URLS)
+        return value
+
+    @property
+    def snapshot_urls(self) -> list[str]:
+        return parse_urls(self.urls)
