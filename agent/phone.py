@@ -107,6 +107,7 @@ class PhoneLine:
         self.pending: asyncio.Task | None = None
         self.action: str | None = None
         self.outcome: str | None = None  # "transferred", "ended", or why it failed
+        self.acting = False
 
     def attach(self, output: PlayoutOutput) -> None:
         """The call's playout, whose turns `after_goodbye` waits for (set once the call has started)."""
@@ -151,6 +152,7 @@ class PhoneLine:
         fails leaves the caller with the agent; either failure is logged by kind only."""
         if self.output is not None:
             await self.output.after_next_turn(HANDOFF_WAIT_S)
+        self.acting = True  # from here the call is handed over or hung up even if the job ends meanwhile
         try:
             if action == "transfer":
                 await self.transfer()
@@ -161,14 +163,18 @@ class PhoneLine:
             log.info("phone call in room %s: %s", self.room, self.outcome)
         except (api.ServerError, aiohttp.ClientError, OSError, TimeoutError) as e:
             self.outcome = f"{action} failed: {describe_api_error(e)}"
-            self.action = None  # the model may try again
+            self.action, self.acting = None, False  # the model may try again
             log.warning("phone call in room %s: %s", self.room, self.outcome)
 
     async def aclose(self) -> None:
-        if self.pending is not None and not self.pending.done():
+        """At the job's end: a hand-over still waiting for the agent's words is dropped; one already under way
+        (the caller removed, the room being closed) is let finish."""
+        if self.pending is None or self.pending.done():
+            return
+        if not self.acting:
             self.pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.pending
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.pending), TRANSFER_TIMEOUT_S + API_TIMEOUT_S)
 
 
 def describe_api_error(e: BaseException) -> str:

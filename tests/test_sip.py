@@ -246,6 +246,28 @@ def test_a_failed_transfer_keeps_the_caller_with_the_agent_and_logs_no_number(li
     assert GUEST_NUMBER not in caplog.text and "7700900123" not in caplog.text
 
 
+def test_the_jobs_end_drops_a_hand_over_still_waiting_and_lets_one_under_way_finish(livekit, tmp_path):
+    async def main():
+        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="a", room="call-abc"))
+        livekit.participants["call-abc"] = {"sip_guest"}
+        waiting = line_for()
+        out = PlayoutOutput(WavSink(tmp_path / "o.wav", 22_050))
+        waiting.attach(out)
+        waiting.request("end")
+        await asyncio.sleep(0.1)
+        await waiting.aclose()  # the caller hung up before the agent said goodbye
+        assert waiting.pending.cancelled() and not livekit.calls("RemoveParticipant")
+        acting = line_for()  # no output attached: it acts at once
+        acting.request("end")
+        await until(lambda: acting.acting, "the hang-up to start")
+        await acting.aclose()
+        await out.aclose()
+        return acting
+
+    assert asyncio.run(main()).outcome == "ended"
+    assert livekit.methods() == ["RemoveParticipant", "DeleteRoom"]
+
+
 def test_without_a_front_desk_number_transfer_is_refused_in_words_the_model_can_say(livekit, monkeypatch):
     from livekit.agents import ToolError
 
