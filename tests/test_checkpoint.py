@@ -287,4 +287,6 @@ def test_peak_resident_memory_of_a_1gb_load_stays_below_one_and_a_half_times_its
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print(r)
     assert r["checkpoint_bytes"] > 0.9e9
-    assert r["peak_rss_during_load_bytes"] < 1.5 * r["checkpoint_bytes"]
+    # the model and its loading (the interpreter's fixed 0.3-0.5 GB left out): never two copies of the weights
+    assert r["peak_rss_during_load_bytes"] - r["rss_interpreter_bytes"] < 1.5 * r["checkpoint_bytes"]
+    assert r["added_by_loading_bytes"] < 0.25 * r["checkpoint_bytes"]  # a chunk or so, not a copy
