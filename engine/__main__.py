@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         from engine.info import print_report, report
 
-        r = report(windows(load_preset(args.preset), args), args.gpu_mem_gb)
+        policy = "capacity" if args.capacity else "gpu"  # the GPU's policies ("auto" on CUDA)
+        r = report(windows(load_preset(args.preset), args), args.gpu_mem_gb, policy)
         print_report(r)
         print(json.dumps(r))
         return 0

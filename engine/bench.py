@@ -96,7 +96,7 @@ def bench_pipeline(args) -> int:
 
     cfg = windows(load_preset(args.preset), args)
     device = _device(args.device)
-    dtypes = dtype_policy(args.dtype, device.type)
+    dtypes = dtype_policy(args.dtype, device.type, args.capacity)
     sizes = [int(s) for s in args.slots.split(",")]
     out = {"bench": "pipeline", "talker_window": cfg.talker.attention_window, "preset": args.preset, "device": str(device), "threads": args.threads,
            "dtype": dtypes.name}  # fmt: skip
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "pipeline":
         return bench_pipeline(args)
     device = _device(args.device)
-    dtypes = dtype_policy(args.dtype, device.type)
+    dtypes = dtype_policy(args.dtype, device.type, args.capacity)
     cfg = load_preset(args.preset)
     sizes = [int(s) for s in args.slots.split(",")]
     with torch.inference_mode():

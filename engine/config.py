@@ -351,16 +351,29 @@ DTYPE_POLICIES = {
         thinker="bfloat16",
         thinker_kv="bfloat16",
     ),
+    # capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the talker's
+    # weights, activations and attention arithmetic stay fp32). Its cost against fp32: tests/test_pipeline.py.
+    "capacity": DtypePolicy(
+        name="capacity",
+        perception="bfloat16",
+        perception_kv="bfloat16",
+        thinker="bfloat16",
+        thinker_kv="bfloat16",
+        talker_kv="bfloat16",
+    ),
 }
-DtypePolicyName = Literal["auto", "fp32", "gpu"]
+DtypePolicyName = Literal["auto", "fp32", "gpu", "capacity"]
 
 
-def dtype_policy(name: DtypePolicyName | DtypePolicy, device_type: str = "cpu") -> DtypePolicy:
-    """The named policy; "auto" is "gpu" on a CUDA device and "fp32" anywhere else. A policy passes through."""
+def dtype_policy(
+    name: DtypePolicyName | DtypePolicy, device_type: str = "cpu", capacity: bool = False
+) -> DtypePolicy:
+    """The named policy; "auto" is "gpu" on a CUDA device ("capacity" in capacity mode) and "fp32" anywhere
+    else. A policy passes through."""
     if isinstance(name, DtypePolicy):
         return name
     if name == "auto":
-        name = "gpu" if device_type == "cuda" else "fp32"
+        name = ("capacity" if capacity else "gpu") if device_type == "cuda" else "fp32"
     try:
         return DTYPE_POLICIES[name]
     except KeyError:
@@ -440,11 +453,11 @@ def load_preset(name: str, **overrides: object) -> ModelConfig:
     return cfg
 
 
-# The capacity mode's talker window: 1,500 positions (two minutes of agent speech at 12.5 Hz) in every talker
-# layer instead of the release's 7,500 (sliding) and 8,192 (global); about a fifth of the talker's KV per
-# session. Replies stay conditioned on the last two minutes of speech only: a documented departure from the
-# release, for serving more rooms on one GPU.
-CAPACITY_TALKER_WINDOW = 1500
+# The capacity mode: a talker window of 1,000 positions (80 s of agent speech at 12.5 Hz) in every talker layer
+# instead of the release's 7,500 (sliding) and 8,192 (global), and (on CUDA, dtype "auto") the talker's KV in
+# bf16 (DTYPE_POLICIES["capacity"]): about a fifteenth of the talker's KV per session. The talker's replies stay
+# conditioned on its last 80 s of speech only: a documented departure from the release, to serve more rooms.
+CAPACITY_TALKER_WINDOW = 1000
 
 
 def with_windows(cfg: ModelConfig, talker: int | None = None, thinker: int | None = None) -> ModelConfig:

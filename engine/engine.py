@@ -78,7 +78,8 @@ class EngineConfig(BaseModel):
     tokenizer: str | None = None  # the thinker's tokenizer.json (or its folder); default: the preset's
     speaker: str | None = None  # the speaker latent `audio_prompt_latents.<Name>`; default: the preset's
     device: str | None = None  # default: cuda when available, else cpu
-    # each stage's dtypes: "auto" is "gpu" (bf16 where parity allows) on CUDA and "fp32" elsewhere
+    # each stage's dtypes: "auto" is "gpu" (bf16 where parity allows; "capacity" in capacity mode) on CUDA and
+    # "fp32" elsewhere
     dtype: DtypePolicyName | DtypePolicy = "auto"
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     cuda_graph: bool = True  # on CUDA, the live step runs as one captured graph (engine/graph.py)
@@ -207,7 +208,7 @@ class Engine:
             torch.set_num_threads(cfg.threads)
         self.tokens = Tokens(self.model_cfg.tokens)
         self.vocab_size = self.model_cfg.thinker.vocab_size
-        self.dtypes = dtype_policy(cfg.dtype, self.device.type)
+        self.dtypes = dtype_policy(cfg.dtype, self.device.type, cfg.capacity_mode)
         if cfg.checkpoint:
             check_memory(self.model_cfg, self.dtypes, cfg.num_slots, self.device)
         t0 = time.monotonic()

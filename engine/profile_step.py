@@ -56,7 +56,7 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
     from engine.tokens import Tokens
 
     cfg = load_preset(preset) if args is None else windows(load_preset(preset), args)
-    dtypes = dtype_policy(dtype, device.type)
+    dtypes = dtype_policy(dtype, device.type, bool(args is not None and args.capacity))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.device(device):

@@ -31,7 +31,7 @@ SECONDS_=${SECONDS:-60}
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-120}
 SWEEP_MAX=${SWEEP_MAX:-512}
 DEVICE=${DEVICE:-cuda}
-# capacity mode (a 1,500-position talker window) by default: at the release's windows 64 sessions of the 11B
+# capacity mode (a 1,000-position talker window, its KV in bf16) by default: at the release's windows 64 sessions of the 11B
 # preset do not fit one H200 (`engine info`); CAPACITY=0 runs the release's windows
 CAPACITY=${CAPACITY:-1}
 WIN=()
