@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# The main job: 16 virtual rooms (4 making scripted tool calls) on one engine for 30 s, no LiveKit server;
+# The main job: 16 virtual rooms (4 making scripted tool calls, 4 on the phone) on one engine for 30 s, no LiveKit server;
 # about a minute on a 2-core CPU. The full benchmark is `python -m agent simulate` (64 rooms, 16 tool rooms, 60 s).
 run: $(STAMP)
 	$(PY) -m agent simulate --rooms 16 --tool-rooms 4 --seconds 30 --out out/simulate

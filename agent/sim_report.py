@@ -54,7 +54,7 @@ def exit_code(m: dict) -> int:
 
 def print_summary(m: dict) -> None:
     rows = [
-        ("rooms (tool rooms)", f"{m['rooms']} ({m['tool_rooms']})"),
+        ("rooms (tool rooms, phone rooms)", f"{m['rooms']} ({m['tool_rooms']}, {m.get('phone_rooms', 0)})"),
         ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
         ("run", m["ended"]),
         ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),

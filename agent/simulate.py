@@ -32,6 +32,7 @@ import numpy as np
 from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
 from agent.playout import WavSink
 from agent.sim_report import EXIT_INTERRUPTED, exit_code, heap_mb, print_summary, rss_mb
+from agent.telephony import PHONE_RATE, telephone_band
 from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
@@ -67,21 +68,33 @@ SURNAMES = ["Alder", "Birch", "Cedar", "Dogwood", "Elm", "Fir", "Gum", "Hazel", 
             "Larch", "Maple", "Nutmeg", "Oak", "Pine"]  # fmt: skip
 
 
-def tool_script(today: dt.date, room: int) -> list[dict]:
-    """The calls a tool room makes in turn: real tools, real arguments, run against the database."""
+def tool_script(today: dt.date, room: int, phone: bool = False) -> list[dict]:
+    """The calls a tool room makes in turn: real tools, real arguments, run against the database. A phone
+    room's are the phone concierge's: the booking's contact left to the caller's number, the lookup through
+    `manage_reservation`."""
     check_in = today + dt.timedelta(days=7 + room % 20)
     guest = f"Sim {SURNAMES[room % len(SURNAMES)]}"
     out = check_in + dt.timedelta(days=2)
+    booking = {"guest_name": guest, "contact": f"sim{room}@example.com", "check_in": check_in.isoformat(),
+               "check_out": out.isoformat(), "guests": 2, "room_type": "standard"}  # fmt: skip
+    lookup = {"confirmation_code": "ZZZZ2222", "last_name": "Nobody"}
+    if phone:
+        del booking["contact"]
     return [
         {"name": "check_availability",
          "arguments": {"check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2}},
         {"name": "hotel_info", "arguments": {"topic": "parking"}},
-        {"name": "book_room",
-         "arguments": {"guest_name": guest, "contact": f"sim{room}@example.com",
-                       "check_in": check_in.isoformat(), "check_out": out.isoformat(), "guests": 2,
-                       "room_type": "standard"}},
-        {"name": "find_reservation", "arguments": {"confirmation_code": "ZZZZ2222", "last_name": "Nobody"}},
+        {"name": "book_room", "arguments": booking},
+        {"name": "manage_reservation", "arguments": {**lookup, "action": "find"}} if phone
+        else {"name": "find_reservation", "arguments": lookup},
     ]  # fmt: skip
+
+
+def phone_rooms(rooms: int, phones: int) -> set[int]:
+    """Which rooms are phone callers: every fourth from the second (so the tool rooms, the first ones, have
+    some), then the rest in order, `phones` in all."""
+    order = [*range(1, rooms, 4), *(i for i in range(rooms) if i % 4 != 1)]
+    return set(order[:phones])
 
 
 def caller_clips() -> list[np.ndarray]:
@@ -100,11 +113,12 @@ def caller_clips() -> list[np.ndarray]:
 
 
 class Room:
-    def __init__(self, index: int, tool_room: bool) -> None:
+    def __init__(self, index: int, tool_room: bool, phone: bool = False) -> None:
         self.index = index
         self.tool_room = tool_room
+        self.phone = phone  # a phone caller: 8 kHz mu-law audio, the phone concierge
         self.call: Call | None = None
-        self.input = PcmInput()
+        self.input = PcmInput(sample_rate=PHONE_RATE if phone else 16_000)
         self.scripted_calls = 0
         self.scripted_turns = 0
         self.error: str | None = None  # the room failed (reported, counted, exit code 1)
@@ -116,6 +130,11 @@ class Room:
     @property
     def name(self) -> str:
         return f"room_{self.index:03d}"
+
+    @property
+    def number(self) -> str:
+        """A phone room's caller's number: fictional (+1 555 01xx is reserved for fiction)."""
+        return f"+1555010{self.index % 10_000:04d}"
 
 
 class Forcing:
@@ -153,12 +172,13 @@ class Forcing:
 
 
 async def join(
-    room: Room, engine: Engine, hotel: Hotel, out: Path, join_by: float, stop: asyncio.Event
+    room: Room, engine: Engine, hotel: Hotel, out: Path, join_by: float, stop: asyncio.Event, settings: Any
 ) -> Any:
     """The room's call on an open engine slot, or None with `room.refused` set. As LiveKit's dispatcher does
     with a worker whose load is full, a room waits (backing off) while the engine reports no headroom, until
     `join_by`; a room that finds every slot taken is refused at once (there is no other worker here)."""
     from agent.hotel import HotelAgent
+    from agent.phone import PhoneConcierge, PhoneLine
 
     loop = asyncio.get_running_loop()
     wait = REDIAL_S
@@ -169,10 +189,15 @@ async def join(
         elif engine.overloaded:
             refusal = EngineOverloaded("the engine reported no headroom until the join deadline")
         else:
-            agent = HotelAgent(hotel, session_key=f"sim-{room.name}-{time.time_ns()}")
+            key = f"sim-{room.name}-{time.time_ns()}"
+            if room.phone:
+                line = PhoneLine(settings, room=room.name, identity=f"sip_{room.name}", number=room.number)
+                agent = PhoneConcierge(hotel, line, session_key=key)
+            else:
+                agent = HotelAgent(hotel, session_key=key)
             room.call = call = await start_call(
                 engine, agent, sink=WavSink(out / f"{room.name}.wav", 22_050), audio_input=room.input,
-                label=room.name, caller="web",
+                label=room.name, caller="phone" if room.phone else "web",
             )  # fmt: skip
             try:
                 return await call.wait_open(timeout=max(0.1, join_by - loop.time()))
@@ -190,13 +215,13 @@ async def join(
 
 async def run_room(room: Room, engine: Engine, hotel: Hotel, out: Path, start_at: float, join_by: float,
                    today: dt.date, clips: list[np.ndarray], go: asyncio.Event, end: list[float],
-                   stop: asyncio.Event) -> None:  # fmt: skip
+                   stop: asyncio.Event, settings: Any) -> None:  # fmt: skip
     """Join (slot, prompt prefill) by `join_by`, then follow the room's script from `go` until `end[0]`."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start_at - loop.time()))
     rng = random.Random(room.index)
     try:
-        handle = await join(room, engine, hotel, out, join_by, stop)
+        handle = await join(room, engine, hotel, out, join_by, stop, settings)
         if handle is None:
             return
         call = room.call
@@ -214,7 +239,7 @@ async def run_room(room: Room, engine: Engine, hotel: Hotel, out: Path, start_at
             force.top_up()
             await asyncio.sleep(0.1)
         tok = engine.tokens
-        script = tool_script(today, room.index)
+        script = tool_script(today, room.index, room.phone)
         t0 = loop.time()
         next_utt = t0 + 0.5 + rng.random() * 2
         next_tool = t0 + 2.0 + rng.random() * 3 if room.tool_room else float("inf")
@@ -335,8 +360,10 @@ async def simulate(args: argparse.Namespace) -> dict:
     with contextlib.suppress(NotImplementedError, RuntimeError):
         for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a shell may start a job with it ignored
             asyncio.get_running_loop().add_signal_handler(sig, main_task.cancel)
-    rooms = [Room(i, i < args.tool_rooms) for i in range(args.rooms)]
+    phones = phone_rooms(args.rooms, args.phone_rooms)
+    rooms = [Room(i, i < args.tool_rooms, i in phones) for i in range(args.rooms)]
     clips = caller_clips()
+    phone_clips = [telephone_band(c, 16_000) for c in clips]
     go, stop = asyncio.Event(), asyncio.Event()
     end = [float("inf")]
     loop = asyncio.get_running_loop()
@@ -346,7 +373,7 @@ async def simulate(args: argparse.Namespace) -> dict:
     join_by = t_start + ramp + args.join_timeout
     tasks = [
         asyncio.create_task(run_room(r, engine, hotel, out, t_start + ramp * i / len(rooms), join_by, today,
-                                     clips, go, end, stop))
+                                     phone_clips if r.phone else clips, go, end, stop, args.agent))
         for i, r in enumerate(rooms)
     ]  # fmt: skip
     tty = sys.stdout.isatty()
@@ -417,8 +444,8 @@ async def simulate(args: argparse.Namespace) -> dict:
             r.error = f"caller audio forwarding failed {d['input_errors']} times"
         if r.error is None and lost > 0 and ended == "completed" and r.live_at is not None:
             r.error = f"{lost} caller frames never reached the engine"
-        per_room.append({"room": r.name, "tool_room": r.tool_room, "live": r.live_at is not None,
-                         "scripted_turns": r.scripted_turns, "scripted_calls": r.scripted_calls,
+        per_room.append({"room": r.name, "tool_room": r.tool_room, "phone": r.phone,
+                         "live": r.live_at is not None, "scripted_turns": r.scripted_turns, "scripted_calls": r.scripted_calls,
                          "function_calls": d.get("function_calls", 0), "tool_results": d.get("tool_results", 0),
                          "resumes": d.get("resumes", 0), "rejected_calls": d.get("rejected_calls", 0),
                          "barge_ins": d.get("barge_ins", 0), "frames_pushed": d.get("frames_pushed", 0),
@@ -431,8 +458,8 @@ async def simulate(args: argparse.Namespace) -> dict:
                                                        "frames_pushed", "frames_in", "input_errors",
                                                        "redials")}  # fmt: skip
     metrics = {
-        "rooms": args.rooms, "tool_rooms": args.tool_rooms, "seconds": args.seconds, "preset": args.preset,
-        "device": snap.device, "slots": args.slots, "ended": ended, "join_s": round(join_s, 1),
+        "rooms": args.rooms, "tool_rooms": args.tool_rooms, "phone_rooms": args.phone_rooms,
+        "seconds": args.seconds, "preset": args.preset, "device": snap.device, "slots": args.slots, "ended": ended, "join_s": round(join_s, 1),
         "rooms_live": sum(1 for p in per_room if p["live"]),
         "rooms_refused": sum(1 for p in per_room if p["refused"]), **window,
         "missed_deadlines_join": snap0.missed_deadlines, "missed_deadlines_total": snap.missed_deadlines,
@@ -468,6 +495,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="rooms that make scripted tool calls (default: a quarter)",
+    )
+    p.add_argument(
+        "--phone-rooms",
+        type=int,
+        default=None,
+        help="rooms whose callers are on the phone: 8 kHz mu-law audio, the phone concierge (default: a quarter)",
     )
     p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
     p.add_argument("--preset", help="engine preset (default: CHORUS_PRESET, else tiny)")
@@ -520,6 +553,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         args.tool_rooms = args.rooms // 4
     if not 0 <= args.tool_rooms <= args.rooms:
         raise SimulateError(f"--tool-rooms {args.tool_rooms}: give 0 to {args.rooms} (at most --rooms)")
+    if args.phone_rooms is None:
+        args.phone_rooms = args.rooms // 4
+    if not 0 <= args.phone_rooms <= args.rooms:
+        raise SimulateError(f"--phone-rooms {args.phone_rooms}: give 0 to {args.rooms} (at most --rooms)")
+    args.agent = settings
     if not args.seconds > 0:
         raise SimulateError(f"--seconds {args.seconds:g}: give a positive number")
     if not args.join_timeout > 0:

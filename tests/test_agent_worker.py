@@ -92,7 +92,8 @@ def test_token_carries_the_room_and_the_agent_dispatch():
 
 
 def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
-    """The README's main command, short: 4 rooms (2 with scripted tool calls) for 10 s on a fresh data dir.
+    """The README's main command, short: 4 rooms (2 with scripted tool calls, 1 on the phone) for 10 s on a fresh
+    data dir.
     The calls are forced (teacher forcing); what they did is read back from the database."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DATA_DIR")}
     out = tmp_path / "sim"
@@ -128,6 +129,12 @@ def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
         booked = Hotel(store).reservations()
     assert last["bookings_made"] == len(booked) >= 1
     assert {r.guest_name for r in booked} == {"Sim Birch"}
+    # room 1 is the run's phone room (a quarter of 4): its caller came in on 8 kHz mu-law, its concierge was the
+    # phone one, and the booking took the caller's number as its contact
+    assert last["phone_rooms"] == 1
+    rooms = json.loads((out / "metrics.json").read_text())["rooms"]
+    assert [r["room"] for r in rooms if r["phone"]] == ["room_001"]
+    assert {r.contact for r in booked} == {"+15550100001"}
 
 
 def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_real_tools(
@@ -190,6 +197,7 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
     [
         (["simulate", "--preset", "huge"], "simulate: --preset huge: unknown; choose one of"),
         (["simulate", "--rooms", "4", "--tool-rooms", "16"], "simulate: --tool-rooms 16: give 0 to 4"),
+        (["simulate", "--rooms", "4", "--phone-rooms", "5"], "simulate: --phone-rooms 5: give 0 to 4"),
         (
             ["simulate", "--checkpoint", "/no/such/model"],
             "simulate: --checkpoint /no/such/model: no such file",

@@ -13,44 +13,19 @@ import math
 
 import numpy as np
 import pytest
-from livekit import api, rtc
+from livekit import api
 from livekit.agents.testing import fake_job_context
 
 from agent.call import PcmInput, read_wav, start_call
 from agent.phone import PhoneConcierge, PhoneLine
 from agent.playout import WavSink
 from agent.settings import AgentSettings
+from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from engine.engine import Engine
 from hotel_support import until
 from prompts import PROMPTS_DIR
 
-PHONE_RATE = 8_000
 PHONE_FRAME = 640  # 80 ms at 8 kHz
-
-
-def mulaw_encode(pcm: np.ndarray) -> np.ndarray:
-    """G.711 mu-law bytes of int16 samples (the telephone network's 8-bit codec), as ITU-T G.711 specifies."""
-    x = pcm.astype(np.int32)
-    sign = np.where(x < 0, 0x80, 0)
-    mag = np.minimum(np.abs(x), 32635) + 0x84
-    exponent = np.floor(np.log2(mag)).astype(np.int32) - 7
-    mantissa = (mag >> (exponent + 3)) & 0x0F
-    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
-
-
-def mulaw_decode(code: np.ndarray) -> np.ndarray:
-    u = ~code.astype(np.int32) & 0xFF
-    sign, exponent, mantissa = u & 0x80, (u >> 4) & 0x07, u & 0x0F
-    mag = (((mantissa << 3) + 0x84) << exponent) - 0x84
-    return np.where(sign != 0, -mag, mag).astype(np.int16)
-
-
-def telephone_band(pcm: np.ndarray, rate: int) -> np.ndarray:
-    """Caller speech as a phone line carries it: 8 kHz, mu-law coded and decoded (int16 at 8 kHz)."""
-    rs = rtc.AudioResampler(rate, PHONE_RATE, num_channels=1, quality=rtc.AudioResamplerQuality.HIGH)
-    frames = [*rs.push(rtc.AudioFrame(pcm.tobytes(), rate, 1, pcm.size)), *rs.flush()]
-    narrow = np.concatenate([np.frombuffer(f.data, np.int16) for f in frames])
-    return mulaw_decode(mulaw_encode(narrow))
 
 
 def test_mulaw_round_trip_is_g711():
