@@ -351,17 +351,12 @@ DTYPE_POLICIES = {
         thinker="bfloat16",
         thinker_kv="bfloat16",
     ),
-    # capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the talker's
-    # weights, activations and attention arithmetic stay fp32). Its cost against fp32: tests/test_pipeline.py.
-    "capacity": DtypePolicy(
-        name="capacity",
-        perception="bfloat16",
-        perception_kv="bfloat16",
-        thinker="bfloat16",
-        thinker_kv="bfloat16",
-        talker_kv="bfloat16",
-    ),
 }
+# capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the talker's
+# weights, activations and attention arithmetic stay fp32). Its cost against fp32: tests/test_pipeline.py.
+DTYPE_POLICIES["capacity"] = DTYPE_POLICIES["gpu"].model_copy(
+    update={"name": "capacity", "talker_kv": "bfloat16"}
+)
 DtypePolicyName = Literal["auto", "fp32", "gpu", "capacity"]
 
 

@@ -141,6 +141,26 @@ def test_every_entry_point_runs_under_narrow_policies(policy):
     assert all(t.dtype == torch.float32 for t in ssm)
 
 
+def fixture_pipelines(policies: tuple[str, ...], slots: int) -> dict[str, Pipeline]:
+    """One pipeline per dtype policy, each with the NeMo-built tiny model's weights (tests/fixtures/model)."""
+    weights = read_tensors(FIXTURES / "model")
+    pipes = {}
+    for name in policies:
+        p = Pipeline(CFG, slots, Tokens(CFG.tokens), dtype_policy(name)).eval()
+        load_into(p, weights)
+        p.prepare()
+        pipes[name] = p
+    return pipes
+
+
+def callers(slots: int, frames: int) -> torch.Tensor:
+    """[slots, frames, 1280]: the test speech, each caller starting at another place in it."""
+    pcm16k = speech()
+    starts = np.arange(slots) * (pcm16k.size // slots)
+    audio = torch.from_numpy(pcm16k[(starts[:, None] + np.arange(frames * 1280)) % pcm16k.size])
+    return audio.view(slots, frames, 1280)
+
+
 # The GPU policy against fp32 on the same weights (the NeMo-built tiny model of tests/fixtures/model: random
 # but structured, unlike the dummy weights' near-uniform logits), the thinker teacher-forced to fp32's tokens so
 # both see the same inputs. Measured over 40 frames of 4 callers: embeddings 1.5e-2 relative (L2, worst frame),
@@ -155,17 +175,8 @@ ARGMAX_FLOOR = 0.95
 
 def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
     S4, frames = 4, 40
-    weights = read_tensors(FIXTURES / "model")
-    pipes = {}
-    for name in ("fp32", "gpu"):
-        p = Pipeline(CFG, S4, Tokens(CFG.tokens), dtype_policy(name)).eval()
-        load_into(p, weights)
-        p.prepare()
-        pipes[name] = p
-    pcm16k = speech()
-    starts = np.arange(S4) * (pcm16k.size // S4)  # four callers, each at another place in the speech
-    audio = torch.from_numpy(pcm16k[(starts[:, None] + np.arange(frames * 1280)) % pcm16k.size])
-    audio = audio.view(S4, frames, 1280)
+    pipes = fixture_pipelines(("fp32", "gpu"), S4)
+    audio = callers(S4, frames)
     active, slots = torch.ones(S4, dtype=torch.bool), torch.arange(S4)
     emb_err, logit_err, logit_abs, audio_err = [], [], [], []
     agree: dict[str, list[bool]] = {"text": [], "func": []}
@@ -212,19 +223,10 @@ CAPACITY_CODE_AGREEMENT = 0.9
 
 def test_the_capacity_policy_costs_the_talker_a_few_percent_of_its_codes():
     S4, frames = 4, 40
-    weights = read_tensors(FIXTURES / "model")
-    pipes = {}
-    for name in ("gpu", "capacity"):
-        p = Pipeline(CFG, S4, Tokens(CFG.tokens), dtype_policy(name)).eval()
-        load_into(p, weights)
-        p.prepare()
-        pipes[name] = p
+    pipes = fixture_pipelines(("gpu", "capacity"), S4)
     gpu, capacity = pipes["gpu"], pipes["capacity"]
     assert capacity.talker.k_cache0.dtype == torch.bfloat16 and gpu.talker.k_cache0.dtype == torch.float32
-    pcm16k = speech()
-    starts = np.arange(S4) * (pcm16k.size // S4)
-    audio = torch.from_numpy(pcm16k[(starts[:, None] + np.arange(frames * 1280)) % pcm16k.size])
-    audio = audio.view(S4, frames, 1280)
+    audio = callers(S4, frames)
     active, slots = torch.ones(S4, dtype=torch.bool), torch.arange(S4)
     agree = []
     with torch.inference_mode():

@@ -178,13 +178,20 @@ def line_for(livekit_room: str = "call-abc", identity: str = "sip_guest", **kw) 
     return PhoneLine(AgentSettings.from_env(dotenv=False), room=livekit_room, identity=identity, **kw)
 
 
+def call_in_progress(livekit, tmp_path, **kw) -> tuple[PhoneLine, PlayoutOutput]:
+    """A phone caller `sip_guest` in room call-abc (as the fake server knows it), and the line and playout of
+    the agent's side of the call."""
+    livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="a", room="call-abc"))
+    livekit.participants["call-abc"] = {"sip_guest"}
+    line = line_for(**kw)
+    out = PlayoutOutput(WavSink(tmp_path / "o.wav", 22_050))
+    line.attach(out)
+    return line, out
+
+
 def test_transfer_waits_for_the_agent_to_say_so_then_refers_the_caller_to_the_front_desk(livekit, tmp_path):
     async def main():
-        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="a", room="call-abc"))
-        livekit.participants["call-abc"] = {"sip_guest"}
-        line = line_for(number=GUEST_NUMBER)
-        out = PlayoutOutput(WavSink(tmp_path / "o.wav", 22_050))
-        line.attach(out)
+        line, out = call_in_progress(livekit, tmp_path, number=GUEST_NUMBER)
         said = line.request("transfer")
         assert "front desk" in said
         assert line.request("transfer").startswith("The call is already being transferred")
@@ -210,11 +217,7 @@ def test_transfer_waits_for_the_agent_to_say_so_then_refers_the_caller_to_the_fr
 
 def test_end_call_says_goodbye_then_removes_the_caller_and_closes_the_room(livekit, tmp_path):
     async def main():
-        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="a", room="call-abc"))
-        livekit.participants["call-abc"] = {"sip_guest"}
-        line = line_for()
-        out = PlayoutOutput(WavSink(tmp_path / "o.wav", 22_050))
-        line.attach(out)
+        line, out = call_in_progress(livekit, tmp_path)
         assert "goodbye" in line.request("end")
         out.on_turn_started()
         out.on_turn_ended(False)
@@ -248,11 +251,7 @@ def test_a_failed_transfer_keeps_the_caller_with_the_agent_and_logs_no_number(li
 
 def test_the_jobs_end_drops_a_hand_over_still_waiting_and_lets_one_under_way_finish(livekit, tmp_path):
     async def main():
-        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="a", room="call-abc"))
-        livekit.participants["call-abc"] = {"sip_guest"}
-        waiting = line_for()
-        out = PlayoutOutput(WavSink(tmp_path / "o.wav", 22_050))
-        waiting.attach(out)
+        waiting, out = call_in_progress(livekit, tmp_path)
         waiting.request("end")
         await asyncio.sleep(0.1)
         await waiting.aclose()  # the caller hung up before the agent said goodbye
