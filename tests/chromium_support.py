@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,15 +42,16 @@ class Browser:
     """One headless Chromium with one page."""
 
     def __init__(self, width: int = 1400, height: int = 1600, timeout: float = 120.0) -> None:
-        self._profile = tempfile.TemporaryDirectory(prefix="chorus-chromium-")
+        self._profile = tempfile.mkdtemp(prefix="chorus-chromium-")  # removed by close()
         args = [
             chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             "--no-first-run", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-            f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}", "about:blank",
+            f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank",
         ]  # fmt: skip
-        self._log = Path(self._profile.name) / "stderr.log"  # a file, not a pipe: a full pipe would stall it
+        self._log = Path(self._profile) / "stderr.log"  # a file, not a pipe: a full pipe would stall it
         with self._log.open("w") as log:
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+            # its own process group: closing it ends its helper processes too, which write into the profile
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         self._ids = itertools.count(1)
         self._open = contextlib.ExitStack()
         try:
@@ -110,14 +112,20 @@ class Browser:
 
     def close(self) -> None:
         self._open.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # the browser and every helper process it started
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout=10)
+                break
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._profile.cleanup()
+                continue
+        # a helper that outlived the group's signal may still write a file into the profile: retry, then leave it
+        for _ in range(20):
+            shutil.rmtree(self._profile, ignore_errors=True)
+            if not Path(self._profile).exists():
+                break
+            time.sleep(0.25)
 
     def __enter__(self) -> Browser:
         return self
