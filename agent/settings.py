@@ -71,7 +71,7 @@ class AgentSettings(EnvSettings):
         None, gt=0, validation_alias="CHORUS_STARTUP_TIMEOUT_S", description="a number of seconds above 0"
     )
 
-    # context windows (engine/config.py `with_windows`); empty: the release's. Capacity mode: a short talker window
+    # context windows (engine/windows.py); empty: the release's. Capacity mode: a short talker window
     talker_window: int | None = Field(
         None,
         ge=2,

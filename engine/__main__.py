@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from engine.config import PRESETS, add_window_arguments, load_preset, windows
+from engine.config import PRESETS, load_preset
+from engine.windows import add_window_arguments, windows
 
 
 def main(argv: list[str] | None = None) -> int:

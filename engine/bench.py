@@ -18,11 +18,10 @@ from engine.config import (
     PRESETS,
     DtypePolicy,
     ModelConfig,
-    add_window_arguments,
     dtype_policy,
     load_preset,
-    windows,
 )
+from engine.windows import add_window_arguments, windows
 
 TICK_MS = 80.0
 

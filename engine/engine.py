@@ -39,8 +39,6 @@ from engine.config import (
     DtypePolicyName,
     dtype_policy,
     load_preset,
-    talker_window,
-    with_windows,
 )
 from engine.metrics import (
     LAST_WORDS,
@@ -58,6 +56,7 @@ from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
 from engine.slots import FrameInbox, Phase, Session, SlotPool
 from engine.tokens import MAX_TOOLS, Tokens
+from engine.windows import talker_window, with_windows
 
 log = logging.getLogger("chorus.engine")
 
@@ -84,7 +83,7 @@ class EngineConfig(BaseModel):
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
     cuda_graph: bool = True  # on CUDA, the live step runs as one captured graph (engine/graph.py)
     # context windows (positions) of the talker's KV rings and the thinker's attention; None: the release's.
-    # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/config.py) unless set.
+    # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/windows.py) unless set.
     talker_window: int | None = Field(None, ge=2)
     thinker_window: int | None = Field(None, ge=1)
     capacity_mode: bool = False

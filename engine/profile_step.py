@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from engine.config import DTYPE_POLICIES, PRESETS, add_window_arguments, dtype_policy, load_preset, windows
+from engine.config import DTYPE_POLICIES, PRESETS, dtype_policy, load_preset
+from engine.windows import add_window_arguments, windows
 
 
 def _busy_ms(prof) -> tuple[int, float]:

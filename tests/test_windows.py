@@ -9,11 +9,12 @@ import torch
 
 from agent.settings import AgentSettings, SettingsError
 from engine.api import AudioFrame
-from engine.config import CAPACITY_TALKER_WINDOW, dtype_policy, load_preset, talker_window, with_windows
+from engine.config import dtype_policy, load_preset
 from engine.engine import Engine, EngineConfig
 from engine.info import report
 from engine.model.pipeline import build_stages
 from engine.tokens import Tokens
+from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 
 
 def test_windows_shrink_the_rings_and_info_sizes_them_as_built():
