@@ -4,19 +4,14 @@ Knows the simulation's metrics dictionary; nothing of rooms, sessions or the eng
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 EXIT_INTERRUPTED = 130
 
 
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0.0
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    from engine.metrics import resident_bytes
+
+    return round(resident_bytes() / 2**20, 1)
 
 
 def heap_mb() -> float | None:

@@ -49,6 +49,7 @@ from engine.metrics import (
     ToolCallSnapshot,
     history,
     pct,
+    resident_bytes,
 )
 from engine.model.pipeline import Pipeline
 from engine.model.weights import check_memory, model_config
@@ -597,13 +598,8 @@ def _memory(device: torch.device) -> tuple[int, int]:
     memory and the machine's."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        with open("/proc/self/statm") as f:
-            resident = int(f.read().split()[1]) * page
-        return resident, os.sysconf("SC_PHYS_PAGES") * page
-    except (OSError, ValueError, IndexError):  # no /proc (macOS): unknown
-        return 0, 0
+    resident = resident_bytes()  # 0 without /proc (macOS): unknown
+    return (resident, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) if resident else (0, 0)
 
 
 def _put_all(q: asyncio.Queue, items: list[Output]) -> None:

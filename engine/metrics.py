@@ -7,9 +7,11 @@ Knows numbers and sessions' public counters; knows nothing of the model.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
@@ -211,3 +213,12 @@ class SnapshotServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def resident_bytes() -> int:
+    """This process's resident memory in bytes (Linux /proc; 0 where it is not available)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")

@@ -10,8 +10,6 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -25,6 +23,7 @@ from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention_ref,
     decode_attention_triton,
 )
+from engine_support import run_compiled
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "talker"
@@ -149,10 +148,7 @@ n = torch.tensor([3, 10])
 assert torch.equal(decode_attention(q, k, v, n, 0.5), decode_attention_ref(q, k, v, n, 0.5))
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    assert run_compiled(script).strip() == "ok"
 
 
 # ---------------------------------------------------------------- the talker through the kernel
@@ -278,12 +274,7 @@ print(json.dumps(result))
 def test_kernel_matches_reference_and_replays_in_a_cuda_graph_at_the_talker_shape() -> None:
     """Compiled kernel at 64 rows x 16 KV heads x 7500 x 72, g 1 and 4, fp32 and bf16; then captured in a
     CUDA graph and replayed after the lengths changed."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", CUDA_CHECK], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(run_compiled(CUDA_CHECK).strip().splitlines()[-1])
     for name, r in result.items():
         print(name, r)
         assert r["eager_excess"] <= 0 and r["replay_excess"] <= 0, name

@@ -20,6 +20,7 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.metrics import EngineSnapshot
+from engine_support import drain
 
 TOOLS = [
     {"name": "check_availability", "description": "Rooms free on given dates.",
@@ -35,13 +36,6 @@ def caller_audio(seed: int, seconds: float) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(
         np.float32
     )
-
-
-def drain(handle) -> list:
-    out = []
-    while not handle.outputs.empty():
-        out.append(handle.outputs.get_nowait())
-    return out
 
 
 class ManualClock:

@@ -10,9 +10,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
 import math  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -33,8 +30,7 @@ from engine.kernels.selective_state_update import (  # noqa: E402
     selective_state_update_ref,
     selective_state_update_triton,
 )
-
-REPO = Path(__file__).resolve().parents[1]
+from engine_support import run_compiled  # noqa: E402
 
 # Per-dtype tolerances, |got - want| <= atol + rtol * |want|.
 # fp32: both sides compute in fp32 and differ only in summation order.
@@ -433,10 +429,7 @@ c1 = torch.randn(3, 6, 3); c2 = c1.clone(); x = torch.randn(2, 6); w = torch.ran
 assert torch.equal(causal_conv1d_update(x, c1, w, None, idx), causal_conv1d_update_ref(x, c2, w, None, idx))
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    assert run_compiled(script).strip() == "ok"
 
 
 # ---------------------------------------------------------------- CUDA, real model sizes
@@ -541,12 +534,7 @@ print(json.dumps(result))
 def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
     """Compiled kernels at model sizes: 128 heads x 80, d_state 128, 8 groups; conv 12288 x 4; 64 rows;
     both the indexed dispatch and the live batch's dense one."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", CUDA_CHECK], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(run_compiled(CUDA_CHECK).strip().splitlines()[-1])
     for name, r in result.items():
         print(name, r)
         assert r["pad_zero"] and r["untouched"], name

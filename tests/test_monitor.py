@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.metrics import SnapshotServer
+from engine_support import drain
 from hotel_support import booking, hotel, seeded_store
 from ui.fleet import ms
 from ui.privacy import mask_code, mask_contact, mask_name, mask_phones, shorten
@@ -47,13 +48,6 @@ def run_ticks(engine: Engine, n: int) -> None:
     for _ in range(n):
         engine.run_tick(engine.tick + 1, engine.clock() + 600.0)  # a far deadline: all paused work fits
         engine.clock.now += 0.08
-
-
-def drain(handle) -> list:
-    out = []
-    while not handle.outputs.empty():
-        out.append(handle.outputs.get_nowait())
-    return out
 
 
 class Worker:

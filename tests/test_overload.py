@@ -24,6 +24,7 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
+from engine_support import drain
 from prompts import load_prompt
 from tools.schemas import tool_specs
 
@@ -63,13 +64,6 @@ def tick(engine: Engine, clock: OffsetClock, k: int) -> None:
 def speech(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return (0.2 * rng.standard_normal(n * FRAME)).astype(np.float32)
-
-
-def drain(handle) -> list:
-    out = []
-    while not handle.outputs.empty():
-        out.append(handle.outputs.get_nowait())
-    return out
 
 
 def concierge() -> tuple[str, list[dict]]:

@@ -15,6 +15,7 @@ from engine.info import report
 from engine.model.pipeline import build_stages
 from engine.tokens import Tokens
 from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
+from engine_support import drain
 
 
 def test_windows_shrink_the_rings_and_info_sizes_them_as_built():
@@ -71,10 +72,7 @@ def test_an_engine_with_short_windows_talks_past_them():
         for k in range(120):
             h.push_audio(np.zeros(1280, np.float32))
             e.run_tick(k, e.clock() + 60.0)  # all paused work (the prompt) completes within each tick
-            while not h.outputs.empty():
-                item = h.outputs.get_nowait()
-                if isinstance(item, AudioFrame):
-                    frames.append(item)
+            frames += [item for item in drain(h) if isinstance(item, AudioFrame)]
             if len(frames) >= 60:
                 break
         assert len(frames) >= 60
