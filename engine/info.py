@@ -2,9 +2,9 @@
 sessions per GPU.
 
 The stages are built as the pipeline builds them (`build_stages`), on the `meta` device, so the full 11B preset
-is sized in a second with no memory. State is what each stage allocates as per-slot state (its `slot_state()`
-buffers), measured at one and at two slots: the difference is one session's, the rest is fixed (the thinker's
-scratch row), whatever a buffer's layout. Knows the stages and their state contract; knows nothing of sessions
+is sized in a second with no memory. State is what each stage allocates as per-slot state: by the slot contract
+(engine/model/slot_state.py) its `slot_state()` buffers are slot-first, so one row of each is a session's, and
+the scratch rows (the thinker's one) are fixed. Knows the stages and their state contract; knows nothing of sessions
 or time.
 """
 
@@ -36,29 +36,26 @@ class Component:
         return sum(self.params.values())
 
 
-def _state_bytes(stage: torch.nn.Module) -> int:
-    return sum(t.nbytes for t in stage.slot_state())
-
-
 def components(cfg: ModelConfig, dtypes: DtypePolicy) -> list[Component]:
-    """One Component per stage, sized from meta-device builds at one and two slots."""
+    """One Component per stage, sized from a meta-device build at one slot: by the slot contract every state
+    buffer is slot-first, so a row of each is what a session (or a scratch row) costs."""
     with torch.device("meta"):
-        one = build_stages(cfg, 1, 0, dtypes)
-        two = build_stages(cfg, 2, 0, dtypes)
+        stages = build_stages(cfg, 1, 0, dtypes)
     out = []
-    for name, a, b in zip(STAGES, one, two, strict=True):
+    for name, stage in zip(STAGES, stages, strict=True):
+        stage.check_slot_state()
         parts: dict[str, int] = {}
         weight_bytes: dict[str, int] = {}
-        for key, t in a.state_dict().items():
+        for key, t in stage.state_dict().items():
             part = key.split(".")[0] if "." in key else "(own)"
             parts[part] = parts.get(part, 0) + t.numel()
             dt = str(t.dtype).removeprefix("torch.")
             weight_bytes[dt] = weight_bytes.get(dt, 0) + t.nbytes
-        per = _state_bytes(b) - _state_bytes(a)
-        state = {id(t) for t in a.slot_state()}
-        saved = a.state_dict(keep_vars=True)
-        derived = sum(t.nbytes for n, t in a.named_buffers() if n not in saved and id(t) not in state)
-        out.append(Component(name, parts, weight_bytes, per, _state_bytes(a) - per, derived))
+        per = stage.slot_bytes()
+        state = {id(t) for t in stage.slot_state()}
+        saved = stage.state_dict(keep_vars=True)
+        derived = sum(t.nbytes for n, t in stage.named_buffers() if n not in saved and id(t) not in state)
+        out.append(Component(name, parts, weight_bytes, per, per * stage.scratch_rows, derived))
     return out
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from engine.graph import StepGraph
-from engine.model.pipeline import Pipeline, all_inactive
+from engine.model.pipeline import PROMPT_STAGES, Pipeline, all_inactive
 from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
 
 
@@ -31,7 +31,7 @@ class Runner:
         self.force_func = torch.full((S,), -1, dtype=torch.long, device=device)
         self.reset_mask = torch.zeros(S, dtype=torch.bool, device=device)
         self.quiet = torch.zeros(S, dtype=torch.bool, device=device)
-        self.prompts: OrderedDict[int, list[torch.Tensor]] = OrderedDict()  # prompt key -> thinker slot state
+        self.prompts: OrderedDict[int, dict] = OrderedDict()  # prompt key -> the slot state a prompt sets
         self.prompt_cache_size = prompt_cache_size
         n_out = pipeline.cfg.clock.output_samples
         self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
@@ -50,7 +50,7 @@ class Runner:
             self.reset_mask.copy_(torch.from_numpy(plan.reset))
             self.p.reset(self.reset_mask)
         for slot, key in plan.restore:
-            self.p.thinker.load_slot(slot, self.prompts[key])
+            self.p.load_slot(slot, self.prompts[key])
             self.prompts.move_to_end(key)
         self.audio.copy_(torch.from_numpy(plan.audio))
         self.active.copy_(torch.from_numpy(plan.live))
@@ -66,8 +66,8 @@ class Runner:
         return LiveResult(host[:, 0].astype(np.int64), host[:, 1].astype(np.int64), host[:, 2:])
 
     def save_prompt(self, slot: int, key: int) -> list[int]:
-        """Keep the thinker state of a slot that just prefilled a prompt; returns the keys evicted for room."""
-        self.prompts[key] = self.p.thinker.save_slot(slot)
+        """Keep the state of a slot that just prefilled a prompt; returns the keys evicted for room."""
+        self.prompts[key] = self.p.save_slot(slot, PROMPT_STAGES)
         evicted = []
         while len(self.prompts) > self.prompt_cache_size:
             evicted.append(self.prompts.popitem(last=False)[0])

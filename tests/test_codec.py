@@ -207,7 +207,7 @@ def test_step_and_decode_reject_bad_codes(cfg, release):
         codec.step(good.int(), active)
     with pytest.raises(ValueError, match=r"codes: expected an int64 tensor of shape \(4, 31\)"):
         codec.step(good[:, :30], active)
-    with pytest.raises(ValueError, match=r"active: expected a bool tensor of shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"exec_mask: expected a bool tensor of shape \[4\]"):
         codec.step(good, active.long())
     for bad in (cfg.codebook_size, -1):
         codes = good.clone()
@@ -221,7 +221,7 @@ def test_step_and_decode_reject_bad_codes(cfg, release):
         codec.decode(torch.full((1, 2, cfg.num_codebooks), cfg.codebook_size))
     with pytest.raises(ValueError, match=r"codes: expected an int64 tensor of shape \(B, T, 31\)"):
         codec.decode(good)
-    with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \[4\]"):
         codec.reset(torch.ones(3, dtype=torch.bool))
 
 

@@ -179,7 +179,7 @@ def test_talker_backbone_through_the_kernel_matches_the_masked_reference(release
                 cache = getattr(ref, f"{kind}_cache{i}")
                 cache.copy_(torch.randn(cache.shape, generator=gen))
                 getattr(tri, f"{kind}_cache{i}").copy_(cache)
-        ref.pos.copy_(torch.tensor([37, 200, 254, 700]))
+        ref.pos.copy_(torch.tensor([37, 200, 254, 700])[:, None])  # [slots, streams]
         tri.pos.copy_(ref.pos)
     actives = [[True, True, True, True], [True, False, True, True], [False, True, True, False]]
     for frame, live in enumerate(actives):

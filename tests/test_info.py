@@ -66,7 +66,7 @@ def test_state_bytes_are_what_the_built_pipeline_allocates(policy):
 
 
 def test_full_preset_state_follows_the_dtype_policy():
-    """Perception's caches are layer-major ([layers, slots, ...]): they count in full (K and V rings of 70
+    """Perception's caches (slot-first, one K and V ring per layer) count in full (K and V rings of 70
     frames in 24 layers, ~14.6 MB a session in fp32), and halve under the GPU policy's bf16."""
     cfg = load_preset("nemotron-voicechat-11b")
     fp32, gpu = report(cfg, gpu_mem_gb=141, dtypes="fp32"), report(cfg, gpu_mem_gb=141, dtypes="gpu")

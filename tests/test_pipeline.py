@@ -115,7 +115,7 @@ def test_every_entry_point_runs_under_narrow_policies(policy):
     assert p.talker.backbone.layers[0].self_attn.qkv.dtype == want["talker"]
     assert p.codec.decoder.layers[1].pwconv1.weight.dtype == want["codec"]
     kv = {
-        "perception": [p.perception.k_cache, p.perception.v_cache],
+        "perception": [p.perception.k_cache0, p.perception.v_cache0],
         "thinker": [b.mixer.k_cache for b in p.thinker.llm.layers if b.kind == "*"],
         "talker": [p.talker.k_cache0, p.talker.v_cache1],
     }

@@ -189,10 +189,10 @@ def test_inactive_rows_leave_state_untouched(release):
     before = _state(talker)
     talker.step(text[:, 0].contiguous(), active)
     after = _state(talker)
-    for name, old in before.items():
-        idle = ~active.repeat(old.shape[0] // 4)
-        assert torch.equal(after[name][idle], old[idle]), name
-    assert not torch.equal(after["pos"][active.repeat(2)], before["pos"][active.repeat(2)])
+    for name, old in before.items():  # slot-first state: both guidance streams of a slot on its row
+        assert old.shape[0] == 4, name
+        assert torch.equal(after[name][~active], old[~active]), name
+    assert not torch.equal(after["pos"][active], before["pos"][active])
 
 
 # ---------------------------------------------------------------- interface, loader, size
@@ -202,7 +202,7 @@ def test_step_validates_shapes():
     talker = Talker(TINY, TOKENIZER, 2)
     with pytest.raises(ValueError, match=r"text: expected LongTensor\[2\]"):
         talker.step(torch.zeros(3, dtype=torch.long), torch.ones(2, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"active: expected BoolTensor\[2\]"):
+    with pytest.raises(ValueError, match=r"exec_mask: expected a bool tensor of shape \[2\]"):
         talker.step(torch.zeros(2, dtype=torch.long), torch.ones(2))
 
 

@@ -27,7 +27,9 @@ def test_windows_shrink_the_rings_and_info_sizes_them_as_built():
     with torch.device("meta"):
         stages = build_stages(short, 2, Tokens(short.tokens).pad, dtype_policy("fp32"))
     perception, thinker, talker, codec = stages
-    assert {t.shape[2] for t in talker.slot_state() if t.dim() == 4} == {64}
+    assert {t.shape[3] for t in talker.slot_state() if t.dim() == 5} == {
+        64
+    }  # [slots, streams, heads, ring, d]
     assert {t.shape[2] for t in thinker.slot_state() if t.dim() == 4} == {32}
     allocated = sum(t.numel() * t.element_size() for stage in stages for t in stage.slot_state())
     r = report(short, 0.0, "fp32")

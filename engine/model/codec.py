@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.config import CodecConfig
 from engine.model import codec_ops
+from engine.model.slot_state import SlotState
 
 PREFIX = "tts_model.audio_codec."
 # Release tensors decoding never reads: the waveform encoder (only needed to make codes from audio) and
@@ -149,7 +150,7 @@ class _Decoder(nn.Module):
         return x, new
 
 
-class Codec(nn.Module):
+class Codec(SlotState, nn.Module):
     """Streaming RVQ-VAE decoder over `num_slots` slots; `state_dict()` names are the release's (less PREFIX).
 
     `dtype`: the upsamplers' and ConvNeXt blocks' weights, activations and causal-conv contexts.
@@ -256,34 +257,30 @@ class Codec(nn.Module):
             )
 
     @torch.inference_mode()
-    def step(self, codes: torch.Tensor, active: torch.Tensor, *, check_range: bool = True) -> torch.Tensor:
+    def step(self, codes: torch.Tensor, exec_mask: torch.Tensor, *, check_range: bool = True) -> torch.Tensor:
         """Decode one frame for every slot.
 
-        codes LongTensor [num_slots, num_codebooks]; active BoolTensor [num_slots]. Returns [num_slots, 1764]
-        fp32; inactive rows are computed (fixed shapes) but return zeros and leave their state untouched, and
-        their codes may hold anything. Out-of-range codes of an active row raise ValueError; that check
+        codes LongTensor [num_slots, num_codebooks]; exec_mask BoolTensor [num_slots]. Returns [num_slots, 1764]
+        fp32; rows not executed are computed (fixed shapes) but return zeros and leave their state untouched,
+        and their codes may hold anything. Out-of-range codes of an active row raise ValueError; that check
         reads values (a host sync), so a captured step passes `check_range=False`.
         """
         s, q = self.num_slots, self.cfg.num_codebooks
-        if not isinstance(active, torch.Tensor) or active.dtype != torch.bool or active.shape != (s,):
-            raise ValueError(f"active: expected a bool tensor of shape ({s},), got {_describe(active)}")
+        self.check_mask(exec_mask, "exec_mask")
         self._check_codes(codes, (s, q))
         if check_range:
-            self._check_range(codes, active)
-        codes = torch.where(active[:, None], codes, 0)
+            self._check_range(codes, exec_mask)
+        codes = torch.where(exec_mask[:, None], codes, 0)
         wav, new = self._run(codes[:, None], self._states())
-        rows = active.view(-1, 1, 1)
+        rows = exec_mask.view(-1, 1, 1)
         for state, value in zip(self._states(), new, strict=True):
             torch.where(rows, value, state, out=state)
-        return torch.where(active[:, None], wav, 0.0)
+        return torch.where(exec_mask[:, None], wav, 0.0)
 
     @torch.inference_mode()
     def reset(self, mask: torch.Tensor) -> None:
         """Return the masked slots (BoolTensor [num_slots]) to the fresh state; others are untouched."""
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (self.num_slots,):
-            raise ValueError(
-                f"mask: expected a bool tensor of shape ({self.num_slots},), got {_describe(mask)}"
-            )
+        self.check_mask(mask)
         for state in self._states():
             state.masked_fill_(mask.view(-1, 1, 1), 0.0)
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from engine.config import PerceptionConfig
 from engine.model.conformer import ConformerEncoder
+from engine.model.slot_state import SlotState, ring_write
 
 _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
 
@@ -86,7 +87,7 @@ class MelFrontEnd(nn.Module):
         return torch.log(power @ self.featurizer.fb[0].T + self.guard)
 
 
-class Perception(nn.Module):
+class Perception(SlotState, nn.Module):
     """Mel front end + cache-aware streaming FastConformer + projection, with per-slot streaming state.
 
     `dtype`: the encoder's and the projection's weights and activations, and the conv caches; `kv_dtype`
@@ -148,12 +149,13 @@ class Perception(nn.Module):
         state = {
             "audio_tail": torch.zeros(s, self.audio_tail_len),
             "mel_tail": torch.zeros(s, self.mel_tail_len, cfg.n_mels),
-            "k_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype),
-            "v_cache": torch.zeros(layers, s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype),
-            "conv_cache": torch.zeros(layers, s, cfg.d_model, cfg.conv_kernel - 1, dtype=dtype),
-            "frames": torch.zeros(s, dtype=torch.int64),
-            "nonfinite_samples": torch.zeros(s, dtype=torch.int64),
         }
+        for i in range(layers):
+            state[f"k_cache{i}"] = torch.zeros(s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype)
+            state[f"v_cache{i}"] = torch.zeros(s, cfg.num_heads, w, d_k, dtype=kv_dtype or dtype)
+            state[f"conv_cache{i}"] = torch.zeros(s, cfg.d_model, cfg.conv_kernel - 1, dtype=dtype)
+        state["frames"] = torch.zeros(s, dtype=torch.int64)
+        state["nonfinite_samples"] = torch.zeros(s, dtype=torch.int64)
         for name, value in state.items():
             self.register_buffer(name, value, persistent=False)
         # constants of the attention ring, indexed by frame % w (dist) and min(frame, w) (hidden): ring entry
@@ -163,33 +165,30 @@ class Perception(nn.Module):
         ring_hidden = F.pad(torch.where(ring_dist > t, _MASKED, 0.0), (1, 0))[:, None]  # current frame first
         self.register_buffer("ring_dist", ring_dist[:w], persistent=False)
         self.register_buffer("ring_hidden", ring_hidden, persistent=False)
-        # per-slot state buffers (non-persistent); the caches are layer-major: [num_layers, num_slots, ...]
+        # per-slot state buffers (non-persistent, slot-first; one K, V and conv cache per layer)
         self.state_buffers = tuple(state)
 
     def slot_state(self) -> list[torch.Tensor]:
-        """Every per-slot state buffer (slots on dim 0, or dim 1 for the layer-major caches)."""
+        """Every per-slot state buffer (slots on dim 0)."""
         return [getattr(self, name) for name in self.state_buffers]
 
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
-    def step(self, audio: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        """audio [num_slots, 1280] float (one 80 ms frame per slot), active [num_slots] bool -> [num_slots, out_dim].
+    def step(self, audio: torch.Tensor, exec_mask: torch.Tensor) -> torch.Tensor:
+        """audio [num_slots, 1280] float (one 80 ms frame per slot), exec_mask [num_slots] bool -> [num_slots, out_dim].
 
-        Every row is computed; only active rows advance their state. Non-finite samples count into
-        `nonfinite_samples` (active rows) and are replaced by 0.
+        Every row is computed; only the rows in `exec_mask` advance their state. Non-finite samples count
+        into `nonfinite_samples` (executed rows) and are replaced by 0.
         """
         s, n = self.num_slots, self.frame_samples
         if audio.shape != (s, n) or not audio.is_floating_point():
             raise ValueError(
                 f"audio: expected a float tensor of shape [{s}, {n}], got {audio.dtype} {list(audio.shape)}"
             )
-        if active.shape != (s,) or active.dtype != torch.bool:
-            raise ValueError(
-                f"active: expected a bool tensor of shape [{s}], got {active.dtype} {list(active.shape)}"
-            )
+        self.check_mask(exec_mask, "exec_mask")
         raw = audio.to(self.audio_tail.dtype)
         audio = torch.nan_to_num(raw, nan=0.0, posinf=0.0, neginf=0.0)
-        self.nonfinite_samples.add_(((audio != raw) & active[:, None]).sum(-1))
+        self.nonfinite_samples.add_(((audio != raw) & exec_mask[:, None]).sum(-1))
 
         first = self.frames == 0
         seg = torch.cat([self.audio_tail, audio[:, : self.cfg.n_fft // 2]], dim=-1)
@@ -204,43 +203,31 @@ class Perception(nn.Module):
         slot_in_ring = torch.remainder(self.frames, w)
         dist = self.ring_dist[slot_in_ring]
         hidden = self.ring_hidden[self.frames.clamp(max=w)]
-        keys, values, convs = [], [], []
+        keep = exec_mask[:, None, None, None]
+        write = slot_in_ring.view(s, 1, 1, 1).expand(
+            s, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads
+        )
         for i, layer in enumerate(self.encoder.layers):
-            x, k, v, conv = layer.step(
-                x, self.encoder.pe, self.k_cache[i], self.v_cache[i], self.conv_cache[i], dist, hidden
-            )
-            keys.append(k)
-            values.append(v)
-            convs.append(conv)
+            kc, vc, cc = (getattr(self, f"{kind}_cache{i}") for kind in ("k", "v", "conv"))
+            x, k, v, conv = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden)
+            # commit the state of the executed rows only (after the layer has read it): ring write at frame % w
+            ring_write(kc, write, k, keep)
+            ring_write(vc, write, v, keep)
+            torch.where(keep[..., 0], conv, cc, out=cc)
         out = self.proj(x)
 
-        # commit the state of the active rows only: layer-major caches, ring write at frame % w
-        keep = active[None, :, None, None, None]
-        write = slot_in_ring[None, :, None, None, None]
-        write = write.expand(len(keys), -1, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads)
-        for cache, new in ((self.k_cache, keys), (self.v_cache, values)):
-            new = torch.stack(new)[:, :, :, None]
-            cache.scatter_(3, write, torch.where(keep, new, cache.gather(3, write)))
-        torch.where(keep[..., 0], torch.stack(convs), self.conv_cache, out=self.conv_cache)
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
-        torch.where(active[:, None], tail, self.audio_tail, out=self.audio_tail)
-        torch.where(keep[0, :, :, :, 0], window[:, -self.mel_tail_len :], self.mel_tail, out=self.mel_tail)
-        self.frames.add_(active.to(self.frames.dtype))
+        torch.where(exec_mask[:, None], tail, self.audio_tail, out=self.audio_tail)
+        torch.where(keep[..., 0], window[:, -self.mel_tail_len :], self.mel_tail, out=self.mel_tail)
+        self.frames.add_(exec_mask.to(self.frames.dtype))
         return out
 
     @torch.inference_mode()
     def reset(self, mask: torch.Tensor) -> None:
         """Return the slots where mask [num_slots] bool is set to the fresh state (counters included)."""
-        if mask.shape != (self.num_slots,) or mask.dtype != torch.bool:
-            raise ValueError(
-                f"mask: expected a bool tensor of shape [{self.num_slots}], got {mask.dtype} {list(mask.shape)}"
-            )
-        for name in self.state_buffers:
-            buf = getattr(self, name)
-            if name.endswith("cache"):  # layer-major
-                buf.masked_fill_(mask.view(1, -1, *([1] * (buf.dim() - 2))), 0)
-            else:
-                buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
+        self.check_mask(mask)
+        for buf in self.slot_state():
+            buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
 
     # ------------------------------------------------------------------ whole utterance
     @torch.inference_mode()

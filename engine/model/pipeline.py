@@ -16,12 +16,16 @@ from torch import nn
 from engine.config import DTYPE_POLICIES, DtypePolicy, ModelConfig
 from engine.model.codec import Codec
 from engine.model.perception import Perception
+from engine.model.slot_state import SlotState
 from engine.model.talker import Talker
 from engine.model.thinker import Thinker
 from engine.tokens import Tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STAGES = ("perception", "thinker", "talker", "codec")
+# the stages a system prompt's prefill changes (the others stay fresh until the slot goes live): what a
+# shared prompt's saved state needs to hold
+PROMPT_STAGES = ("thinker",)
 
 
 def build_stages(
@@ -101,16 +105,28 @@ class Pipeline(nn.Module):
         self.silence.copy_(emb[0].to(self.silence.dtype))
         self.reset(every)
 
+    def stages(self) -> dict[str, SlotState]:
+        return {name: getattr(self, name) for name in STAGES}
+
     def slot_state(self) -> dict[str, list[torch.Tensor]]:
         """Every stage's per-slot state buffers, by stage: all the memory a slot costs beyond the weights."""
-        return {name: getattr(self, name).slot_state() for name in STAGES}
+        return {name: stage.slot_state() for name, stage in self.stages().items()}
 
     @torch.inference_mode()
     def reset(self, mask: torch.Tensor) -> None:
-        self.perception.reset(mask)
-        self.thinker.reset(mask)
-        self.talker.reset(mask)
-        self.codec.reset(mask)
+        for stage in self.stages().values():
+            stage.reset(mask)
+
+    @torch.inference_mode()
+    def save_slot(self, slot: int, stages: tuple[str, ...] = STAGES) -> dict[str, list[torch.Tensor]]:
+        """A copy of one slot's state in the named stages (default: all), for `load_slot`."""
+        return {name: getattr(self, name).save_slot(slot) for name in stages}
+
+    @torch.inference_mode()
+    def load_slot(self, slot: int, saved: dict[str, list[torch.Tensor]]) -> None:
+        """Give `slot` the state `save_slot` copied, in the stages it copied; the others keep theirs."""
+        for name, state in saved.items():
+            getattr(self, name).load_slot(slot, state)
 
     # -- the live step ---------------------------------------------------------------------------------
 
@@ -137,9 +153,7 @@ class Pipeline(nn.Module):
         if quiet is not None:
             kept = quiet & (out.func_logits.argmax(-1) == self.tok.response_end)
             out.func_token = torch.where(kept, self.tok.response_end, out.func_token)
-            self.thinker.prev_func[: self.num_slots].copy_(
-                torch.where(kept, self.tok.response_end, self.thinker.prev_func[: self.num_slots])
-            )
+            self.thinker.set_func(slots, out.func_token)
         # replaying rows say nothing: the talker and codec move on only for rows whose audio is heard, so a
         # frame replayed here leaves the same state as one replayed in the slack
         speaking = active if quiet is None else active & ~quiet
@@ -162,35 +176,24 @@ class Pipeline(nn.Module):
     @torch.inference_mode()
     def prefill_result(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
         """Force `ids` [b, T] onto the function channel (text PAD, silent audio), T positions in one forward."""
-        th = self.thinker
         b, T = ids.shape
-        rows = th._rows(slots)
-        fed = torch.cat([th.prev_func.index_select(0, rows)[:, None], ids[:, :-1]], dim=1)
-        text = torch.full_like(ids, self.tok.pad)
-        x = th.embed(self.silence.expand(b, T, -1), text, fed)
-        th.prefill_embeds(x, slots)
-        th.prev_text.index_copy_(0, rows, text[:, -1])
-        th.prev_func.index_copy_(0, rows, ids[:, -1])
+        self.thinker.prefill_tokens(
+            slots, self.silence.expand(b, T, -1), torch.full_like(ids, self.tok.pad), ids
+        )
 
     @torch.inference_mode()
     def prefill_prompt(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
         """System prompt ids [b, T] on the audio channel (E(token)), text and function channels PAD."""
         th = self.thinker
         pad = torch.full_like(ids, self.tok.pad)
-        x = th.embed(th.embed_tokens(ids), pad, pad)
-        th.prefill_embeds(x, slots)
-        rows = th._rows(slots)
-        th.prev_text.index_copy_(0, rows, pad[:, -1])
-        th.prev_func.index_copy_(0, rows, pad[:, -1])
+        th.prefill_tokens(slots, th.embed_tokens(ids), pad, pad)
 
     @torch.inference_mode()
     def replay_step(self, audio: torch.Tensor, active: torch.Tensor, slots: torch.Tensor) -> None:
         """Held caller audio for the `active` rows, agent channels forced silent (a predicted end of tool
         response is kept: it is a control token, not speech)."""
         emb = self.perception.step(audio, active)
-        b = slots.shape[0]
-        pad = self._pad(b, slots.device)
+        pad = self._pad(slots.shape[0], slots.device)
         out = self.thinker.step(emb.index_select(0, slots), slots, pad, pad)
-        th = self.thinker
-        kept = torch.where(out.func_logits.argmax(-1) == self.tok.response_end, self.tok.response_end, pad)
-        th.prev_func.index_copy_(0, th._rows(slots), kept)
+        end = self.tok.response_end
+        self.thinker.set_func(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from engine.config import TalkerConfig
 from engine.kernels.decode_attention import decode_attention
+from engine.model.slot_state import SlotState, ring_write
 from engine.model.talker_heads import (
     CharAwareSubwordEncoder,
     GatedMLP,
@@ -95,11 +96,12 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
 
 
-class Talker(nn.Module):
+class Talker(SlotState, nn.Module):
     """EAR-TTS over `num_slots` slots; `step` advances every slot by one frame (inactive rows keep state).
 
-    With `cfg.use_cfg` each slot has a second, unconditional stream (rows `num_slots..2*num_slots-1` of
-    the KV cache). Derived tensors (subword table, warm-up KV, fused heads) are rebuilt by `refresh()`,
+    With `cfg.use_cfg` each slot has a second, unconditional stream: its state holds both streams
+    (`[num_slots, 2, ...]`), and the backbone runs `2 * num_slots` rows, slot-major (slot i's conditional
+    stream in row 2i, its unconditional one in row 2i + 1). Derived tensors (subword table, warm-up KV, fused heads) are rebuilt by `refresh()`,
     which `load_release_weights` calls; call it yourself after changing weights any other way.
 
     `dtype`: the backbone's and the MoG head's MLP stack's weights and activations; `kv_dtype` (default
@@ -139,7 +141,7 @@ class Talker(nn.Module):
             self.register_buffer(name, t, persistent=False)
 
         w, streams = cfg.warmup_positions, 2 if cfg.use_cfg else 1
-        rows = streams * num_slots
+        self.streams = streams
         buf("speaker_latent", torch.randn(w, h) * 0.5)
         buf("silence_codes", torch.zeros(q, dtype=torch.long))
         buf("control_codes", torch.tensor([v + 2, v + 1, v]))
@@ -151,18 +153,18 @@ class Talker(nn.Module):
         self.rings = [cfg.sliding_window if t == "sliding" else cfg.attention_window for t in cfg.layer_types]
         kv, hd, kvd = cfg.num_kv_heads, cfg.head_dim, kv_dtype or dtype
         for i, ring in enumerate(self.rings):
-            buf(f"k_cache{i}", torch.zeros(rows, kv, ring, hd, dtype=kvd))
-            buf(f"v_cache{i}", torch.zeros(rows, kv, ring, hd, dtype=kvd))
-            # warm-up KV, position-major: one template for every slot, not per-slot state
-            buf(f"warm_k{i}", torch.zeros(w, streams, kv, hd, dtype=kvd))
-            buf(f"warm_v{i}", torch.zeros(w, streams, kv, hd, dtype=kvd))
+            buf(f"k_cache{i}", torch.zeros(num_slots, streams, kv, ring, hd, dtype=kvd))
+            buf(f"v_cache{i}", torch.zeros(num_slots, streams, kv, ring, hd, dtype=kvd))
+            # warm-up KV: one template for every slot, not per-slot state
+            buf(f"warm_k{i}", torch.zeros(streams, kv, w, hd, dtype=kvd))
+            buf(f"warm_v{i}", torch.zeros(streams, kv, w, hd, dtype=kvd))
         for t in set(cfg.layer_types):
             theta = cfg.rope_local_theta if t == "sliding" else cfg.rope_theta
             buf(f"inv_freq_{t}", rope_inv_freq(hd, theta))
         perm, sign = rotate_half_tables(hd)
         buf("rope_perm", perm)
         buf("rope_sign", sign)
-        buf("pos", torch.zeros(rows, dtype=torch.long))
+        buf("pos", torch.zeros(num_slots, streams, dtype=torch.long))
         buf("prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
         buf("seeds", torch.zeros(num_slots, dtype=torch.long))
         buf("frames", torch.zeros(num_slots, dtype=torch.long))
@@ -265,8 +267,8 @@ class Talker(nn.Module):
             q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin).to(kvd)
             k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin).to(kvd)
             v = v.reshape(s, t, hk, d).transpose(1, 2).to(kvd)
-            getattr(self, f"warm_k{i}").copy_(k.permute(2, 0, 1, 3))
-            getattr(self, f"warm_v{i}").copy_(v.permute(2, 0, 1, 3))
+            getattr(self, f"warm_k{i}").copy_(k)
+            getattr(self, f"warm_v{i}").copy_(v)
             kk = k.repeat_interleave(hq // hk, dim=1)
             vv = v.repeat_interleave(hq // hk, dim=1)
             sc = torch.matmul(q, kk.transpose(2, 3)).float() * cfg.query_pre_attn_scalar**-0.5
@@ -278,33 +280,35 @@ class Talker(nn.Module):
     # ------------------------------------------------------------------ per-slot state
 
     def slot_state(self) -> list[Tensor]:
-        """Every per-slot state buffer (slots on dim 0; with guidance the KV rows are stream-major)."""
+        """Every per-slot state buffer (slots on dim 0, then the streams for the KV rings and positions)."""
         kv = [getattr(self, f"{kind}_cache{i}") for i in range(len(self.rings)) for kind in ("k", "v")]
         return [*kv, self.pos, self.prev_codes, self.seeds, self.frames]
 
-    def _rows(self, mask: Tensor) -> Tensor:
-        return torch.cat([mask, mask]) if self.cfg.use_cfg else mask
+    def _rows(self, per_slot: Tensor) -> Tensor:
+        """A per-slot tensor [num_slots, ...] repeated for each stream: [num_slots * streams, ...], slot-major."""
+        return per_slot.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_slot
 
     @torch.inference_mode()
     def reset(self, mask: Tensor, seeds: Tensor | None = None) -> None:
-        """Return the masked slots to the fresh state (speaker warm-up done, frame counter 0)."""
-        if mask.shape != (self.num_slots,) or mask.dtype != torch.bool:
-            raise ValueError(
-                f"mask: expected BoolTensor[{self.num_slots}], got {mask.dtype} {tuple(mask.shape)}"
-            )
-        w, n = self.cfg.warmup_positions, self.num_slots
-        rows = self._rows(mask)
-        sel = rows.view(-1, 1, 1, 1)
+        """Return the masked slots to the fresh state: speaker warm-up done, the rest of the rings zero, frame
+        counter 0, sampling seed `seeds` (default 0, a fresh talker's).
+
+        Runs between steps, never inside one: it reads the mask once (a host sync) so that only the reset
+        slots' rings are written, not every slot's (gigabytes at the release windows)."""
+        self.check_mask(mask)
+        w = self.cfg.warmup_positions
+        idx = mask.nonzero().squeeze(1)
         for i in range(len(self.rings)):
             for kind in ("k", "v"):
                 cache = getattr(self, f"{kind}_cache{i}")
-                warm = getattr(self, f"warm_{kind}{i}").permute(1, 2, 0, 3).repeat_interleave(n, dim=0)
-                cache[:, :, :w].copy_(torch.where(sel, warm, cache[:, :, :w]))
-        self.pos.copy_(torch.where(rows, w, self.pos))
+                cache.index_fill_(0, idx, 0)
+                warm = getattr(self, f"warm_{kind}{i}")
+                cache[:, :, :, :w].index_copy_(0, idx, warm.expand(idx.numel(), *warm.shape))
+        self.pos.copy_(torch.where(mask[:, None], w, self.pos))
         self.prev_codes.copy_(torch.where(mask[:, None], self.cfg.codebook_size, self.prev_codes))
         self.frames.copy_(torch.where(mask, 0, self.frames))
-        if seeds is not None:
-            self.set_seed(torch.where(mask, seeds.to(self.seeds), self.seeds))
+        fresh = torch.zeros_like(self.seeds) if seeds is None else seeds.to(self.seeds)
+        self.set_seed(torch.where(mask, fresh, self.seeds))
 
     @torch.inference_mode()
     def set_seed(self, slot_seeds: Tensor) -> None:
@@ -319,40 +323,39 @@ class Talker(nn.Module):
     # ------------------------------------------------------------------ the step
 
     @torch.inference_mode()
-    def step(self, text: Tensor, active: Tensor) -> Tensor:
-        """One frame for every slot: `text` LongTensor[num_slots] (this frame's thinker token), `active`
+    def step(self, text: Tensor, exec_mask: Tensor) -> Tensor:
+        """One frame for every slot: `text` LongTensor[num_slots] (this frame's thinker token), `exec_mask`
         BoolTensor[num_slots] -> codes LongTensor[num_slots, num_codebooks] in [0, codebook_size)."""
         n, cfg = self.num_slots, self.cfg
         if text.shape != (n,) or text.dtype != torch.long:
             raise ValueError(f"text: expected LongTensor[{n}], got {text.dtype} {tuple(text.shape)}")
-        if active.shape != (n,) or active.dtype != torch.bool:
-            raise ValueError(f"active: expected BoolTensor[{n}], got {active.dtype} {tuple(active.shape)}")
+        self.check_mask(exec_mask, "exec_mask")
         ids = text.clamp(0, cfg.vocab_size - 1)
         prev = torch.where((text == self.eos_id)[:, None], self.silence_codes, self.prev_codes)
         levels = torch.arange(cfg.num_codebooks, device=text.device)
         code_emb = self.embed_code(self.rvq_padded[levels, prev].sum(1))
         cond = self.subword_table[ids]
         if cfg.use_cfg:
-            code_emb = torch.cat([code_emb, code_emb])
-            cond = torch.cat([cond, self.null_emb.expand(n, -1)])
+            code_emb = self._rows(code_emb)
+            cond = torch.stack([cond, self.null_emb.expand(n, -1)], dim=1).view(2 * n, -1)
         x = self.gated_fusion_audio_text(code_emb, cond)
-        hidden = self._backbone_step(x.to(self.dtype), self._rows(active))
+        hidden = self._backbone_step(x.to(self.dtype), self._rows(exec_mask))
         codes = self._sample(hidden)
-        self.prev_codes.copy_(torch.where(active[:, None], codes, self.prev_codes))
-        self.frames.add_(active.long())
+        self.prev_codes.copy_(torch.where(exec_mask[:, None], codes, self.prev_codes))
+        self.frames.add_(exec_mask.long())
         return codes
 
-    def _backbone_step(self, x: Tensor, active: Tensor) -> Tensor:
+    def _backbone_step(self, x: Tensor, rows_kept: Tensor) -> Tensor:
         cfg = self.cfg
         r = x.shape[0]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pos = self.pos
+        pos = self.pos.view(r)
         rope = {}
         for t in set(cfg.layer_types):
             cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{t}"))
             rope[t] = cos[:, None, :], (sin * self.rope_sign)[:, None, :]
         scale = cfg.query_pre_attn_scalar**-0.5
-        keep = active.view(r, 1, 1, 1)
+        keep = rows_kept.view(r, 1, 1, 1)
         # per ring size: the ring index written this step and how many entries hold a position (incl. it)
         slot = {ring: (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d) for ring in set(self.rings)}
         filled = {ring: (pos + 1).clamp_max(ring) for ring in set(self.rings)}
@@ -364,16 +367,16 @@ class Talker(nn.Module):
             k = apply_rope_fast(a.k_norm(k.reshape(r, hk, d)), cos, sin, self.rope_perm)
             v = v.reshape(r, hk, d)
             idx = slot[ring]
-            kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
+            kc = getattr(self, f"k_cache{i}").view(r, hk, ring, d)
+            vc = getattr(self, f"v_cache{i}").view(r, hk, ring, d)
             # attention runs in the KV dtype: no copy of the ring in another dtype (no-ops when they agree)
-            k, v = k.to(kc.dtype), v.to(vc.dtype)
-            kc.scatter_(2, idx, torch.where(keep, k[:, :, None], kc.gather(2, idx)))
-            vc.scatter_(2, idx, torch.where(keep, v[:, :, None], vc.gather(2, idx)))
+            ring_write(kc, idx, k, keep)
+            ring_write(vc, idx, v, keep)
             qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
             o = decode_attention(qg, kc, vc, filled[ring], scale).reshape(r, hq * d).to(x.dtype)
             x = x + layer.post_attention_layernorm(a.o_proj(o))
             x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-        self.pos.add_(active.long())
+        self.pos.view(r).add_(rows_kept.long())
         return self.backbone.norm(x)
 
     def _sample(self, hidden: Tensor) -> Tensor:
@@ -400,10 +403,10 @@ class Talker(nn.Module):
                 e = hidden
             else:
                 e = self.embed_code(acc)
-                e = (torch.cat([e, e]) if cfg.use_cfg else e) + hidden
+                e = self._rows(e) + hidden
             x = m.mlp_stack(e.to(self.dtype)).float()  # sampling is float32 whatever the stack's dtype
             if cfg.use_cfg:
-                xc, xu = x[:n], x[n:]
+                xc, xu = x.view(n, 2, -1).unbind(1)
                 x = xc + cfg.cfg_scale * (xc - xu)
             y = F.linear(x, self.head_weight)
             logits, mu_res, logs = y[:, :nc], y[:, nc : nc + dl], y[:, nc + dl :]

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.config import ThinkerConfig
 from engine.model.mamba import Mamba2Mixer, _normal
+from engine.model.slot_state import SlotState
 
 
 class RMSNorm(nn.Module):
@@ -167,12 +168,17 @@ class ThinkerOutput:
     func_token: torch.Tensor  # [b] int64, greedy unless forced
 
 
-class Thinker(nn.Module):
+class Thinker(SlotState, nn.Module):
     """NemotronH thinker with per-slot state. Module names follow the release's `stt_model.*` tensors.
 
     `dtype`: weights, activations and the Mamba conv state; `kv_dtype` (default `dtype`): the attention
     KV rings. The SSM state is float32 and the logits come out float32 whatever the dtypes.
+
+    Follows the slot contract (engine/model/slot_state.py) with one scratch row after the slots: the rows
+    of a batch that are padding (slot -1) are computed there, so any batch size runs at fixed shapes.
     """
+
+    scratch_rows = 1
 
     def __init__(
         self,
@@ -243,15 +249,6 @@ class Thinker(nn.Module):
                 out += [m.k_cache, m.v_cache]
         return out
 
-    def save_slot(self, slot: int) -> list[torch.Tensor]:
-        """A copy of one slot's whole state (e.g. right after a system prompt), for `load_slot`."""
-        return [t[slot].clone() for t in self.slot_state()]
-
-    def load_slot(self, slot: int, saved: list[torch.Tensor]) -> None:
-        """Give a slot the state saved from another: it continues exactly as that one would have."""
-        for t, v in zip(self.slot_state(), saved, strict=True):
-            t[slot].copy_(v)
-
     # -- maths ----------------------------------------------------------------------------------------
 
     def embed(self, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor) -> torch.Tensor:
@@ -303,7 +300,8 @@ class Thinker(nn.Module):
         audio [b, hidden] (this frame's audio embedding); slots [b] int64, the slot of each row or -1 for a
         padding row (computed, state untouched). The tokens fed are each slot's previous outputs. force_text
         / force_func [b] int64: a token >= 0 replaces that row's greedy output (teacher forcing), -1 keeps it.
-        dense=True promises b == num_slots and slots[i] in {i, -1} (the live batch), which skips gathers.
+        dense=True promises b == num_slots and slots[i] in {i, -1} (the live batch, the contract's
+        `exec_mask` form: slots = where(exec_mask, arange, -1)), which skips gathers.
         """
         b = slots.shape[0]
         self._check(slots, (b,), torch.long, "slots")
@@ -325,6 +323,23 @@ class Thinker(nn.Module):
         self.prev_text.index_copy_(0, rows, text)
         self.prev_func.index_copy_(0, rows, func)
         return ThinkerOutput(hidden, text_logits, func_logits, text, func)
+
+    def prefill_tokens(
+        self, slots: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor
+    ) -> None:
+        """T positions per row in one forward, as if the slot had heard `audio` [b, T, hidden] and said
+        `text` / `func` [b, T] int64 (forced tokens): each position is fed the tokens of the one before (the
+        slot's previous tokens for the first), and the last ones become the slot's previous tokens."""
+        rows = self._rows(slots)
+        fed_text = torch.cat([self.prev_text.index_select(0, rows)[:, None], text[:, :-1]], dim=1)
+        fed_func = torch.cat([self.prev_func.index_select(0, rows)[:, None], func[:, :-1]], dim=1)
+        self.prefill_embeds(self.embed(audio, fed_text, fed_func), slots)
+        self.prev_text.index_copy_(0, rows, text[:, -1])
+        self.prev_func.index_copy_(0, rows, func[:, -1])
+
+    def set_func(self, slots: torch.Tensor, func: torch.Tensor) -> None:
+        """Replace the function token each slot of `slots` [b] (-1: padding) is fed next with `func` [b]."""
+        self.prev_func.index_copy_(0, self._rows(slots), func)
 
     def _rows(self, slots: torch.Tensor) -> torch.Tensor:
         return torch.where(slots >= 0, slots, self.num_slots)
