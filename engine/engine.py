@@ -40,6 +40,7 @@ from engine.config import (
     dtype_policy,
     load_preset,
 )
+from engine.graph import pow2_at_least
 from engine.metrics import (
     LAST_WORDS,
     Accounting,
@@ -502,7 +503,8 @@ class Engine:
         )
 
     def _warm_up(self) -> None:
-        """Run each kind of work once on the scratch rows so the cost model starts from measurements."""
+        """Run the live step and each bucket of tool-call steps once on the scratch rows (capturing their graphs
+        on CUDA) so that the cost model starts from measurements; then fresh state."""
         p, S = self.pipeline, self.config.num_slots
         idle = torch.zeros(S, dtype=torch.bool, device=self.device)
         minus = torch.full((S,), -1, dtype=torch.long, device=self.device)
@@ -511,12 +513,16 @@ class Engine:
                 p.live_step(
                     torch.zeros(S, self.model_cfg.clock.input_samples, device=self.device), idle, minus, minus
                 )
-            pad = torch.full((1,), -1, dtype=torch.long, device=self.device)
-            for b in (1, 4, 16):
-                slots = pad.expand(b).contiguous()
+            b = 1
+            while b <= pow2_at_least(S):
+                step = self.runner.slack[("call", b, 1)]  # padding rows only: no slot's state changes
+                step()
                 t = time.monotonic()
-                p.call_step(slots, slots)
+                step()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
                 self.scheduler.costs.observe("call", b, 1, (time.monotonic() - t) * 1e3)
+                b *= 2
         p.prepare()
 
     # -- observation and shutdown -----------------------------------------------------------------------

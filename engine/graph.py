@@ -1,10 +1,15 @@
-"""The live step as one CUDA graph, and the audit that says whether a step can be captured at all.
+"""The live step as one CUDA graph, the slack work as one graph per bucket, and the audit that says whether a
+step can be captured at all.
 
 `StepGraph` wraps a step function over static input tensors (the runner's device buffers, filled in place
 before each call). On CUDA it warms the step up on a side stream, captures it once as a CUDA graph and
 replays it: one launch per live step instead of thousands. Elsewhere, or with capture off, it calls the same
 function eagerly on the same buffers; both return the same outputs. Warm-up runs with every slot inactive,
 which leaves every slot's state as it was (the thinker's scratch row aside): `audit_step` checks that too.
+
+`StepGraphs` holds the slack work's steps (tool-call tokens, prefill chunks, replay) the same way, one
+`StepGraph` per bucket: rows padded to a power of two, a chunk's positions split into powers of two
+(`pow2_at_least`, `pow2_pieces`), each captured on first use into one memory pool that the buckets share.
 
 `audit_step` runs a step once under a dispatch mode and lists what would break a capture, on any device:
 host syncs (`.item()`, `nonzero`, boolean-mask indexing: data-dependent shapes), tensors made from Python
@@ -135,6 +140,8 @@ class StepGraph:
         capture: bool = True,
         warmup: int = 3,
         prepare_warmup: Callable[[Sequence[torch.Tensor]], None] | None = None,
+        pool: Any = None,
+        name: str = "live step",
     ) -> None:
         self.fn = fn
         self.inputs = tuple(inputs)
@@ -144,6 +151,7 @@ class StepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
         self.replays = 0
+        self.pool, self.name = pool, name
         if self.captured:
             self._capture(warmup, prepare_warmup)
 
@@ -160,12 +168,12 @@ class StepGraph:
                 self.fn(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.inference_mode():
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
             self.outputs = self.fn(*self.inputs)
         self.graph = graph
         for t, s in zip(self.inputs, saved, strict=True):
             t.copy_(s)
-        log.info("live step captured as a CUDA graph (%d inputs)", len(self.inputs))
+        log.info("%s captured as a CUDA graph (%d inputs)", self.name, len(self.inputs))
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if inputs:
@@ -186,3 +194,55 @@ class StepGraph:
         self.graph.replay()
         self.replays += 1
         return self.outputs
+
+
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (n >= 1): a batch of n rows runs in that bucket, padded."""
+    if n < 1:
+        raise ValueError(f"a bucket holds at least one row, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def pow2_pieces(n: int) -> list[int]:
+    """n as a sum of distinct powers of two, largest first (11 -> [8, 2, 1]): a chunk of n positions runs as
+    those pieces, each a bucket of its own."""
+    if n < 1:
+        raise ValueError(f"a chunk holds at least one position, got {n}")
+    return [1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1]
+
+
+class StepGraphs:
+    """One `StepGraph` per bucket key, made on first use by `make(key) -> (fn, inputs, prepare_warmup)`.
+
+    On CUDA (with `capture`) the buckets' graphs share one memory pool: slack work runs one piece at a time
+    and its outputs are read before the next, so one bucket's scratch memory serves them all. Elsewhere each
+    bucket is its step called eagerly over its own static inputs."""
+
+    def __init__(
+        self,
+        make: Callable[[Any], tuple[Callable[..., Any], Sequence[torch.Tensor], Callable | None]],
+        *,
+        capture: bool = True,
+        warmup: int = 2,
+    ) -> None:
+        self.make, self.capture, self.warmup = make, capture, warmup
+        self.graphs: dict[Any, StepGraph] = {}
+        self._pool = None
+
+    def __getitem__(self, key: Any) -> StepGraph:
+        graph = self.graphs.get(key)
+        if graph is None:
+            with torch.inference_mode(False):  # static inputs the runner fills in place, in any mode
+                fn, inputs, prepare = self.make(key)
+            if self.capture and self._pool is None and {t.device.type for t in inputs} == {"cuda"}:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = StepGraph(
+                fn, inputs, capture=self.capture, warmup=self.warmup, prepare_warmup=prepare,
+                pool=self._pool, name=f"slack step {key}",
+            )  # fmt: skip
+            self.graphs[key] = graph
+        return graph
+
+    @property
+    def captured(self) -> int:
+        return sum(g.captured for g in self.graphs.values())

@@ -2,17 +2,19 @@
 
 Inputs are copied into device buffers allocated once; the live step runs over them (one CUDA graph on CUDA,
 engine/graph.py) and makes exactly one host transfer back (text, function tokens and audio of every slot
-together). Knows the pipeline and the plan types.
+together). Slack work runs at fixed shapes too, one graph per bucket: rows padded to a power of two, a
+prefill chunk split into power-of-two pieces. Knows the pipeline and the plan types.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 
 import numpy as np
 import torch
 
-from engine.graph import StepGraph
+from engine.graph import StepGraph, StepGraphs, pow2_at_least, pow2_pieces
 from engine.model.pipeline import PROMPT_STAGES, Pipeline, all_inactive
 from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
 
@@ -44,6 +46,9 @@ class Runner:
             capture=capture,
             prepare_warmup=all_inactive,
         )
+        # the slack work's steps, one per bucket of rows and positions
+        # (no reference back to the runner: nothing but the engine keeps it alive, see Engine.close)
+        self.slack = StepGraphs(partial(_slack_step, pipeline, self.audio, self.active), capture=capture)
 
     def live(self, plan: LivePlan) -> LiveResult:
         if plan.reset.any():
@@ -73,19 +78,59 @@ class Runner:
             evicted.append(self.prompts.popitem(last=False)[0])
         return evicted
 
+    # -- slack work: one step per bucket (engine/graph.py), captured on CUDA, eager elsewhere ----------
+
     def tool(self, work: ToolWork) -> ToolResult:
-        slots = torch.from_numpy(work.slots).to(self.device)
+        """Run one piece of slack work: its rows padded to a power of two, a prefill chunk's positions in
+        power-of-two pieces, each piece the step of its bucket."""
+        b = len(work.slots)
+        rows = pow2_at_least(b)
+        slots = torch.full((rows,), -1, dtype=torch.long)
+        slots[:b] = torch.from_numpy(work.slots)
         if work.kind == "call":
-            forced = torch.from_numpy(work.tokens[:, 0]).to(self.device)
-            func = self.p.call_step(slots, forced)
+            step = self.slack[("call", rows, 1)]
+            step.inputs[0].copy_(slots)
+            step.inputs[1].fill_(-1)
+            step.inputs[1][:b].copy_(torch.from_numpy(work.tokens[:, 0]))
             # slack work, not the live step: the host needs the tokens to decide each session's phase
-            return ToolResult(func=func.cpu().numpy())
-        if work.kind == "result":
-            self.p.prefill_result(slots, torch.from_numpy(work.tokens).to(self.device))
-        elif work.kind == "prompt":
-            self.p.prefill_prompt(slots, torch.from_numpy(work.tokens).to(self.device))
-        else:
-            self.audio.copy_(torch.from_numpy(work.audio))
-            self.active.copy_(torch.from_numpy(work.active))
-            self.p.replay_step(self.audio, self.active, slots)
+            return ToolResult(func=step()[:b].cpu().numpy())
+        if work.kind in ("result", "prompt"):
+            ids = torch.full((rows, work.tokens.shape[1]), self.p.tok.pad, dtype=torch.long)
+            ids[:b] = torch.from_numpy(work.tokens)
+            start = 0
+            for t in pow2_pieces(work.tokens.shape[1]):
+                step = self.slack[(work.kind, rows, t)]
+                step.inputs[0].copy_(slots)
+                step.inputs[1].copy_(ids[:, start : start + t])
+                step()
+                start += t
+            return ToolResult()
+        self.audio.copy_(torch.from_numpy(work.audio))
+        self.active.copy_(torch.from_numpy(work.active))
+        step = self.slack[("replay", rows, 1)]
+        step.inputs[2].copy_(slots)
+        step()
         return ToolResult()
+
+
+def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tuple[str, int, int]):
+    """(step, its static inputs, what makes them a step that changes no slot) for bucket `key`: (kind, rows,
+    positions). Padding rows have slot -1: the thinker computes them on its scratch row. Replay reads the
+    live step's audio and activity buffers."""
+    kind, b, t = key
+    slots = torch.full((b,), -1, dtype=torch.long, device=audio.device)
+    if kind == "call":
+        return p.call_step, (slots, torch.full_like(slots, -1)), _padding_only
+    if kind in ("result", "prompt"):
+        ids = torch.full((b, t), p.tok.pad, dtype=torch.long, device=audio.device)
+        return (p.prefill_result if kind == "result" else p.prefill_prompt), (slots, ids), _padding_only
+    return p.replay_step, (audio, active, slots), _no_replay
+
+
+def _padding_only(inputs) -> None:
+    inputs[0].fill_(-1)
+
+
+def _no_replay(inputs) -> None:
+    inputs[1].zero_()
+    inputs[2].fill_(-1)

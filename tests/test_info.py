@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,18 @@ def test_thinker_bench_reports_each_batch_size():
     last = json.loads(out.stdout.strip().splitlines()[-1])
     for b in (1, 4):
         assert 0 < last[f"step_ms_p50_{b}"] <= last[f"step_ms_p99_{b}"]
+
+
+def test_kv_layout_benchmark_agrees_with_engine_info():
+    """`benchmarks/kv_layout.py` (rings against paged KV): its ring figures are `engine info`'s, paging never
+    fits fewer sessions than rings, and a call old enough to fill every window gains nothing from it."""
+    out = subprocess.run(
+        [sys.executable, "benchmarks/kv_layout.py", "--minutes", "3", "30"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    full = load_preset("nemotron-voicechat-11b")
+    assert last["settings"]["release"]["sessions_ring"] == report(full, 141.0)["sessions_fit"] == 53
+    for setting in last["settings"].values():
+        three, thirty = setting["paged"]
+        assert three["sessions"] > setting["sessions_ring"] and thirty["sessions"] == setting["sessions_ring"]

@@ -194,6 +194,6 @@ class Pipeline(nn.Module):
         response is kept: it is a control token, not speech)."""
         emb = self.perception.step(audio, active)
         pad = self._pad(slots.shape[0], slots.device)
-        out = self.thinker.step(emb.index_select(0, slots), slots, pad, pad)
+        out = self.thinker.step(emb.index_select(0, slots.clamp_min(0)), slots, pad, pad)  # -1: padding
         end = self.tok.response_end
         self.thinker.set_func(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))

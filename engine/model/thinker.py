@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.config import ThinkerConfig
+from engine.kernels.decode_attention import decode_attention
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState
 
@@ -79,10 +80,9 @@ class Attention(nn.Module):
             k, v = self.k_cache[:b], self.v_cache[:b]
         else:
             k, v = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scale  # [b, nkv, g, W]
-        valid = torch.arange(self.window, device=x.device)[None, :] <= pos[:, None]
-        scores = scores.masked_fill(~valid[:, None, None, :], -torch.inf)
-        out = torch.matmul(scores.softmax(-1).to(v.dtype), v)  # [b, nkv, g, d]
+        # the ring's first min(pos + 1, window) entries hold this row's positions: on CUDA the kernel reads
+        # only those, elsewhere the masked reference over the whole ring
+        out = decode_attention(q, k, v, (pos + 1).clamp_max(self.window), self.scale)  # [b, nkv, g, d]
         return self.o_proj(out.reshape(b, self.nq * self.d).to(x.dtype))
 
     def prefill(self, x: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
