@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     info = sub.add_parser("info", help="parameters, weight and state bytes, sessions per GPU")
     info.add_argument("--preset", default="nemotron-voicechat-11b", choices=sorted(PRESETS))
     info.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
+    info.add_argument(
+        "--slots", type=int, default=None,
+        help="also predict the peak device memory with this many slots (traced on the meta device: seconds)",
+    )  # fmt: skip
     add_window_arguments(info)
     demo = sub.add_parser("demo", help="step the model for many slots and print timings")
     demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -28,8 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         from engine.info import print_report, report
 
         policy = "capacity" if args.capacity else "gpu"  # the GPU's policies ("auto" on CUDA)
-        r = report(windows(load_preset(args.preset), args), args.gpu_mem_gb, policy)
+        cfg = windows(load_preset(args.preset), args)
+        r = report(cfg, args.gpu_mem_gb, policy)
         print_report(r)
+        if args.slots:
+            from engine.memory import peak_report, print_peak
+
+            r["peak"] = peak_report(cfg, r, args.slots)
+            print_peak(r["peak"])
         print(json.dumps(r))
         return 0
     from engine.bench import demo as run_demo

@@ -145,7 +145,11 @@ def bench_pipeline(args) -> int:
             out[f"graph_ms_p50_{b}"], out[f"graph_ms_p99_{b}"] = st["p50"], st["p99"]
             line.append(f"graphed step {st['p50']:.2f}/{st['p99']:.2f}")
         if device.type == "cuda":
+            from engine.memory import predict_peak_bytes
+
             out[f"peak_gb_{b}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+            out[f"predicted_gb_{b}"] = round(predict_peak_bytes(cfg, dtypes, b, live_only=True)[0] / 2**30, 3)
+            line.append(f"peak {out[f'peak_gb_{b}']} GiB (predicted {out[f'predicted_gb_{b}']})")
         print(f"slots={b:<3d} p50/p99 ms: " + ", ".join(line), flush=True)
         del p
         _free(device)

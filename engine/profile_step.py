@@ -3,7 +3,8 @@
 For the live step of a preset at N slots (every slot active) it reports: the operators the step dispatches
 and whether anything in it would stop a CUDA graph capture (engine/graph.py's audit); on CUDA, under the
 profiler, the kernels one eager step launches, the GPU-busy time against the wall time of an eager step and
-of a graph replay, and the peak device memory against `engine info`'s prediction. Last line: one JSON object.
+of a graph replay, and the peak device memory against the prediction of `engine info --slots`
+(engine/memory.py). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _timed(fn, device: torch.device, n: int) -> list[float]:
 
 def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: int = 20, args=None) -> dict:
     from engine.graph import StepGraph, audit_step
-    from engine.info import report
+    from engine.memory import predict_peak_bytes
     from engine.model.pipeline import Pipeline, all_inactive, live_inputs
     from engine.tokens import Tokens
 
@@ -98,13 +99,11 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
     out["graph_kernels"], out["graph_busy_ms"] = _busy_ms(prof)
     out["graph_wall_ms_profiled"] = round(wall, 3)
     peak = torch.cuda.max_memory_allocated(device)
-    r = report(cfg, 0.0, dtypes)
-    fixed = r["state_bytes_fixed"] + sum(r["derived_bytes"].values())
-    predicted = r["weight_bytes"] + fixed + slots * r["state_bytes_per_session"]
+    predicted, parts = predict_peak_bytes(cfg, dtypes, slots, live_only=True)
     out["peak_gb"] = round(peak / 2**30, 3)
-    out["predicted_gb"] = round(
-        predicted / 2**30, 3
-    )  # weights + state; graph pools and activations beyond it
+    out["predicted_gb"] = round(predicted / 2**30, 3)  # weights, state and the live step's transient
+    out["predicted_parts_gb"] = {k: round(v / 2**30, 3) for k, v in parts.items()}
+    out["peak_over_predicted"] = round(peak / predicted, 4)
     out["top_kernels"] = [
         (e.key, round(e.device_time_total / 1e3, 3))
         for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]

@@ -3,7 +3,8 @@
 Inputs are copied into device buffers allocated once; the live step runs over them (one CUDA graph on CUDA,
 engine/graph.py) and makes exactly one host transfer back (text, function tokens and audio of every slot
 together). Slack work runs at fixed shapes too, one graph per bucket: rows padded to a power of two, a
-prefill chunk split into power-of-two pieces. Knows the pipeline and the plan types.
+prefill split into groups of rows and power-of-two pieces of positions, which bound its memory. Knows the
+pipeline and the plan types.
 """
 
 from __future__ import annotations
@@ -80,9 +81,25 @@ class Runner:
 
     # -- slack work: one step per bucket (engine/graph.py), captured on CUDA, eager elsewhere ----------
 
+    def _prefill(self, kind: str, slots: np.ndarray, tokens: np.ndarray) -> None:
+        b, positions = tokens.shape
+        rows = pow2_at_least(b)
+        padded = torch.full((rows,), -1, dtype=torch.long)
+        padded[:b] = torch.from_numpy(slots)
+        ids = torch.full((rows, positions), self.p.tok.pad, dtype=torch.long)
+        ids[:b] = torch.from_numpy(tokens)
+        start = 0
+        for t in prefill_pieces(positions, rows):
+            step = self.slack[(kind, rows, t)]
+            step.inputs[0].copy_(padded)
+            step.inputs[1].copy_(ids[:, start : start + t])
+            step()
+            start += t
+
     def tool(self, work: ToolWork) -> ToolResult:
-        """Run one piece of slack work: its rows padded to a power of two, a prefill chunk's positions in
-        power-of-two pieces, each piece the step of its bucket."""
+        """Run one piece of slack work: its rows padded to a power of two (a prefill's in groups of at most
+        MAX_PREFILL_ROWS), a prefill chunk's positions in power-of-two pieces, each piece the step of its
+        bucket."""
         b = len(work.slots)
         rows = pow2_at_least(b)
         slots = torch.full((rows,), -1, dtype=torch.long)
@@ -95,15 +112,9 @@ class Runner:
             # slack work, not the live step: the host needs the tokens to decide each session's phase
             return ToolResult(func=step()[:b].cpu().numpy())
         if work.kind in ("result", "prompt"):
-            ids = torch.full((rows, work.tokens.shape[1]), self.p.tok.pad, dtype=torch.long)
-            ids[:b] = torch.from_numpy(work.tokens)
-            start = 0
-            for t in pow2_pieces(work.tokens.shape[1]):
-                step = self.slack[(work.kind, rows, t)]
-                step.inputs[0].copy_(slots)
-                step.inputs[1].copy_(ids[:, start : start + t])
-                step()
-                start += t
+            for first in range(0, b, MAX_PREFILL_ROWS):
+                last = min(b, first + MAX_PREFILL_ROWS)
+                self._prefill(work.kind, work.slots[first:last], work.tokens[first:last])
             return ToolResult()
         self.audio.copy_(torch.from_numpy(work.audio))
         self.active.copy_(torch.from_numpy(work.active))
@@ -125,6 +136,20 @@ def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tup
         ids = torch.full((b, t), p.tok.pad, dtype=torch.long, device=audio.device)
         return (p.prefill_result if kind == "result" else p.prefill_prompt), (slots, ids), _padding_only
     return p.replay_step, (audio, active, slots), _no_replay
+
+
+# one prefill forward's rows, and rows x positions: they bound its transient memory (engine/memory.py traces
+# it: about 0.6 GiB at the 11B shape)
+MAX_PREFILL_ROWS = 8
+MAX_PREFILL_POSITIONS = 512
+
+
+def prefill_pieces(positions: int, rows: int, max_positions: int = MAX_PREFILL_POSITIONS) -> list[int]:
+    """A prefill chunk of `positions` for `rows` padded rows as the lengths of its forwards: powers of two,
+    each with rows x length <= max_positions (one position a forward at the least)."""
+    cap = max(1, 1 << max(0, (max_positions // rows).bit_length() - 1))
+    whole, rest = divmod(positions, cap)
+    return [cap] * whole + (pow2_pieces(rest) if rest else [])
 
 
 def _padding_only(inputs) -> None:

@@ -7,7 +7,7 @@
 #   1. the CUDA tests (kernels, the dense dispatch path, the captured step vs eager): pytest -m gpu
 #   2. engine.bench pipeline at 1, 64 and 256 slots (per stage, and the step as one CUDA graph)
 #   3. the talker's decode attention, reference against the kernel, at several filled lengths
-#   4. one live step under the profiler: kernel launches, GPU-busy vs wall, peak memory vs `engine info`
+#   4. one live step under the profiler: kernel launches, GPU-busy vs wall, peak memory vs its prediction
 #   5. engine.bench serve: 64 sessions, 16 calling tools, 60 s, with the tick plot
 #   6. a bounded sweep: the most sessions with zero missed deadlines
 # and writes OUT_DIR/<step>.json, OUT_DIR/<step>.log, OUT_DIR/serve-64.png and OUT_DIR/summary.json (also the

@@ -132,6 +132,26 @@ def test_kernel_takes_strided_inputs_and_the_device_default_split() -> None:
     _close("strided", got, decode_attention_ref(q, k, v, lengths.long(), 0.3), TOL["ref_fp32"])
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-pass", "split-3"])
+def test_kernel_reads_cache_rows_through_a_row_index(splits: int) -> None:
+    """A gathered batch (the thinker's slack steps): query row i reads cache row rows[i] of a larger cache,
+    rows repeated and out of order, with no gathered copy. Equals the kernel and the reference on the
+    gathered caches; the other cache rows are NaN, so a read of the wrong row would show."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, lengths = _inputs(gen, torch.float32, 2, RING, LENGTHS)
+    rows = torch.tensor([4, 0, 6, 2, 6, 1])
+    k[4], v[4], lengths[4] = k[2], v[2], lengths[2]  # cache row 6 read twice: the same data both times
+    big_k = torch.full((8, *k.shape[1:]), float("nan"))
+    big_v = torch.full((8, *v.shape[1:]), float("nan"))
+    big_k[rows], big_v[rows] = k, v
+    scale = q.shape[-1] ** -0.5
+    got = decode_attention_triton(q, big_k, big_v, lengths, scale, splits=splits, rows=rows)
+    assert torch.equal(got, decode_attention_triton(q, k, v, lengths, scale, splits=splits))
+    _close("rows", got, decode_attention_ref(q, big_k, big_v, lengths, scale, rows), TOL["ref_fp32"])
+    with pytest.raises(ValueError, match="rows must be int64"):
+        decode_attention_triton(q, big_k, big_v, lengths, scale, rows=rows.int())
+
+
 def test_dispatch_on_cpu_is_the_reference() -> None:
     gen = torch.Generator().manual_seed(9)
     q, k, v, lengths = _inputs(gen, torch.float32, 2, RING, LENGTHS)

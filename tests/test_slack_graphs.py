@@ -15,7 +15,7 @@ import torch
 from engine.config import load_preset
 from engine.graph import audit_step, pow2_at_least, pow2_pieces
 from engine.model.pipeline import Pipeline
-from engine.runner import Runner
+from engine.runner import Runner, prefill_pieces
 from engine.scheduler import ToolWork
 from engine.tokens import Tokens
 
@@ -106,6 +106,32 @@ def test_a_chunk_in_power_of_two_pieces_equals_one_prefill(kind):
     # and both go on alike: the next call step agrees
     got = runner.tool(work("call", slots, np.full((3, 1), -1))).func
     assert got.tolist() == b.call_step(torch.tensor(slots), torch.full((3,), -1)).tolist()
+
+
+def test_a_prefill_runs_in_groups_of_rows_and_bounded_pieces():
+    """Rows beyond MAX_PREFILL_ROWS go in further groups, and a forward holds at most MAX_PREFILL_POSITIONS
+    rows x positions: 12 rows of 40 positions run as 8 rows (32 + 8 positions) and 4 rows (32 + 8), and leave
+    the state of one 12 x 40 prefill, to float rounding."""
+    assert prefill_pieces(40, 8) == [32, 8] and prefill_pieces(200, 8) == [64, 64, 64, 8]
+    assert prefill_pieces(3, 1024) == [1, 1, 1] and prefill_pieces(512, 1) == [512]
+    assert all(max(prefill_pieces(n, r)) * r <= max(r, 512) for n in (1, 7, 64, 300) for r in (1, 4, 64))
+    slots_total = 14
+    with torch.device("cpu"):
+        a = Pipeline(CFG, slots_total, Tokens(CFG.tokens)).eval()
+        b = Pipeline(CFG, slots_total, Tokens(CFG.tokens)).eval()
+    a.prepare(), b.prepare()
+    runner = Runner(a, torch.device("cpu"))
+    ids = np.random.default_rng(6).integers(0, Tokens(CFG.tokens).vocab_size, size=(12, 40))
+    slots = [13, 0, 5, 2, 9, 11, 1, 7, 3, 12, 4, 8]
+    runner.tool(work("result", slots, ids))
+    b.prefill_result(torch.tensor(slots), torch.from_numpy(ids))
+    assert set(runner.slack.graphs) == {
+        ("result", 8, 32),
+        ("result", 8, 8),
+        ("result", 4, 32),
+        ("result", 4, 8),
+    }
+    close(thinker_rows(a, slots), thinker_rows(b, slots))
 
 
 def test_a_padded_replay_step_equals_the_unpadded_one():

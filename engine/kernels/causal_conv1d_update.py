@@ -190,6 +190,8 @@ def causal_conv1d_update(
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
+        return torch.empty_like(x)
     return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu, scratch_padding)
 
 
@@ -245,4 +247,6 @@ def causal_conv1d_update_dense(
     """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_dense_triton(x, conv_state, weight, bias, active, silu)
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
+        return torch.empty_like(x)
     return causal_conv1d_update_dense_ref(x, conv_state, weight, bias, active, silu)

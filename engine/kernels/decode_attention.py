@@ -19,7 +19,12 @@ from engine.kernels._triton import tl, triton
 
 
 def decode_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked attention of one query position per row over the whole ring.
 
@@ -27,9 +32,13 @@ def decode_attention_ref(
       q [r, hk, g, d], any float dtype (rounded to the cache dtype)
       k_cache, v_cache [r, hk, n, d], one dtype
       lengths [r] int, entries 0..lengths[i]-1 of row i's ring are attended, 1 <= lengths[i] <= n
+      rows [r] int64 or None: query row i reads cache row rows[i] (the caches may then have any number of
+        rows); None: cache row i
     Returns [r, hk, g, d] in v_cache's dtype. Scores are a matmul in the cache dtype, scaled and
     soft-maxed in float32; the probabilities are rounded to the cache dtype for the value matmul.
     """
+    if rows is not None:
+        k_cache, v_cache = k_cache.index_select(0, rows), v_cache.index_select(0, rows)
     ring = k_cache.shape[2]
     hidden = (torch.arange(ring, device=k_cache.device) >= lengths[:, None])[:, None, None, :]
     sc = torch.matmul(q.to(k_cache.dtype), k_cache.transpose(2, 3)).float() * scale  # [r, hk, g, n]
@@ -43,6 +52,7 @@ def _decode_attention_kernel(
     k_ptr,
     v_ptr,
     len_ptr,
+    rows_ptr,
     out_ptr,
     part_m_ptr,
     part_l_ptr,
@@ -73,8 +83,10 @@ def _decode_attention_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
 ):
     # One program per (row, KV head, split); split s covers ring entries [s * chunk, (s + 1) * chunk).
+    # With HAS_ROWS, query row `row` reads the caches' row rows_ptr[row].
     row = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,8 +110,12 @@ def _decode_attention_kernel(
     )
     q = tl.load(q_ptrs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     q = q.to(k_ptr.dtype.element_ty).to(tl.float32)  # rounded to the cache dtype, as the reference's
-    k_base = k_ptr + row.to(tl.int64) * stride_k_r + head.to(tl.int64) * stride_k_h
-    v_base = v_ptr + row.to(tl.int64) * stride_v_r + head.to(tl.int64) * stride_v_h
+    if HAS_ROWS:  # noqa: SIM108 (a compile-time branch)
+        kv_row = tl.load(rows_ptr + row).to(tl.int64)
+    else:
+        kv_row = row.to(tl.int64)
+    k_base = k_ptr + kv_row * stride_k_r + head.to(tl.int64) * stride_k_h
+    v_base = v_ptr + kv_row * stride_v_r + head.to(tl.int64) * stride_v_h
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -208,21 +224,32 @@ def decode_attention_triton(
     lengths: torch.Tensor,
     scale: float,
     splits: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of `decode_attention_ref`: same contract, cost proportional to each row's length.
 
     Shapes (r = rows, hk = KV heads, g = query heads per KV head, n = ring size, d = head dim):
       q [r, hk, g, d] fp32 or bf16 (any strides), rounded to the cache dtype
-      k_cache, v_cache [r, hk, n, d] fp32 or bf16, one dtype (any strides)
+      k_cache, v_cache [r, hk, n, d] fp32 or bf16, one dtype (any strides); with `rows`, [R, hk, n, d]
       lengths [r] int32 or int64 on q's device, 1 <= lengths[i] <= n (clamped to n on the device)
       splits: ring splits per (row, head), None for the device's default; 1 runs a single kernel
+      rows [r] int64 on q's device or None: query row i reads cache row rows[i] (0 <= rows[i] < R), with no
+        gathered copy of the caches
     Returns [r, hk, g, d] in v_cache's dtype. Dot products, softmax and the weighted sum are float32 (the
     reference rounds scores and probabilities to the cache dtype). Only entries 0..lengths[i]-1 are read.
     """
     if triton is None:
         raise RuntimeError("Triton is not installed; use decode_attention_ref")
     r, hk, g, d = q.shape
-    if k_cache.dim() != 4 or k_cache.shape[0] != r or k_cache.shape[1] != hk or k_cache.shape[3] != d:
+    if rows is not None and (rows.shape != (r,) or rows.dtype != torch.int64):
+        raise ValueError(f"rows must be int64 [{r}], got {rows.dtype} {tuple(rows.shape)}")
+    cache_rows = k_cache.shape[0] if rows is not None else r
+    if (
+        k_cache.dim() != 4
+        or k_cache.shape[0] != cache_rows
+        or k_cache.shape[1] != hk
+        or k_cache.shape[3] != d
+    ):
         raise ValueError(f"k_cache {tuple(k_cache.shape)} does not match q {tuple(q.shape)}")
     if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache {v_cache.dtype} {tuple(v_cache.shape)} must match k_cache")
@@ -251,6 +278,7 @@ def decode_attention_triton(
             k_cache,
             v_cache,
             lengths,
+            lengths if rows is None else rows,  # not read without rows
             out,
             part_m,
             part_l,
@@ -269,6 +297,7 @@ def decode_attention_triton(
             BLOCK_N=block_n,
             BLOCK_D=block_d,
             SPLITS=splits,
+            HAS_ROWS=rows is not None,
             num_warps=4,
         )
         if splits > 1:
@@ -290,9 +319,17 @@ def decode_attention_triton(
 
 
 def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
+    """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference. On the
+    meta device (memory planning, engine/memory.py) the kernel's output alone, as the kernel allocates it."""
     if triton is not None and q.is_cuda:
-        return decode_attention_triton(q, k_cache, v_cache, lengths, scale)
-    return decode_attention_ref(q, k_cache, v_cache, lengths, scale)
+        return decode_attention_triton(q, k_cache, v_cache, lengths, scale, rows=rows)
+    if q.is_meta:
+        return torch.empty(q.shape, dtype=v_cache.dtype, device=q.device)
+    return decode_attention_ref(q, k_cache, v_cache, lengths, scale, rows)

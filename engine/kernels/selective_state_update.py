@@ -254,6 +254,8 @@ def selective_state_update(
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
+        return torch.empty_like(x)
     return selective_state_update_ref(
         state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max, scratch_padding
     )
@@ -332,4 +334,6 @@ def selective_state_update_dense(
     """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
     if triton is not None and x.is_cuda:
         return selective_state_update_dense_triton(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
+        return torch.empty_like(x)
     return selective_state_update_dense_ref(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)

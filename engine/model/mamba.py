@@ -207,9 +207,17 @@ def ssd_chunk_scan(
     return y, final
 
 
+# Dummy weights: on CPU drawn in float32 and rounded to the tensor's dtype; elsewhere drawn in place, with no
+# float32 copy of the largest tensors (4.7 GB for the 11B thinker's embedding) on the device.
 def _normal(t: torch.Tensor, std: float, gen: torch.Generator) -> None:
+    if t.device.type != "cpu":
+        t.normal_(0.0, std, generator=gen)
+        return
     t.copy_(torch.randn(t.shape, generator=gen, device=gen.device, dtype=torch.float32) * std)
 
 
 def _uniform(t: torch.Tensor, lo: float, hi: float, gen: torch.Generator) -> None:
+    if t.device.type != "cpu":
+        t.uniform_(lo, hi, generator=gen)
+        return
     t.copy_(torch.rand(t.shape, generator=gen, device=gen.device, dtype=torch.float32) * (hi - lo) + lo)

@@ -85,7 +85,8 @@ class Pipeline(nn.Module):
         self.perception, self.thinker, self.talker, self.codec = build_stages(
             cfg, num_slots, tokens.pad, self.dtypes
         )
-        self.thinker.init_dummy(cfg.seed)
+        if self.thinker.embed_tokens.weight.device.type != "meta":  # meta: shapes only (memory planning)
+            self.thinker.init_dummy(cfg.seed)
         H = cfg.thinker.hidden_size
         self.register_buffer("silence", torch.zeros(H, dtype=self.thinker.dtype), persistent=False)
         self.register_buffer("all_slots", torch.arange(num_slots), persistent=False)

@@ -217,7 +217,7 @@ class Talker(SlotState, nn.Module):
         for mod in self.modules():
             if isinstance(mod, GatedMLP | _Attention | RMSNorm):
                 mod.fuse()
-        self.subword_table.copy_(self.embed_subword.table(self._token_chars))
+        self.embed_subword.table(self._token_chars, out=self.subword_table)
         self.rvq_padded.zero_()
         self.rvq_padded[:, : cfg.codebook_size].copy_(self.rvq_embs)
         self.rvq_sq.copy_(self.rvq_embs.pow(2).sum(-1))

@@ -190,11 +190,14 @@ class CharAwareSubwordEncoder(nn.Module):
         return self.proj_embedding(x.sum(1) / length)
 
     @torch.no_grad()
-    def table(self, token_chars: list[list[int]]) -> Tensor:
-        """`[vocab, out]`: the conditioning vector of every token id (tokens grouped by length, no padding)."""
+    def table(self, token_chars: list[list[int]], out: Tensor | None = None) -> Tensor:
+        """`[vocab, out]`: the conditioning vector of every token id (tokens grouped by length, no padding),
+        written into `out` when given. Works in chunks of rows: no temporary as large as the table."""
         vocab = len(token_chars)
         w = self.proj_embedding.weight
-        out = torch.zeros(vocab, w.shape[0], dtype=w.dtype, device=w.device)
+        if out is None:
+            out = torch.empty(vocab, w.shape[0], dtype=w.dtype, device=w.device)
+        out.zero_()
         by_len: dict[int, list[int]] = {}
         for tid, chars in enumerate(token_chars):
             if chars:
@@ -204,12 +207,15 @@ class CharAwareSubwordEncoder(nn.Module):
                 chunk = ids[i : i + 4096]
                 chars = torch.tensor([token_chars[t] for t in chunk], dtype=torch.long, device=w.device)
                 out[torch.tensor(chunk, device=w.device)] = self.encode_chars(chars)
-        ids = torch.arange(vocab, device=w.device)
         cont = self.subword_flag_emb.is_continuation
-        out = out + self.subword_flag_emb.cont_emb.weight[cont[ids.clamp_max(cont.numel() - 1)]]
         flags = self.bos_eos_emb.special_flags
-        safe = torch.where(ids >= flags.numel() - 1, flags.numel() - 1, ids)
-        return out + self.bos_eos_emb.special_emb.weight[flags[safe]]
+        for first in range(0, vocab, 16384):
+            ids = torch.arange(first, min(vocab, first + 16384), device=w.device)
+            part = out[first : first + ids.numel()]
+            part += self.subword_flag_emb.cont_emb.weight[cont[ids.clamp_max(cont.numel() - 1)]]
+            safe = torch.where(ids >= flags.numel() - 1, flags.numel() - 1, ids)
+            part += self.bos_eos_emb.special_emb.weight[flags[safe]]
+        return out
 
 
 def token_chars_and_flags(

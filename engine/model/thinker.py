@@ -44,6 +44,9 @@ class MLP(nn.Module):
         return self.down_proj(torch.relu(self.up_proj(x)).square())
 
 
+RING_SLICE = 1024  # ring entries a prefill's attention holds at once (per row and KV head)
+
+
 class Attention(nn.Module):
     """Grouped-query attention without positional encoding, over a per-slot ring KV cache of `window` entries.
 
@@ -76,40 +79,62 @@ class Attention(nn.Module):
         ring = pos % self.window
         self.k_cache[rows, :, ring] = self.k_proj(x).view(b, self.nkv, self.d).to(kv)
         self.v_cache[rows, :, ring] = self.v_proj(x).view(b, self.nkv, self.d).to(kv)
-        if dense:
-            k, v = self.k_cache[:b], self.v_cache[:b]
-        else:
-            k, v = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
         # the ring's first min(pos + 1, window) entries hold this row's positions: on CUDA the kernel reads
-        # only those, elsewhere the masked reference over the whole ring
-        out = decode_attention(q, k, v, (pos + 1).clamp_max(self.window), self.scale)  # [b, nkv, g, d]
+        # only those (a gathered batch through its row index, with no copy of the rings), elsewhere the masked
+        # reference over the whole ring
+        lengths = (pos + 1).clamp_max(self.window)
+        if dense:
+            out = decode_attention(q, self.k_cache[:b], self.v_cache[:b], lengths, self.scale)
+        else:
+            out = decode_attention(q, self.k_cache, self.v_cache, lengths, self.scale, rows=rows)
         return self.o_proj(out.reshape(b, self.nq * self.d).to(x.dtype))
 
     def prefill(self, x: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
-        """x [b, T, hidden] (T <= window) at positions pos0[b] .. pos0 + T - 1; rows distinct."""
+        """x [b, T, hidden] (T <= window) at positions pos0[b] .. pos0 + T - 1; rows distinct.
+
+        Attention runs flash-style: over the ring in slices of `RING_SLICE` entries, then the chunk's own
+        keys, with an online softmax in float32. A forward holds one slice of the rows' rings and its scores
+        at a time, never the gathered rings or a [T, window] score matrix per head (gigabytes at 11B)."""
         b, T, _ = x.shape
         g, W = self.nq // self.nkv, self.window
         kv = self.k_cache.dtype  # as in `step`: attention in the cache's dtype, the new keys as it holds them
         q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4).to(kv)  # [b, kv, g, T, d]
         k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)  # [b, kv, T, d]
         v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)
-        k_old, v_old = self.k_cache.index_select(0, rows), self.v_cache.index_select(0, rows)
-        # position held by ring entry j before this chunk, and whether query t may see it
-        j = torch.arange(W, device=x.device)
-        held = pos0[:, None] - 1 - torch.remainder(pos0[:, None] - 1 - j, W)  # [b, W]
         t = torch.arange(T, device=x.device)
         query_pos = pos0[:, None] + t  # [b, T]
-        see_old = (held[:, None, :] >= 0) & (held[:, None, :] > query_pos[:, :, None] - W)  # [b, T, W]
-        see_new = t[None, :, None] >= t[None, None, :]  # [1, T, T] causal
-        s_old = torch.matmul(q, k_old[:, :, None].transpose(-1, -2)).float()
-        s_new = torch.matmul(q, k[:, :, None].transpose(-1, -2)).float()
-        s_old = s_old.masked_fill(~see_old[:, None, None], -torch.inf)
-        s_new = s_new.masked_fill(~see_new[:, None, None], -torch.inf)
-        p = (torch.cat([s_old, s_new], dim=-1) * self.scale).softmax(-1).to(v.dtype)
-        out = torch.matmul(p[..., :W], v_old[:, :, None]) + torch.matmul(p[..., W:], v[:, :, None])
-        ring = torch.remainder(query_pos, W)  # [b, T]
-        self.k_cache[rows[:, None], :, ring] = k.transpose(1, 2)
-        self.v_cache[rows[:, None], :, ring] = v.transpose(1, 2)
+        m = torch.full((b, self.nkv, g, T, 1), -torch.inf, device=x.device)
+        l_sum = torch.zeros(b, self.nkv, g, T, 1, device=x.device)
+        acc = torch.zeros(b, self.nkv, g, T, self.d, device=x.device)
+
+        def attend(keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor) -> None:
+            nonlocal m, l_sum, acc
+            s = torch.matmul(q, keys[:, :, None].transpose(-1, -2)).float() * self.scale  # [b, kv, g, T, n]
+            s = s.masked_fill(~visible[:, None, None], -torch.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            base = torch.where(m_new == -torch.inf, 0.0, m_new)  # nothing visible yet: no NaN from inf - inf
+            p = torch.exp(s - base)
+            alpha = torch.exp(m - base)
+            l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + torch.matmul(p.to(values.dtype), values[:, :, None]).float()
+            m = m_new
+
+        for j0 in range(0, W, RING_SLICE):
+            j = torch.arange(j0, min(j0 + RING_SLICE, W), device=x.device)
+            # position held by ring entry j before this chunk, and whether query t may see it
+            held = pos0[:, None] - 1 - torch.remainder(pos0[:, None] - 1 - j, W)  # [b, n]
+            see = (held[:, None, :] >= 0) & (held[:, None, :] > query_pos[:, :, None] - W)  # [b, T, n]
+            ring = slice(j0, j0 + j.numel())
+            attend(
+                self.k_cache[:, :, ring].index_select(0, rows),
+                self.v_cache[:, :, ring].index_select(0, rows),
+                see,
+            )
+        attend(k, v, (t[None, :, None] >= t[None, None, :]).expand(b, T, T))  # the chunk itself, causal
+        out = (acc / l_sum).to(v.dtype)
+        write = torch.remainder(query_pos, W)  # [b, T]
+        self.k_cache[rows[:, None], :, write] = k.transpose(1, 2)
+        self.v_cache[rows[:, None], :, write] = v.transpose(1, 2)
         return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, T, self.nq * self.d).to(x.dtype))
 
 
