@@ -152,7 +152,8 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     assert m["Dropped frames"] == [str(snap.dropped_frames)] and m["Underruns"] == [str(snap.underruns)]
     # on CPU the memory shown is the process's resident size, which moves between the page's read and this one
     (shown,) = m["Device memory"]
-    assert shown.endswith(" GiB") and abs(float(shown.removesuffix(" GiB")) - snap.memory_bytes / 2**30) < 0.15
+    assert shown.endswith(" GiB")
+    assert abs(float(shown.removesuffix(" GiB")) - snap.memory_bytes / 2**30) < 0.15
     assert snap.tick_ms_p99 > 0 and snap.history_max_ms  # measured steps (on the test's stepping clock)
     assert at.get("vega_lite_chart"), "the tick-time chart"
 
