@@ -504,7 +504,8 @@ class Engine:
 
     def _warm_up(self) -> None:
         """Run the live step and each bucket of tool-call steps once on the scratch rows (capturing their graphs
-        on CUDA) so that the cost model starts from measurements; then fresh state."""
+        on CUDA) so that the cost model starts from measurements, capture the other slack buckets' graphs on
+        CUDA; then fresh state."""
         p, S = self.pipeline, self.config.num_slots
         idle = torch.zeros(S, dtype=torch.bool, device=self.device)
         minus = torch.full((S,), -1, dtype=torch.long, device=self.device)
@@ -523,6 +524,10 @@ class Engine:
                     torch.cuda.synchronize()
                 self.scheduler.costs.observe("call", b, 1, (time.monotonic() - t) * 1e3)
                 b *= 2
+            if self.runner.step.captured:  # every other slack bucket captured now, not in a tick
+                t = time.monotonic()
+                n = self.runner.prepare_slack(self.scheduler.limits.max_chunk)
+                log.info("captured %d slack-work graphs in %.1f s", n, time.monotonic() - t)
         p.prepare()
 
     # -- observation and shutdown -----------------------------------------------------------------------

@@ -81,6 +81,28 @@ class Runner:
 
     # -- slack work: one step per bucket (engine/graph.py), captured on CUDA, eager elsewhere ----------
 
+    def slack_buckets(self, max_chunk: int) -> list[tuple[str, int, int]]:
+        """Every bucket `tool` can run, for prefill chunks of at most `max_chunk` positions: tool-call and replay
+        steps for each power-of-two number of rows up to the slots, and for each power-of-two group of prefill
+        rows every power-of-two piece up to its bound."""
+        most = pow2_at_least(self.p.num_slots)
+        rows = [1 << i for i in range(most.bit_length())]
+        keys = [(kind, r, 1) for kind in ("call", "replay") for r in rows]
+        for r in rows:
+            if r > MAX_PREFILL_ROWS:
+                break
+            longest = min(max(prefill_pieces(max_chunk, r)), max_chunk)
+            keys += [(kind, r, 1 << i) for kind in ("result", "prompt") for i in range(longest.bit_length())]
+        return keys
+
+    def prepare_slack(self, max_chunk: int) -> int:
+        """Make (on CUDA: capture) the step of every bucket now, so that no capture falls in a tick. Returns
+        how many buckets there are."""
+        keys = self.slack_buckets(max_chunk)
+        for key in keys:
+            self.slack[key]
+        return len(keys)
+
     def _prefill(self, kind: str, slots: np.ndarray, tokens: np.ndarray) -> None:
         b, positions = tokens.shape
         rows = pow2_at_least(b)

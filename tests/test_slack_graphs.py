@@ -134,6 +134,29 @@ def test_a_prefill_runs_in_groups_of_rows_and_bounded_pieces():
     close(thinker_rows(a, slots), thinker_rows(b, slots))
 
 
+def test_the_prepared_buckets_cover_every_piece_of_work_the_runner_runs():
+    """What the engine captures at warm-up on CUDA is every bucket `tool` ever uses: random pieces of every
+    kind (rows 1..S, chunks up to the window) add no bucket to those prepared."""
+    p = pipeline()
+    runner = Runner(p, torch.device("cpu"))
+    window = CFG.thinker.attention_window
+    n = runner.prepare_slack(window)
+    prepared = set(runner.slack.graphs)
+    assert n == len(prepared) == len(runner.slack_buckets(window))
+    assert {k for k in prepared if k[0] == "call"} == {("call", r, 1) for r in (1, 2, 4, 8)}  # S = 6
+    rng = np.random.default_rng(7)
+    vocab = Tokens(CFG.tokens).vocab_size
+    for _ in range(12):
+        b = int(rng.integers(1, S + 1))
+        slots = [int(x) for x in rng.permutation(S)[:b]]
+        runner.tool(work("call", slots, np.full((b, 1), -1)))
+        runner.tool(work("result", slots, rng.integers(0, vocab, size=(b, int(rng.integers(1, window + 1))))))
+        audio = np.zeros((S, CFG.clock.input_samples), np.float32)
+        active = np.isin(np.arange(S), slots)
+        runner.tool(work("replay", slots, np.zeros((b, 0), np.int64), audio=audio, active=active))
+    assert set(runner.slack.graphs) == prepared
+
+
 def test_a_padded_replay_step_equals_the_unpadded_one():
     a, b = pipeline(), pipeline()
     history(a, 3), history(b, 3)
