@@ -3,13 +3,17 @@ what the C allocator really hands out when the same steps run on CPU, and the bo
 
 The CPU check reads glibc's `mallinfo2` after every operator of a real step (a dispatch mode): the most bytes in
 use beyond what was in use before the step. That is the allocator's own count, independent of the storages the
-trace follows. Linux (glibc) only.
+trace follows. It counts the whole process, so it runs in a fresh interpreter (this file run as a script), with
+no other test's threads allocating meanwhile. Linux (glibc) only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,7 +106,11 @@ def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, ste
     """Within 5% plus 256 KiB (other threads' small allocations land in the same count; measured 0.5-2% on
     these sizes). Tool-call steps are left out: the trace follows the CUDA kernels, which read the rings in
     place, where the CPU's references gather them."""
-    traced, measured = _traced_and_measured(policy, slots, step)
+    run = subprocess.run(
+        [sys.executable, __file__, policy, str(slots), step],
+        capture_output=True, text=True, check=True, timeout=300, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    traced, measured = json.loads(run.stdout.strip().splitlines()[-1])
     print(f"{policy} {step} at {slots} slots: traced {traced:,} bytes, allocator peak {measured:,}")
     assert traced > 2_000_000
     assert abs(measured - traced) <= 0.05 * traced + 2**18
@@ -122,3 +130,7 @@ def test_at_the_release_shape_the_runners_buckets_bound_the_transient_memory():
     total, parts = predict_peak_bytes(cfg, policy, 64)
     resident, _ = needed_bytes(cfg, policy, 64, workspace=False)
     assert parts["largest transient"] == max(peaks.values()) and total == resident + max(peaks.values())
+
+
+if __name__ == "__main__":  # one measurement in a fresh interpreter: policy, slots, step
+    print(json.dumps(_traced_and_measured(sys.argv[1], int(sys.argv[2]), sys.argv[3])))
