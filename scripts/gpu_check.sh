@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh [OUT_DIR]          (default out/gpu_check)
 #
 # Runs, each step bounded in time and recorded even when it fails:
-#   1. the CUDA tests (kernels, the dense dispatch path, the captured step vs eager): pytest -m gpu
+#   1. the CUDA tests (kernels, the dense dispatch path, the captured live and slack steps vs eager): pytest -m gpu
 #   2. engine.bench pipeline at 1, 64 and 256 slots (per stage, and the step as one CUDA graph)
 #   3. the talker's decode attention, reference against the kernel, at several filled lengths
 #   4. one live step under the profiler: kernel launches, GPU-busy vs wall, peak memory vs its prediction
@@ -75,7 +75,7 @@ step() {  # step NAME TIMEOUT_S command...: its output to NAME.log, its last lin
   echo "== $name: exit ${RC[$name]} in $((SECONDS - t0)) s"
 }
 
-TESTS=(tests/test_kernels.py tests/test_graph.py)
+TESTS=(tests/test_kernels.py tests/test_graph.py tests/test_slack_graphs.py)
 [ -f tests/test_decode_attention.py ] && TESTS+=(tests/test_decode_attention.py)
 step gpu_tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider "${TESTS[@]}" \
   --junitxml="$OUT_DIR/gpu_tests.xml"
