@@ -1,4 +1,5 @@
-"""Helpers the engine and kernel tests share: a session's queued outputs, and code run with the kernels compiled."""
+"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a session's queued outputs, and
+code run with the kernels compiled."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+# a prompt and one tool, and a call of it (what the model is forced to say)
+TOOLS = [
+    {"name": "check_availability", "description": "Rooms free on given dates.",
+     "parameters": {"type": "object", "properties": {"guests": {"type": "integer", "description": "Guests"}}}},
+]  # fmt: skip
+PROMPT = "You are the concierge of a small hotel."
+CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
 
 
 def drain(handle) -> list:

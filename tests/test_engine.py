@@ -20,14 +20,7 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.metrics import EngineSnapshot
-from engine_support import drain
-
-TOOLS = [
-    {"name": "check_availability", "description": "Rooms free on given dates.",
-     "parameters": {"type": "object", "properties": {"guests": {"type": "integer", "description": "Guests"}}}},
-]  # fmt: skip
-PROMPT = "You are the concierge of a small hotel."
-CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
+from engine_support import CALL, PROMPT, TOOLS, drain
 
 
 def caller_audio(seed: int, seconds: float) -> np.ndarray:

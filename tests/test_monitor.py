@@ -15,19 +15,13 @@ from streamlit.testing.v1 import AppTest
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.metrics import SnapshotServer
-from engine_support import drain
+from engine_support import CALL, PROMPT, TOOLS, drain
 from hotel_support import booking, hotel, seeded_store
 from ui.fleet import ms
 from ui.privacy import mask_code, mask_contact, mask_name, mask_phones, shorten
 from ui.settings import MonitorSettings, parse_urls
 
 PAGE = str(Path(__file__).resolve().parent.parent / "ui" / "monitor.py")
-TOOLS = [
-    {"name": "check_availability", "description": "Rooms free on given dates.",
-     "parameters": {"type": "object", "properties": {"guests": {"type": "integer", "description": "Guests"}}}},
-]  # fmt: skip
-PROMPT = "You are the concierge of a small hotel."
-CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
 PHONE = "+44 20 7946 0958"
 SAID = f" Thank you. I have your number as {PHONE}, goodbye."
 

@@ -74,52 +74,50 @@ class LiveKitFake:
                 raise _Refusal(status, error)
             return run(self, request)
 
+    def _stored(self, store: dict, id_field: str, key: str, src: Message) -> Message:
+        """A copy of `src` under `key` (its id field set to it), kept in `store`."""
+        item = type(src)()
+        item.CopyFrom(src)
+        setattr(item, id_field, key)
+        store[key] = item
+        return item
+
+    def _replace(self, store: dict, id_field: str, key: str, src: Message, what: str) -> Message:
+        if key not in store:
+            raise _Refusal(404, {"code": "not_found", "msg": f"no such {what}"})
+        return self._stored(store, id_field, key, src)
+
+    @staticmethod
+    def _drop(store: dict, key: str, what: str) -> None:
+        if store.pop(key, None) is None:
+            raise _Refusal(404, {"code": "not_found", "msg": f"no such {what}"})
+
     def _create_trunk(self, req: proto_sip.CreateSIPInboundTrunkRequest) -> Message:
-        trunk = proto_sip.SIPInboundTrunkInfo()
-        trunk.CopyFrom(req.trunk)
-        trunk.sip_trunk_id = self._id("ST")
-        self.trunks[trunk.sip_trunk_id] = trunk
-        return trunk
+        return self._stored(self.trunks, "sip_trunk_id", self._id("ST"), req.trunk)
 
     def _update_trunk(self, req: proto_sip.UpdateSIPInboundTrunkRequest) -> Message:
-        if req.sip_trunk_id not in self.trunks:
-            raise _Refusal(404, {"code": "not_found", "msg": "no such trunk"})
-        trunk = proto_sip.SIPInboundTrunkInfo()
-        trunk.CopyFrom(req.replace)
-        trunk.sip_trunk_id = req.sip_trunk_id
-        self.trunks[req.sip_trunk_id] = trunk
-        return trunk
+        return self._replace(self.trunks, "sip_trunk_id", req.sip_trunk_id, req.replace, "trunk")
 
     def _list_trunks(self, req: proto_sip.ListSIPInboundTrunkRequest) -> Message:
         return proto_sip.ListSIPInboundTrunkResponse(items=list(self.trunks.values()))
 
     def _delete_trunk(self, req: proto_sip.DeleteSIPTrunkRequest) -> Message:
-        if self.trunks.pop(req.sip_trunk_id, None) is None:
-            raise _Refusal(404, {"code": "not_found", "msg": "no such trunk"})
+        self._drop(self.trunks, req.sip_trunk_id, "trunk")
         return proto_sip.SIPTrunkInfo(sip_trunk_id=req.sip_trunk_id)
 
     def _create_rule(self, req: proto_sip.CreateSIPDispatchRuleRequest) -> Message:
-        rule = proto_sip.SIPDispatchRuleInfo()
-        rule.CopyFrom(req.dispatch_rule)
-        rule.sip_dispatch_rule_id = self._id("SDR")
-        self.rules[rule.sip_dispatch_rule_id] = rule
-        return rule
+        return self._stored(self.rules, "sip_dispatch_rule_id", self._id("SDR"), req.dispatch_rule)
 
     def _update_rule(self, req: proto_sip.UpdateSIPDispatchRuleRequest) -> Message:
-        if req.sip_dispatch_rule_id not in self.rules:
-            raise _Refusal(404, {"code": "not_found", "msg": "no such rule"})
-        rule = proto_sip.SIPDispatchRuleInfo()
-        rule.CopyFrom(req.replace)
-        rule.sip_dispatch_rule_id = req.sip_dispatch_rule_id
-        self.rules[req.sip_dispatch_rule_id] = rule
-        return rule
+        return self._replace(
+            self.rules, "sip_dispatch_rule_id", req.sip_dispatch_rule_id, req.replace, "rule"
+        )
 
     def _list_rules(self, req: proto_sip.ListSIPDispatchRuleRequest) -> Message:
         return proto_sip.ListSIPDispatchRuleResponse(items=list(self.rules.values()))
 
     def _delete_rule(self, req: proto_sip.DeleteSIPDispatchRuleRequest) -> Message:
-        if self.rules.pop(req.sip_dispatch_rule_id, None) is None:
-            raise _Refusal(404, {"code": "not_found", "msg": "no such rule"})
+        self._drop(self.rules, req.sip_dispatch_rule_id, "rule")
         return proto_sip.SIPDispatchRuleInfo(sip_dispatch_rule_id=req.sip_dispatch_rule_id)
 
     def _dispatch(self, req: proto_dispatch.CreateAgentDispatchRequest) -> Message:
