@@ -78,7 +78,7 @@ def step_peaks(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, granule: i
     talker's refresh of its derived tables. `live_only`: the live step alone."""
     from engine.graph import pow2_at_least
     from engine.model.pipeline import Pipeline, live_inputs
-    from engine.runner import MAX_PREFILL_ROWS, prefill_pieces
+    from engine.runner import MAX_PREFILL_ROWS, longest_prefill_piece
     from engine.tokens import Tokens
 
     with torch.device("meta"):
@@ -91,20 +91,17 @@ def step_peaks(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, granule: i
     def slots(b: int) -> torch.Tensor:
         return torch.full((b,), -1, dtype=torch.long, device=meta)
 
-    steps = {
-        "live": (p.live_step, live),
-        "call": (p.call_step, (slots(most), slots(most))),
-        "replay": (p.replay_step, (live[0], live[1], slots(most))),
-    }
-    if live_only:
-        steps = {"live": steps["live"]}
-    rows = 1
-    while not live_only and rows <= min(most, MAX_PREFILL_ROWS):
-        t = max(prefill_pieces(cfg.thinker.attention_window, rows))
-        ids = torch.zeros(rows, t, dtype=torch.long, device=meta)
-        steps[f"prefill {rows}x{t}"] = (p.prefill_prompt, (slots(rows), ids))
-        rows *= 2
-    if not live_only:  # building: the talker's derived tables, with every weight and state buffer in place
+    steps = {"live": (p.live_step, live)}
+    if not live_only:
+        steps["call"] = (p.call_step, (slots(most), slots(most)))
+        steps["replay"] = (p.replay_step, (live[0], live[1], slots(most)))
+        rows = 1
+        while rows <= min(most, MAX_PREFILL_ROWS):
+            t = longest_prefill_piece(rows, cfg.thinker.attention_window)
+            ids = torch.zeros(rows, t, dtype=torch.long, device=meta)
+            steps[f"prefill {rows}x{t}"] = (p.prefill_prompt, (slots(rows), ids))
+            rows *= 2
+        # building: the talker's derived tables, with every weight and state buffer in place
         steps["talker refresh"] = (p.talker.refresh, ())
     out = {}
     with torch.inference_mode():
@@ -118,8 +115,13 @@ def predict_peak_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, li
     """Peak device memory of a pipeline with `num_slots` slots that has run its steps (`live_only`: the live
     step alone, as the benches run it): weights, derived buffers, state, and the largest step's transient
     memory. Returns (bytes, parts)."""
+    return _peak(cfg, dtypes, num_slots, step_peaks(cfg, dtypes, num_slots, live_only=live_only))
+
+
+def _peak(
+    cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, peaks: dict[str, int]
+) -> tuple[int, dict[str, int]]:
     _, parts = needed_bytes(cfg, dtypes, num_slots, workspace=False)
-    peaks = step_peaks(cfg, dtypes, num_slots, live_only=live_only)
     parts["largest transient"] = max(peaks.values())
     return sum(parts.values()), parts
 
@@ -127,12 +129,13 @@ def predict_peak_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, li
 def peak_report(cfg: ModelConfig, info: dict, num_slots: int) -> dict:
     """The predicted peak with `num_slots` slots, under the policy of `info` (an `engine info` report)."""
     policy = DtypePolicy(**info["dtype_policy"])
-    total, parts = predict_peak_bytes(cfg, policy, num_slots)
+    peaks = step_peaks(cfg, policy, num_slots)
+    total, parts = _peak(cfg, policy, num_slots, peaks)
     return {
         "slots": num_slots,
         "bytes": total,
         "parts": parts,
-        "step_transient_bytes": step_peaks(cfg, policy, num_slots),
+        "step_transient_bytes": peaks,
         "fits": total + int(1.0 * 2**30) <= info["gpu_mem_gb"] * 2**30,  # 1 GiB for CUDA's own allocations
     }
 

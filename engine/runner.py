@@ -91,7 +91,7 @@ class Runner:
         for r in rows:
             if r > MAX_PREFILL_ROWS:
                 break
-            longest = min(max(prefill_pieces(max_chunk, r)), max_chunk)
+            longest = longest_prefill_piece(r, max_chunk)
             keys += [(kind, r, 1 << i) for kind in ("result", "prompt") for i in range(longest.bit_length())]
         return keys
 
@@ -105,9 +105,8 @@ class Runner:
 
     def _prefill(self, kind: str, slots: np.ndarray, tokens: np.ndarray) -> None:
         b, positions = tokens.shape
-        rows = pow2_at_least(b)
-        padded = torch.full((rows,), -1, dtype=torch.long)
-        padded[:b] = torch.from_numpy(slots)
+        padded = _padded_slots(slots)
+        rows = len(padded)
         ids = torch.full((rows, positions), self.p.tok.pad, dtype=torch.long)
         ids[:b] = torch.from_numpy(tokens)
         start = 0
@@ -123,24 +122,22 @@ class Runner:
         MAX_PREFILL_ROWS), a prefill chunk's positions in power-of-two pieces, each piece the step of its
         bucket."""
         b = len(work.slots)
-        rows = pow2_at_least(b)
-        slots = torch.full((rows,), -1, dtype=torch.long)
-        slots[:b] = torch.from_numpy(work.slots)
-        if work.kind == "call":
-            step = self.slack[("call", rows, 1)]
-            step.inputs[0].copy_(slots)
-            step.inputs[1].fill_(-1)
-            step.inputs[1][:b].copy_(torch.from_numpy(work.tokens[:, 0]))
-            # slack work, not the live step: the host needs the tokens to decide each session's phase
-            return ToolResult(func=step()[:b].cpu().numpy())
         if work.kind in ("result", "prompt"):
             for first in range(0, b, MAX_PREFILL_ROWS):
                 last = min(b, first + MAX_PREFILL_ROWS)
                 self._prefill(work.kind, work.slots[first:last], work.tokens[first:last])
             return ToolResult()
+        slots = _padded_slots(work.slots)
+        if work.kind == "call":
+            step = self.slack[("call", len(slots), 1)]
+            step.inputs[0].copy_(slots)
+            step.inputs[1].fill_(-1)
+            step.inputs[1][:b].copy_(torch.from_numpy(work.tokens[:, 0]))
+            # slack work, not the live step: the host needs the tokens to decide each session's phase
+            return ToolResult(func=step()[:b].cpu().numpy())
         self.audio.copy_(torch.from_numpy(work.audio))
         self.active.copy_(torch.from_numpy(work.active))
-        step = self.slack[("replay", rows, 1)]
+        step = self.slack[("replay", len(slots), 1)]
         step.inputs[2].copy_(slots)
         step()
         return ToolResult()
@@ -172,6 +169,18 @@ def prefill_pieces(positions: int, rows: int, max_positions: int = MAX_PREFILL_P
     cap = max(1, 1 << max(0, (max_positions // rows).bit_length() - 1))
     whole, rest = divmod(positions, cap)
     return [cap] * whole + (pow2_pieces(rest) if rest else [])
+
+
+def longest_prefill_piece(rows: int, max_chunk: int) -> int:
+    """The most positions one prefill forward of `rows` padded rows takes, for chunks of at most `max_chunk`."""
+    return max(prefill_pieces(max_chunk, rows))
+
+
+def _padded_slots(slots: np.ndarray) -> torch.Tensor:
+    """A batch's slots padded with -1 to its bucket's power-of-two rows (host tensor)."""
+    padded = torch.full((pow2_at_least(len(slots)),), -1, dtype=torch.long)
+    padded[: len(slots)] = torch.from_numpy(slots)
+    return padded
 
 
 def _padding_only(inputs) -> None:

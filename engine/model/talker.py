@@ -101,8 +101,9 @@ class Talker(SlotState, nn.Module):
 
     With `cfg.use_cfg` each slot has a second, unconditional stream: its state holds both streams
     (`[num_slots, 2, ...]`), and the backbone runs `2 * num_slots` rows, slot-major (slot i's conditional
-    stream in row 2i, its unconditional one in row 2i + 1). Derived tensors (subword table, warm-up KV, fused heads) are rebuilt by `refresh()`,
-    which `load_release_weights` calls; call it yourself after changing weights any other way.
+    stream in row 2i, its unconditional one in row 2i + 1). Derived tensors (subword table, warm-up KV,
+    fused heads) are rebuilt by `refresh()`, which `load_release_weights` calls; call it yourself after
+    changing weights any other way.
 
     `dtype`: the backbone's and the MoG head's MLP stack's weights and activations; `kv_dtype` (default
     `dtype`): the KV rings, in which attention runs (queries rounded to it, scores and softmax float32).
