@@ -203,10 +203,11 @@ async def start_call(
     acks: bool = True,
     label: str | None = None,
     caller: str | None = None,
+    admission: object | None = None,
 ) -> Call:
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
     `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP participant,
-    else "web")."""
+    else "web"). `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
     output = PlayoutOutput(sink, acks=AckClips(sink.sample_rate) if acks else None)
     room_label, room_caller = describe_caller(room, participant)
     model = ChorusModel(
@@ -214,6 +215,7 @@ async def start_call(
         observer=output,
         label=room_label if label is None else label,
         caller=room_caller if caller is None else caller,
+        admission=admission,
     )
     session = _session(model)
     call = Call(session, model, output, agent)

@@ -136,9 +136,16 @@ class ChorusModel(llm.DuplexModel):
     """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
 
     def __init__(
-        self, engine: Engine, *, observer: CallObserver | None = None, label: str = "", caller: str = ""
+        self,
+        engine: Engine,
+        *,
+        observer: CallObserver | None = None,
+        label: str = "",
+        caller: str = "",
+        admission: object | None = None,
     ) -> None:
-        """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page."""
+        """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page;
+        `admission` is the slot the engine reserved for this call (its first session takes it)."""
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
@@ -146,6 +153,7 @@ class ChorusModel(llm.DuplexModel):
         self.observer = observer or CallObserver()
         self.session_label, self.caller_kind = label, caller  # (`label` is the framework's own property)
         self.sessions: list[ChorusSession] = []
+        self.admission = admission
 
     @property
     def model(self) -> str:
@@ -287,12 +295,14 @@ class ChorusSession(llm.DuplexSession):
             if self._closing:
                 return
             try:
+                admission, self._model.admission = self._model.admission, None
                 handle = self._model.engine.open_session(
                     self._instructions,
                     tool_schemas(self._tools),
                     loop=self._loop,
                     label=self._model.session_label,
                     caller=self._model.caller_kind,
+                    admission=admission,
                 )
             except EngineError as e:
                 # a refusal is an answer, not a fault: no traceback for the framework to log

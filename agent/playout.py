@@ -88,24 +88,52 @@ class WavSink:
 
 
 class RoomSink:
-    """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time."""
+    """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
+    falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
+    prefill, a pause between turns) it carries 20 ms frames of silence, as a phone line carries its hiss, so a
+    caller's jitter buffer never runs dry and restarts."""
+
+    IDLE_FILL_S = 0.06
+    FILL_FRAME_S = 0.02
 
     def __init__(self, sample_rate: int = 48_000) -> None:
         self.sample_rate = sample_rate
         self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=100)
+        self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
+        self._spoken = 0.0  # when the last audio written (not filled) has played
+        self._filler: asyncio.Task | None = None
 
     async def start(self, room: rtc.Room) -> None:
         track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
         opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
         await room.local_participant.publish_track(track, opts)
+        self._filler = asyncio.create_task(self._fill())
+
+    async def _capture(self, samples: np.ndarray) -> None:
+        self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
+        await self.source.capture_frame(rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size))
+
+    async def _fill(self) -> None:
+        silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)
+        while True:
+            now = time.monotonic()
+            if now >= self._spoken + self.IDLE_FILL_S and self._ends <= now + self.FILL_FRAME_S / 2:
+                await self._capture(silence)  # idle: keep about one frame of silence queued
+            await asyncio.sleep(self.FILL_FRAME_S / 2)
 
     async def write(self, samples: np.ndarray, at: float) -> None:
-        await self.source.capture_frame(rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size))
+        await self._capture(samples)
+        self._spoken = self._ends
 
     def cut(self, at: float) -> None:
         self.source.clear_queue()
+        self._ends = self._spoken = time.monotonic()
 
     async def aclose(self) -> None:
+        if self._filler is not None:
+            self._filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filler
         await self.source.aclose()
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 
 from tools.settings import EnvSettings, SettingsError
 
@@ -85,6 +85,20 @@ class AgentSettings(EnvSettings):
         description="a whole number of positions, at least 1",
     )
     capacity_mode: bool = Field(False, validation_alias="CHORUS_CAPACITY_MODE", description="true or false")
+    # false: admit callers up to the slots even while the engine has no headroom (it is still measured and
+    # shown); for a worker that is the only one of its agent name, where a slow answer beats none
+    refuse_when_overloaded: bool = Field(
+        True, validation_alias="CHORUS_REFUSE_WHEN_OVERLOADED", description="true or false"
+    )
+    # SIGTERM: no new jobs; calls in progress go on, and one still going near the end is closed with a goodbye
+    drain_timeout_s: float = Field(
+        600.0, gt=0, validation_alias="CHORUS_DRAIN_TIMEOUT_S", description="a number of seconds above 0"
+    )
+    # dummy weights decide nothing: script each room's agent by teacher forcing (agent/forcing.py); never for a
+    # real checkpoint
+    teacher_forcing: bool = Field(
+        False, validation_alias="CHORUS_TEACHER_FORCING", description="true or false"
+    )
     # phone calls (agent/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule makes
     front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)
     sip_room_prefix: str = Field(
@@ -107,6 +121,13 @@ class AgentSettings(EnvSettings):
     @classmethod
     def _front_desk_e164(cls, number: str | None) -> str | None:
         return None if number is None or not number.strip() else e164(number)
+
+    @field_validator("teacher_forcing")
+    @classmethod
+    def _forcing_needs_dummy_weights(cls, forcing: bool, info: ValidationInfo) -> bool:
+        if forcing and info.data.get("checkpoint"):
+            raise ValueError("false with CHORUS_CHECKPOINT set (teacher forcing is for dummy weights)")
+        return forcing
 
     @field_validator("preset")
     @classmethod

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.call import Call, PcmInput, quiet_gc, read_wav, start_call
+from agent.forcing import REPLIES, Forcing
 from agent.playout import WavSink
 from agent.sim_report import EXIT_INTERRUPTED, exit_code, heap_mb, print_summary, rss_mb
 from agent.telephony import PHONE_RATE, telephone_band
@@ -43,12 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.agent.simulate")
 
 CALLER_WAVS = sorted((PROMPTS_DIR / "callers").glob("caller_*.wav"))
-REPLIES = [
-    " Of course, I can help with that.",
-    " Certainly. What dates are you thinking of?",
-    " Sure, let me see what we have.",
-    " Happy to help. Anything else I can do?",
-]
 UTTERANCE_EVERY_S = 6.0
 TOOL_EVERY_S = 12.0
 LAST_CALL_S = 4.0  # no scripted call starts this close to the end of the window
@@ -135,40 +130,6 @@ class Room:
     def number(self) -> str:
         """A phone room's caller's number: fictional (+1 555 01xx is reserved for fiction)."""
         return f"+1555010{self.index % 10_000:04d}"
-
-
-class Forcing:
-    """Teacher forcing of one room's model: scripted turns on the text channel, scripted calls on the function
-    channel, and between them padding on both, so the dummy weights never start turns or calls of their own.
-
-    Forced tokens are taken one per live tick (each live tick is one output frame), so the queue's depth is
-    tracked in frames and kept short: a scripted turn starts at most LEAD_TICKS ticks after it is forced."""
-
-    LOW, LEAD_TICKS = 2, 4
-
-    def __init__(self, handle: Any, tok: Any, duplex: Any) -> None:
-        self.handle, self.tok, self.duplex = handle, tok, duplex
-        self.text_end = self.func_end = 0  # the output frame count at which each channel's queue runs out
-
-    def _now(self) -> int:
-        return self.duplex.stats["frames_out"]
-
-    def text(self, ids: list[int]) -> None:
-        self.handle.force_text(ids)
-        self.text_end = max(self.text_end, self._now()) + len(ids)
-
-    def call(self, ids: list[int]) -> None:
-        self.handle.force_function(ids)  # only its first token takes a live tick; the rest run while paused
-        self.func_end = max(self.func_end, self._now()) + 1
-
-    def top_up(self) -> None:
-        now = self._now()
-        for end, force in (("text_end", self.handle.force_text), ("func_end", self.handle.force_function)):
-            ahead = getattr(self, end) - now
-            if ahead < self.LOW:
-                n = self.LEAD_TICKS - max(0, ahead)
-                force([self.tok.pad] * n)
-                setattr(self, end, max(getattr(self, end), now) + n)
 
 
 async def join(

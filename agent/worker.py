@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
-from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, cli
+from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, JobRequest, cli
 
 from agent.call import ConsoleSink, quiet_gc, start_call
+from agent.drain import DrainingServer, goodbye_on_drain
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
 
@@ -46,6 +47,7 @@ STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 _lock = threading.Lock()
 _engine: Engine | None = None
 _hotel: Any = None
+_admissions: dict[str, object] = {}  # job id -> the engine slot reserved when the job was accepted
 
 
 def shared_engine(settings: AgentSettings) -> Engine:
@@ -66,6 +68,7 @@ def shared_engine(settings: AgentSettings) -> Engine:
                         talker_window=settings.talker_window,
                         thinker_window=settings.thinker_window,
                         capacity_mode=settings.capacity_mode,
+                        refuse_when_overloaded=settings.refuse_when_overloaded,
                         device=settings.device,
                         metrics_port=settings.metrics_port,
                     )
@@ -129,8 +132,9 @@ def build_server(settings: AgentSettings) -> AgentServer:
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port
-    server = AgentServer(
+    server = DrainingServer(
         job_executor_type=JobExecutorType.THREAD,
+        drain_timeout=int(settings.drain_timeout_s),
         load_fnc=lambda: engine_load(settings),
         load_threshold=1.0,
         setup_fnc=lambda proc: _setup(proc, settings),
@@ -142,11 +146,49 @@ def build_server(settings: AgentSettings) -> AgentServer:
         **kwargs,
     )
 
-    @server.rtc_session(agent_name=settings.agent_name)
+    @server.rtc_session(agent_name=settings.agent_name, on_request=lambda req: on_request(req, settings))
     async def entrypoint(ctx: JobContext) -> None:
         await run_job(ctx, settings)
 
     return server
+
+
+async def on_request(request: JobRequest, settings: AgentSettings) -> None:
+    """Accept a job only with a slot reserved for it: LiveKit samples the worker's load every 0.5 s, so it can
+    offer more rooms than there are free slots (livekit-agents issue #4884). A refused job goes to another
+    worker; an accepted caller is never refused by the engine afterwards (the reservation is its slot)."""
+    from agent.drain import DRAIN
+    from engine.api import EngineError
+
+    if DRAIN.started.is_set():
+        log.info("job %s turned away: the worker is draining", request.id)
+        await request.reject()
+        return
+    try:
+        ticket = shared_engine(settings).admit()
+    except EngineError as e:
+        log.info("job %s turned away: %s", request.id, e)
+        await request.reject()
+        return
+    with _lock:
+        _admissions[request.id] = ticket
+    try:
+        await request.accept()
+    except BaseException:
+        release_admission(request.id, settings)
+        raise
+
+
+def take_admission(job_id: str) -> object | None:
+    """The slot reserved when this job was accepted (None if it lapsed or was never made)."""
+    with _lock:
+        return _admissions.pop(job_id, None)
+
+
+def release_admission(job_id: str, settings: AgentSettings) -> None:
+    ticket = take_admission(job_id)
+    if ticket is not None:
+        shared_engine(settings).release(ticket)
 
 
 def _setup(proc: JobProcess, settings: AgentSettings) -> None:
@@ -160,6 +202,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     console (`lk agent console`) the caller is this machine's microphone and speaker, and the agent's voice
     reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
     engine = shared_engine(settings)
+
+    async def release(_reason: str = "") -> None:
+        release_admission(ctx.job.id, settings)  # a job that ended before its call opened
+
+    ctx.add_shutdown_callback(release)
     await ctx.connect()
     caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
     console = cli.AgentsConsole.get_instance().enabled
@@ -187,12 +234,40 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         job_metadata=ctx.job.metadata,
     )
     sink = ConsoleSink() if console else RoomSink()
-    call = await start_call(engine, agent, sink=sink, room=ctx.room, participant=caller.identity)
+    call = await start_call(
+        engine,
+        agent,
+        sink=sink,
+        room=ctx.room,
+        participant=caller.identity,
+        admission=take_admission(ctx.job.id),
+    )
     call.session.on("close", lambda _ev: left.set())
     if line is not None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
+    script: asyncio.Task | None = None
+    if settings.teacher_forcing:
+        from agent.forcing import Script, run_script
+
+        script = asyncio.create_task(run_script(call, engine, Script.from_metadata(ctx.job.metadata)))
+
+    async def hang_up() -> None:
+        if line is not None:
+            await line.hang_up()  # the phone call ends: the SIP bridge sends BYE
+        left.set()
+
+    goodbye = asyncio.create_task(
+        goodbye_on_drain(call, engine, hang_up, before=script.cancel if script else None)
+    )
+
+    async def stop_tasks(_reason: str = "") -> None:
+        for task in (script, goodbye):
+            if task is not None:
+                task.cancel()
+
+    ctx.add_shutdown_callback(stop_tasks)
 
     async def on_shutdown(_reason: str = "") -> None:
         left.set()

@@ -67,6 +67,7 @@ GC_FORCE_AFTER = 3  # ...and without slack after this many periods (a pass can o
 
 OVERLOAD_WINDOW = 100  # ticks (8 s) of history behind the headroom decision
 OVERLOAD_MIN_TICKS = 10  # no decision before this many ticks were measured
+ADMISSION_TTL_S = 30.0  # how long an admitted caller's slot is held for the session to open
 OVERLOAD_MISSES = 5  # missed deadlines in the window that mean overload
 
 
@@ -274,22 +275,16 @@ class Engine:
         sink: Callable[[list[Output]], None] | None = None,
         label: str = "",
         caller: str = "",
+        admission: object | None = None,
     ) -> SessionHandle:
-        """A slot for a new conversation, or EngineFull. Outputs arrive on `loop` (an asyncio.Queue in
+        """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
+        is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
         `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
         `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot shows
         them (at most 80 characters each), the engine neither reads nor logs them."""
-        if self._stop.is_set():
-            raise EngineClosed("the engine is shut down")
-        if self.failure is not None:
-            raise EngineClosed(f"the engine's tick thread stopped: {self.failure!r}")
-        if self.overloaded and self.config.refuse_when_overloaded:
-            self.refused += 1
-            raise EngineOverloaded(
-                f"no headroom: the live step's recent p95 is {self._recent_p95():.0f} ms of the "
-                f"{self.config.tick_ms:g} ms tick, {sum(self.acct.recent_missed)} of the last "
-                f"{len(self.acct.recent_missed)} ticks late; route the caller to another worker or retry later"
-            )
+        self._check_up()
+        if admission is None:
+            self._check_headroom()
         tools = tools or []
         if len(tools) > MAX_TOOLS:
             raise SessionRejected(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
@@ -302,7 +297,7 @@ class Engine:
             raise SessionRejected(str(e)) from None
         key = hash(tuple(prompt_ids))
         prefilling = self._prompts_prefilling()
-        if key not in prefilling and len(prefilling) >= self.config.max_prompt_prefills:
+        if admission is None and key not in prefilling and len(prefilling) >= self.config.max_prompt_prefills:
             self.refused += 1
             raise EngineOverloaded(
                 f"{len(prefilling)} other system prompts are being prefilled (the most at once is "
@@ -331,10 +326,37 @@ class Engine:
                 prefill_ids=prompt_ids, prompt_key=key, label=str(label)[:80], caller=str(caller)[:80],
             )  # fmt: skip
 
-        session = self.pool.open(make)
+        session = self.pool.open(make, admission)
         log.info("session %s opened on slot %d (%d prompt tokens, %d tools)", session.id, session.slot,
                  len(prompt_ids), len(tools))  # fmt: skip
         return SessionHandle(self, session, outputs)
+
+    def admit(self, ttl_s: float = ADMISSION_TTL_S) -> object:
+        """Admission of a caller the worker is about to accept: the engine is up and has headroom, and a slot
+        is reserved for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise). The session
+        opened with it (`open_session(admission=...)`) gets that slot: the decision is made once, before the
+        caller is taken on, so no accepted caller is refused afterwards. `release` gives an unused one back."""
+        self._check_up()
+        self._check_headroom()
+        return self.pool.reserve(ttl_s)
+
+    def release(self, admission: object) -> None:
+        self.pool.release(admission)
+
+    def _check_up(self) -> None:
+        if self._stop.is_set():
+            raise EngineClosed("the engine is shut down")
+        if self.failure is not None:
+            raise EngineClosed(f"the engine's tick thread stopped: {self.failure!r}")
+
+    def _check_headroom(self) -> None:
+        if self.overloaded and self.config.refuse_when_overloaded:
+            self.refused += 1
+            raise EngineOverloaded(
+                f"no headroom: the live step's recent p95 is {self._recent_p95():.0f} ms of the "
+                f"{self.config.tick_ms:g} ms tick, {sum(self.acct.recent_missed)} of the last "
+                f"{len(self.acct.recent_missed)} ticks late; route the caller to another worker or retry later"
+            )
 
     def _accounted(self, deliver: Callable[[list[Output]], None]) -> Callable[[list[Output]], None]:
         def wrapped(items: list[Output]) -> None:

@@ -173,18 +173,45 @@ class SlotPool:
         self.sessions: dict[int, Session] = {}
         self._to_reset: set[int] = set()  # opened since the last tick: the model must reset these rows
         self._closed: list[Session] = []  # closed since the last tick (their final counters)
+        self._reserved: dict[object, float] = {}  # reservation ticket -> when it lapses (time.monotonic)
 
     @property
     def occupancy(self) -> float:
+        """The share of slots held by sessions or promised to admitted callers."""
         with self._lock:
-            return (self.num_slots - len(self._free)) / self.num_slots
+            return (self.num_slots - len(self._free) + self._held(time.monotonic())) / self.num_slots
 
-    def open(self, make: Callable[[str, int], Session]) -> Session:
+    def _held(self, now: float) -> int:
+        """Reservations still unexpired (the lock held); expired ones are dropped."""
+        for ticket, until in list(self._reserved.items()):
+            if until <= now:
+                del self._reserved[ticket]
+        return len(self._reserved)
+
+    def reserve(self, ttl_s: float) -> object:
+        """Promise a slot for `ttl_s` seconds: a ticket that `open` redeems, or EngineFull. Admission decides
+        once, when a caller is accepted; the session that follows within the ticket's life gets its slot."""
         with self._lock:
-            if not self._free:
-                raise EngineFull(
-                    f"all {self.num_slots} slots are in use; route the caller to another worker or retry later"
-                )
+            if len(self._free) - self._held(time.monotonic()) <= 0:
+                raise EngineFull(self._full())
+            ticket = object()
+            self._reserved[ticket] = time.monotonic() + ttl_s
+            return ticket
+
+    def release(self, ticket: object) -> None:
+        """Give an unredeemed reservation back (the caller never came)."""
+        with self._lock:
+            self._reserved.pop(ticket, None)
+
+    def _full(self) -> str:
+        return f"all {self.num_slots} slots are in use; route the caller to another worker or retry later"
+
+    def open(self, make: Callable[[str, int], Session], ticket: object | None = None) -> Session:
+        """A slot for a new session: the one `ticket` reserved, or a free slot no reservation holds."""
+        with self._lock:
+            redeemed = ticket is not None and self._reserved.pop(ticket, None) is not None
+            if not self._free or (not redeemed and len(self._free) - self._held(time.monotonic()) <= 0):
+                raise EngineFull(self._full())
             slot = self._free.popleft()
             session = make(uuid.uuid4().hex[:12], slot)
             self.sessions[slot] = session

@@ -15,3 +15,21 @@ ensure_chromium() {
     apt-get update -qq
     apt-get install -y -qq chromium >/dev/null
 }
+
+# The browser caller's page (tests/browser/): livekit-client from the npm registry, installed by `npm ci` from the
+# committed lock. Needs the registry, so it runs before the suite enters its network namespace.
+ensure_browser_client() {
+    local dir
+    dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/browser"
+    # npm ci leaves node_modules/.package-lock.json: newer than the committed lock means it is up to date
+    if [ -f "$dir/node_modules/.package-lock.json" ] && [ ! "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+        return 0
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "ensure_browser_client: no npm: install Node.js (Debian: apt-get install npm)" >&2
+        return 1
+    fi
+    echo "installing the browser caller's livekit-client (npm ci in tests/browser)..."
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) ||
+        { echo "ensure_browser_client: npm ci failed in $dir" >&2; return 1; }
+}

@@ -1,5 +1,6 @@
 # Start a throwaway PostgreSQL server on 127.0.0.1 for the test suite. Source this file, then call
-# start_postgres; it exports CHORUS_TEST_DATABASE_URL. stop_postgres shuts the server down.
+# start_postgres; it exports CHORUS_TEST_DATABASE_URL. stop_postgres shuts the server down. ensure_postgres only
+# installs the server programs (start_postgres calls it), for a caller that starts the server where no registry is.
 #
 # Needs PostgreSQL's server programs (initdb, pg_ctl): Debian's under /usr/lib/postgresql/*/bin, or any on PATH.
 # As an ordinary user the server runs as that user. As root (CI) the Debian package is installed when they are
@@ -26,21 +27,24 @@ _pg_as() {
     fi
 }
 
+# The server programs, installed (as root, Debian's package) when missing; needs the package registry.
+ensure_postgres() {
+    [ -n "$(_pg_bin)" ] && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "ensure_postgres: no PostgreSQL server programs (initdb, pg_ctl): install PostgreSQL" \
+            "(Debian: apt-get install postgresql) or put its bin directory on PATH" >&2
+        return 1
+    fi
+    echo "installing postgresql (Debian package)..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq postgresql >/dev/null
+}
+
 start_postgres() {
     local bin
+    ensure_postgres || return 1
     bin=$(_pg_bin)
-    if [ -z "$bin" ]; then
-        if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-            echo "start_postgres: no PostgreSQL server programs (initdb, pg_ctl): install PostgreSQL" \
-                "(Debian: apt-get install postgresql) or put its bin directory on PATH" >&2
-            return 1
-        fi
-        echo "installing postgresql (Debian package)..."
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq postgresql >/dev/null
-        bin=$(_pg_bin)
-    fi
     if [ "$(id -u)" = 0 ]; then
         id postgres >/dev/null 2>&1 || useradd --system --home "$PG_DIR" postgres
     fi

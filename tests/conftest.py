@@ -6,6 +6,10 @@ import torch
 # Tests run on the CPU with two threads (the machine's cores); Triton kernels run in the interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# scripts/livekit.sh's start_livekit exports the server for a worker; tests name their server explicitly
+# (CHORUS_TEST_LIVEKIT_*), so no test picks it up by accident
+for _name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET"):
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,7 +25,8 @@ TIMEOUT_S = 90.0
 
 
 def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env):
-    settings = AgentSettings(slots=4, http_port=0)
+    # the slots alone decide here: on a busy shared machine the engine may also report no headroom
+    settings = AgentSettings(slots=4, http_port=0, refuse_when_overloaded=False)
 
     async def main():
         server = worker.build_server(settings)

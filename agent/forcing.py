@@ -1,0 +1,153 @@
+"""Teacher forcing: scripted agent turns and tool calls for an engine that runs dummy weights.
+
+Dummy (seeded random) weights decide nothing, so where a run needs the agent to speak or to call a tool, the
+tokens are forced on the model's own channels: the text channel for what it says, the function channel for a
+call. The talker, the codec, the tools and the database then do their real work on them. Everything forced is
+counted and reported as scripted; nothing here pretends to be the model's own choice.
+
+`Forcing` is the per-slot queue (`simulate` and the worker share it). `run_script` is the worker's: with
+`CHORUS_TEACHER_FORCING=true` a room's agent greets the caller, answers at a fixed cadence, and makes the tool
+calls that the job's dispatch metadata lists (`{"script": {"calls": [{"at_s": 3, "name": ..., "arguments": {...}}]}}`).
+It is for dummy weights (tests, demos, LiveKit's load tester, which needs an agent that speaks first); a real
+checkpoint is never forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.call import Call
+    from engine.engine import Engine
+
+log = logging.getLogger("chorus.agent.forcing")
+
+GREETING = " Hello, thank you for calling the Grand Hotel. How can I help you today?"
+REPLIES = [
+    " Of course, I can help with that.",
+    " Certainly. What dates are you thinking of?",
+    " Sure, let me see what we have.",
+    " Happy to help. Anything else I can do?",
+]
+AFTER_TOOL = " Thanks for waiting."
+REPLY_EVERY_S = 6.0
+
+
+class Forcing:
+    """Teacher forcing of one room's model: scripted turns on the text channel, scripted calls on the function
+    channel, and between them padding on both, so the dummy weights never start turns or calls of their own.
+
+    Forced tokens are taken one per live tick (each live tick is one output frame), so the queue's depth is
+    tracked in frames and kept short: a scripted turn starts at most LEAD_TICKS ticks after it is forced."""
+
+    LOW, LEAD_TICKS = 2, 4
+
+    def __init__(self, handle: Any, tok: Any, duplex: Any) -> None:
+        self.handle, self.tok, self.duplex = handle, tok, duplex
+        self.text_end = self.func_end = 0  # the output frame count at which each channel's queue runs out
+
+    def _now(self) -> int:
+        return self.duplex.stats["frames_out"]
+
+    def text(self, ids: list[int]) -> None:
+        self.handle.force_text(ids)
+        self.text_end = max(self.text_end, self._now()) + len(ids)
+
+    def say(self, words: str) -> None:
+        """One scripted turn: `words` on the text channel, between the turn's start and end tokens."""
+        self.text([self.tok.bos, *self.tok.encode(words), self.tok.eos])
+
+    def call(self, ids: list[int]) -> None:
+        self.handle.force_function(ids)  # only its first token takes a live tick; the rest run while paused
+        self.func_end = max(self.func_end, self._now()) + 1
+
+    def top_up(self) -> None:
+        now = self._now()
+        for end, force in (("text_end", self.handle.force_text), ("func_end", self.handle.force_function)):
+            ahead = getattr(self, end) - now
+            if ahead < self.LOW:
+                n = self.LEAD_TICKS - max(0, ahead)
+                force([self.tok.pad] * n)
+                setattr(self, end, max(getattr(self, end), now) + n)
+
+
+@dataclass
+class Script:
+    """What a room's agent is made to do: greet, reply every `reply_every_s`, and make `calls` (each a dict with
+    `at_s`, seconds after the greeting, `name` and `arguments`)."""
+
+    greet: bool = True
+    reply_every_s: float = REPLY_EVERY_S
+    calls: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_metadata(cls, metadata: str | None) -> Script:
+        """The script in a job's dispatch metadata (`{"script": {...}}`); the default one for anything else. A
+        malformed script is logged (without its content) and ignored, never fatal to the call."""
+        try:
+            meta = json.loads(metadata or "{}")
+            raw = meta.get("script", {}) if isinstance(meta, dict) else {}
+            calls = [
+                {"at_s": float(c["at_s"]), "name": str(c["name"]), "arguments": dict(c.get("arguments", {}))}
+                for c in raw.get("calls", [])
+            ]
+            return cls(
+                greet=bool(raw.get("greet", True)),
+                reply_every_s=float(raw.get("reply_every_s", REPLY_EVERY_S)),
+                calls=sorted(calls, key=lambda c: c["at_s"]),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning(
+                "the job's script could not be read (%s); the default script is used", type(e).__name__
+            )
+            return cls()
+
+
+async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, int]:
+    """Drive one call's model by `script` until the call ends; returns what was forced (turns, calls)."""
+    loop = asyncio.get_running_loop()
+    forced = {"turns": 0, "calls": 0}
+    try:
+        handle = await call.wait_open(timeout=60.0)
+    except Exception:
+        return forced  # the call never opened: its own error path reports that
+    tok = engine.tokens
+    while not call.closed and not (call.duplex is not None and call.duplex.live):
+        await asyncio.sleep(0.02)
+    if call.closed or call.duplex is None:
+        return forced
+    force = Forcing(handle, tok, call.duplex)
+    t0 = loop.time()
+    if script.greet:
+        force.say(GREETING)
+        forced["turns"] += 1
+    pending = list(script.calls)
+    next_reply = t0 + script.reply_every_s if script.reply_every_s > 0 else float("inf")
+    thanks_due = False
+    replies = 0
+    try:
+        while not call.closed and not handle.closed:
+            now, duplex = loop.time(), call.duplex
+            if pending and now - t0 >= pending[0]["at_s"] and not duplex.paused and not thanks_due:
+                c = pending.pop(0)
+                force.call(tok.call_ids([{"name": c["name"], "arguments": c["arguments"]}]))
+                forced["calls"] += 1
+                thanks_due = True
+            elif thanks_due and duplex.paused:
+                force.say(AFTER_TOOL)  # forced while paused: spoken as soon as the result is consumed
+                forced["turns"] += 1
+                thanks_due = False
+            elif now >= next_reply and not duplex.paused:
+                force.say(REPLIES[replies % len(REPLIES)])
+                forced["turns"] += 1
+                replies += 1
+                next_reply = now + script.reply_every_s
+            force.top_up()
+            await asyncio.sleep(0.05)
+    except Exception:  # the session ended under us (closed handle): the script simply stops
+        log.debug("script stopped", exc_info=True)
+    return forced

@@ -1,0 +1,97 @@
+"""Admission: a worker accepts a LiveKit job only with an engine slot reserved for it, and the session that job
+opens takes that slot without being judged again (engine.admit, SlotPool.reserve, agent.worker.on_request)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agent import worker
+from agent.settings import AgentSettings
+from engine.api import EngineFull, EngineOverloaded
+from engine.engine import Engine, EngineConfig
+from engine.slots import SlotPool
+
+
+def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
+    pool = SlotPool(2)
+    a = pool.reserve(ttl_s=30)
+    assert pool.occupancy == 0.5
+    pool.reserve(ttl_s=0.05)  # one that lapses
+    assert pool.occupancy == 1.0
+    with pytest.raises(EngineFull):
+        pool.reserve(ttl_s=30)
+    with pytest.raises(EngineFull):  # a session without a reservation finds no free slot
+        pool.open(_session)
+    time.sleep(0.1)  # the second lapsed: its slot is free again
+    assert pool.occupancy == 0.5
+    s = pool.open(_session, a)  # a's holder gets its slot
+    assert pool.occupancy == 0.5 and s.slot in (0, 1)
+    pool.release(a)  # already redeemed: nothing changes
+    other = pool.open(_session)
+    assert pool.occupancy == 1.0 and other.slot != s.slot
+    pool.close(s)
+    c = pool.reserve(ttl_s=30)
+    pool.release(c)
+    assert pool.occupancy == 0.5
+
+
+def _session(session_id: str, slot: int):
+    from engine.slots import FrameInbox, Session
+
+    return Session(session_id, slot, frozenset(), FrameInbox(1280, 8), lambda items: None)
+
+
+def test_an_admitted_session_opens_while_the_engine_reports_no_headroom():
+    # any live step counts as too slow: the engine reports no headroom once it has measured enough ticks
+    cfg = EngineConfig(preset="tiny", num_slots=2, device="cpu", overload_ratio=1e-9, recover_ratio=1e-9)
+    engine = Engine(cfg)
+    try:
+        ticket = engine.admit()  # before the first judgement: admitted
+        assert engine.occupancy == 0.5
+        deadline = time.monotonic() + 30
+        while not engine.overloaded:
+            assert time.monotonic() < deadline, "the engine never judged its headroom"
+            time.sleep(0.05)
+        with pytest.raises(EngineOverloaded):
+            engine.admit()
+        with pytest.raises(EngineOverloaded):
+            engine.open_session("You are a concierge.")
+        handle = engine.open_session("You are a concierge.", admission=ticket)  # the promise is kept
+        assert engine.occupancy == 0.5 and not handle.closed
+        handle.close()
+    finally:
+        engine.close()
+
+
+class FakeRequest:
+    """The part of livekit-agents' JobRequest that the request function uses."""
+
+    def __init__(self, job_id: str) -> None:
+        self.id = job_id
+        self.answer: str | None = None
+
+    async def accept(self, **_) -> None:
+        self.answer = "accept"
+
+    async def reject(self, **_) -> None:
+        self.answer = "reject"
+
+
+def test_the_request_function_turns_away_jobs_beyond_the_free_slots(seeded_env):
+    settings = AgentSettings(slots=2, refuse_when_overloaded=False)
+    requests = [FakeRequest(f"AJ_{i}") for i in range(3)]
+
+    async def offer() -> None:
+        for r in requests:  # three offers before any job has opened its session (the 0.5 s load sampling)
+            await worker.on_request(r, settings)
+
+    asyncio.run(offer())
+    assert [r.answer for r in requests] == ["accept", "accept", "reject"]
+    engine = worker.shared_engine(settings)
+    assert engine.occupancy == 1.0  # both accepted jobs hold their slot before they open a session
+    worker.release_admission("AJ_0", settings)  # a job that ended before its call opened
+    assert engine.occupancy == 0.5
+    assert worker.take_admission("AJ_1") is not None and worker.take_admission("AJ_1") is None
