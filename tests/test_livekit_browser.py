@@ -242,6 +242,7 @@ def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir
                 lambda: room not in sessions_by_label(worker.snapshot()), 2.0, "the slot freed", every=0.05
             )
             freed_s = time.monotonic() - left
+            assert str(browser.run("caller.state")).startswith("disconnected"), browser.caller()["log"]
 
     (tmp_path / "caller.json").write_text(json.dumps({"page": state, "frames_in": growth}, indent=1))
     # the agent, dispatched by name, joined the room; its transcription came from it
