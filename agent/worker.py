@@ -41,6 +41,8 @@ CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKi
 
 # How long livekit-agents waits for a job runner's `setup_fnc`, which builds the engine, before it gives up on
 # that runner: a base for imports, the device and the engine's warm-up, plus the time to read the weights.
+CONNECT_TIMEOUT_S = 15.0  # a job that has not joined its room by then fails (and LiveKit dispatches it again)
+CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 STARTUP_BASE_S = 120.0
 STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 
@@ -69,6 +71,7 @@ def shared_engine(settings: AgentSettings) -> Engine:
                         thinker_window=settings.thinker_window,
                         capacity_mode=settings.capacity_mode,
                         refuse_when_overloaded=settings.refuse_when_overloaded,
+                        echo=settings.echo,
                         device=settings.device,
                         metrics_port=settings.metrics_port,
                     )
@@ -135,6 +138,10 @@ def build_server(settings: AgentSettings) -> AgentServer:
     server = DrainingServer(
         job_executor_type=JobExecutorType.THREAD,
         drain_timeout=int(settings.drain_timeout_s),
+        # One warm job runner (a thread) per slot. livekit-agents also sizes the load of a job it accepted but
+        # has not launched yet as 1 / num_idle_processes: with its default (the cores, at most 4) callers who
+        # arrive together are turned away as soon as two or three are in flight, whatever the free slots.
+        num_idle_processes=settings.slots,
         load_fnc=lambda: engine_load(settings),
         load_threshold=1.0,
         setup_fnc=lambda proc: _setup(proc, settings),
@@ -207,8 +214,20 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         release_admission(ctx.job.id, settings)  # a job that ended before its call opened
 
     ctx.add_shutdown_callback(release)
-    await ctx.connect()
-    caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await ctx.connect()
+    except TimeoutError:
+        # a failed job is dispatched again by LiveKit (the rooms' agents restart on failure): better than a
+        # caller left waiting in a room with no agent
+        raise RuntimeError(f"job {ctx.job.id}: no room connection after {CONNECT_TIMEOUT_S:.0f} s") from None
+    try:
+        async with asyncio.timeout(CALLER_WAIT_S):
+            caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
+    except TimeoutError:
+        log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
+        ctx.shutdown("no caller")
+        return
     console = cli.AgentsConsole.get_instance().enabled
     kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
     kind = "console" if console else kind

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from engine.config import (
     dtype_policy,
     load_preset,
 )
+from engine.echo import Echo, TimedInbox
 from engine.graph import pow2_at_least
 from engine.metrics import (
     LAST_WORDS,
@@ -117,6 +119,9 @@ class EngineConfig(BaseModel):
     )  # distinct new prompts admitted at once (each costs its prefill)
     max_backlog_s: float = Field(30.0, gt=0)  # caller audio held per session while paused
     cadence_locked_tools: bool = False  # baseline: one tool token per tick, results one token per tick
+    # measurement only (engine/echo.py): every live slot's output is its own input frame, resampled; never for
+    # callers
+    echo: bool = False
     metrics_port: int | None = None  # serve /snapshot and /metrics on 127.0.0.1 (0: any free port)
     metrics_host: str = "127.0.0.1"
     start: bool = True  # start the tick thread at once
@@ -252,6 +257,10 @@ class Engine:
         self.gc_runs = 0
         self.tick = 0
         self.failure: BaseException | None = None
+        self._echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
+        if cfg.echo:
+            also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
+            log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
         self._warm_up()
         gc.collect()
         gc.freeze()  # the model lives until close: keep it out of the collector's full passes (close drops it)
@@ -319,10 +328,11 @@ class Engine:
                     _q.put(item)
 
         frame = self.model_cfg.clock.input_samples
+        inbox = partial(TimedInbox, clock=self.clock) if self._echo is not None else FrameInbox
 
         def make(session_id: str, slot: int) -> Session:
             return Session(
-                session_id, slot, frozenset(names), FrameInbox(frame, self._max_backlog), self._accounted(deliver),
+                session_id, slot, frozenset(names), inbox(frame, self._max_backlog), self._accounted(deliver),
                 prefill_ids=prompt_ids, prompt_key=key, label=str(label)[:80], caller=str(caller)[:80],
             )  # fmt: skip
 
@@ -492,8 +502,12 @@ class Engine:
         sch.poll(t_start)
         plan = sch.plan_live(k, sessions, reset)
         result = self.runner.live(plan)
+        if self._echo is not None:
+            self._echo.apply(plan, result, sessions, t_start)
         sch.apply_live(plan, result)
         t_live = clock()
+        if self._echo is not None:
+            self._echo.sent(t_live)
         until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
         cadence = self.config.cadence_locked_tools
         skip: frozenset[str] = frozenset()
@@ -594,7 +608,7 @@ class Engine:
             sessions=rows, recent_tick_ms=[round(x, 2) for x in tick_ms[-200:]], at=time.time(),
             tick_budget_ms=self.config.tick_ms, history_step_s=per * self.config.tick_ms / 1000,
             history_max_ms=hist_max, history_p50_ms=hist_p50, memory_bytes=used, memory_total_bytes=total,
-            tool_log=log_rows,
+            tool_log=log_rows, echo=self._echo.snapshot() if self._echo is not None else None,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -88,6 +88,7 @@ class EngineSnapshot(BaseModel):
     memory_bytes: int = 0  # CUDA: allocated on the device; CPU: the process's resident memory
     memory_total_bytes: int = 0  # the device's (or the machine's) memory
     tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
+    echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)
 
 
 class _Prom:

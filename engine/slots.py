@@ -177,9 +177,16 @@ class SlotPool:
 
     @property
     def occupancy(self) -> float:
-        """The share of slots held by sessions or promised to admitted callers."""
+        """The share of slots held by sessions (reserved ones not counted: LiveKit's worker counts the jobs it
+        accepted itself, until they run)."""
         with self._lock:
-            return (self.num_slots - len(self._free) + self._held(time.monotonic())) / self.num_slots
+            return (self.num_slots - len(self._free)) / self.num_slots
+
+    @property
+    def available(self) -> int:
+        """Slots neither held by a session nor reserved for an admitted caller."""
+        with self._lock:
+            return len(self._free) - self._held(time.monotonic())
 
     def _held(self, now: float) -> int:
         """Reservations still unexpired (the lock held); expired ones are dropped."""

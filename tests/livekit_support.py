@@ -210,6 +210,7 @@ class Heard:
     frames: list[np.ndarray] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # loop.time() at each frame's arrival
     transcripts: list[tuple[str, str, dict]] = field(default_factory=list)  # (sender, text, attributes)
+    sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
     agent_identity: str | None = None
     agent_joined_at: float | None = None
 
@@ -258,6 +259,7 @@ class Caller:
 
         def on_track(track: rtc.Track, _pub, p: rtc.RemoteParticipant) -> None:
             if track.kind == rtc.TrackKind.KIND_AUDIO:
+                self.heard.sources.add(p.identity)
                 self._tasks.append(asyncio.ensure_future(self._record(track)))
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:

@@ -18,24 +18,25 @@ from engine.slots import SlotPool
 def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
     pool = SlotPool(2)
     a = pool.reserve(ttl_s=30)
-    assert pool.occupancy == 0.5
+    assert pool.available == 1 and pool.occupancy == 0.0  # reserved, not yet held by a session
     pool.reserve(ttl_s=0.05)  # one that lapses
-    assert pool.occupancy == 1.0
+    assert pool.available == 0
     with pytest.raises(EngineFull):
         pool.reserve(ttl_s=30)
     with pytest.raises(EngineFull):  # a session without a reservation finds no free slot
         pool.open(_session)
     time.sleep(0.1)  # the second lapsed: its slot is free again
-    assert pool.occupancy == 0.5
+    assert pool.available == 1
     s = pool.open(_session, a)  # a's holder gets its slot
-    assert pool.occupancy == 0.5 and s.slot in (0, 1)
+    assert pool.available == 1 and pool.occupancy == 0.5 and s.slot in (0, 1)
     pool.release(a)  # already redeemed: nothing changes
     other = pool.open(_session)
-    assert pool.occupancy == 1.0 and other.slot != s.slot
+    assert pool.available == 0 and pool.occupancy == 1.0 and other.slot != s.slot
     pool.close(s)
     c = pool.reserve(ttl_s=30)
+    assert pool.available == 0
     pool.release(c)
-    assert pool.occupancy == 0.5
+    assert pool.available == 1 and pool.occupancy == 0.5
 
 
 def _session(session_id: str, slot: int):
@@ -50,7 +51,7 @@ def test_an_admitted_session_opens_while_the_engine_reports_no_headroom():
     engine = Engine(cfg)
     try:
         ticket = engine.admit()  # before the first judgement: admitted
-        assert engine.occupancy == 0.5
+        assert engine.pool.available == 1
         deadline = time.monotonic() + 30
         while not engine.overloaded:
             assert time.monotonic() < deadline, "the engine never judged its headroom"
@@ -60,7 +61,7 @@ def test_an_admitted_session_opens_while_the_engine_reports_no_headroom():
         with pytest.raises(EngineOverloaded):
             engine.open_session("You are a concierge.")
         handle = engine.open_session("You are a concierge.", admission=ticket)  # the promise is kept
-        assert engine.occupancy == 0.5 and not handle.closed
+        assert engine.occupancy == 0.5 and engine.pool.available == 1 and not handle.closed
         handle.close()
     finally:
         engine.close()
@@ -91,7 +92,7 @@ def test_the_request_function_turns_away_jobs_beyond_the_free_slots(seeded_env):
     asyncio.run(offer())
     assert [r.answer for r in requests] == ["accept", "accept", "reject"]
     engine = worker.shared_engine(settings)
-    assert engine.occupancy == 1.0  # both accepted jobs hold their slot before they open a session
+    assert engine.pool.available == 0  # both accepted jobs hold their slot before they open a session
     worker.release_admission("AJ_0", settings)  # a job that ended before its call opened
-    assert engine.occupancy == 0.5
+    assert engine.pool.available == 1
     assert worker.take_admission("AJ_1") is not None and worker.take_admission("AJ_1") is None
