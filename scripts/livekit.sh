@@ -2,7 +2,8 @@
 #   ensure_livekit   build livekit-server and LiveKit's agent load tester at pinned versions into a cache outside
 #                    the work tree ($CHORUS_CACHE, default ~/.cache/chorus); a cached build is reused
 #   netns_up NAME    (root) a network namespace with no way out: `lo`, and a veth pair with both ends inside
-#   start_livekit    the server in dev mode on free ports; exports LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET
+#   start_livekit    the server in dev mode on free ports (with Redis on loopback when redis-server is installed:
+#                    the SIP API needs it); exports LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET
 #   stop_livekit
 #
 # WebRTC gathers a candidate on every interface and libwebrtc leaves loopback out, so the server and every client
@@ -30,6 +31,10 @@ NETNS_NODE_IP=10.99.0.1
 NETNS_PEER_IP=10.99.0.2
 
 ensure_livekit() {
+    if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing redis-server (Debian package)..."
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    fi
     if ! command -v go >/dev/null 2>&1; then
         echo "ensure_livekit: no Go toolchain (go 1.26 or newer) on PATH" >&2
         return 1
@@ -107,6 +112,16 @@ start_livekit() {
     local port udp secret
     port=$(_free_port)
     udp=$(_free_port)
+    # Redis on loopback: the server's SIP API works only with one (agent dispatch needs none)
+    local redis_block=""
+    if command -v redis-server >/dev/null 2>&1; then
+        local rport
+        rport=$(_free_port)
+        redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --daemonize yes \
+            --pidfile "$LIVEKIT_DIR/redis.pid" --logfile "$LIVEKIT_DIR/redis.log" >/dev/null
+        redis_block="redis: {address: 127.0.0.1:$rport}"
+        export CHORUS_TEST_LIVEKIT_REDIS="127.0.0.1:$rport"
+    fi
     secret=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
     (umask 077 && printf 'chorus: %s\n' "$secret" >"$LIVEKIT_DIR/keys.yaml")
     cat >"$LIVEKIT_DIR/livekit.yaml" <<EOF
@@ -121,6 +136,7 @@ rtc:
   interfaces: {includes: [lkv0]}
   stun_servers: ["127.0.0.1:9"]
 logging: {level: info, pion_level: error}
+$redis_block
 EOF
     "$LIVEKIT_SERVER_BIN" --dev --config "$LIVEKIT_DIR/livekit.yaml" --key-file "$LIVEKIT_DIR/keys.yaml" \
         >"$LIVEKIT_DIR/server.log" 2>&1 &
@@ -149,6 +165,10 @@ EOF
 }
 
 stop_livekit() {
+    if [ -f "$LIVEKIT_DIR/redis.pid" ]; then
+        kill "$(cat "$LIVEKIT_DIR/redis.pid")" 2>/dev/null || true
+        rm -f "$LIVEKIT_DIR/redis.pid"
+    fi
     if [ -f "$LIVEKIT_DIR/server.pid" ]; then
         local pid
         pid=$(cat "$LIVEKIT_DIR/server.pid")
