@@ -45,6 +45,29 @@ def _token(argv: list[str]) -> int:
     return 0
 
 
+def _store_problem() -> str | None:
+    """Why the booking store cannot serve calls (unreachable, or no hotel in it), or None: a worker that would
+    fail every job says so before it registers with LiveKit."""
+    import logging
+
+    from tools.hotel import Hotel, NotSetUp
+    from tools.store import open_store
+
+    quiet = logging.getLogger("tools")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the one line below says it; the store's own log would repeat it
+    try:
+        with open_store() as store:
+            Hotel(store).policy()
+    except NotSetUp:
+        return "the booking store has no hotel: run `python -m tools seed` once"
+    except Exception as e:  # an unreachable database, a bad file: one line, no traceback
+        return f"the booking store cannot be opened ({type(e).__name__})"
+    finally:
+        quiet.setLevel(level)
+    return None
+
+
 # `python -m agent X` -> `python -m livekit.agents ... agent/worker.py`
 WORKER_COMMANDS = {"dev": ["start", "--dev"], "start": ["start"], "console": ["console"]}
 
@@ -91,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{command}: set {', '.join(missing)} (environment or .env) to reach a LiveKit server",
                 file=sys.stderr,
             )
+            return 2
+        problem = _store_problem()
+        if problem:
+            print(f"{command}: {problem}", file=sys.stderr)
             return 2
     if command == "console" and not any(a.split("=")[0] == "--connect-addr" for a in argv[1:]):
         print(

@@ -66,8 +66,8 @@ LATE_S = (
     0.1  # a caller this far behind the wall clock skips ahead (as a microphone would) instead of bursting
 )
 QUIET_S = 0.1  # a received onset follows at least this long without a loud sample
-SEND_MS = 20  # audio handed to the SDK at a time
-RECV_MS = 20  # the agent's audio read in frames of this length (the SDK assembles them from 10 ms)
+SEND_MS = 40  # audio handed to the SDK at a time (each burst's place in its frame is counted)
+RECV_MS = 40  # the agent's audio read in frames of this length (the SDK assembles them from 10 ms pulls)
 
 
 def server_from_env() -> Server:
@@ -377,6 +377,18 @@ def pcts(values: list[float]) -> dict:
     }
 
 
+def other_workers(mine: int) -> int:
+    """Other `python -m agent start` processes on this machine (someone else's worker sharing the CPUs)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == mine:
+            continue
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            n += b"agent" in cmd and b"start" in cmd and b"-m" in cmd
+    return n
+
+
 def cpu_times() -> tuple[int, int]:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
@@ -392,15 +404,21 @@ async def session(
                       tone) for i in range(n)]  # fmt: skip
     measure, stop = asyncio.Event(), asyncio.Event()
     await asyncio.gather(*(c.join() for c in callers))
-    senders = [asyncio.ensure_future(c.send(measure, stop)) for c in callers]
+    senders: list[asyncio.Future] = []
     try:
-        await asyncio.gather(*(asyncio.wait_for(c.first_audio.wait(), 90) for c in callers))
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.first_audio.wait() for c in callers)), 90)
+        except TimeoutError:
+            missing = [(c.room, c.agent_joined.is_set()) for c in callers if not c.first_audio.is_set()]
+            raise SystemExit(
+                f"livekit_latency: no agent audio within 90 s in (room, agent joined): {missing}"
+            ) from None
+        senders = [asyncio.ensure_future(c.send(measure, stop)) for c in callers]
         rooms = {c.room for c in callers}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
-        while (
-            loop.time() < deadline
-        ):  # every session live in the engine (prompt prefilled, held audio replayed)
+        # every session live in the engine (prompt prefilled, held audio replayed)
+        while loop.time() < deadline:
             snap = await asyncio.to_thread(worker.snapshot)
             live = {s["label"] for s in snap["sessions"] if s["phase"] == "live"}
             if rooms <= live:
@@ -410,14 +428,14 @@ async def session(
             raise SystemExit(f"livekit_latency: sessions not live within 60 s: {sorted(rooms - live)}")
         await asyncio.sleep(1.0)
         before = await asyncio.to_thread(worker.snapshot)
-        cpu0, load0 = cpu_times(), os.getloadavg()
+        cpu0, load0, others0 = cpu_times(), os.getloadavg(), other_workers(worker.proc.pid)
         measure.set()
         await asyncio.sleep(seconds)
         measure.clear()
         for c in callers:
             c._next = -1
         await asyncio.sleep(1.5)  # the last bursts' echoes
-        cpu1, load1 = cpu_times(), os.getloadavg()
+        cpu1, load1, others1 = cpu_times(), os.getloadavg(), other_workers(worker.proc.pid)
         snap = await asyncio.to_thread(worker.snapshot)
     finally:
         stop.set()
@@ -437,6 +455,7 @@ async def session(
         "cpu_busy": round((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]), 3),
         "cpus": os.cpu_count(),
         "loadavg_1m": [round(load0[0], 2), round(load1[0], 2)],
+        "other_workers": [others0, others1],  # other Chorus workers running at the start and the end
     }
     if not snap.get("echo"):
         raise SystemExit("livekit_latency: the worker's snapshot has no echo log: is CHORUS_ECHO honoured?")
@@ -457,7 +476,15 @@ def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | 
     worker = Worker(server, tmp, slots=n, CHORUS_ECHO="true")
     worker.env.pop("CHORUS_TEACHER_FORCING", None)  # echo replaces whatever the model says: nothing to script
     with worker:
-        callers, engine = asyncio.run(session(server, worker, n, seconds, seed, tone))
+        try:
+            callers, engine = asyncio.run(session(server, worker, n, seconds, seed, tone))
+        except BaseException:
+            print(f"the worker's log, last lines:\n{worker.tail(30)}", file=sys.stderr)
+            raise
+        finally:
+            if dump is not None:
+                dump.mkdir(parents=True, exist_ok=True)
+                (dump / "worker.log").write_bytes(worker.log.read_bytes())
         gated = worker.log.read_text(errors="replace").count("echo mode:")
     matched = [match(c, engine["frames"], k) for c in callers]
     if dump is not None:
@@ -545,7 +572,8 @@ def report(res: dict) -> None:
         f"it {res['quiet_blocks']} of {res['blocks']} (longest {res['longest_quiet_ms']} ms)"
     )
     print(
-        f"  machine: {eng['cpus']} CPUs {eng['cpu_busy'] * 100:.0f}% busy, load average {eng['loadavg_1m']}; "
+        f"  machine: {eng['cpus']} CPUs {eng['cpu_busy'] * 100:.0f}% busy, load average {eng['loadavg_1m']}, "
+        f"other workers {eng['other_workers']}; "
         f"callers' frames captured late p50 {res['sender_late_ms']['p50']} p99 {res['sender_late_ms']['p99']} ms"
         f" (skipped ahead {res['sender_skipped_ahead']} times)"
     )

@@ -40,12 +40,13 @@ class _Stamped(np.ndarray):
 
 class TimedInbox(FrameInbox):
     """A FrameInbox (echo mode only) whose frames remember when they were pushed; `popped_at` is the push time
-    of the frame the last `pop` returned (None: unknown, or no frame)."""
+    of the frame the last `pop` returned (None: unknown, or no frame), `held` the frames left behind it."""
 
     def __init__(self, frame: int, max_frames: int, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(frame, max_frames)
         self._clock = clock
         self.popped_at: float | None = None
+        self.held = 0
 
     def push(self, pcm: np.ndarray) -> None:
         t = self._clock()
@@ -67,6 +68,7 @@ class TimedInbox(FrameInbox):
     def pop(self) -> np.ndarray | None:
         frame = super().pop()
         self.popped_at = float(frame.t) if isinstance(frame, _Stamped) else None
+        self.held = len(self._frames)
         return frame
 
 
@@ -109,7 +111,7 @@ class Echo:
                 "session": s.id, "label": s.label, "tick": plan.tick,
                 "pushed": getattr(inbox, "popped_at", None), "tick_start": t_tick, "sent": None,
                 "onset": int(np.argmax(loud[slot])), "loud": int(loud[slot].sum()),
-                "peak": round(float(np.abs(plan.audio[slot]).max()), 3), "backlog": len(inbox),
+                "peak": round(float(np.abs(plan.audio[slot]).max()), 3), "backlog": getattr(inbox, "held", 0),
             })  # fmt: skip
         self.marked += len(self._pending)
 

@@ -204,10 +204,16 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
             "simulate: --checkpoint /no/such/model: no such file",
         ),
         (["start"], "start: set LIVEKIT_URL"),
+        # a worker whose store has no hotel would fail every job: it says so before it registers
+        (["start", "LIVEKIT"], "start: the booking store has no hotel: run `python -m tools seed` once"),
     ],
 )
 def test_bad_input_gets_one_line_and_a_non_zero_exit(argv, message, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEKIT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVEKIT_") and k != "DATABASE_URL"}
+    env["CHORUS_DATA_DIR"] = str(tmp_path / "data")  # an empty store
+    if argv[-1] == "LIVEKIT":
+        argv = argv[:-1]
+        env.update(LIVEKIT_URL="ws://127.0.0.1:9", LIVEKIT_API_KEY="k", LIVEKIT_API_SECRET="s" * 32)
     proc = subprocess.run(
         [sys.executable, "-m", "agent", *argv],
         cwd=tmp_path,
