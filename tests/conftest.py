@@ -64,3 +64,19 @@ def livekit(monkeypatch):
     yield fake
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def store_dir(tmp_path, monkeypatch):
+    """A seeded SQLite hotel in tmp_path, as `python -m tools seed` leaves it, for a worker started as a subprocess
+    (CHORUS_DATA_DIR points at it)."""
+    import datetime as dt
+
+    from tools.seed import seed
+    from tools.store import open_store
+
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with open_store() as store:
+        seed(store, dt.date.today())
+    return tmp_path

@@ -308,26 +308,28 @@ class Caller:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def wait_until(predicate, timeout: float, every: float = 0.1, what: str = "the condition"):
-    """Poll `predicate` until it returns a true value (returned) or `timeout` passes (AssertionError)."""
+def _deadline(timeout: float, what: str):
+    """Yields until `timeout` passes, then raises AssertionError naming `what`."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
-        if value:
-            return value
+        yield
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout:.1f} s")
+
+
+def wait_until(predicate, timeout: float, every: float = 0.1, what: str = "the condition"):
+    """Poll `predicate` until it returns a true value (returned) or `timeout` passes (AssertionError)."""
+    for _ in _deadline(timeout, what):
+        if value := predicate():
+            return value
         time.sleep(every)
 
 
 async def await_until(predicate, timeout: float, every: float = 0.1, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
+    """`wait_until` for a coroutine: the event loop goes on between polls."""
+    for _ in _deadline(timeout, what):
+        if value := predicate():
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.1f} s")
         await asyncio.sleep(every)
 
 

@@ -43,19 +43,6 @@ def server():
     return require_livekit()
 
 
-@pytest.fixture
-def store_dir(tmp_path, monkeypatch):
-    """A seeded SQLite hotel in tmp_path, as `python -m tools seed` leaves it; the worker is pointed at it."""
-    from tools.seed import seed
-    from tools.store import open_store
-
-    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    with open_store() as store:
-        seed(store, dt.date.today())
-    return tmp_path
-
-
 def room_name(prefix: str = "room") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

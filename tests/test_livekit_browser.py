@@ -12,7 +12,6 @@ says " Hello, thank you for calling the Grand Hotel...", which is what the test 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import http.server
 import itertools
@@ -33,7 +32,7 @@ import pytest
 from websockets.sync.client import connect
 
 from chromium_support import Browser, chromium_path
-from livekit_support import ROOT, Worker, caller_pcm, require_livekit, sessions_by_label, token
+from livekit_support import ROOT, Worker, caller_pcm, require_livekit, sessions_by_label, token, wait_until
 
 pytestmark = pytest.mark.livekit
 
@@ -48,19 +47,6 @@ CHROMIUM_FLAGS = [
     "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
     "--autoplay-policy=no-user-gesture-required",
 ]  # fmt: skip
-
-
-@pytest.fixture
-def store_dir(tmp_path, monkeypatch):
-    """A seeded SQLite hotel in tmp_path, as `python -m tools seed` leaves it; the worker is pointed at it."""
-    from tools.seed import seed
-    from tools.store import open_store
-
-    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
-    monkeypatch.delenv("DATABASE_URL", raising=False)
-    with open_store() as store:
-        seed(store, dt.date.today())
-    return tmp_path
 
 
 def require_page() -> None:
@@ -165,23 +151,6 @@ def best_match(
     return best
 
 
-def accepting(worker: Worker) -> bool:
-    """Whether the engine has measured its headroom (OVERLOAD_MIN_TICKS, twice over) and would take a session."""
-    snap = worker.snapshot()
-    return snap["ticks"] >= 20 and not snap["overloaded"]
-
-
-def wait_for(predicate, timeout: float, what: str, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.1f} s")
-        time.sleep(every)
-
-
 def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir, tmp_path):
     server = require_livekit()
     chromium_path()
@@ -191,15 +160,13 @@ def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir
     room = f"browser-{uuid.uuid4().hex[:8]}"
 
     with Worker(server, store_dir, slots=2) as worker, serve(PAGE_DIR) as base:
-        # LiveKit dispatches the room once, when the caller joins: only to a worker that reports headroom
-        wait_for(lambda: accepting(worker), 30, "the engine measuring headroom for a new session", every=0.2)
         jwt = token(server, room, "browser-caller", worker.agent_name)
         query = urllib.parse.urlencode({"url": server.url, "token": jwt})
         with CallerBrowser(tmp_path / "caller.wav") as browser:
 
             def page(what: str, timeout: float, expression: str):
                 try:
-                    return wait_for(lambda: browser.run(expression), timeout, what)
+                    return wait_until(lambda: browser.run(expression), timeout, what=what)
                 except AssertionError as e:
                     raise AssertionError(f"{e}\npage: {browser.caller()}\nworker:\n{worker.tail()}") from None
 
@@ -238,8 +205,11 @@ def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir
 
             browser.run("room.disconnect()")  # the caller hangs up
             left = time.monotonic()
-            wait_for(
-                lambda: room not in sessions_by_label(worker.snapshot()), 2.0, "the slot freed", every=0.05
+            wait_until(
+                lambda: room not in sessions_by_label(worker.snapshot()),
+                2.0,
+                every=0.05,
+                what="the slot freed",
             )
             freed_s = time.monotonic() - left
             assert str(browser.run("caller.state")).startswith("disconnected"), browser.caller()["log"]
