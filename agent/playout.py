@@ -90,11 +90,11 @@ class WavSink:
 class RoomSink:
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
-    prefill, a pause between turns) it carries 20 ms frames of silence, as a phone line carries its hiss, so a
+    prefill, a pause between turns) it carries 40 ms frames of silence, as a phone line carries its hiss, so a
     caller's jitter buffer never runs dry and restarts."""
 
     IDLE_FILL_S = 0.06
-    FILL_FRAME_S = 0.02
+    FILL_FRAME_S = 0.04
 
     def __init__(self, sample_rate: int = 48_000) -> None:
         self.sample_rate = sample_rate
@@ -117,9 +117,13 @@ class RoomSink:
         silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)
         while True:
             now = time.monotonic()
-            if now >= self._spoken + self.IDLE_FILL_S and self._ends <= now + self.FILL_FRAME_S / 2:
+            idle_at = self._spoken + self.IDLE_FILL_S
+            if now < idle_at:  # the agent is speaking: look again when it may have stopped
+                await asyncio.sleep(idle_at - now)
+                continue
+            if self._ends <= now + self.FILL_FRAME_S / 2:
                 await self._capture(silence)  # idle: keep about one frame of silence queued
-            await asyncio.sleep(self.FILL_FRAME_S / 2)
+            await asyncio.sleep(max(0.005, self._ends - time.monotonic() - self.FILL_FRAME_S / 2))
 
     async def write(self, samples: np.ndarray, at: float) -> None:
         await self._capture(samples)

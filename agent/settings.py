@@ -99,8 +99,8 @@ class AgentSettings(EnvSettings):
     teacher_forcing: bool = Field(
         False, validation_alias="CHORUS_TEACHER_FORCING", description="true or false"
     )
-    # a measurement tool, never for callers (engine/echo.py, benchmarks/livekit_latency.py): each caller hears their
-    # own audio back through the whole path, the engine's tick included; the model runs but is not heard
+    # a measurement tool, never for callers (engine/echo.py, benchmarks/livekit_latency.py): each caller
+    # hears their own audio back through the whole path, the engine's tick included; the model runs unheard
     echo: bool = Field(False, validation_alias="CHORUS_ECHO", description="true or false")
     # phone calls (agent/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule makes
     front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)

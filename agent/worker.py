@@ -41,7 +41,7 @@ CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKi
 
 # How long livekit-agents waits for a job runner's `setup_fnc`, which builds the engine, before it gives up on
 # that runner: a base for imports, the device and the engine's warm-up, plus the time to read the weights.
-CONNECT_TIMEOUT_S = 15.0  # a job that has not joined its room by then fails (and LiveKit dispatches it again)
+CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 STARTUP_BASE_S = 120.0
 STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
@@ -218,8 +218,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             await ctx.connect()
     except TimeoutError:
-        # a failed job is dispatched again by LiveKit (the rooms' agents restart on failure): better than a
-        # caller left waiting in a room with no agent
+        # the job fails (and is logged) rather than holding a runner and a slot forever
         raise RuntimeError(f"job {ctx.job.id}: no room connection after {CONNECT_TIMEOUT_S:.0f} s") from None
     try:
         async with asyncio.timeout(CALLER_WAIT_S):

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CALLERS = ROOT / "prompts" / "callers"
 RATE = 48_000  # a browser's microphone track
 FRAME = RATE // 20  # 50 ms handed to the SDK at a time (it sends 10 ms packets); fewer wake-ups per caller
-RECV_MS = 20  # the agent's audio is read in 20 ms frames
+RECV_MS = 40  # the agent's audio is read in 40 ms frames (fewer wake-ups; gaps are judged at 200 ms)
 ALLOWED_INTERFACES = {
     "lo",
     "lkv0",
