@@ -87,7 +87,7 @@ netns_down() {
 
 # the interfaces of this namespace that are neither lo nor one end of a veth pair whose other end is here too
 _leaks() {
-    ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -vx -e lo -e lkv0 -e lkv1
+    ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -vx -e lo -e lkv0 -e lkv1 || true
 }
 
 _free_port() {
