@@ -41,12 +41,18 @@ def chromium_path() -> str:
 class Browser:
     """One headless Chromium with one page."""
 
-    def __init__(self, width: int = 1400, height: int = 1600, timeout: float = 120.0) -> None:
+    def __init__(
+        self, width: int = 1400, height: int = 1600, timeout: float = 120.0, flags: list[str] | None = None
+    ) -> None:
+        """`flags` replace the headless defaults (DevTools, the profile and the blank page are always added)."""
         self._profile = tempfile.mkdtemp(prefix="chorus-chromium-")  # removed by close()
+        flags = flags or [
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            f"--window-size={width},{height}",
+        ]  # fmt: skip
         args = [
-            chromium_path(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--no-first-run", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-            f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank",
+            chromium_path(), *flags, "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+            f"--user-data-dir={self._profile}", "about:blank",
         ]  # fmt: skip
         self._log = Path(self._profile) / "stderr.log"  # a file, not a pipe: a full pipe would stall it
         with self._log.open("w") as log:

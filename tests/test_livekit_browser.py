@@ -14,11 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
-import itertools
 import json
 import os
-import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -29,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from websockets.sync.client import connect
 
 from chromium_support import Browser, chromium_path
 from livekit_support import ROOT, Worker, caller_pcm, require_livekit, sessions_by_label, token, wait_until
@@ -62,26 +58,9 @@ class CallerBrowser(Browser):
     """Headless Chromium with a fake microphone that plays `wav` once (then silence), and one page."""
 
     def __init__(self, wav: Path, timeout: float = 60.0) -> None:
-        self._profile = tempfile.mkdtemp(prefix="chorus-chromium-caller-")  # removed by close()
-        args = [
-            chromium_path(), *CHROMIUM_FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop",
-            "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1", f"--user-data-dir={self._profile}",
-            "about:blank",
-        ]  # fmt: skip
-        self._log = Path(self._profile) / "stderr.log"
-        with self._log.open("w") as log:  # its own process group: close() ends every helper process with it
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-        self._ids = itertools.count(1)
-        self._open = contextlib.ExitStack()
-        try:
-            browser_ws = self._devtools_url(timeout)
-            http = browser_ws.replace("ws://", "http://").split("/devtools/")[0]
-            pages = json.loads(urllib.request.urlopen(f"{http}/json/list", timeout=10).read())
-            page = next(p for p in pages if p.get("type") == "page")
-            self.ws = self._open.enter_context(connect(page["webSocketDebuggerUrl"], open_timeout=timeout))
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(
+            timeout=timeout, flags=[*CHROMIUM_FLAGS, f"--use-file-for-fake-audio-capture={wav}%noloop"]
+        )
 
     def run(self, expression: str):
         """`expression`'s value, awaited when it is a promise; a page exception raises."""
