@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, JobRequest, cli
 
+from agent import room_connect, rtc_ffi
 from agent.call import ConsoleSink, quiet_gc, start_call
 from agent.drain import DrainingServer, goodbye_on_drain
 from agent.playout import RoomSink
@@ -200,6 +201,7 @@ def release_admission(job_id: str, settings: AgentSettings) -> None:
 
 def _setup(proc: JobProcess, settings: AgentSettings) -> None:
     # runs once per job thread; the engine itself is built once per process
+    rtc_ffi.install()  # before any job of this process can touch the rtc SDK
     proc.userdata["engine"] = shared_engine(settings)
     quiet_gc()
 
@@ -214,12 +216,9 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         release_admission(ctx.job.id, settings)  # a job that ended before its call opened
 
     ctx.add_shutdown_callback(release)
-    try:
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            await ctx.connect()
-    except TimeoutError:
-        # the job fails (and is logged) rather than holding a runner and a slot forever
-        raise RuntimeError(f"job {ctx.job.id}: no room connection after {CONNECT_TIMEOUT_S:.0f} s") from None
+    # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
+    # never cancelled (agent/room_connect.py)
+    await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
     try:
         async with asyncio.timeout(CALLER_WAIT_S):
             caller = await ctx.wait_for_participant(kind=CALLER_KINDS)

@@ -232,11 +232,6 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         assert {s for s, _, _ in c.heard.transcripts} == {c.heard.agent_identity}, c.heard.transcripts
 
 
-# Seen on the 2-core CI machine: a job whose room connection completes on the server but whose connect callback
-# the job's event loop does not take up in time makes livekit's FFI (rtc 1.1.21) panic ("timed out waiting for
-# ReadyForRoomEventRequest after ConnectCallback") and SIGTERM the whole worker. Not yet understood; it happens
-# most with several jobs starting at once, which is this test's point.
-@pytest.mark.xfail(reason="livekit rtc 1.1.21 FFI panic on a late connect callback (see above)", strict=False)
 def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(server, store_dir):
     """Six callers join within about a second; two workers of 4 slots share one agent name. LiveKit samples a
     worker's load only every 0.5 s, so it may offer one worker more rooms than it has slots: that worker turns

@@ -1,0 +1,194 @@
+"""The rtc SDK's process-wide FFI client, made safe and O(1) per event for many rooms in one process.
+
+Every job of a worker is a thread with its own event loop, and all of them share the `livekit` rtc SDK's one
+FFI client (livekit 1.1.21, pinned). Two of its properties break a worker that serves many rooms:
+
+- `FfiClient.instance` is created lazily, without a lock. Two job threads that touch it first at the same
+  moment each create one; the native library's events go to the one stored last, and the other thread's
+  `Room.connect` waits for a callback that never reaches its queue, until the native library gives up,
+  reports a panic and the SDK SIGTERMs the whole worker. `install()` creates it once, under a lock, in
+  every job runner's setup, before any job of the process can run.
+- Its event queue hands every event to every subscriber, each through `call_soon_threadsafe` on the
+  subscriber's loop: each room's received audio frames go to every room's audio stream, and each
+  captured frame's callback to every room. With N rooms that is N² cross-thread wake-ups (measured with 8
+  rooms: 230 events/s delivered 3,300 times). `RoutedQueue` sends an audio stream's events to the loop that
+  owns the stream, a request's callback to the loop that made the request, and a room's events to the loop
+  that connected it; anything it cannot place (an event that came before its owner was recorded, track
+  events) still goes to every subscriber, as before. Its subscribers and their filters are the SDK's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any
+
+log = logging.getLogger("chorus.agent.rtc_ffi")
+
+ASYNC_IDS_KEPT = 8192  # requests whose callback is still to come (a callback comes within milliseconds)
+_lock = threading.Lock()
+_installed = False
+
+
+def install() -> bool:
+    """Create the FFI client once and route its events (idempotent; False if the SDK is not the one this
+    was written for, which then keeps its own queue)."""
+    global _installed
+    from livekit import rtc
+    from livekit.rtc._ffi_client import FfiClient, FfiQueue  # the SDK's singleton; no public accessor
+
+    with _lock:
+        client = FfiClient.instance  # created here, under the lock
+        if _installed:
+            return True
+        if not (isinstance(getattr(client, "_queue", None), FfiQueue) and hasattr(rtc.AudioStream, "_run")):
+            log.warning(
+                "livekit rtc %s: its FFI queue is not the one expected; events are not routed",
+                rtc.__version__,
+            )
+            _installed = True
+            return False
+        routed = RoutedQueue()
+        with client._queue._lock:
+            for sub in client._queue._subscribers:  # nothing subscribed before is lost
+                routed._add(*sub)
+            client._queue = routed
+        request = client.request
+
+        def routed_request(req: Any) -> Any:
+            resp = request(req)
+            routed.record_request(resp)
+            return resp
+
+        client.request = routed_request
+        _route_audio_streams(rtc.AudioStream, routed)
+        _installed = True
+        return True
+
+
+def _route_audio_streams(cls: type, routed: RoutedQueue) -> None:
+    init = cls.__init__
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        routed.record_stream(self._ffi_handle.handle, self._loop)
+
+    cls.__init__ = __init__
+
+
+class RoutedQueue:
+    """`FfiQueue`'s interface (subscribe, unsubscribe, put), delivering an event to its owner's loop when the
+    owner is known, else to every subscriber."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._subscribers: list[tuple[Any, asyncio.AbstractEventLoop, Any]] = []
+        self._of_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, asyncio.AbstractEventLoop, Any]]] = {}
+        self._by_async_id: OrderedDict[int, asyncio.AbstractEventLoop] = OrderedDict()
+        self._by_stream: dict[int, asyncio.AbstractEventLoop] = {}
+        self._by_room: dict[int, asyncio.AbstractEventLoop] = {}
+        self._has_async_id: dict[str, bool] = {}
+
+    # the SDK's FfiQueue interface
+
+    def subscribe(self, loop: asyncio.AbstractEventLoop | None = None, filter_fn: Any = None) -> Any:
+        from livekit.rtc._utils import Queue
+
+        queue = Queue()
+        self._add(queue, loop or asyncio.get_event_loop(), filter_fn)
+        return queue
+
+    def unsubscribe(self, queue: Any) -> None:
+        with self._lock:
+            for sub in self._subscribers:
+                if sub[0] is queue:
+                    self._remove(sub)
+                    break
+
+    def _add(self, queue: Any, loop: asyncio.AbstractEventLoop, filter_fn: Any) -> None:
+        with self._lock:
+            sub = (queue, loop, filter_fn)
+            self._subscribers.append(sub)
+            self._of_loop.setdefault(loop, []).append(sub)
+
+    def _remove(self, sub: tuple) -> None:
+        self._subscribers.remove(sub)
+        mine = self._of_loop.get(sub[1])
+        if mine is not None:
+            mine.remove(sub)
+            if not mine:
+                del self._of_loop[sub[1]]
+
+    def put(self, item: Any) -> None:
+        owner = self.owner(item)
+        dead = []
+        with self._lock:
+            subs = self._subscribers if owner is None else self._of_loop.get(owner, ())
+            for sub in subs:
+                queue, loop, filter_fn = sub
+                if filter_fn is not None:
+                    try:
+                        if not filter_fn(item):
+                            continue
+                    except Exception:  # as the SDK does: a filter that fails lets the event through
+                        pass
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+                except (
+                    RuntimeError
+                ):  # its loop closed without unsubscribing: it can never take an event again
+                    dead.append(sub)
+            for sub in dead:
+                self._remove(sub)
+
+    # routing
+
+    def owner(self, item: Any) -> asyncio.AbstractEventLoop | None:
+        which = item.WhichOneof("message")
+        if which == "audio_stream_event":
+            loop = self._by_stream.get(item.audio_stream_event.stream_handle)
+            if loop is not None and item.audio_stream_event.HasField("eos"):
+                self._by_stream.pop(item.audio_stream_event.stream_handle, None)
+            return loop
+        if which == "room_event":
+            loop = self._by_room.get(item.room_event.room_handle)
+            if loop is not None and item.room_event.HasField("eos"):
+                self._by_room.pop(item.room_event.room_handle, None)
+            return loop
+        if which is None or not self._carries_async_id(item, which):
+            return None
+        with self._lock:
+            loop = self._by_async_id.pop(getattr(item, which).async_id, None)
+            if loop is not None and which == "connect" and item.connect.HasField("result"):
+                self._by_room[item.connect.result.room.handle.id] = loop  # the room's events: its job's loop
+            return loop
+
+    def _carries_async_id(self, msg: Any, which: str) -> bool:
+        has = self._has_async_id.get(which)
+        if has is None:
+            field = msg.DESCRIPTOR.fields_by_name[which].message_type
+            has = self._has_async_id[which] = field is not None and "async_id" in field.fields_by_name
+        return has
+
+    def record_request(self, resp: Any) -> None:
+        """Called with each request's response: its callback, if it has one, belongs to the calling loop."""
+        which = resp.WhichOneof("message")
+        if which is None or not self._carries_async_id(resp, which):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a request made off any loop: its callback goes to everyone
+        with self._lock:
+            self._by_async_id[getattr(resp, which).async_id] = loop
+            while len(self._by_async_id) > ASYNC_IDS_KEPT:
+                self._by_async_id.popitem(last=False)
+
+    def record_stream(self, handle: int, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._by_stream[handle] = loop
+            if len(self._by_stream) > 4 * ASYNC_IDS_KEPT:  # streams that never sent their end
+                for h in [h for h, lp in self._by_stream.items() if lp.is_closed()]:
+                    del self._by_stream[h]

@@ -1,0 +1,224 @@
+"""agent/rtc_ffi.py: the rtc SDK's FFI client created once for many job threads, and its events routed to the
+loop that owns them, with the SDK's own FfiQueue as the reference for what each subscriber must receive."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import pytest
+from livekit.rtc._ffi_client import FfiClient, FfiQueue
+from livekit.rtc._proto import ffi_pb2
+
+from agent import rtc_ffi
+from agent.rtc_ffi import RoutedQueue
+
+
+class LoopThread:
+    """An event loop running in its own thread, as each job's is."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args):
+        async def run():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(5)
+
+    def drain(self, queue) -> list:
+        async def take():
+            await asyncio.sleep(0)  # the put_nowait callbacks scheduled before this one have run
+            items = []
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            return items
+
+        return asyncio.run_coroutine_threadsafe(take(), self.loop).result(5)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def loops():
+    made = [LoopThread() for _ in range(3)]
+    yield made
+    for lt in made:
+        lt.close()
+
+
+def audio_event(handle: int) -> ffi_pb2.FfiEvent:
+    ev = ffi_pb2.FfiEvent()
+    ev.audio_stream_event.stream_handle = handle
+    ev.audio_stream_event.frame_received.frame.handle.id = 1
+    return ev
+
+
+def capture_callback(async_id: int) -> ffi_pb2.FfiEvent:
+    ev = ffi_pb2.FfiEvent()
+    ev.capture_audio_frame.async_id = async_id
+    return ev
+
+
+def capture_response(async_id: int) -> ffi_pb2.FfiResponse:
+    resp = ffi_pb2.FfiResponse()
+    resp.capture_audio_frame.async_id = async_id
+    return resp
+
+
+def room_event(handle: int) -> ffi_pb2.FfiEvent:
+    ev = ffi_pb2.FfiEvent()
+    ev.room_event.room_handle = handle
+    ev.room_event.eos.SetInParent()
+    return ev
+
+
+def is_audio(e) -> bool:
+    return e.WhichOneof("message") == "audio_stream_event"
+
+
+def not_media(e) -> bool:
+    return e.WhichOneof("message") not in ("audio_stream_event", "video_stream_event")
+
+
+def subscribe_like_a_room(q, lt: LoopThread) -> dict:
+    """The subscriptions one job's loop holds: its room's queue, its audio stream's, and a request waiter."""
+    return {
+        "room": lt.call(q.subscribe, lt.loop, not_media),
+        "audio": lt.call(q.subscribe, lt.loop, is_audio),
+        "waiter": lt.call(q.subscribe),
+    }
+
+
+def test_an_audio_stream_event_reaches_only_the_loop_that_owns_the_stream(loops):
+    q = RoutedQueue()
+    subs = [subscribe_like_a_room(q, lt) for lt in loops]
+    for i, lt in enumerate(loops):
+        q.record_stream(100 + i, lt.loop)
+    q.put(audio_event(101))
+    got = [{k: len(lt.drain(s[k])) for k in s} for lt, s in zip(loops, subs, strict=True)]
+    assert got == [
+        {"room": 0, "audio": 0, "waiter": 0},
+        {"room": 0, "audio": 1, "waiter": 1},
+        {"room": 0, "audio": 0, "waiter": 0},
+    ]
+    q.put(audio_event(999))  # a stream not recorded (yet): everyone, as the SDK does
+    assert [len(lt.drain(s["audio"])) for lt, s in zip(loops, subs, strict=True)] == [1, 1, 1]
+
+
+def test_a_callback_reaches_only_the_loop_that_made_the_request(loops):
+    q = RoutedQueue()
+    subs = [subscribe_like_a_room(q, lt) for lt in loops]
+    loops[2].call(q.record_request, capture_response(7))  # the request is made on the third job's loop
+    q.put(capture_callback(7))
+    assert [len(lt.drain(s["waiter"])) for lt, s in zip(loops, subs, strict=True)] == [0, 0, 1]
+    assert [len(lt.drain(s["room"])) for lt, s in zip(loops, subs, strict=True)] == [0, 0, 1]
+    q.put(capture_callback(7))  # its owner is forgotten once delivered: a second one goes to everyone
+    assert [len(lt.drain(s["waiter"])) for lt, s in zip(loops, subs, strict=True)] == [1, 1, 1]
+    q.record_request(capture_response(8))  # made off any loop: not routed
+    q.put(capture_callback(8))
+    assert [len(lt.drain(s["waiter"])) for lt, s in zip(loops, subs, strict=True)] == [1, 1, 1]
+
+
+def test_room_events_still_reach_every_room_and_a_closed_loops_subscriber_is_dropped(loops):
+    q = RoutedQueue()
+    subs = [subscribe_like_a_room(q, lt) for lt in loops]
+    q.put(room_event(5))
+    assert [len(lt.drain(s["room"])) for lt, s in zip(loops, subs, strict=True)] == [1, 1, 1]
+    loops[0].close()
+    loops[0] = LoopThread()  # the fixture closes the replacement
+    q.put(room_event(5))
+    q.put(audio_event(999))
+    assert len(q._subscribers) == 6  # the closed loop's three are gone once an event reached each...
+    for lt, s in zip(loops[1:], subs[1:], strict=True):  # ... and the others still get theirs
+        assert [len(lt.drain(s[k])) for k in ("room", "audio", "waiter")] == [
+            1,
+            1,
+            3,
+        ]  # (its first room event too)
+
+
+def test_every_delivery_the_owner_needs_is_made_and_no_other_loop_is_woken(loops):
+    """A random stream of audio frames, capture callbacks and room events, put to the SDK's FfiQueue and to
+    RoutedQueue with the same subscribers: every event reaches its owning loop's subscribers exactly as the
+    SDK delivers it there, and a routed event wakes no other loop."""
+    sdk, routed = FfiQueue(), RoutedQueue()
+    rng = random.Random(7)
+    subs = {"sdk": [subscribe_like_a_room(sdk, lt) for lt in loops]}
+    subs["routed"] = [subscribe_like_a_room(routed, lt) for lt in loops]
+    for i, lt in enumerate(loops):
+        routed.record_stream(100 + i, lt.loop)
+    owners: dict[int, int] = {}
+    events = []
+    for n in range(300):
+        kind = rng.choice(["audio", "capture", "room"])
+        if kind == "audio":
+            owner = rng.randrange(3)
+            events.append((audio_event(100 + owner), owner))
+        elif kind == "capture":
+            owner = rng.randrange(3)
+            owners[n] = owner
+            loops[owner].call(routed.record_request, capture_response(1000 + n))
+            events.append((capture_callback(1000 + n), owner))
+        else:
+            events.append((room_event(1), None))
+    for ev, _ in events:
+        sdk.put(ev)
+        routed.put(ev)
+    got = {
+        name: [{k: lt.drain(s[k]) for k in s} for lt, s in zip(loops, subs[name], strict=True)]
+        for name in subs
+    }
+    for i in range(3):
+        for k in ("room", "audio", "waiter"):
+            mine = [ev for ev, owner in events if owner in (i, None)]
+            expected = [ev for ev in got["sdk"][i][k] if any(ev is m for m in mine)]
+            assert [id(e) for e in got["routed"][i][k]] == [id(e) for e in expected], (i, k)
+    sdk_total = sum(len(v) for s in got["sdk"] for v in s.values())
+    routed_total = sum(len(v) for s in got["routed"] for v in s.values())
+    broadcast = sum(owner is None for _, owner in events)
+    assert sdk_total == 6 * len(events)  # every event: two of the three subscriptions on each of 3 loops
+    assert routed_total == 2 * (len(events) - broadcast) + 6 * broadcast  # a routed one: its owner's two
+
+
+def test_install_is_safe_from_many_threads_at_once():
+    results, barrier = [], threading.Barrier(8)
+
+    def run():
+        barrier.wait()
+        results.append((rtc_ffi.install(), id(FfiClient.instance), id(FfiClient.instance.queue)))
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(results) == 8 and len(set(results)) == 1, results
+    assert results[0][0] is True
+    assert isinstance(FfiClient.instance.queue, RoutedQueue)
+
+
+def test_a_rooms_events_reach_the_loop_that_connected_it_once_its_connect_callback_came(loops):
+    q = RoutedQueue()
+    subs = [subscribe_like_a_room(q, lt) for lt in loops]
+    resp = ffi_pb2.FfiResponse()
+    resp.connect.async_id = 41
+    loops[1].call(q.record_request, resp)
+    cb = ffi_pb2.FfiEvent()
+    cb.connect.async_id = 41
+    cb.connect.result.room.handle.id = 9
+    q.put(cb)
+    ev = ffi_pb2.FfiEvent()
+    ev.room_event.room_handle = 9
+    ev.room_event.active_speakers_changed.SetInParent()
+    q.put(ev)
+    q.put(room_event(9))  # the room's end: delivered to its loop, and the room forgotten
+    q.put(ev)
+    got = [len(lt.drain(s["room"])) for lt, s in zip(loops, subs, strict=True)]
+    assert got == [1, 4, 1]  # the callback, two room events and the end; then everyone gets a stray event
