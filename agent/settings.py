@@ -90,6 +90,16 @@ class AgentSettings(EnvSettings):
     refuse_when_overloaded: bool = Field(
         True, validation_alias="CHORUS_REFUSE_WHEN_OVERLOADED", description="true or false"
     )
+    # LiveKit's server offers a room only to workers whose reported load is under its `agents.target_load`
+    # (default 0.7: a worker's share is target_load - load), and livekit-agents' production threshold is 0.7
+    # too: the worker reports the share of slots in use scaled to this, so its last free slot is still offered
+    load_target: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        validation_alias="CHORUS_LOAD_TARGET",
+        description="the LiveKit server's agents.target_load, above 0 and at most 1",
+    )
     # SIGTERM: no new jobs; calls in progress go on, and one still going near the end is closed with a goodbye
     drain_timeout_s: float = Field(
         600.0, gt=0, validation_alias="CHORUS_DRAIN_TIMEOUT_S", description="a number of seconds above 0"

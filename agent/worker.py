@@ -4,8 +4,9 @@
 agent/worker.py`, `lk agent dev`, `lk agent console`; `python -m agent dev|start|console` runs the same
 object). Building it reads the settings and sizes the startup timeout; the engine itself is built when the
 worker runs (`setup_fnc`, or the first load poll), and LiveKit credentials are needed only to connect.
-It has the THREAD executor, the engine's load as its load and a load threshold of 1.0, so LiveKit sends no
-more rooms once the slots are taken or the engine has no headroom left. `run_job` is the entrypoint:
+It has the THREAD executor, and reports the engine's load scaled to the LiveKit server's target load
+(`CHORUS_LOAD_TARGET`, the server's `agents.target_load`, 0.7 by default) with that as its threshold, so
+LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left. `run_job` is the entrypoint:
 connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves; a phone caller gets
 the phone concierge (agent/phone.py), which can also transfer the call or hang up.
 """
@@ -106,8 +107,11 @@ def close_shared() -> None:
 
 
 def engine_load(settings: AgentSettings) -> float:
-    """The share of slots in use, or 1.0 while the engine refuses sessions for lack of headroom."""
-    return float(shared_engine(settings).load)
+    """What LiveKit is told: the share of slots in use (or 1.0 while the engine refuses sessions for lack of
+    headroom) times the server's target load. The server gives a worker a room only while its load is under
+    that target (its share is target - load): reporting the bare share would stop the rooms at 70% of the
+    slots with LiveKit's default 0.7."""
+    return settings.load_target * float(shared_engine(settings).load)
 
 
 def weight_bytes(settings: AgentSettings) -> int:
@@ -144,7 +148,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
         # arrive together are turned away as soon as two or three are in flight, whatever the free slots.
         num_idle_processes=settings.slots,
         load_fnc=lambda: engine_load(settings),
-        load_threshold=1.0,
+        load_threshold=settings.load_target,  # full: every slot in use, or no headroom
         setup_fnc=lambda proc: _setup(proc, settings),
         initialize_process_timeout=startup_timeout_s(settings),
         prometheus_port=settings.prometheus_port,

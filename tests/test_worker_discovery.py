@@ -66,13 +66,17 @@ def test_the_cli_finds_the_worker_with_its_name_load_threshold_executor_and_star
     assert module._engine is None  # imported, not built
     # the configuration as livekit-agents holds it (AgentServer has no public accessors for these)
     assert server._agent_name == "front-desk"
-    assert server._load_threshold == 1.0
+    assert server._load_threshold == 0.7  # LiveKit's default agents.target_load
     assert server._job_executor_type == JobExecutorType.THREAD
     # reading a 5 GB checkpoint takes longer than the framework's default: at 100 MB/s, 50 s more
     assert server._initialize_process_timeout >= FRAMEWORK_DEFAULT_STARTUP_S + 5 * GB / 100e6
-    # the load LiveKit sees is the engine's
+    # the load LiveKit sees is the engine's, scaled to the server's target: a full engine is exactly at it
     monkeypatch.setattr(module, "shared_engine", lambda settings: SimpleNamespace(load=0.375))
-    assert server.load_fnc() == 0.375
+    assert server.load_fnc() == pytest.approx(0.7 * 0.375)
+    monkeypatch.setattr(module, "shared_engine", lambda settings: SimpleNamespace(load=15 / 16))
+    assert 0.7 - server.load_fnc() > 0  # a 16-slot worker with one slot free still has a share of rooms
+    monkeypatch.setattr(module, "shared_engine", lambda settings: SimpleNamespace(load=1.0))
+    assert server.load_fnc() >= server._load_threshold  # and none with none free
 
 
 def test_the_startup_timeout_can_be_set(clean_env, monkeypatch):
