@@ -42,7 +42,12 @@ def clean_env(tmp_path, monkeypatch):
 
 def discover(monkeypatch) -> tuple[str, AgentServer, object]:
     """What `python -m livekit.agents start agent/worker.py` does: livekit-agents' discovery, on a fresh import."""
+    import agent
+
+    # the fresh module is this test's only: afterwards both the module table and the package's attribute name
+    # the one every other test imported (its engine, admissions and FFI setup are process-wide state)
     monkeypatch.delitem(sys.modules, "agent.worker", raising=False)
+    monkeypatch.delattr(agent, "worker", raising=False)
     data = get_import_data(path=WORKER)
     module = importlib.import_module(data.module_data.module_import_str)
     return data.import_string, getattr(module, data.app_name), module
