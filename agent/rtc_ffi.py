@@ -25,6 +25,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from livekit.rtc._utils import Queue  # the SDK's own subscriber queue
+
 log = logging.getLogger("chorus.agent.rtc_ffi")
 
 ASYNC_IDS_KEPT = 8192  # requests whose callback is still to come (a callback comes within milliseconds)
@@ -94,8 +96,6 @@ class RoutedQueue:
     # the SDK's FfiQueue interface
 
     def subscribe(self, loop: asyncio.AbstractEventLoop | None = None, filter_fn: Any = None) -> Any:
-        from livekit.rtc._utils import Queue
-
         queue = Queue()
         self._add(queue, loop or asyncio.get_event_loop(), filter_fn)
         return queue
