@@ -49,6 +49,7 @@ class Forcing:
     def __init__(self, handle: Any, tok: Any, duplex: Any) -> None:
         self.handle, self.tok, self.duplex = handle, tok, duplex
         self.text_end = self.func_end = 0  # the output frame count at which each channel's queue runs out
+        self._pauses_at_call = 0
 
     def _now(self) -> int:
         return self.duplex.stats["frames_out"]
@@ -64,6 +65,12 @@ class Forcing:
     def call(self, ids: list[int]) -> None:
         self.handle.force_function(ids)  # only its first token takes a live tick; the rest run while paused
         self.func_end = max(self.func_end, self._now()) + 1
+        self._pauses_at_call = self.duplex.stats["pauses"]
+
+    def call_paused(self) -> bool:
+        """Whether the last forced call has paused the session: it is paused now, or a pause began and ended
+        since (a fast tool between two polls of a script), so a reply forced now follows the result."""
+        return self.duplex.paused or self.duplex.stats["pauses"] > self._pauses_at_call
 
     def top_up(self) -> None:
         now = self._now()
@@ -137,7 +144,7 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
                 force.call(tok.call_ids([{"name": c["name"], "arguments": c["arguments"]}]))
                 forced["calls"] += 1
                 thanks_due = True
-            elif thanks_due and duplex.paused:
+            elif thanks_due and force.call_paused():
                 force.say(AFTER_TOOL)  # forced while paused: spoken as soon as the result is consumed
                 forced["turns"] += 1
                 thanks_due = False

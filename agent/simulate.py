@@ -219,7 +219,7 @@ async def run_room(room: Room, engine: Engine, hotel: Hotel, out: Path, start_at
                 room.scripted_calls += 1
                 next_tool = now + TOOL_EVERY_S
                 pending_reply = True
-            if pending_reply and duplex.paused:
+            if pending_reply and force.call_paused():
                 # forced while paused, so the model speaks it as soon as the tool result is consumed
                 force.text([tok.bos, *tok.encode(" Thanks for waiting."), tok.eos])
                 pending_reply = False

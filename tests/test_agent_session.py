@@ -20,6 +20,7 @@ from livekit.agents.testing import fake_job_context
 
 from agent.call import PcmInput, start_call
 from agent.duplex import ChorusModel, InputConverter
+from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
@@ -179,6 +180,33 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     lost = stats["speech_frames"] * FRAME_S - out["model_s"]
     assert -1e-3 <= lost <= 0.16 + 1e-3, lost
     assert out["gaps"] == 0 or out["gap_s"] < 0.5  # the clip never lands inside the model's turn
+
+
+def test_a_scripted_reply_follows_a_tool_pause_that_ended_between_two_polls(engine, hotel, tmp_path):
+    """Teacher forcing (a scripted `check_availability` call): a script that polls the session less often than
+    a fast tool pauses it still sees that its call paused the session, and its reply is then spoken."""
+
+    async def main():
+        await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
+        with fake_job_context():
+            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050))
+            handle = await call.wait_open()
+            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            force = Forcing(handle, engine.tokens, call.duplex)
+            args = {"check_in": TODAY.isoformat(), "nights": 2, "guests": 2}
+            force.call(engine.tokens.call_ids([{"name": "check_availability", "arguments": args}]))
+            before = force.call_paused()
+            await until(lambda: call.duplex.stats["resumes"] == 1, "the pause to be over")
+            after = (call.duplex.paused, force.call_paused())
+            turns = call.duplex.stats["turns"]
+            force.say(AFTER_TOOL)
+            await until(lambda: call.duplex.stats["turns"] == turns + 1, "the reply")
+            await call.aclose()
+            return before, after
+
+    before, after = asyncio.run(main())
+    assert before is False  # nothing has paused yet
+    assert after == (False, True)  # the pause is over, and still counted as the call's
 
 
 def test_acknowledgement_clips_never_repeat_back_to_back():
