@@ -1,7 +1,9 @@
-"""The hotel's rules as pure functions: dates, stays, prices, codes, names, cancellation fees.
+"""The hotel's rules as pure functions: dates, stays, prices, codes, names, contacts, cancellation fees.
 
-Knows the calendar and integer cents; knows nothing about the database, the model or LiveKit.
-Every rejection is an `InvalidRequest` whose message can be spoken to the caller.
+Knows the calendar and integer cents, and reads e-mail addresses and phone numbers through email-validator
+and phonenumbers (offline: no DNS); knows nothing about the database, the model or LiveKit.
+Every rejection is an `InvalidRequest` (names and contacts: a `ValueError`) whose message can be spoken to
+the caller.
 """
 
 from __future__ import annotations
@@ -9,9 +11,13 @@ from __future__ import annotations
 import calendar
 import re
 import secrets
+import string
 import unicodedata
 from dataclasses import dataclass
 from datetime import date, timedelta
+
+import email_validator
+import phonenumbers
 
 from .errors import InvalidRequest
 
@@ -33,7 +39,9 @@ def _clip(text: str, limit: int = 40) -> str:
 
 
 def _next_day_of_month(day: int, today: date) -> date | None:
-    """The first date on or after `today` whose day of the month is `day`."""
+    """The first date on or after `today` whose day of the month is `day`; None for a day no month has."""
+    if not 1 <= day <= 31:
+        return None
     year, month = today.year, today.month
     for _ in range(13):
         if day <= calendar.monthrange(year, month)[1]:
@@ -262,19 +270,43 @@ def spoken_code(code: str) -> str:
 
 NAME_PUNCTUATION = " -'.’"
 NAME_MAX = 80  # characters, counted as stored (after NFC, which lengthens some letters)
+MARKS_PER_LETTER = 3  # accents on one letter: a pointed Hebrew shin carries three (dagesh, shin dot, vowel)
+# Characters that show nothing and are not format characters (Cf, all dropped too): the Hangul fillers
+# (letters to unicodedata), the Braille blank (a symbol), the combining grapheme joiner, the Khmer inherent
+# vowels, the Khitan filler and the variation selectors (marks).
+_INVISIBLE = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u2800\u3164\uffa0\U00016fe4"
+    + "".join(map(chr, range(0xFE00, 0xFE10)))
+    + "".join(map(chr, range(0xE0100, 0xE01F0)))
+)
 
 
 def clean_name(text: str) -> str:
-    """A guest name as stored: NFC, single spaces. Raises if it is not a plausible personal name."""
-    name = " ".join(unicodedata.normalize("NFC", text).split())
-    if not name:
-        raise ValueError("the name is empty")
+    """A guest name as stored: invisible characters dropped, NFC, single spaces. Raises `ValueError` (the
+    reason, to be said) unless it is a plausible personal name: letters with at most `MARKS_PER_LETTER`
+    accents each (and at most two per letter over the name), spaces, hyphens, apostrophes and periods."""
+    visible = "".join(ch for ch in text if ch not in _INVISIBLE and unicodedata.category(ch) != "Cf")
+    name = " ".join(unicodedata.normalize("NFC", visible).split())
+    letters = marks = 0
+    on_letter = -1  # accents on the letter just read; -1 after a space or punctuation (none may follow)
     for ch in name:
         category = unicodedata.category(ch)
-        if not (category.startswith("L") or category.startswith("M") or ch in NAME_PUNCTUATION):
+        if category.startswith("L"):
+            letters, on_letter = letters + 1, 0
+        elif category.startswith("M"):
+            if on_letter < 0:
+                raise ValueError("a name has an accent that is on no letter")
+            marks, on_letter = marks + 1, on_letter + 1
+            if on_letter > MARKS_PER_LETTER:
+                raise ValueError("the name has too many accent marks on its letters")
+        elif ch in NAME_PUNCTUATION:
+            on_letter = -1
+        else:
             raise ValueError("a name can only contain letters, spaces, hyphens, apostrophes and periods")
-    if not any(unicodedata.category(ch).startswith("L") for ch in name):
-        raise ValueError("a name needs at least one letter")
+    if not letters:
+        raise ValueError("a name needs at least one visible letter")
+    if marks > 2 * letters:
+        raise ValueError("the name has too many accent marks on its letters")
     if len(name) > NAME_MAX:
         raise ValueError(f"must be at most {NAME_MAX} characters long")
     return name
@@ -295,6 +327,59 @@ def surname_matches(guest_name: str, surname: str) -> bool:
         return False
     words = _name_words(guest_name)
     return any("".join(words[i:]) == given for i in range(len(words)))
+
+
+# --- contacts ----------------------------------------------------------------------------------------
+
+_PHONE_CHARACTERS = frozenset(string.digits + "+-(). ")
+_Length = phonenumbers.ValidationResult
+_PHONE_PROBLEM = {
+    _Length.INVALID_COUNTRY_CODE: "does not start with a country code",
+    _Length.TOO_SHORT: "is too short",
+    _Length.IS_POSSIBLE_LOCAL_ONLY: "is too short",
+    _Length.TOO_LONG: "is too long",
+    _Length.INVALID_LENGTH: "has the wrong number of digits",
+}
+_UNREAD = {  # why phonenumbers could not parse a number, as a length; any other reason is too few digits
+    phonenumbers.NumberParseException.INVALID_COUNTRY_CODE: _Length.INVALID_COUNTRY_CODE,
+    phonenumbers.NumberParseException.TOO_LONG: _Length.TOO_LONG,
+}
+
+
+def clean_contact(text: str) -> str:
+    """A guest's e-mail address or phone number as stored; raises `ValueError` (the reason, to be said).
+
+    An e-mail address (it has an @) is checked by email-validator, offline (no DNS): an ASCII mailbox at a
+    real-looking domain, stored normalized (the domain in lower case). A phone number is ASCII digits, with
+    + and its country code first (nothing tells which country a number without one is from), spaces,
+    dashes, dots and parentheses; phonenumbers must find it the right length for that country, and it is
+    stored as E.164 (`+14155550123`).
+    """
+    text = " ".join(text.split())
+    if "@" in text:
+        try:
+            found = email_validator.validate_email(text, check_deliverability=False, allow_smtputf8=False)
+        except email_validator.EmailNotValidError as e:  # its reason is a sentence: "An email address ..."
+            reason = _clip(str(e), 160)
+            raise ValueError(reason[:1].lower() + reason[1:]) from None
+        return found.normalized
+    if not set(text) <= _PHONE_CHARACTERS or "+" in text[1:]:
+        raise ValueError("give a phone number in the digits 0 to 9, or an email address")
+    if not text.startswith("+"):
+        raise ValueError(
+            "a phone number needs its country code, said with a plus first, "
+            "like +1 for the US or +44 for the UK"
+        )
+    try:
+        number = phonenumbers.parse(text)
+    except phonenumbers.NumberParseException as e:
+        problem = _PHONE_PROBLEM[_UNREAD.get(e.error_type, _Length.TOO_SHORT)]
+        raise ValueError(f"that phone number {problem}") from None
+    length = phonenumbers.is_possible_number_with_reason(number)
+    if length != _Length.IS_POSSIBLE:
+        country = f" for +{number.country_code}" if length != _Length.INVALID_COUNTRY_CODE else ""
+        raise ValueError(f"that phone number {_PHONE_PROBLEM[length]}{country}")
+    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
 
 
 # --- room types --------------------------------------------------------------------------------------

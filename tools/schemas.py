@@ -37,24 +37,7 @@ def _name(value: str) -> str:
 
 
 def _contact(value: str) -> str:
-    value = " ".join(value.split())
-    if "@" in value:
-        local, _, domain = value.rpartition("@")
-        if (
-            not local
-            or any(ch.isspace() for ch in value)
-            or "." not in domain
-            or not all(ch.isalnum() or ch in "-." for ch in domain)
-            or not all(ch.isprintable() and ord(ch) < 128 for ch in local)
-        ):
-            raise ValueError("that email address does not look complete")
-        return f"{local}@{domain.lower()}"
-    if not all(ch.isdigit() or ch in "+-(). " for ch in value) or "+" in value[1:]:
-        raise ValueError("give a phone number (digits) or an email address")
-    digits = "".join(ch for ch in value if ch.isdigit())
-    if not 7 <= len(digits) <= 15:
-        raise ValueError("a phone number has 7 to 15 digits")
-    return ("+" if value.startswith("+") else "") + digits
+    return rules.clean_contact(value)
 
 
 def _code(value: str) -> str:
@@ -108,7 +91,7 @@ class BookRoom(_Args):
         min_length=3,
         max_length=120,
         title="phone number or email",
-        description="Phone number or email address of the guest.",
+        description="Phone number of the guest, with + and the country code, or their email address.",
     )
     check_in: DateText = Field(title="check-in date", description=_CHECK_IN)
     check_out: DateText | None = Field(None, title="check-out date", description=_CHECK_OUT)
