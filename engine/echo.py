@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.config import ClockConfig
-from engine.scheduler import LivePlan, LiveResult
+from engine.plan import LivePlan, LiveResult
 from engine.slots import FrameInbox, Session
 from engine.tokens import Tokens
 

@@ -241,9 +241,11 @@ class Engine:
             result_ticks=max(1, round(cfg.result_s * 1000 / cfg.tick_ms)),
         )
         frame_clock = self.model_cfg.clock
-        self.scheduler = Scheduler(cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock)
+        # tool results are tokenised off the tick thread
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-tokens")
-        self.scheduler.encode_pool = self._encoder  # tool results are tokenised off the tick thread
+        self.scheduler = Scheduler(
+            cfg.num_slots, self.tokens, frame_clock.input_samples, limits, clock, encode_pool=self._encoder
+        )
         self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
@@ -490,17 +492,18 @@ class Engine:
         """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
         the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever the
         time: the progress guarantee. Work past the deadline is counted (`overruns`)."""
-        clock = self.clock
+        clock, sch = self.clock, self.scheduler
         t_start = clock()
         self.tick = k
+        # schedule: this tick's sessions, the results that came in, the live batch
         reset, sessions, freed = self.pool.begin_tick()
-        sch = self.scheduler
         for s in freed:
             self.acct.closed_dropped += s.inbox.dropped
             self.acct.closed_skipped += s.inbox.skipped
-            sch.call_started_tick.pop(s.id, None)  # closed mid-call
+        sch.begin_tick(k, sessions, freed)
         sch.poll(t_start)
-        plan = sch.plan_live(k, sessions, reset)
+        plan = sch.plan_live(reset)
+        # execute and update: one batched live step for every live slot, its frames out to their sessions
         result = self.runner.live(plan)
         if self._echo is not None:
             self._echo.apply(plan, result, sessions, t_start)
@@ -508,6 +511,7 @@ class Engine:
         t_live = clock()
         if self._echo is not None:
             self._echo.sent(t_live)
+        # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed
         until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
         cadence = self.config.cadence_locked_tools
         skip: frozenset[str] = frozenset()
@@ -527,12 +531,11 @@ class Engine:
                 skip = skip | {work.kind}
             t = clock()
             res = self.runner.tool(work)
-            sch.apply_tool(work, res, (clock() - t) * 1e3)
-            for slot, key in sch.saves:
-                sch.cached_prompts.difference_update(self.runner.save_prompt(slot, key))
-            sch.saves.clear()
-        while sch.completed_calls:
-            self.acct.record_call(*sch.completed_calls.pop(0))
+            done = sch.apply_tool(work, res, (clock() - t) * 1e3)
+            for slot, key in done.saves:
+                sch.forget_prompts(self.runner.save_prompt(slot, key))
+            for call_ms, ticks in done.calls:
+                self.acct.record_call(call_ms, ticks)
         t_end = clock()
         self.acct.record_tick(
             (t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline, t_end > deadline

@@ -17,7 +17,7 @@ import torch
 
 from engine.graph import StepGraph, StepGraphs, pow2_at_least, pow2_pieces
 from engine.model.pipeline import PROMPT_STAGES, Pipeline, all_inactive
-from engine.scheduler import LivePlan, LiveResult, ToolResult, ToolWork
+from engine.plan import LivePlan, LiveResult, ToolResult, ToolWork
 
 
 class Runner:

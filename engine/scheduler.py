@@ -1,9 +1,16 @@
 """The tick's plan and its bookkeeping: who is live, what paused work runs this tick, and what a result means.
 
-`plan_live` and `apply_live` bracket the one batched live step; `next_tool_work` (what fits in the slack) or
-`owed_work` (what is due this tick whatever the slack) and `apply_tool` bracket each piece of paused work
-(tool-call tokens, result and prompt prefill, replay). CPU-only and model-free: it works on numpy arrays and
-hand-made results, so it is tested without a model.
+One tick, as `Engine.run_tick` drives it (tool calls' own life is `engine/toolcalls.py`):
+
+    sch.begin_tick(k, sessions, freed)       # the tick's number and sessions: every call below reads them
+    sch.poll(now)                            # tool results in, late ones timed out, their prefills started
+    plan = sch.plan_live(reset)              # -> LivePlan: the inputs of the one batched live step
+    sch.apply_live(plan, runner.live(plan))  # frames, turns and calls out to their sessions
+    while work := sch.next_tool_work(budget_ms) or sch.owed_work():  # what fits, then what is owed
+        done = sch.apply_tool(work, runner.tool(work), ms)          # -> SlackOutcome
+        sch.forget_prompts(runner.save_prompt(slot, key))          # for each of done.saves
+
+CPU-only and model-free: it works on numpy arrays and hand-made results, so it is tested without a model.
 
 Progress is guaranteed, not left to the slack. The engine gives paused work a reserved share of every tick
 even when the live step left less slack, and `owed_work` forces what must not wait whatever the time left: a
@@ -18,143 +25,38 @@ skipped, silence first, and counted (`FrameInbox.skip`); a live session whose ba
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from engine.api import (
     AudioFrame,
-    FunctionCall,
     Output,
-    ToolCallRejected,
-    ToolCallStarted,
-    ToolResultConsumed,
     TurnEnded,
     TurnStarted,
 )
+from engine.plan import (
+    PRIORITY,
+    CallRecord,
+    CostModel,
+    Limits,
+    LivePlan,
+    LiveResult,
+    SlackOutcome,
+    ToolResult,
+    ToolWork,
+    WorkKind,
+)
 from engine.slots import Phase, Session
-from engine.tokens import Tokens, ToolCallError, parse_tool_call
+from engine.tokens import Tokens
+from engine.toolcalls import ToolCalls
 
 log = logging.getLogger("chorus.engine.scheduler")
-
-WorkKind = Literal["call", "result", "replay", "prompt"]
-PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
-CALL_LOG = 50  # finished tool calls kept for the snapshot
-
-
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """One finished tool call, made once per call (when the session is live again), read by snapshots."""
-
-    session: str
-    label: str
-    names: tuple[str, ...]  # () when the call could not be read
-    ok: bool  # every result came back without an error
-    at: float  # wall-clock time (Unix seconds) the session was live again
-    call_ms: float  # start of call -> function calls emitted (the model writing the call)
-    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
-    resume_ms: float  # last result -> live again (result prefill and replay)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_call_tokens: int = 512
-    tool_timeout_s: float = 15.0
-    prefill_chunk: int = 64  # prompt positions per prefill forward in the slack
-    result_chunk: int = 64  # tool-result positions per prefill forward
-    max_chunk: int = 256  # the most positions one prefill forward may take (the thinker's attention window)
-    admission_ticks: int = 25  # a new session is live within this many ticks (2 s)
-    replay_ticks: int = 25  # a session back from a tool is live within this many ticks of its results
-    result_ticks: int = 12  # tool results are prefilled within this many ticks of arriving (1 s)
-    owed_rows: int = 8  # rows of one forced piece of work (the least recently served first)
-    live_lag_frames: int = 12  # a live session's backlog beyond this sheds its silent frames
-
-
-@dataclass
-class LivePlan:
-    """Inputs of the live step, one row per slot; rows that are not live are computed but change nothing."""
-
-    tick: int
-    live: np.ndarray  # [S] bool
-    audio: np.ndarray  # [S, 1280] float32 (silence where no frame)
-    force_text: np.ndarray  # [S] int64, -1 = the model's own token
-    force_func: np.ndarray  # [S] int64
-    reset: np.ndarray  # [S] bool: rows to return to a fresh state before the step
-    quiet: np.ndarray | None = None  # [S] bool: replaying rows, agent channels forced silent, output withheld
-    restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
-
-
-@dataclass
-class LiveResult:
-    text: np.ndarray  # [S] int64
-    func: np.ndarray  # [S] int64
-    audio: np.ndarray  # [S, 1764] float32
-
-
-@dataclass
-class ToolWork:
-    """One piece of slack work over a batch of paused slots."""
-
-    kind: WorkKind
-    sessions: list[Session]
-    slots: np.ndarray  # [b] int64
-    tokens: np.ndarray  # call: forced func token [b, 1] (-1 none); result/prompt: ids [b, T]; replay: unused
-    audio: np.ndarray | None = None  # replay: [S, 1280] with the replayed frames in the replaying rows
-    active: np.ndarray | None = None  # replay: [S] bool
-
-
-@dataclass
-class ToolResult:
-    func: np.ndarray | None = None  # call: [b] int64 tokens produced
-
-
-@dataclass
-class CostModel:
-    """Predicted milliseconds per piece of slack work, learned from measurements per kind and shape: an EMA of
-    the cost plus two EMAs of its deviation, so a noisy machine plans with a margin without one outlier
-    locking the estimate high."""
-
-    default_ms: float = 5.0
-    alpha: float = 0.2
-    table: dict[tuple[str, int, int], float] = field(default_factory=dict)  # the prediction per shape
-    _mean: dict[tuple[str, int, int], float] = field(default_factory=dict)
-    _dev: dict[tuple[str, int, int], float] = field(default_factory=dict)
-
-    @staticmethod
-    def _key(kind: str, b: int, t: int) -> tuple[str, int, int]:
-        bucket = 1 << max(0, (b - 1).bit_length())  # 1, 2, 4, 8, ...
-        return kind, bucket, t
-
-    def predict(self, kind: str, b: int, t: int = 1) -> float:
-        """Measured cost of the same kind and shape, else the nearest measured shape scaled by work units."""
-        key = self._key(kind, b, t)
-        if key in self.table:
-            return self.table[key]
-        units = key[1] * t
-        same = [(bb * tt, v) for (k, bb, tt), v in self.table.items() if k == kind]
-        if not same:
-            return self.default_ms
-        ref_units, ref_ms = min(same, key=lambda uv: abs(uv[0] - units))
-        return ref_ms * units / ref_units
-
-    def observe(self, kind: str, b: int, t: int, ms: float) -> None:
-        key = self._key(kind, b, t)
-        if key not in self._mean:
-            self._mean[key], self._dev[key] = ms, 0.0
-        else:
-            mean = self._mean[key]
-            self._dev[key] += self.alpha * (abs(ms - mean) - self._dev[key])
-            self._mean[key] = mean + self.alpha * (ms - mean)
-        self.table[key] = self._mean[key] + 2 * self._dev[key]
 
 
 class Scheduler:
@@ -165,32 +67,56 @@ class Scheduler:
         frame_in: int,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        encode_pool: Executor | None = None,
     ) -> None:
+        """`encode_pool` is where tool results are tokenised, off the tick thread (None: inline)."""
         self.S = num_slots
         self.clock = clock
         self.tok = tokens
         self.frame_in = frame_in
         self.limits = limits or Limits()
         self.costs = CostModel()
-        self.sessions: list[Session] = []
-        self.completed_calls: list[tuple[float, int]] = []  # (ms, ticks) per finished call, for the engine
-        self.call_log: deque[CallRecord] = deque(maxlen=CALL_LOG)  # the latest tool calls, newest last
-        # prompts whose prefilled state the runner holds (by key), and the ones it should save next
-        self.cached_prompts: set[int] = set()
-        self.saves: list[tuple[int, int]] = []
-        self.call_started_tick: dict[str, int] = {}
-        self.encode_pool: Executor | None = None  # where tool results are tokenised (None: inline)
+        self.calls = ToolCalls(tokens, self.limits, clock, encode_pool)
+        self._cached: set[int] = set()  # prompts whose prefilled state the runner holds (by key)
         self.tick = 0
+        self.sessions: list[Session] = []
         self.underruns = 0
+
+    # -- the tick -------------------------------------------------------------------------------------
+
+    def begin_tick(self, tick: int, sessions: list[Session], freed: list[Session] = ()) -> None:
+        """Tick `tick` begins over the open `sessions`; `freed` closed since the last tick (a call they were
+        making is forgotten). Every other method of this tick works on these."""
+        self.tick = tick
+        self.sessions = sessions
+        for s in freed:
+            self.calls.forget(s)
+
+    def poll(self, now: float) -> None:
+        """Between steps: gather submitted tool results, time out late ones, start their prefills."""
+        self.calls.poll(self.sessions, self.tick, now)
+
+    @property
+    def call_log(self) -> deque[CallRecord]:
+        """The latest finished tool calls, newest last (read by snapshots)."""
+        return self.calls.log
+
+    @property
+    def cached_prompts(self) -> frozenset[int]:
+        """The prompts whose prefilled state the runner holds (read across threads by admission)."""
+        return frozenset(self._cached)
+
+    def forget_prompts(self, keys: list[int]) -> None:
+        """The runner's prompt cache no longer holds these prompts (evicted for room)."""
+        self._cached.difference_update(keys)
 
     # -- the live step --------------------------------------------------------------------------------
 
-    def plan_live(self, tick: int, sessions: list[Session], reset: np.ndarray) -> LivePlan:
+    def plan_live(self, reset: np.ndarray) -> LivePlan:
         """Every LIVE and REPLAY session steps in the live batch (REPLAY quietly: its held audio goes in, the
         agent channels are forced silent and nothing comes out); a PROMPT session whose prompt is cached
-        gets the cached state instead of a prefill."""
-        self.tick = tick
-        self.sessions = sessions
+        gets the cached state instead of a prefill. `reset`: the rows freed since the last tick."""
+        tick, sessions = self.tick, self.sessions
         S = self.S
         live = np.zeros(S, dtype=bool)
         quiet = np.zeros(S, dtype=bool)
@@ -204,7 +130,7 @@ class Scheduler:
                 continue
             if s.live_by is None:  # first seen: opened since the last tick
                 s.live_by = tick + lim.admission_ticks
-            if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self.cached_prompts:
+            if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self._cached:
                 restore.append((s.slot, s.prompt_key))
                 s.prefill_ids = []
                 s.phase = Phase.REPLAY
@@ -227,7 +153,7 @@ class Scheduler:
             if s.phase is Phase.REPLAY and len(s.inbox) <= 2:
                 # caught up: this tick takes one frame and one stays as jitter buffer (a frame arrives
                 # every tick, so "one more than after" is what a caught-up session has at planning time)
-                self._resume(s)
+                self.calls.resume(s, tick)
             if s.phase is Phase.LIVE:
                 live[s.slot] = True
                 if s.force_text:
@@ -266,81 +192,10 @@ class Scheduler:
                 s.speaking = False
                 out.append(TurnEnded(plan.tick))
             if func == self.tok.call_start:
-                self._start_call(s, out)
+                self.calls.start(s, plan.tick, out)
             s.deliver(out)
 
     # -- tool work in the slack -----------------------------------------------------------------------
-
-    def _start_call(self, s: Session, out: list[Output]) -> None:
-        s.phase = Phase.TOOL_CALL
-        s.progress_tick = self.tick  # its first call token comes from this tick's live step
-        s.call_tokens = []
-        s.call_names, s.call_failed = (), False
-        s.t_call_start = self.clock()
-        s.tool_calls += 1
-        self.call_started_tick[s.id] = self.tick
-        if s.speaking:  # a call interrupts the model's own turn
-            s.speaking = False
-            out.append(TurnEnded(self.tick))
-        out.append(ToolCallStarted(self.tick))
-
-    def poll(self, now: float) -> None:
-        """Between ticks: gather submitted results, time out late ones, start prefills."""
-        for s in self.sessions:
-            if s.phase is not Phase.WAITING or s.closed:
-                continue
-            if s.response is not None:  # the results are in; their tokens are on their way
-                if s.response.done():
-                    self._prefill_response(s, self._response_ids(s))
-                continue
-            while not s.incoming.empty():
-                r = s.incoming.get_nowait()
-                if r["call_id"] in s.pending and r["call_id"] not in s.results:
-                    s.results[r["call_id"]] = r
-                    s.t_last_result = now
-            if len(s.results) < len(s.pending) and now >= s.wait_deadline:
-                for call_id, call in s.pending.items():
-                    if call_id not in s.results:
-                        s.results[call_id] = _error(
-                            call.name, f"the tool did not answer within {self.limits.tool_timeout_s:g} s"
-                        )
-                        s.tool_errors += 1
-                s.t_last_result = now
-            if len(s.results) == len(s.pending):
-                ordered = [s.results[c] for c in s.pending]
-                self._begin_result_prefill(s, [_public(r) for r in ordered])
-
-    def _begin_result_prefill(self, s: Session, results: list[dict]) -> None:
-        """The results are complete: their tokens are encoded by `encode_pool` (off the tick thread: a long
-        result would otherwise stall every session), and the prefill starts on the first poll after."""
-        s.pending, s.results = {}, {}
-        s.call_failed = any("error" in r for r in results)
-        if not s.t_last_result:
-            s.t_last_result = self.clock()
-        if self.encode_pool is None:
-            self._prefill_response(s, self.tok.response_ids(results))
-            return
-        s.phase = Phase.WAITING
-        s.response = self.encode_pool.submit(self.tok.response_ids, results)
-
-    def _response_ids(self, s: Session) -> list[int]:
-        """The encoded results of a finished `s.response`."""
-        response, s.response = s.response, None
-        try:
-            return response.result()
-        except Exception as e:  # the model still hears that its call came back
-            log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
-            return self.tok.response_ids([{"error": "the tool results could not be read"}])
-
-    def _prefill_response(self, s: Session, ids: list[int]) -> None:
-        s.phase = Phase.PREFILL
-        # within `result_ticks`; a result too long for that at one chunk a tick takes one chunk a tick, so
-        # an oversized result never forces more than a chunk a tick onto everyone else's cadence
-        s.prefill_by = self.tick + max(
-            self.limits.result_ticks, math.ceil(len(ids) / self.limits.result_chunk)
-        )
-        s.prefill_ids = ids
-        s.prefill_pos = 0
 
     def _fit(self, kind: str, n: int, t_max: int, budget_ms: float) -> tuple[int, int] | None:
         """The largest (rows, positions) of this kind predicted to fit in the budget: halve the positions
@@ -427,7 +282,7 @@ class Scheduler:
         same prompt start from its state once it is cached."""
         leaders: dict[int, Session] = {}
         for s in sorted(prompting, key=_furthest_first):
-            if s.prompt_key not in self.cached_prompts:
+            if s.prompt_key not in self._cached:
                 leaders.setdefault(s.prompt_key, s)
         return list(leaders.values())
 
@@ -453,7 +308,10 @@ class Scheduler:
             s.frames_replayed += 1
         return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
 
-    def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> None:
+    def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:
+        """Account one piece of slack work that took `ms`: positions advance, call tokens are read, finished
+        prefills move on to replay. Returns what the engine acts on."""
+        done = SlackOutcome()
         T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
         self.costs.observe(work.kind, len(work.sessions), T, ms)
         for s in work.sessions:
@@ -462,7 +320,7 @@ class Scheduler:
             for s, token in zip(work.sessions, result.func, strict=True):
                 if s.force_func:
                     s.force_func.popleft()
-                self._call_token(s, int(token))
+                self.calls.token(s, self.tick, int(token), done)
         elif work.kind in ("result", "prompt"):
             for s in work.sessions:
                 s.prefill_pos += T
@@ -470,65 +328,12 @@ class Scheduler:
                 if s.prefill_pos >= len(s.prefill_ids):
                     if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
                         s.live_by = self.tick + self.limits.replay_ticks
-                    elif s.prompt_key not in self.cached_prompts:
-                        self.cached_prompts.add(s.prompt_key)
-                        self.saves.append((s.slot, s.prompt_key))
+                    elif s.prompt_key not in self._cached:
+                        self._cached.add(s.prompt_key)
+                        done.saves.append((s.slot, s.prompt_key))
                     s.prefill_ids, s.prefill_pos = [], 0
                     s.phase = Phase.REPLAY
-
-    def _call_token(self, s: Session, token: int) -> None:
-        if token != self.tok.call_end:
-            s.call_tokens.append(token)
-            if len(s.call_tokens) >= self.limits.max_call_tokens:
-                self._reject(s, f"the tool call exceeded {self.limits.max_call_tokens} tokens")
-            return
-        now = self.clock()
-        s.call_ms = (now - s.t_call_start) * 1e3
-        self.completed_calls.append((s.call_ms, self.tick - self.call_started_tick.pop(s.id, self.tick)))
-        try:
-            calls = parse_tool_call(self.tok.decode(s.call_tokens))
-        except ToolCallError as e:
-            self._reject(s, str(e))
-            return
-        except Exception as e:  # whatever the model wrote, it is this session's bad call, never the tick's
-            self._reject(s, f"the tool call cannot be read ({type(e).__name__})")
-            return
-        out: list[Output] = []
-        s.pending, s.results = {}, {}
-        s.call_names = tuple(call.name for call in calls)
-        for call in calls:
-            call_id = "call_" + uuid.uuid4().hex[:12]
-            s.pending[call_id] = call
-            if call.name not in s.tools:
-                s.results[call_id] = _error(call.name, f"there is no tool named {call.name!r}")
-                s.tool_errors += 1
-                out.append(ToolCallRejected(self.tick, f"unknown tool {call.name!r}"))
-            else:
-                out.append(FunctionCall(self.tick, call_id, call.name, json.dumps(call.arguments)))
-        s.phase = Phase.WAITING
-        s.wait_deadline = now + self.limits.tool_timeout_s
-        s.t_last_result = 0.0
-        s.deliver(out)
-
-    def _reject(self, s: Session, reason: str) -> None:
-        s.tool_errors += 1
-        s.call_ms = (self.clock() - s.t_call_start) * 1e3
-        self.call_started_tick.pop(s.id, None)
-        s.deliver([ToolCallRejected(self.tick, reason)])
-        s.t_last_result = self.clock()
-        self._begin_result_prefill(s, [{"error": f"Your tool call could not be run: {reason}."}])
-        s.force_func.clear()
-
-    def _resume(self, s: Session) -> None:
-        was_tool = s.t_call_start > 0
-        s.phase = Phase.LIVE
-        if was_tool:
-            resume_ms = (self.clock() - s.t_last_result) * 1e3
-            tool_ms = max(0.0, (s.t_last_result - s.t_call_start) * 1e3 - s.call_ms)
-            self.call_log.append(CallRecord(s.id, s.label, s.call_names, not s.call_failed, time.time(),
-                                            s.call_ms, tool_ms, resume_ms))  # fmt: skip
-            s.deliver([ToolResultConsumed(self.tick, s.call_ms, resume_ms)])
-            s.t_call_start = 0.0
+        return done
 
 
 def _furthest_first(s: Session) -> tuple[int, float]:
@@ -543,14 +348,3 @@ def _call_work(group: list[Session]) -> ToolWork:
 
 def _slots(sessions: list[Session]) -> np.ndarray:
     return np.array([s.slot for s in sessions], dtype=np.int64)
-
-
-def _error(name: str, message: str) -> dict:
-    return {"name": name, "error": message, "is_error": True}
-
-
-def _public(r: dict) -> dict:
-    """A result as the model reads it."""
-    if r.get("is_error"):
-        return {"name": r["name"], "error": r.get("error") or r.get("output")}
-    return {"name": r["name"], "output": r["output"]}

@@ -18,7 +18,8 @@ from engine.api import (
     TurnStarted,
 )
 from engine.config import TokenConfig
-from engine.scheduler import Limits, LiveResult, Scheduler, ToolResult
+from engine.plan import Limits, LivePlan, LiveResult, ToolResult
+from engine.scheduler import Scheduler
 from engine.slots import FrameInbox, Phase, Session
 from engine.tokens import Tokens
 
@@ -38,8 +39,14 @@ def result(text=None, func=None) -> LiveResult:
     return LiveResult(t, f, np.zeros((S, 1764), np.float32))
 
 
-def sched(**limits) -> Scheduler:
-    return Scheduler(S, TOK, FRAME, Limits(**limits))
+def sched(encode_pool=None, **limits) -> Scheduler:
+    return Scheduler(S, TOK, FRAME, Limits(**limits), encode_pool=encode_pool)
+
+
+def live_plan(sch: Scheduler, tick: int, sessions: list[Session], reset: np.ndarray) -> LivePlan:
+    """Tick `tick` begins over `sessions`, and its live batch is planned."""
+    sch.begin_tick(tick, sessions)
+    return sch.plan_live(reset)
 
 
 def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
@@ -57,7 +64,7 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
     sessions[0].inbox.push(np.ones(FRAME, np.float32) * 0.5)
     for s in sessions[1:6]:
         s.inbox.push(np.ones(FRAME * 3, np.float32))
-    plan = sch.plan_live(0, sessions, np.zeros(S, bool))
+    plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
     # a replaying session steps quietly in the live batch: its held audio goes in, nothing comes out
     assert plan.live.tolist() == [True, False, False, False, False, True, True, False]
     assert plan.quiet.tolist() == [False, False, False, False, False, True, False, False]
@@ -67,7 +74,7 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
     # paused sessions keep their audio for later
     assert all(len(s.inbox) == 3 for s in sessions[1:5]) and len(sessions[5].inbox) == 2
     # two frames at planning time (this tick's and one of jitter buffer): caught up, live again
-    plan = sch.plan_live(1, sessions, np.zeros(S, bool))
+    plan = live_plan(sch, 1, sessions, np.zeros(S, bool))
     assert sessions[5].phase is Phase.LIVE and plan.live[5] and not plan.quiet[5]
 
 
@@ -75,7 +82,7 @@ def test_tool_work_is_never_planned_past_the_budget():
     sch = sched(prefill_chunk=64)
     s, _ = make_session(0, Phase.PROMPT)
     s.prefill_ids = list(range(40, 140))
-    sch.sessions = [s]
+    sch.begin_tick(sch.tick, [s])
     sch.costs.observe("prompt", 1, 64, 30.0)
     sch.costs.observe("prompt", 1, 32, 12.0)
     sch.costs.observe("prompt", 1, 16, 6.0)
@@ -87,7 +94,7 @@ def test_tool_work_is_never_planned_past_the_budget():
     w = sch.next_tool_work(budget_ms=100.0)
     assert w.tokens.shape == (1, 64)
     c, _ = make_session(1, Phase.TOOL_CALL)
-    sch.sessions = [s, c]
+    sch.begin_tick(sch.tick, [s, c])
     sch.costs.observe("call", 1, 1, 4.0)
     assert sch.next_tool_work(budget_ms=3.0).kind == "prompt"  # the call does not fit; a smaller prefill does
     assert sch.next_tool_work(budget_ms=4.5).kind == "call"
@@ -96,7 +103,7 @@ def test_tool_work_is_never_planned_past_the_budget():
     many = [make_session(i, Phase.PROMPT)[0] for i in range(8)]
     for i, m in enumerate(many):
         m.prefill_ids, m.prompt_key = list(range(40, 140)), i  # eight different prompts
-    sch.sessions = many
+    sch.begin_tick(sch.tick, many)
     sch.costs.observe("prompt", 8, 1, 8.0)
     w = sch.next_tool_work(budget_ms=4.5)
     assert w.tokens.shape == (4, 1)
@@ -109,15 +116,17 @@ def test_sessions_with_the_same_prompt_share_one_prefill():
     for s in same:
         s.prefill_ids, s.prompt_key = list(range(40, 140)), 7
     other.prefill_ids, other.prompt_key = list(range(40, 100)), 8
-    sch.plan_live(0, same + [other], np.zeros(S, bool))
+    live_plan(sch, 0, same + [other], np.zeros(S, bool))
     w = sch.next_tool_work(1000.0)
     assert w.kind == "prompt" and sorted(w.slots.tolist()) == [0, 4]  # one per distinct prompt
+    saves = []
     while w is not None and w.kind == "prompt":
-        sch.apply_tool(w, ToolResult(), 1.0)
+        saves += sch.apply_tool(w, ToolResult(), 1.0).saves
         w = sch.next_tool_work(1000.0)
-    assert sorted(sch.saves) == [(0, 7), (4, 8)] and same[0].phase is Phase.REPLAY
+    assert sorted(saves) == [(0, 7), (4, 8)] and same[0].phase is Phase.REPLAY
+    assert sch.cached_prompts == {7, 8}
     assert all(s.phase is Phase.PROMPT for s in same[1:])
-    plan = sch.plan_live(1, same + [other], np.zeros(S, bool))
+    plan = live_plan(sch, 1, same + [other], np.zeros(S, bool))
     assert sorted(plan.restore) == [(1, 7), (2, 7), (3, 7)]
     assert all(s.phase is not Phase.PROMPT for s in same)
 
@@ -136,7 +145,7 @@ def test_the_tool_path_in_order():
     s, got = make_session(3)
     other, other_got = make_session(5)
     sessions = [s, other]
-    plan = sch.plan_live(0, sessions, np.zeros(S, bool))
+    plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
     text = np.full(S, TOK.pad)
     text[3] = TOK.bos
     func = np.full(S, TOK.pad)
@@ -151,7 +160,7 @@ def test_the_tool_path_in_order():
     assert np.array_equal(frame.samples, audio[3])  # the session's own row of the result
     assert s.phase is Phase.TOOL_CALL and other.phase is Phase.LIVE
     # the next live batch leaves the paused slot out
-    assert not sch.plan_live(1, sessions, np.zeros(S, bool)).live[3]
+    assert not live_plan(sch, 1, sessions, np.zeros(S, bool)).live[3]
     got.clear()
     run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {"guests": 2}}]</TOOLCALL>')
     assert s.phase is Phase.WAITING
@@ -185,7 +194,7 @@ def test_the_tool_path_in_order():
         sch.apply_tool(w, ToolResult(), 1.0)
     # the slack replays all but one frame, which the next live step takes as the session goes live again
     assert replayed == 2 and s.phase is Phase.REPLAY and len(s.inbox) == 1
-    plan = sch.plan_live(2, sessions, np.zeros(S, bool))
+    plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
     assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3]
     assert isinstance(got[-1], ToolResultConsumed)
     assert s.frames_consumed == s.inbox.frames_in == 3
@@ -204,7 +213,7 @@ def test_the_tool_path_in_order():
 def test_a_malformed_call_gets_an_error_result_and_the_session_carries_on(text, reason):
     sch = sched()
     s, got = make_session(2, Phase.TOOL_CALL)
-    sch.sessions = [s]
+    sch.begin_tick(sch.tick, [s])
     run_call(sch, s, text)
     rejected = [e for e in got if isinstance(e, ToolCallRejected)]
     assert rejected and reason in rejected[0].reason
@@ -215,7 +224,7 @@ def test_a_malformed_call_gets_an_error_result_and_the_session_carries_on(text, 
 def test_unknown_tools_and_timeouts_become_error_results():
     sch = sched(tool_timeout_s=0.05)
     s, got = make_session(1, Phase.TOOL_CALL)
-    sch.sessions = [s]
+    sch.begin_tick(sch.tick, [s])
     run_call(sch, s, '<TOOLCALL>[{"name": "launch_rocket", "arguments": {}}, '
              '{"name": "check_availability", "arguments": {}}]</TOOLCALL>')  # fmt: skip
     assert [type(e) for e in got] == [ToolCallRejected, FunctionCall]
@@ -228,10 +237,24 @@ def test_unknown_tools_and_timeouts_become_error_results():
     assert "no tool named 'launch_rocket'" in text and "did not answer within" in text
 
 
+def test_a_result_polled_at_the_start_of_a_tick_is_due_by_that_tick_plus_the_bound():
+    """The tick's number and sessions are set before its first poll: a result that arrives between ticks is
+    due `result_ticks` after the tick that takes it in, not after the tick before."""
+    sch = sched(result_ticks=12)
+    s, got = make_session(1, Phase.TOOL_CALL)
+    sch.begin_tick(4, [s])
+    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+    (call,) = [e for e in got if isinstance(e, FunctionCall)]
+    s.incoming.put({"call_id": call.call_id, "name": call.name, "output": "{}", "is_error": False})
+    sch.begin_tick(5, [s])
+    sch.poll(time.monotonic())
+    assert s.phase is Phase.PREFILL and s.prefill_by == 5 + 12
+
+
 def test_a_runaway_call_is_cut_at_the_token_limit():
     sch = sched(max_call_tokens=16)
     s, got = make_session(0, Phase.TOOL_CALL)
-    sch.sessions = [s]
+    sch.begin_tick(sch.tick, [s])
     for _ in range(16):
         w = sch.next_tool_work(100.0)
         sch.apply_tool(w, ToolResult(func=np.array([TOK.encode("a")[0]])), 1.0)
@@ -260,12 +283,12 @@ def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
     """A long tool result's tokens are encoded by the engine's encoder pool: the session stays WAITING until
     they are ready, every other session stays in the live batch meanwhile, and the prefill is exactly the
     tokens of the whole response."""
-    sch = sched()
-    pool = sch.encode_pool = HeldPool()
+    pool = HeldPool()
+    sch = sched(encode_pool=pool)
     s, got = make_session(1, Phase.TOOL_CALL)
     other, _ = make_session(4)
     sessions = [s, other]
-    sch.sessions = sessions
+    sch.begin_tick(sch.tick, sessions)
     run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
     (call,) = [e for e in got if isinstance(e, FunctionCall)]
     output = json.dumps({"rooms": ["a quiet room facing the garden"] * 400})  # about 13,000 characters
@@ -273,7 +296,7 @@ def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
     for tick in range(1, 4):  # the tokens are not ready: the session waits, the other one is live
         sch.poll(time.monotonic())
         assert s.phase is Phase.WAITING and len(pool.jobs) == 1
-        plan = sch.plan_live(tick, sessions, np.zeros(S, bool))
+        plan = live_plan(sch, tick, sessions, np.zeros(S, bool))
         assert plan.live[4] and not plan.live[1]
         assert sch.next_tool_work(100.0) is None  # nothing of the waiting session's on the tick
     pool.run_all()
@@ -288,7 +311,7 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
     sch = sched(result_chunk=16, result_ticks=4)
     for n_chars, most_owed in ((10, None), (8000, 16)):
         s, got = make_session(2, Phase.TOOL_CALL)
-        sch.sessions = [s]
+        sch.begin_tick(sch.tick, [s])
         run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
         (call,) = [e for e in got if isinstance(e, FunctionCall)]
         s.incoming.put({"call_id": call.call_id, "name": call.name, "output": "x " * (n_chars // 2),
@@ -296,7 +319,7 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
         sch.poll(time.monotonic())
         total, owed, ticks = len(s.prefill_ids), [], 0
         while s.phase is Phase.PREFILL:
-            sch.plan_live(ticks, [s], np.zeros(S, bool))
+            live_plan(sch, ticks, [s], np.zeros(S, bool))
             owed.append(s.owed)
             while (w := sch.owed_work()) is not None:  # no slack at all: only what is owed runs
                 sch.apply_tool(w, ToolResult(), 1.0)
@@ -308,10 +331,10 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
 
 
 def test_a_rejected_call_is_answered_through_the_encoder_pool_too():
-    sch = sched()
-    pool = sch.encode_pool = HeldPool()
+    pool = HeldPool()
+    sch = sched(encode_pool=pool)
     s, got = make_session(2, Phase.TOOL_CALL)
-    sch.sessions = [s]
+    sch.begin_tick(sch.tick, [s])
     run_call(sch, s, "check_availability(2)")
     assert isinstance(got[-1], ToolCallRejected) and s.phase is Phase.WAITING
     pool.run_all()

@@ -15,8 +15,8 @@ import torch
 from engine.config import load_preset
 from engine.graph import audit_step, pow2_at_least, pow2_pieces
 from engine.model.pipeline import Pipeline
+from engine.plan import ToolWork
 from engine.runner import Runner, prefill_pieces
-from engine.scheduler import ToolWork
 from engine.tokens import Tokens
 
 CFG = load_preset("tiny")
