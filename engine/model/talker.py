@@ -21,8 +21,8 @@ from engine.model.talker_heads import (
     CharAwareSubwordEncoder,
     GatedMLP,
     GatedProjectedSumRMSNorm,
+    GemmaRMSNorm,
     MoGHead,
-    RMSNorm,
     apply_rope,
     apply_rope_fast,
     gumbel_from_uniform,
@@ -63,8 +63,8 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.rms_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_eps)
+        self.q_norm = GemmaRMSNorm(d, cfg.rms_eps)
+        self.k_norm = GemmaRMSNorm(d, cfg.rms_eps)
         self.split = (cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d)
         # q, k, v stacked into one matmul; rebuilt by `fuse()` whenever the weights change
         self.register_buffer("qkv", torch.zeros(sum(self.split), h), persistent=False)
@@ -83,17 +83,17 @@ class _Layer(nn.Module):
         h = cfg.hidden_size
         self.self_attn = _Attention(cfg)
         self.mlp = GatedMLP(h, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(h, cfg.rms_eps)
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps)
-        self.pre_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
-        self.post_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.input_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
 
 
 class _Backbone(nn.Module):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_eps)
 
 
 class Talker(SlotState, nn.Module):
@@ -133,7 +133,7 @@ class Talker(SlotState, nn.Module):
         self.backbone.to(dtype)
         self.mog_head.mlp_stack.to(dtype)
         for mod in self.modules():  # `1 + w` of every norm stays float32: the norms compute in float32
-            if isinstance(mod, RMSNorm):
+            if isinstance(mod, GemmaRMSNorm):
                 mod.scale = mod.scale.float()
         self.schedule = unmasking_schedule(q, cfg.num_iterations, cfg.schedule_exponent)
         self._read_tokenizer(tokenizer_path)
@@ -216,7 +216,7 @@ class Talker(SlotState, nn.Module):
             )
         cfg = self.cfg
         for mod in self.modules():
-            if isinstance(mod, GatedMLP | _Attention | RMSNorm):
+            if isinstance(mod, GatedMLP | _Attention | GemmaRMSNorm):
                 mod.fuse()
         self.embed_subword.table(self._token_chars, out=self.subword_table)
         self.rvq_padded.zero_()

@@ -18,7 +18,7 @@ from engine.config import TalkerConfig
 _MASK32 = 0xFFFFFFFF
 
 
-class RMSNorm(nn.Module):
+class GemmaRMSNorm(nn.Module):
     """Gemma RMSNorm: `x / rms(x) * (1 + w)`, computed in fp32."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
@@ -108,18 +108,18 @@ class _CharLayer(nn.Module):
         super().__init__()
         h = cfg.char_hidden_size
         self.self_attn = _CharAttention(cfg)
-        self.pre_self_attn_layernorm = RMSNorm(h, cfg.rms_eps)
-        self.post_self_attn_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.pre_self_attn_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
+        self.post_self_attn_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
         self.mlp = GatedMLP(h, cfg.char_intermediate_size)
-        self.pre_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
-        self.post_feedforward_layernorm = RMSNorm(h, cfg.rms_eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
 
 
 class _CharStack(nn.Module):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_CharLayer(cfg) for _ in range(cfg.char_layers))
-        self.norm = RMSNorm(cfg.char_hidden_size, cfg.rms_eps)
+        self.norm = GemmaRMSNorm(cfg.char_hidden_size, cfg.rms_eps)
 
 
 class _CharBackbone(nn.Module):
@@ -249,8 +249,8 @@ NEMO_AUDIO_DIVISOR = 31
 
 
 class GatedProjectedSumRMSNorm(nn.Module):
-    """`RMSNorm(sig(r) * (sig(g) * audio_proj(a / 31) + (1 - sig(g)) * text_proj(c)))` (31: NEMO_AUDIO_DIVISOR,
-    not the codebook count)."""
+    """`GemmaRMSNorm(sig(r) * (sig(g) * audio_proj(a / 31) + (1 - sig(g)) * text_proj(c)))` (31:
+    NEMO_AUDIO_DIVISOR, not the codebook count)."""
 
     def __init__(self, hidden: int, num_codebooks: int, eps: float) -> None:
         super().__init__()
@@ -260,7 +260,7 @@ class GatedProjectedSumRMSNorm(nn.Module):
         self.text_proj = nn.Linear(hidden, hidden)
         self.gate = nn.Parameter(torch.zeros(hidden))
         self.residual_scale = nn.Parameter(torch.tensor(0.5))
-        self.final_norm = RMSNorm(hidden, eps)
+        self.final_norm = GemmaRMSNorm(hidden, eps)
 
     def forward(self, audio: Tensor, text: Tensor) -> Tensor:
         a = self.audio_proj(audio / self.divisor)
@@ -273,9 +273,9 @@ class GatedProjectedSumRMSNorm(nn.Module):
 class MLPLayer(nn.Module):
     def __init__(self, hidden: int, inner: int, eps: float) -> None:
         super().__init__()
-        self.pre_norm = RMSNorm(hidden, eps)
+        self.pre_norm = GemmaRMSNorm(hidden, eps)
         self.mlp = GatedMLP(hidden, inner)
-        self.post_norm = RMSNorm(hidden, eps)
+        self.post_norm = GemmaRMSNorm(hidden, eps)
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.post_norm(self.mlp(self.pre_norm(x)))
@@ -291,7 +291,7 @@ class MoGHead(nn.Module):
         self.cfg = cfg
         self.mlp_stack = nn.Sequential(
             *[MLPLayer(h, cfg.mog_intermediate_size, cfg.rms_eps) for _ in range(cfg.mog_layers)],
-            RMSNorm(h, cfg.rms_eps),
+            GemmaRMSNorm(h, cfg.rms_eps),
         )
         self.proj_logits = nn.Linear(h, n, bias=False)
         self.proj_mus = nn.Linear(h, n * r, bias=False)
