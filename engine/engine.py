@@ -43,6 +43,8 @@ from engine.config import (
 )
 from engine.echo import Echo, TimedInbox
 from engine.graph import pow2_at_least
+from engine.info import check_memory
+from engine.malloc import tune_malloc
 from engine.metrics import (
     LAST_WORDS,
     Accounting,
@@ -55,7 +57,7 @@ from engine.metrics import (
     resident_bytes,
 )
 from engine.model.pipeline import Pipeline
-from engine.model.weights import check_memory, model_config
+from engine.model.weights import model_config
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
 from engine.slots import FrameInbox, Phase, Session, SlotPool
@@ -206,6 +208,7 @@ class Engine:
         """`clock` is the engine's notion of now (seconds); tests drive ticks by hand against their own."""
         self.config = cfg = config or EngineConfig(**overrides)
         self.clock = clock
+        tune_malloc()  # before the model and its first tick allocate
         release = model_config(load_preset(cfg.preset), cfg.checkpoint, cfg.tokenizer, cfg.speaker)
         self.model_cfg = with_windows(
             release, talker_window(release, cfg.talker_window, cfg.capacity_mode), cfg.thinker_window

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import DtypePolicy, DtypePolicyName, ModelConfig, dtype_policy
+from engine.model.checkpoint import CheckpointError
 from engine.model.pipeline import STAGES, build_stages
 
 # Memory kept free for activations, CUDA graphs and the allocator, beyond weights and state.
@@ -72,6 +73,30 @@ def needed_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, workspac
     if workspace:
         parts["workspace"] = int(WORKSPACE_GB * 2**30)
     return sum(parts.values()), parts
+
+
+def check_memory(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, device: torch.device,
+                 free_bytes: int | None = None) -> int:  # fmt: skip
+    """CheckpointError when `device` has less free memory than the model with `num_slots` slots needs (the
+    sizing of `python -m engine info`). Returns the bytes needed."""
+    need, parts = needed_bytes(cfg, dtypes, num_slots, workspace=device.type == "cuda")
+    if free_bytes is None:
+        if device.type == "cuda":
+            free_bytes = torch.cuda.mem_get_info(device)[0]
+        elif device.type == "cpu":
+            import psutil
+
+            free_bytes = psutil.virtual_memory().available
+        else:
+            return need
+    if need > free_bytes:
+        detail = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in parts.items())
+        raise CheckpointError(
+            f"not enough memory on {device}: the {cfg.name} preset with {num_slots} slots needs "
+            f"{need / 2**30:.1f} GiB ({detail}), {free_bytes / 2**30:.1f} GiB is free; use fewer slots or a "
+            f"larger device (python -m engine info --preset {cfg.name})"
+        )
+    return need
 
 
 # Release tensors that inference never loads (so no module of ours holds them): counted for reference.

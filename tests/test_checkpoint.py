@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import DTYPE_POLICIES, load_preset
+from engine.info import check_memory
 from engine.model import weights
 from engine.model.checkpoint import (
     CheckpointError,
@@ -23,7 +24,7 @@ from engine.model.checkpoint import (
     write_header_only,
 )
 from engine.model.pipeline import Pipeline, build_stages
-from engine.model.weights import Progress, check_memory, load_checkpoint, model_config, targets
+from engine.model.weights import Progress, load_checkpoint, model_config, targets
 from engine.tokens import Tokens
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import torch
 
-from engine.config import DtypePolicy, ModelConfig, TalkerConfig, TokenConfig
+from engine.config import ModelConfig, TalkerConfig, TokenConfig
 from engine.model import codec, perception, talker, thinker
 from engine.model.checkpoint import (
     CheckpointError,
@@ -347,29 +347,3 @@ def model_config(
         else:
             log.warning("checkpoint %s: no config.json beside it; checked by tensor shapes only", checkpoint)
     return cfg
-
-
-def check_memory(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, device: torch.device,
-                 free_bytes: int | None = None) -> int:  # fmt: skip
-    """CheckpointError when `device` has less free memory than the model with `num_slots` slots needs (the
-    sizing of `python -m engine info`). Returns the bytes needed."""
-    from engine.info import needed_bytes
-
-    need, parts = needed_bytes(cfg, dtypes, num_slots, workspace=device.type == "cuda")
-    if free_bytes is None:
-        if device.type == "cuda":
-            free_bytes = torch.cuda.mem_get_info(device)[0]
-        elif device.type == "cpu":
-            import psutil
-
-            free_bytes = psutil.virtual_memory().available
-        else:
-            return need
-    if need > free_bytes:
-        detail = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in parts.items())
-        raise CheckpointError(
-            f"not enough memory on {device}: the {cfg.name} preset with {num_slots} slots needs "
-            f"{need / 2**30:.1f} GiB ({detail}), {free_bytes / 2**30:.1f} GiB is free; use fewer slots or a "
-            f"larger device (python -m engine info --preset {cfg.name})"
-        )
-    return need
