@@ -18,7 +18,7 @@ capacity mode (policy "capacity", talker window `CAPACITY_TALKER_WINDOW`). The p
 session at the same call length, one position per frame (system prompt and tool positions, which fill the
 thinker's ring sooner, are left out) and no block tables (both in paging's favour). A paged pool cannot
 preempt a live call, so the script also gives the sessions a pool admits if it is sized for every call
-reaching its full window. `--gpu-mem-gb` is counted as engine/info.py counts it (x 2**30 bytes), keeping its
+reaching its full window. `--gpu-mem-gb` is in GB (10**9 bytes), as engine/info.py counts it, keeping its
 `WORKSPACE_GB`. The last stdout line is one JSON object.
 
     python benchmarks/kv_layout.py [--gpu-mem-gb 141] [--block 16] [--minutes 1 2 3 5 10 20 30]
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import DtypePolicy, ModelConfig, dtype_policy, load_preset
-from engine.info import WORKSPACE_GB, report
+from engine.info import GB, WORKSPACE_GB, report
 from engine.model.pipeline import STAGES, build_stages
 from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 
@@ -101,7 +101,7 @@ def setting(name: str, cfg: ModelConfig, policy_name: str, args, per_minute: flo
     rs = rings(cfg, policy)
     weights = sum(r["weight_bytes"].values())
     fixed_device = r["state_bytes_fixed"] + sum(r["derived_bytes"].values())
-    free = int(args.gpu_mem_gb * 2**30 - weights - fixed_device - WORKSPACE_GB * 2**30)
+    free = int(args.gpu_mem_gb * GB - weights - fixed_device - WORKSPACE_GB * 2**30)
     per_session = r["state_bytes_per_session"]
     assert free // per_session == r["sessions_fit"], (free, per_session, r["sessions_fit"])
 
@@ -219,7 +219,12 @@ def print_setting(s: dict, block: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
+    ap.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        default=141.0,
+        help="GPU memory to size for, in GB (10**9 bytes; H200: 141, H100: 80)",
+    )
     ap.add_argument("--block", type=int, default=16, help="positions per KV block of the paged layout")
     ap.add_argument(
         "--minutes", type=float, nargs="+", default=list(MINUTES), help="call lengths for the paged layout"
@@ -237,7 +242,7 @@ def main() -> int:
         setting("capacity", capacity, "capacity", args, per_minute),
     ]
     print(
-        f"{PRESET} on {args.gpu_mem_gb:g} GB (x 2**30 bytes, as engine info counts it), "
+        f"{PRESET} on {args.gpu_mem_gb:g} GB (10**9 bytes), "
         f"{per_minute:g} positions per minute ({release.clock.frame_ms} ms frames); capacity talker window "
         f"{CAPACITY_TALKER_WINDOW}"
     )

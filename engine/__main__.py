@@ -15,7 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="parameters, weight and state bytes, sessions per GPU")
     info.add_argument("--preset", default="nemotron-voicechat-11b", choices=sorted(PRESETS))
-    info.add_argument("--gpu-mem-gb", type=float, default=141.0, help="GPU memory to size for (H200: 141)")
+    info.add_argument(
+        "--gpu-mem-gb",
+        type=float,
+        default=141.0,
+        help="GPU memory to size for, in GB (10**9 bytes; H200: 141, H100: 80)",
+    )
     info.add_argument(
         "--slots", type=int, default=None,
         help="also predict the peak device memory with this many slots (traced on the meta device: seconds)",

@@ -19,7 +19,8 @@ from engine.model.checkpoint import CheckpointError
 from engine.model.pipeline import STAGES, build_stages
 
 # Memory kept free for activations, CUDA graphs and the allocator, beyond weights and state.
-WORKSPACE_GB = 4.0
+WORKSPACE_GB = 4.0  # GiB kept free on a GPU for the allocator's workspace
+GB = 10**9  # --gpu-mem-gb is in GB, as GPU makers state memory
 
 
 @dataclass
@@ -104,7 +105,8 @@ NOT_LOADED = "the codec's encoder (~0.092 B) and the RNNT user-transcript branch
 
 
 def report(cfg: ModelConfig, gpu_mem_gb: float, dtypes: DtypePolicyName | DtypePolicy = "gpu") -> dict:
-    """The sizing of `cfg` on a GPU with `gpu_mem_gb` GB under the dtype policy (default: the GPU's)."""
+    """The sizing of `cfg` on a GPU with `gpu_mem_gb` GB (10**9 bytes, as GPU makers state it: an H200 has 141 GB,
+    131.3 GiB) under the dtype policy (default: the GPU's)."""
     policy = dtype_policy(dtypes, "cuda")
     comps = components(cfg, policy)
     weight_bytes: dict[str, int] = {}
@@ -114,7 +116,7 @@ def report(cfg: ModelConfig, gpu_mem_gb: float, dtypes: DtypePolicyName | DtypeP
     state = sum(c.state_bytes_per_session for c in comps)
     fixed = sum(c.state_bytes_fixed + c.derived_bytes for c in comps)
     weights = sum(weight_bytes.values())
-    free = gpu_mem_gb * 2**30 - weights - fixed - WORKSPACE_GB * 2**30
+    free = gpu_mem_gb * GB - weights - fixed - WORKSPACE_GB * 2**30
     return {
         "preset": cfg.name,
         "dtype_policy": policy.model_dump(),

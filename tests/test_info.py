@@ -24,7 +24,8 @@ def test_full_preset_counts_match_the_published_ones():
     kv = 8192 * 16 * 1024
     ssm = 27 * 128 * 80 * 128 * 4
     assert r["state_bytes_detail"]["thinker"] >= kv + ssm
-    assert r["sessions_fit"] * r["state_bytes_per_session"] < (141 - r["workspace_gb"]) * 2**30
+    # 141 GB: 10**9 bytes each
+    assert r["sessions_fit"] * r["state_bytes_per_session"] < 141e9 - r["workspace_gb"] * 2**30
 
 
 def test_voice_stages_and_total_match_the_published_counts():
@@ -112,7 +113,10 @@ def test_kv_layout_benchmark_agrees_with_engine_info():
     )  # fmt: skip
     last = json.loads(out.stdout.strip().splitlines()[-1])
     full = load_preset("nemotron-voicechat-11b")
-    assert last["settings"]["release"]["sessions_ring"] == report(full, 141.0)["sessions_fit"] == 53
+    ring = report(full, 141.0)["sessions_fit"]  # 141 GB = 131.3 GiB
+    assert last["settings"]["release"]["sessions_ring"] == ring == 49
     for setting in last["settings"].values():
         three, thirty = setting["paged"]
-        assert three["sessions"] > setting["sessions_ring"] and thirty["sessions"] == setting["sessions_ring"]
+        # a full window gains nothing from paging (its block rounding may even cost a session)
+        ring = setting["sessions_ring"]
+        assert three["sessions"] > ring >= thirty["sessions"] >= ring - 1
