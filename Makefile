@@ -6,14 +6,10 @@ PYTHONS := $(or $(PYTHON),python3.11 python3.12 python3.13 python3)
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-# An index for torch alone, e.g. https://download.pytorch.org/whl/cpu for the CPU build (README, "Install");
+# An index for torch alone, e.g. https://download.pytorch.org/whl/cpu for the CPU build (docs/deployment.md, "Install");
 # torch's own dependencies still come from PyPI.
 TORCH_INDEX_URL ?=
 
-# glibc re-maps large temporaries every tick without these (see shared perf notes); they must be
-# set before the process starts.
-export MALLOC_MMAP_THRESHOLD_ := 4294967296
-export MALLOC_TRIM_THRESHOLD_ := 4294967296
 # Triton kernels run in the interpreter on machines without a GPU.
 export TRITON_INTERPRET ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo 1)
 

@@ -308,7 +308,7 @@ async def simulate(args: argparse.Namespace) -> dict:
     except SimulateError:
         store.close()
         raise
-    if engine.server is not None:  # the monitoring page can watch the run (README, "Monitoring")
+    if engine.server is not None:  # the monitoring page can watch the run (docs/monitoring.md)
         url = f"http://{engine.config.metrics_host}:{engine.server.port}/snapshot"
         where = "" if settings.database_url else f" CHORUS_DATA_DIR={settings.data_dir}"
         print(

@@ -40,7 +40,6 @@ WHEELS=${WHEELS:-.whl}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296
 [ "$DEVICE" = cpu ] && export TRITON_INTERPRET=1
 
 # what the image lacks, from the wheels given (no network)

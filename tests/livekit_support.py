@@ -123,8 +123,6 @@ class Worker:
             # these tests are of behaviour on a shared 2-core machine that also runs the server and the callers;
             # capacity is the benchmark's to measure
             "CHORUS_REFUSE_WHEN_OVERLOADED": "false",
-            "MALLOC_MMAP_THRESHOLD_": "4294967296",
-            "MALLOC_TRIM_THRESHOLD_": "4294967296",
             **env,
         }
         self.env.pop("DATABASE_URL", None)

@@ -1,6 +1,6 @@
 """The worker under livekit-agents' offline harness (no LiveKit server): jobs run as threads of this process on
 one shared engine, and the worker's load is the engine's occupancy, so four calls fill a four-slot worker.
-Also the join token and the simulation, the README's main command, on a short run.
+Also the join token and the simulation, the README's main command (`make run`), on a short run.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
 # difference the talker's KV rings in bf16. Both talkers get the thinker's text and, every frame, the same
 # history of codes (teacher forcing), so the figure is the KV's rounding alone. Measured over 40 frames of 4
 # callers: 96.4% of the 31 codes per frame agree (the worst frame 75%); decoded, the audio where codes differ is
-# other audio (SNR 18 dB median). It is capacity mode's price, stated in the README.
+# other audio (SNR 18 dB median). It is capacity mode's price, stated in docs/memory.md.
 CAPACITY_CODE_AGREEMENT = 0.9
 
 
