@@ -21,6 +21,7 @@ from engine.config import (
     dtype_policy,
     load_preset,
 )
+from engine.malloc import tune_malloc
 from engine.windows import add_window_arguments, windows
 
 TICK_MS = 80.0
@@ -202,6 +203,7 @@ def demo(preset: str, sessions: int, seconds: float, device_name: str | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_malloc()  # the allocator the engine runs with, for the stages measured without an engine too
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__)
     parser.add_argument("what", choices=["thinker", "pipeline", "serve"])
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))

@@ -17,6 +17,7 @@ import time
 import torch
 
 from engine.config import DTYPE_POLICIES, PRESETS, dtype_policy, load_preset
+from engine.malloc import tune_malloc
 from engine.windows import add_window_arguments, windows
 
 
@@ -115,6 +116,7 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_malloc()  # the allocator the engine runs with
     ap = argparse.ArgumentParser(prog="python -m engine.profile_step", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     ap.add_argument("--slots", type=int, default=64)

@@ -3,9 +3,13 @@ import os
 import pytest
 import torch
 
-# Tests run on the CPU with two threads (the machine's cores); Triton kernels run in the interpreter.
+from engine.malloc import tune_malloc
+
+# Tests run on the CPU with two threads (the machine's cores); Triton kernels run in the interpreter. The
+# allocator is the engine's (engine/malloc.py), for the tests that drive the stages without an engine too.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+tune_malloc()
 # scripts/livekit.sh's start_livekit exports the server for a worker; tests name their server explicitly
 # (CHORUS_TEST_LIVEKIT_*), so no test picks it up by accident
 for _name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET"):
