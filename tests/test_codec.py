@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from engine.config import load_preset
 from engine.model import codec_ops
 from engine.model.codec import PREFIX, Codec, ignored_release_names, load_release_weights
+from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codec"
 # fp32 noise amplified by spectral magnitudes up to 100 (NeMo's own streaming and offline decodes differ
@@ -22,7 +23,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def release() -> dict[str, torch.Tensor]:
-    return load_file(FIXTURES / "model.safetensors")
+    return stage_weights("codec")
 
 
 @pytest.fixture(scope="module")

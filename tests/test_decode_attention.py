@@ -24,7 +24,8 @@ from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention_ref,
     decode_attention_triton,
 )
-from engine_support import run_compiled
+from engine_support import run_compiled  # noqa: E402
+from fixture_weights import stage_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "talker"
@@ -179,7 +180,7 @@ TINY = load_preset("tiny").talker.model_copy(update={"gumbel": False, "noise_sca
 
 @pytest.fixture(scope="module")
 def release() -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / "model.safetensors"))
+    return stage_weights("talker")
 
 
 def _talker(release, kv_dtype: torch.dtype) -> talker_module.Talker:

@@ -18,6 +18,7 @@ from engine.model.perception import (
     load_release_weights,
     slaney_mel_filterbank,
 )
+from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perception"
 DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"
@@ -38,7 +39,7 @@ def _report(name: str, ours: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / "model.safetensors"))
+    return stage_weights("perception")
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from engine.config import load_preset
 from engine.model.talker import PREFIX, Talker, load_release_weights
 from engine.model.talker_heads import unmasking_schedule
+from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "talker"
 TOKENIZER = str(Path(__file__).parents[1] / "engine" / "assets" / "tiny_tokenizer.json")
@@ -21,7 +22,7 @@ DETERMINISTIC = {"gumbel": False, "noise_scale": 0.0}
 
 @pytest.fixture(scope="module")
 def release() -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / "model.safetensors"))
+    return stage_weights("talker")
 
 
 @pytest.fixture(scope="module")

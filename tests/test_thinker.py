@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from engine.config import ThinkerConfig, load_preset
 from engine.model.thinker import Thinker, load_release_weights
+from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "thinker"
 TINY = load_preset("tiny").thinker
@@ -22,8 +23,8 @@ def report(name: str, a: torch.Tensor, b: torch.Tensor) -> float:
 
 def reference_thinker(num_slots: int, dtype: torch.dtype = torch.float32, kv_dtype=None) -> Thinker:
     th = Thinker(TINY, num_slots, pad_id=PAD, dtype=dtype, kv_dtype=kv_dtype)
-    consumed = load_release_weights(th, load_file(FIXTURES / "model.safetensors"))
-    assert consumed == set(load_file(FIXTURES / "model.safetensors"))
+    consumed = load_release_weights(th, stage_weights("thinker"))
+    assert consumed == set(stage_weights("thinker"))
     return th
 
 
@@ -132,7 +133,7 @@ def test_narrow_dtypes_stay_near_reference(cases, name, dtype, kv_dtype):
 
 def test_function_head_is_a_bias_free_projection_of_the_final_hidden(cases):
     th = reference_thinker(num_slots=1)
-    w = load_file(FIXTURES / "model.safetensors")["stt_model.function_head.weight"].float()
+    w = stage_weights("thinker")["stt_model.function_head.weight"].float()
     hidden = cases["steps.hidden"]
     _, fl = th.heads(hidden)
     assert report("function head", fl, hidden @ w.T) < 1e-5
@@ -277,7 +278,7 @@ def test_wrong_shapes_and_dtypes_say_what_was_expected():
 
 def test_loader_names_missing_and_misshapen_tensors():
     th = Thinker(TINY, 1, pad_id=PAD)
-    tensors = load_file(FIXTURES / "model.safetensors")
+    tensors = stage_weights("thinker")
     broken = dict(tensors)
     del broken["stt_model.llm.layers.3.mixer.k_proj.weight"]
     with pytest.raises(ValueError, match=r"layers\.3\.mixer\.k_proj"):

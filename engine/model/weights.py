@@ -84,7 +84,8 @@ def speakers(names: Any) -> list[str]:
     return sorted(n.removeprefix(SPEAKER_PREFIX) for n in names if n.startswith(SPEAKER_PREFIX))
 
 
-def _stage(name: str) -> str:
+def stage_of(name: str) -> str:
+    """The stage a release tensor belongs to: "perception", "codec", "talker" or "thinker"."""
     if name.startswith(perception.RELEASE_PREFIX):
         return "perception"
     if name.startswith(codec.PREFIX):
@@ -111,12 +112,12 @@ def plan(pipeline: Any, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tupl
     missing: dict[str, list[str]] = {}
     for name in table:
         if name not in shapes and not (name == latent and problems):
-            missing.setdefault(_stage(name), []).append(name)
+            missing.setdefault(stage_of(name), []).append(name)
     for stage, names in missing.items():
         problems.append(f"missing {len(names)} tensors the {stage} needs: {', '.join(names[:8])}"
                         + (" ..." if len(names) > 8 else ""))  # fmt: skip
     wrong = [
-        f"{name} {list(shapes[name])} (the {_stage(name)} expects {list(_expected_shape(name, t))})"
+        f"{name} {list(shapes[name])} (the {stage_of(name)} expects {list(_expected_shape(name, t))})"
         for name, (_, t) in table.items()
         if name in shapes and tuple(shapes[name]) != _expected_shape(name, t)
     ]
