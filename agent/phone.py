@@ -5,24 +5,25 @@ LiveKit's SIP bridge puts a caller in a room as a participant of kind SIP, with 
 and the hotel already uses five, so on the phone the reservation's three steps are one tool
 (`manage_reservation`, tools/schemas.py) and the fifth place is `call_control`: transfer to the front desk, or
 end the call. The model tells the caller first; `PhoneLine` acts once that turn has played, at most
-`HANDOFF_WAIT_S` later. The caller's number prefills a booking's contact and is never logged.
+`HANDOFF_WAIT_S` later, through LiveKit's server API as agent/lkapi.py bounds it: a hand-over the server
+does not answer in time fails like one it refuses. The caller's number prefills a booking's contact and is
+never logged.
 Knows livekit-agents and LiveKit's server API; the hotel only through agent/hotel.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
 from livekit import api
 from livekit.agents import RunContext, ToolError, function_tool
 from pydantic import Field, ValidationError
 
 from agent.hotel import Concierge, concierge_instructions
+from agent.lkapi import LiveKit, LiveKitFailure, bound_s
 from prompts import load_prompt
 from tools import schemas
 from tools.hotel import Hotel
@@ -35,8 +36,8 @@ log = logging.getLogger("chorus.agent.phone")
 
 PHONE_NUMBER_ATTRIBUTE = "sip.phoneNumber"  # set by LiveKit's SIP bridge on the caller's participant
 HANDOFF_WAIT_S = 15.0  # the longest the line waits for the model's words before it transfers or hangs up
-API_TIMEOUT_S = 10.0  # hang-up and room requests
-TRANSFER_TIMEOUT_S = 40.0  # a transfer rings the front desk
+HANG_UP = ("remove_participant", "delete_room")  # the API calls a hang-up makes
+TRANSFER = ("transfer_sip_participant",)
 
 NO_FRONT_DESK = (
     "There is no front desk line to transfer to right now. Apologise, and keep helping the caller yourself."
@@ -75,16 +76,6 @@ def mask_number(number: str | None) -> str:
     return f"•••• {digits[-4:]}" if len(digits) >= 4 else "withheld"
 
 
-def livekit_api(settings: AgentSettings, timeout_s: float = API_TIMEOUT_S) -> api.LiveKitAPI:
-    """A client of the LiveKit server's API (LIVEKIT_URL with its key and secret); use it `async with`."""
-    return api.LiveKitAPI(
-        settings.livekit_url,
-        settings.livekit_api_key,
-        settings.livekit_api_secret,
-        timeout=aiohttp.ClientTimeout(total=timeout_s),
-    )
-
-
 class PhoneLine:
     """One phone call's controls: the room and caller it concerns, the front desk it may hand over to, and
     the agent's output, whose next turn is awaited before the line is handed over or hung up."""
@@ -117,25 +108,35 @@ class PhoneLine:
         """Hand the caller to the front desk (a SIP REFER through LiveKit); the caller leaves the room."""
         if self.front_desk is None:
             raise ValueError("no front desk number (CHORUS_FRONT_DESK_NUMBER)")
-        async with livekit_api(self.settings, TRANSFER_TIMEOUT_S) as lk:
-            await lk.sip.transfer_sip_participant(
+        async with LiveKit(self.settings) as lk:
+            await lk.call(
+                lk.api.sip.transfer_sip_participant,
                 api.TransferSIPParticipantRequest(
                     room_name=self.room,
                     participant_identity=self.identity,
                     transfer_to=f"tel:{self.front_desk}",
                     play_dialtone=False,
                 ),
-                timeout=TRANSFER_TIMEOUT_S,
             )
 
     async def hang_up(self) -> None:
-        """Remove the caller (the phone call ends) and close the room."""
-        async with livekit_api(self.settings) as lk:
-            with contextlib.suppress(api.ServerError):  # already gone: the room still closes
-                await lk.room.remove_participant(
-                    api.RoomParticipantIdentity(room=self.room, identity=self.identity)
+        """Remove the caller (the phone call ends) and close the room; LiveKitFailure if the server refuses
+        or does not answer. A server that did not answer the removal is not asked to close the room."""
+        async with LiveKit(self.settings) as lk:
+            try:
+                await lk.call(
+                    lk.api.room.remove_participant,
+                    api.RoomParticipantIdentity(room=self.room, identity=self.identity),
                 )
-            await lk.room.delete_room(api.DeleteRoomRequest(room=self.room))
+            except LiveKitFailure as e:
+                if e.error is None:
+                    raise
+                # the server answered (the caller already gone): the room still closes
+            await lk.call(lk.api.room.delete_room, api.DeleteRoomRequest(room=self.room))
+
+    def bound_s(self) -> float:
+        """The longest a transfer or hang-up may take once it has begun."""
+        return max(bound_s(self.settings, *TRANSFER), bound_s(self.settings, *HANG_UP))
 
     def request(self, action: Literal["transfer", "end"]) -> str:
         """The model asked for `action`: what it is to say now. The action itself runs after that."""
@@ -148,10 +149,15 @@ class PhoneLine:
         return SAY_FIRST[action]
 
     async def after_goodbye(self, action: Literal["transfer", "end"]) -> None:
-        """Once the model's next turn has played (or `HANDOFF_WAIT_S`), transfer or hang up. A transfer that
-        fails leaves the caller with the agent; either failure is logged by kind only."""
+        """Once the model's next turn has played (or `HANDOFF_WAIT_S`), `act`."""
         if self.output is not None:
             await self.output.after_next_turn(HANDOFF_WAIT_S)
+        await self.act(action)
+
+    async def act(self, action: Literal["transfer", "end"]) -> None:
+        """Transfer or hang up now, within `bound_s()`; never raises for LiveKit's sake. A failure (refused,
+        or no answer in time) is the outcome, logged without the caller's number; a transfer that fails leaves
+        the caller with the agent, and the model may ask again."""
         self.acting = True  # from here the call is handed over or hung up even if the job ends meanwhile
         try:
             if action == "transfer":
@@ -161,8 +167,8 @@ class PhoneLine:
                 await self.hang_up()
                 self.outcome = "ended"
             log.info("phone call in room %s: %s", self.room, self.outcome)
-        except (api.ServerError, aiohttp.ClientError, OSError, TimeoutError) as e:
-            self.outcome = f"{action} failed: {describe_api_error(e)}"
+        except LiveKitFailure as e:
+            self.outcome = f"{action} failed: {e}"
             self.action, self.acting = None, False  # the model may try again
             log.warning("phone call in room %s: %s", self.room, self.outcome)
 
@@ -173,23 +179,7 @@ class PhoneLine:
             return
         if not self.acting:
             self.pending.cancel()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.pending), TRANSFER_TIMEOUT_S + API_TIMEOUT_S)
-
-
-def describe_api_error(e: BaseException) -> str:
-    """A LiveKit API failure in a few words, without the request (which can hold a phone number)."""
-    if isinstance(e, api.SipCallError) and (e.sip_status_code or e.sip_transfer_reason):
-        return str(e)
-    if isinstance(e, api.ServerError):
-        if e.status == 401 or e.code == api.ServerErrorCode.UNAUTHENTICATED:
-            return "LiveKit refused the credentials: check LIVEKIT_API_KEY and LIVEKIT_API_SECRET"
-        if e.status == 403 or e.code == api.ServerErrorCode.PERMISSION_DENIED:
-            return f"LiveKit denied the request: {e.message}"
-        return f"LiveKit answered {e.code or e.status}: {e.message}"
-    if isinstance(e, TimeoutError | asyncio.TimeoutError):
-        return "LiveKit did not answer in time"
-    return f"cannot reach LiveKit ({type(e).__name__}: {e})"
+        await asyncio.wait([self.pending], timeout=self.bound_s())  # neither cancels it nor raises its error
 
 
 def phone_instructions(hotel: Hotel, line: PhoneLine, purpose: str = "") -> str:

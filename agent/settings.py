@@ -1,7 +1,7 @@
-"""Worker settings from the environment (and `.env` in the working directory): LiveKit credentials, engine
-preset, checkpoint, slots, device, agent name and ports. Read once with `AgentSettings.from_env()`, passed
-explicitly; a bad value is a one-line `SettingsError` (tools/settings.py). Secrets have no defaults and are
-never logged.
+"""Worker settings from the environment (and `.env` in the working directory): the LiveKit server, its
+credentials and how long its API may take, engine preset, checkpoint, slots, device, agent name and ports. Read
+once with `AgentSettings.from_env()`, passed explicitly; a bad value is a one-line `SettingsError`
+(tools/settings.py). Secrets have no defaults and are never logged.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 
@@ -39,12 +40,33 @@ def _not_zero_from_text(value: object) -> object:
 
 Port = Annotated[int, BeforeValidator(_not_zero_from_text), Field(ge=0, le=65535)]
 PORT = "a port number, 1 to 65535"
+SERVER_URL = "a ws://, wss://, http:// or https:// URL with a host, e.g. wss://hotel.livekit.cloud"
+
+
+def _server_url(url: str) -> bool:
+    """Whether `url` can reach a LiveKit server: its scheme, a host, and a port if any."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is not one raises
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("ws", "wss", "http", "https") and bool(parts.hostname) and url.isprintable()
 
 
 class AgentSettings(EnvSettings):
-    livekit_url: str = Field("", validation_alias="LIVEKIT_URL")
+    livekit_url: str = Field("", validation_alias="LIVEKIT_URL", description=SERVER_URL)
     livekit_api_key: str = Field("", validation_alias="LIVEKIT_API_KEY")
     livekit_api_secret: str = Field("", validation_alias="LIVEKIT_API_SECRET", repr=False)
+    # the LiveKit server's API (agent/lkapi.py): how long one try of a call may take. A call that changes
+    # nothing or can be repeated safely (list, update, delete) is tried twice; the others once
+    livekit_api_timeout_s: float = Field(
+        10.0, gt=0, validation_alias="CHORUS_LIVEKIT_API_TIMEOUT_S", description="a number of seconds above 0"
+    )
+    # how long a phone rings before the call is given up (`sip call`, a transfer to the front desk); those
+    # calls may take this plus CHORUS_LIVEKIT_API_TIMEOUT_S
+    sip_ring_timeout_s: float = Field(
+        30.0, gt=0, validation_alias="CHORUS_SIP_RING_TIMEOUT_S", description="a number of seconds above 0"
+    )
     preset: str = Field("tiny", validation_alias="CHORUS_PRESET")
     checkpoint: str | None = Field(
         None, validation_alias="CHORUS_CHECKPOINT", description="an existing file or folder"
@@ -129,6 +151,13 @@ class AgentSettings(EnvSettings):
             "LIVEKIT_API_SECRET": self.livekit_api_secret,
         }
         return [name for name, value in given.items() if not value]
+
+    @field_validator("livekit_url")
+    @classmethod
+    def _livekit_server_url(cls, url: str) -> str:
+        if url and not _server_url(url):
+            raise ValueError  # the description says what is allowed
+        return url
 
     @field_validator("front_desk_number")
     @classmethod

@@ -6,9 +6,10 @@ dispatched by name. Both carry `managed-by: chorus` in their metadata and the se
 again changes nothing that is already right, and `teardown` removes exactly what setup made. `call` places
 an outbound call: a new room with the agent dispatched (the reason goes to the agent as the job's metadata),
 then the SIP participant dialled into it.
-Expected failures (credentials, a number not in E.164 form, an unreachable server, a refused call) are one
-line on stderr and a non-zero exit; LiveKit's server is reached with LIVEKIT_URL, LIVEKIT_API_KEY and
-LIVEKIT_API_SECRET (environment or .env).
+Expected failures (credentials, a number not in E.164 form, a malformed LIVEKIT_URL, a server that cannot be
+reached or does not answer in time, a refused call) are one line on stderr and a non-zero exit; LiveKit's
+server is reached with LIVEKIT_URL, LIVEKIT_API_KEY and LIVEKIT_API_SECRET (environment or .env), every
+request bounded as agent/lkapi.py says (CHORUS_LIVEKIT_API_TIMEOUT_S, CHORUS_SIP_RING_TIMEOUT_S for `call`).
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ import secrets
 import sys
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from livekit import api
 
-from agent.phone import describe_api_error, livekit_api
+from agent.lkapi import LiveKit, LiveKitFailure
 from agent.settings import AgentSettings, SettingsError, e164
 
 MANAGED = {"managed-by": "chorus"}
 DEFAULT_NAME = "chorus"
-DIAL_TIMEOUT_S = 60.0  # ringing included
 
 
 class SipCommandError(Exception):
@@ -104,27 +103,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-async def setup(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
+async def setup(lk: LiveKit, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
     numbers, allowed, name = sorted(set(args.number)), sorted(set(args.allowed_address)), args.name
     lines = []
-    trunks = (await lk.sip.list_inbound_trunk(api.ListSIPInboundTrunkRequest())).items
+    trunks = (await lk.call(lk.api.sip.list_inbound_trunk, api.ListSIPInboundTrunkRequest())).items
     mine = [t for t in trunks if _ours(t.metadata, name)]
     want = api.SIPInboundTrunkInfo(
         name=name, metadata=_metadata(name), numbers=numbers, allowed_addresses=allowed
     )
     if not mine:
-        trunk = await lk.sip.create_inbound_trunk(api.CreateSIPInboundTrunkRequest(trunk=want))
+        trunk = await lk.call(lk.api.sip.create_inbound_trunk, api.CreateSIPInboundTrunkRequest(trunk=want))
         lines.append(f"inbound trunk {trunk.sip_trunk_id}: created")
     else:
         trunk = mine[0]
         if sorted(trunk.numbers) != numbers or sorted(trunk.allowed_addresses) != allowed:
-            trunk = await lk.sip.update_inbound_trunk(trunk.sip_trunk_id, want)
+            trunk = await lk.call(lk.api.sip.update_inbound_trunk, trunk.sip_trunk_id, want)
             lines.append(f"inbound trunk {trunk.sip_trunk_id}: updated")
         else:
             lines.append(f"inbound trunk {trunk.sip_trunk_id}: unchanged")
     lines[-1] += f" ({', '.join(numbers)}; from {', '.join(allowed) or 'any address'})"
 
-    rules = (await lk.sip.list_dispatch_rule(api.ListSIPDispatchRuleRequest())).items
+    rules = (await lk.call(lk.api.sip.list_dispatch_rule, api.ListSIPDispatchRuleRequest())).items
     mine_rules = [r for r in rules if _ours(r.metadata, name)]
     want_rule = api.SIPDispatchRuleInfo(
         name=name,
@@ -136,7 +135,9 @@ async def setup(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Name
         room_config=api.RoomConfiguration(agents=[api.RoomAgentDispatch(agent_name=settings.agent_name)]),
     )
     if not mine_rules:
-        rule = await lk.sip.create_dispatch_rule(api.CreateSIPDispatchRuleRequest(dispatch_rule=want_rule))
+        rule = await lk.call(
+            lk.api.sip.create_dispatch_rule, api.CreateSIPDispatchRuleRequest(dispatch_rule=want_rule)
+        )
         lines.append(f"dispatch rule {rule.sip_dispatch_rule_id}: created")
     else:
         rule = mine_rules[0]
@@ -146,7 +147,7 @@ async def setup(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Name
             and rule.room_config == want_rule.room_config
         )
         if not same:
-            rule = await lk.sip.update_dispatch_rule(rule.sip_dispatch_rule_id, want_rule)
+            rule = await lk.call(lk.api.sip.update_dispatch_rule, rule.sip_dispatch_rule_id, want_rule)
             lines.append(f"dispatch rule {rule.sip_dispatch_rule_id}: updated")
         else:
             lines.append(f"dispatch rule {rule.sip_dispatch_rule_id}: unchanged")
@@ -154,9 +155,9 @@ async def setup(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Name
     return lines
 
 
-async def list_line(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
-    trunks = (await lk.sip.list_inbound_trunk(api.ListSIPInboundTrunkRequest())).items
-    rules = (await lk.sip.list_dispatch_rule(api.ListSIPDispatchRuleRequest())).items
+async def list_line(lk: LiveKit, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
+    trunks = (await lk.call(lk.api.sip.list_inbound_trunk, api.ListSIPInboundTrunkRequest())).items
+    rules = (await lk.call(lk.api.sip.list_dispatch_rule, api.ListSIPDispatchRuleRequest())).items
     lines = [f"inbound trunks: {len(trunks)}"]
     for t in trunks:
         mark = " (made by setup)" if _ours(t.metadata, None) else ""
@@ -174,50 +175,52 @@ async def list_line(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.
     return lines
 
 
-async def teardown(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
+async def teardown(lk: LiveKit, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
     lines = []
-    rules = (await lk.sip.list_dispatch_rule(api.ListSIPDispatchRuleRequest())).items
+    rules = (await lk.call(lk.api.sip.list_dispatch_rule, api.ListSIPDispatchRuleRequest())).items
     for r in rules:
         if _ours(r.metadata, args.name):
-            await lk.sip.delete_dispatch_rule(
-                api.DeleteSIPDispatchRuleRequest(sip_dispatch_rule_id=r.sip_dispatch_rule_id)
+            await lk.call(
+                lk.api.sip.delete_dispatch_rule,
+                api.DeleteSIPDispatchRuleRequest(sip_dispatch_rule_id=r.sip_dispatch_rule_id),
             )
             lines.append(f"dispatch rule {r.sip_dispatch_rule_id}: removed")
-    trunks = (await lk.sip.list_inbound_trunk(api.ListSIPInboundTrunkRequest())).items
+    trunks = (await lk.call(lk.api.sip.list_inbound_trunk, api.ListSIPInboundTrunkRequest())).items
     for t in trunks:
         if _ours(t.metadata, args.name):
-            await lk.sip.delete_trunk(api.DeleteSIPTrunkRequest(sip_trunk_id=t.sip_trunk_id))
+            await lk.call(lk.api.sip.delete_trunk, api.DeleteSIPTrunkRequest(sip_trunk_id=t.sip_trunk_id))
             lines.append(f"inbound trunk {t.sip_trunk_id}: removed")
     return lines or [f"nothing to remove: no trunk or rule named {args.name!r} made by setup"]
 
 
-async def call(lk: api.LiveKitAPI, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
+async def call(lk: LiveKit, settings: AgentSettings, args: argparse.Namespace) -> list[str]:
     room = f"{settings.sip_room_prefix}out-{secrets.token_hex(4)}"
     metadata = json.dumps({"direction": "outbound", "reason": args.reason})
-    await lk.agent_dispatch.create_dispatch(
-        api.CreateAgentDispatchRequest(agent_name=settings.agent_name, room=room, metadata=metadata)
+    await lk.call(
+        lk.api.agent_dispatch.create_dispatch,
+        api.CreateAgentDispatchRequest(agent_name=settings.agent_name, room=room, metadata=metadata),
     )
     try:
-        sip = await lk.sip.create_sip_participant(
+        sip = await lk.call(
+            lk.api.sip.create_sip_participant,
             api.CreateSIPParticipantRequest(
                 sip_trunk_id=args.trunk,
                 sip_call_to=args.number,
                 room_name=room,
                 participant_identity=f"phone-{secrets.token_hex(4)}",
                 participant_name="guest",
-                wait_until_answered=True,
+                wait_until_answered=True,  # rings up to CHORUS_SIP_RING_TIMEOUT_S
             ),
-            timeout=DIAL_TIMEOUT_S,
         )
     except BaseException:
         # the agent would wait in an empty room: close it (best effort; the first error is the one reported)
-        with contextlib.suppress(api.ServerError, aiohttp.ClientError, OSError, TimeoutError):
-            await lk.room.delete_room(api.DeleteRoomRequest(room=room))
+        with contextlib.suppress(LiveKitFailure):
+            await lk.call(lk.api.room.delete_room, api.DeleteRoomRequest(room=room))
         raise
     return [f"call answered: room {room}, participant {sip.participant_identity}"]
 
 
-COMMANDS: dict[str, Callable[[api.LiveKitAPI, AgentSettings, argparse.Namespace], Awaitable[list[str]]]] = {
+COMMANDS: dict[str, Callable[[LiveKit, AgentSettings, argparse.Namespace], Awaitable[list[str]]]] = {
     "setup": setup,
     "list": list_line,
     "teardown": teardown,
@@ -230,13 +233,10 @@ async def run(settings: AgentSettings, args: argparse.Namespace) -> list[str]:
     if missing:
         raise SipCommandError(f"set {', '.join(missing)} (environment or .env) to reach LiveKit", 2)
     try:
-        async with livekit_api(settings, DIAL_TIMEOUT_S + 5 if args.command == "call" else 15.0) as lk:
+        async with LiveKit(settings) as lk:
             return await COMMANDS[args.command](lk, settings, args)
-    except api.ServerError as e:
-        raise SipCommandError(describe_api_error(e)) from None
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        reason = "no answer in time" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-        raise SipCommandError(f"cannot reach LiveKit at {settings.livekit_url} ({reason})") from None
+    except LiveKitFailure as e:
+        raise SipCommandError(str(e)) from None
 
 
 def main(argv: list[str]) -> int:

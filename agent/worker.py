@@ -276,7 +276,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
 
     async def hang_up() -> None:
         if line is not None:
-            await line.hang_up()  # the phone call ends: the SIP bridge sends BYE
+            await line.act("end")  # the phone call ends (the SIP bridge sends BYE); a failure is logged
         left.set()
 
     goodbye = asyncio.create_task(
