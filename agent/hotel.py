@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -63,8 +64,12 @@ class Concierge(Agent):
         call_id = context.function_call.call_id if context is not None else "-"
         if name in _LOOKUPS and self._failed_lookups >= MAX_FAILED_LOOKUPS:
             raise ToolError(TOO_MANY_LOOKUPS)
+        # the answer is due `deadline_s` after the call reached the agent, time in the thread queue included
+        deadline = time.monotonic() + self._hotel.deadline_s
         try:
-            result = await asyncio.to_thread(self._hotel.call, name, arguments, session=self._session_key)
+            result = await asyncio.to_thread(
+                self._hotel.call, name, arguments, session=self._session_key, deadline=deadline
+            )
         except NotFound as exc:
             self._failed_lookups += 1
             raise ToolError(exc.message) from None

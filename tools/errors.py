@@ -41,11 +41,30 @@ class NotAllowed(HotelError):
 
 
 class Busy(HotelError):
-    """The database stayed locked or kept conflicting beyond the retry budget."""
+    """The database stayed locked, kept conflicting, lost its connection or did not answer within the call's
+    deadline, and nothing was changed."""
 
     code = "busy"
 
     def __init__(
         self, message: str = "The reservation system is busy; please try again in a moment."
+    ) -> None:
+        super().__init__(message)
+
+
+class Unconfirmed(HotelError):
+    """A change reached the database but its confirmation was lost (the connection failed during COMMIT) and
+    the database could not be asked in time whether it was made. Asking again is safe: a booking carries
+    its idempotency key, and a change or a cancellation that was made is found as made."""
+
+    code = "unconfirmed"
+
+    def __init__(
+        self,
+        message: str = (
+            "The reservation system stopped answering before it confirmed this, so it may or may not have "
+            "gone through. Don't tell the caller it failed: in a moment, make the same request again; it "
+            "will not be done twice, and the answer will say how it stands."
+        ),
     ) -> None:
         super().__init__(message)

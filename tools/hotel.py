@@ -2,7 +2,9 @@
 
 `Hotel.call(name, arguments)` validates the model's arguments, runs the operation in one database
 transaction and returns a JSON-ready dict whose `message` can be spoken. Failures raise `HotelError`
-subclasses with a spoken message. Synchronous and thread-safe (the agent runs it off its event loop).
+subclasses with a spoken message; a database that stops answering or loses its connection becomes `Busy`
+(nothing was changed) or `Unconfirmed` (a change was sent and its outcome could not be told), answered
+by the call's deadline. Synchronous and thread-safe (the agent runs it off its event loop).
 Knows the rules and the store; nothing about audio, LiveKit or the engine.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime
 from typing import Any
@@ -26,6 +29,17 @@ NOT_FOUND = (
     "I couldn't find a reservation with that confirmation code and last name. "
     "Could you read me the code again, one character at a time?"
 )
+# How long one tool call may take, from its start to its answer, in seconds. The engine stops waiting for
+# a tool after `tool_timeout_s` (15 s, engine/engine.py) and tells the model that the tool did not
+# answer, so the hotel answers well before that, and nothing it was asked to do commits after it answered:
+#   7.5 s  the call's transactions: every statement, the one retry on a fresh connection after a lost one
+#          and the retries after lock conflicts. The server ends a statement 0.25 s before this
+#          (`statement_timeout`), a row-lock wait after at most 2 s (`lock_timeout`, then retried), and
+#          the client cuts a connection that has not answered by then (a stopped server answers nothing);
+#   1.5 s  settling a COMMIT whose answer was lost: one query on another connection (`store.base.SETTLE_S`);
+#   9 s    in all, which leaves 6 s for the agent's hand-off to its worker thread and the answer's way
+#          back to the engine. The agent starts the clock when the model's call reaches it.
+CALL_DEADLINE_S = 9.0
 KEY_REUSED = (
     "This request key was already used for a booking with other details; a different booking needs a new key."
 )
@@ -40,21 +54,35 @@ class NotSetUp(HotelError):
 
 class Hotel:
     """The hotel's operations on one store. `today` fixes the date (tests); by default it is the date
-    in the hotel's time zone."""
+    in the hotel's time zone. Each operation answers within `deadline_s` of its start, or by the `deadline`
+    it is given (a time.monotonic() value)."""
 
-    def __init__(self, store: Store, *, today: Callable[[], date] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        today: Callable[[], date] | None = None,
+        deadline_s: float = CALL_DEADLINE_S,
+    ):
         self.store = store
+        self.deadline_s = deadline_s
         self._today = today
         self._timezone: str | None = None
 
     # --- shared --------------------------------------------------------------------------------------
 
-    def today(self) -> date:
+    def _by(self, deadline: float | None) -> float:
+        """The deadline of an operation that starts now."""
+        return deadline if deadline is not None else time.monotonic() + self.deadline_s
+
+    def today(self, *, deadline: float | None = None) -> date:
         """The hotel's local date (injectable for tests)."""
         if self._today is not None:
             return self._today()
         if self._timezone is None:
-            self._timezone = self.store.transact(lambda tx: self._policy(tx).timezone)
+            self._timezone = self.store.transact(
+                lambda tx: self._policy(tx).timezone, deadline=self._by(deadline)
+            )
         try:
             from zoneinfo import ZoneInfo
 
@@ -63,8 +91,8 @@ class Hotel:
             log.warning("hotel: unknown time zone %s, using UTC", self._timezone)
             return datetime.now(UTC).date()
 
-    def policy(self) -> HotelPolicy:
-        return self.store.transact(self._policy)
+    def policy(self, *, deadline: float | None = None) -> HotelPolicy:
+        return self.store.transact(self._policy, deadline=self._by(deadline))
 
     @staticmethod
     def _policy(tx: Tx) -> HotelPolicy:
@@ -94,22 +122,26 @@ class Hotel:
 
     # --- entry point ---------------------------------------------------------------------------------
 
-    def call(self, name: str, arguments: Any, *, session: str | None = None) -> dict[str, Any]:
+    def call(
+        self, name: str, arguments: Any, *, session: str | None = None, deadline: float | None = None
+    ) -> dict[str, Any]:
         """Run tool `name` on the model's raw `arguments`. `session` scopes the idempotency of
-        bookings: the same booking asked twice in one conversation is made once."""
+        bookings: the same booking asked twice in one conversation is made once. `deadline`
+        (time.monotonic()) is when the answer is due; by default `deadline_s` from now."""
+        deadline = self._by(deadline)
         args = schemas.parse_args(name, arguments)
         if isinstance(args, schemas.ManageReservation):  # the phone's one tool for the three steps
             args = args.step()
         if isinstance(args, schemas.CheckAvailability):
-            result = self.check_availability(args)
+            result = self.check_availability(args, deadline=deadline)
         elif isinstance(args, schemas.BookRoom):
-            result = self.book_room(args, session=session)
+            result = self.book_room(args, session=session, deadline=deadline)
         elif isinstance(args, schemas.FindReservation):
-            result = self.find_reservation(args)
+            result = self.find_reservation(args, deadline=deadline)
         elif isinstance(args, schemas.ChangeOrCancelReservation):
-            result = self.change_or_cancel_reservation(args)
+            result = self.change_or_cancel_reservation(args, deadline=deadline)
         elif isinstance(args, schemas.HotelInfo):
-            result = self.hotel_info(args)
+            result = self.hotel_info(args, deadline=deadline)
         else:
             raise AssertionError(name)
         # The model reads the response token by token: the sentence to say comes first.
@@ -117,9 +149,12 @@ class Hotel:
 
     # --- check availability --------------------------------------------------------------------------
 
-    def check_availability(self, args: schemas.CheckAvailability | Mapping[str, Any]) -> dict[str, Any]:
+    def check_availability(
+        self, args: schemas.CheckAvailability | Mapping[str, Any], *, deadline: float | None = None
+    ) -> dict[str, Any]:
         args = schemas.parse_args("check_availability", args)
-        today = self.today()
+        deadline = self._by(deadline)
+        today = self.today(deadline=deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             policy, rooms = self._policy(tx), self._rooms(tx)
@@ -169,7 +204,7 @@ class Hotel:
                 result["message"] = f"Available {stay.spoken(today)}, totals including tax: {offers}."
             return result
 
-        return self.store.transact(run)
+        return self.store.transact(run, deadline=deadline)
 
     # --- book ----------------------------------------------------------------------------------------
 
@@ -198,13 +233,15 @@ class Hotel:
         *,
         idempotency_key: str | None = None,
         session: str | None = None,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
         """Book one room. A repeated `idempotency_key` (or, with `session`, the same details again in
         the same session) returns the first booking instead of making another."""
         args = schemas.parse_args("book_room", args)
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
             raise ValueError("idempotency_key must be 1 to 200 characters")
-        today = self.today()
+        deadline = self._by(deadline)
+        today = self.today(deadline=deadline)
 
         def run(tx: Tx) -> tuple[Reservation, bool, dict[str, RoomType], HotelPolicy]:
             policy, rooms = self._policy(tx), self._rooms(tx)
@@ -249,7 +286,7 @@ class Hotel:
             tx.insert_reservation(reservation)
             return reservation, False, rooms, policy
 
-        reservation, repeated, rooms, policy = self.store.transact(run, write=True)
+        reservation, repeated, rooms, policy = self.store.transact(run, write=True, deadline=deadline)
         view = replies.reservation_view(reservation, rooms, policy, today)
         view["already_booked"] = repeated
         what = "This booking was already made" if repeated else "Booked"
@@ -272,9 +309,12 @@ class Hotel:
             raise NotFound(NOT_FOUND)
         return reservation
 
-    def find_reservation(self, args: schemas.FindReservation | Mapping[str, Any]) -> dict[str, Any]:
+    def find_reservation(
+        self, args: schemas.FindReservation | Mapping[str, Any], *, deadline: float | None = None
+    ) -> dict[str, Any]:
         args = schemas.parse_args("find_reservation", args)
-        today = self.today()
+        deadline = self._by(deadline)
+        today = self.today(deadline=deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             reservation = self._owned(tx, args.confirmation_code, args.last_name, lock=False)
@@ -289,15 +329,16 @@ class Hotel:
                 )
             return view
 
-        return self.store.transact(run)
+        return self.store.transact(run, deadline=deadline)
 
     # --- change or cancel ----------------------------------------------------------------------------
 
     def change_or_cancel_reservation(
-        self, args: schemas.ChangeOrCancelReservation | Mapping[str, Any]
+        self, args: schemas.ChangeOrCancelReservation | Mapping[str, Any], *, deadline: float | None = None
     ) -> dict[str, Any]:
         args = schemas.parse_args("change_or_cancel_reservation", args)
-        today = self.today()
+        deadline = self._by(deadline)
+        today = self.today(deadline=deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             reservation = self._owned(tx, args.confirmation_code, args.last_name, lock=True)
@@ -310,7 +351,7 @@ class Hotel:
                 return self._cancel(tx, reservation, args.accept_fee, policy, rooms, today)
             return self._change(tx, reservation, args, policy, rooms, today)
 
-        return self.store.transact(run, write=True)
+        return self.store.transact(run, write=True, deadline=deadline)
 
     def _cancel(
         self,
@@ -424,13 +465,15 @@ class Hotel:
 
     # --- hotel information ---------------------------------------------------------------------------
 
-    def hotel_info(self, args: schemas.HotelInfo | Mapping[str, Any]) -> dict[str, Any]:
+    def hotel_info(
+        self, args: schemas.HotelInfo | Mapping[str, Any], *, deadline: float | None = None
+    ) -> dict[str, Any]:
         args = schemas.parse_args("hotel_info", args)
 
         def run(tx: Tx) -> dict[str, Any]:
             return faq.answer(args.topic, faq.entries(tx.faq(), self._policy(tx), tx.room_types()))
 
-        return self.store.transact(run)
+        return self.store.transact(run, deadline=self._by(deadline))
 
     # --- admin ---------------------------------------------------------------------------------------
 

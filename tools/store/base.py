@@ -1,27 +1,32 @@
 """The booking store: transactions over the backend's connection pool, versioned migrations, and the SQL.
 
-`Store.transact(fn, write=...)` runs `fn(tx)` in one database transaction and retries it when the
-database reports a transient conflict (a lock timeout, a deadlock, a serialization failure, or a
-unique key taken by a concurrent writer); any other exception rolls the whole transaction back.
-A call that finds no free connection within the pool's wait gets `Busy`, as does one that keeps conflicting.
+`Store.transact(fn, write=..., deadline=...)` runs `fn(tx)` in one database transaction and retries it when
+the database reports a transient conflict (a lock timeout, a deadlock, a serialization failure, or a
+unique key taken by a concurrent writer), or once on another connection when its connection broke before
+COMMIT was sent; any other exception rolls the whole transaction back. With a `deadline` every wait ends
+by then: the call gets `Busy` when the work did not commit, and `Unconfirmed` when a COMMIT was sent but
+its answer never came and the database could not say in time whether it took (see `transact`). No driver
+exception leaves the store: a database error that is none of these is a `StoreError`.
 `Tx` holds every statement, written once with `?` placeholders; the two backends differ only in how
-they pool connections, begin, lock and classify errors. Knows SQL and records, not the hotel's rules.
+they pool connections, begin, lock, bound their waits and classify errors. Knows SQL and records, not the
+hotel's rules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import astuple, fields
+from dataclasses import astuple, dataclass, fields
 from datetime import UTC, date, datetime
 from importlib import resources
 from typing import Any, TypeVar
 
-from ..errors import Busy
+from ..errors import Busy, Unconfirmed
 from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType, as_date, as_datetime
 
 log = logging.getLogger(__name__)
@@ -41,8 +46,23 @@ class Transient(StoreError):
     """Locked, deadlocked or not serializable right now; the transaction is retried."""
 
 
+class Lost(StoreError):
+    """The connection broke (the server restarted or ended it, the network failed, or it was cut at the
+    call's deadline); the transaction is retried once on another connection."""
+
+
+class Unavailable(StoreError):
+    """The database cannot serve this now (a statement timed out, the call's deadline passed, the server is
+    out of resources); the caller is told `Busy` at once."""
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer version of this code."""
+
+
+# The last seconds before a call's deadline are kept for settling a COMMIT whose answer was lost (one
+# query on another connection); the transaction's own statements and retries end by then.
+SETTLE_S = 1.5
 
 
 # --- migrations --------------------------------------------------------------------------------------
@@ -80,11 +100,13 @@ _NIGHT_COLUMNS = "room_type, night, total, booked, rate_cents"
 class Tx:
     """One open transaction. Methods run single statements; the caller composes them."""
 
-    def __init__(self, store: Store, conn: Any):
+    def __init__(self, store: Store, conn: Any, deadline: float | None = None):
         self._store = store
         self._conn = conn
+        self._deadline = deadline  # time.monotonic() by which every statement must be answered
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        _in_time(self._deadline)
         return self._store._execute(self._conn, sql, [self._store._param(p) for p in params])
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -172,6 +194,7 @@ class Tx:
             [self._store._param(v) for v in (n.room_type, n.night, n.total, n.rate_cents)] for n in nights
         ]
         if rows:
+            _in_time(self._deadline)
             self._store._execute_many(
                 self._conn,
                 f"INSERT INTO inventory ({_NIGHT_COLUMNS}) VALUES (?, ?, ?, 0, ?) "
@@ -237,6 +260,24 @@ class Tx:
 # --- the store ---------------------------------------------------------------------------------------
 
 
+def _in_time(deadline: float | None) -> None:
+    """Unavailable once `deadline` has passed: nothing more is sent to the database."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise Unavailable("the call's deadline passed")
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """One attempt of `transact` that ended in a database failure: its kind, the exception, and, when the
+    failure came while COMMIT was on its way, the attempt's result and the backend's token for settling it."""
+
+    kind: type[StoreError]
+    exc: BaseException
+    committing: bool = False
+    result: Any = None
+    token: Any = None
+
+
 class Store(ABC):
     """A booking database. Thread-safe: every call takes a pooled connection for one transaction."""
 
@@ -246,18 +287,25 @@ class Store(ABC):
     # backend hooks ---------------------------------------------------------------------------------
 
     @abstractmethod
-    def _connection(self) -> AbstractContextManager[Any]:
-        """A pooled connection, handed back to the pool afterwards; `Busy` when none is free within the
-        pool's wait, StoreError once the store is closed."""
+    def _connection(self, deadline: float | None = None) -> AbstractContextManager[Any]:
+        """A pooled connection whose every wait ends by `deadline` (time.monotonic(); None: no limit),
+        handed back to the pool afterwards; `Busy` when none is free within the pool's wait (or by the
+        deadline), StoreError once the store is closed."""
 
     @abstractmethod
-    def _begin(self, conn: Any, write: bool) -> None: ...
+    def _begin(self, conn: Any, write: bool, deadline: float | None) -> Any:
+        """Begin a transaction whose statements end by `deadline`; returns the token `_settle` takes."""
 
     @abstractmethod
     def _commit(self, conn: Any) -> None: ...
 
     @abstractmethod
     def _rollback(self, conn: Any) -> None: ...
+
+    def _discard(self, conn: Any) -> None:
+        """Close a connection that must not go back into the pool (its pool drops closed ones)."""
+        with contextlib.suppress(Exception):
+            conn.close()
 
     @abstractmethod
     def _execute(self, conn: Any, sql: str, params: Sequence[Any]) -> Any: ...
@@ -270,8 +318,15 @@ class Store(ABC):
         return value
 
     @abstractmethod
-    def _classify(self, exc: BaseException) -> type[StoreError] | None:
-        """Conflict or Transient for errors worth retrying, None for everything else."""
+    def _classify(self, exc: BaseException, conn: Any) -> type[StoreError] | None:
+        """What a driver exception means (after `_rollback` of `conn`): Conflict or Transient (retry), Lost
+        (the connection broke), Unavailable (give up at once) or StoreError (a statement refused: a bug);
+        None when `exc` does not come from the database."""
+
+    def _settle(self, token: Any, deadline: float) -> bool | None:
+        """Whether the write transaction `_begin` returned `token` for committed, asked on another
+        connection by `deadline`: True, False, or None when that cannot be told in time."""
+        return None
 
     @abstractmethod
     def _migrate(self, conn: Any) -> None: ...
@@ -291,30 +346,87 @@ class Store(ABC):
 
         return self.transact(read)
 
-    def transact(self, fn: Callable[[Tx], T], *, write: bool = False, attempts: int = 5) -> T:
-        """Run `fn(tx)` in one transaction (`write` takes the write lock up front on SQLite).
+    def transact(
+        self,
+        fn: Callable[[Tx], T],
+        *,
+        write: bool = False,
+        attempts: int = 5,
+        deadline: float | None = None,
+    ) -> T:
+        """Run `fn(tx)` in one transaction (`write` takes the write lock up front on SQLite; without it
+        the transaction only reads, which PostgreSQL enforces).
 
-        Retried from the start on Conflict/Transient, so `fn` must read what it decides on inside
-        the transaction. Anything else rolls back and propagates unchanged; so does the last Conflict
-        or Transient, as `Busy`, once `attempts` are spent."""
-        for attempt in range(1, attempts + 1):
-            with self._connection() as conn:
-                try:
-                    self._begin(conn, write)
-                    result = fn(Tx(self, conn))
-                    self._commit(conn)
-                    return result
-                except BaseException as exc:
-                    self._rollback(conn)
-                    kind = exc if isinstance(exc, StoreError) else None
-                    retry_as = type(kind) if kind else self._classify(exc)
-                    if retry_as not in (Conflict, Transient):
+        `deadline` (a time.monotonic() value; None: no limit) bounds the whole call: its attempts end
+        SETTLE_S before it, each wait cut short by the backend when the database stops answering. A failed
+        attempt is retried from the start, so `fn` must read what it decides on inside the transaction,
+        while it certainly did not commit and time is left: up to `attempts` times on Conflict/Transient,
+        once on another connection when the connection was Lost; otherwise the call gets `Busy`. A
+        connection lost while COMMIT was on its way leaves the outcome open: the backend settles it on
+        another connection, and the call returns `fn`'s result if the transaction committed, is retried if
+        it did not, and gets `Unconfirmed` if that cannot be told by the deadline. Any other database error
+        becomes a StoreError; an exception of `fn`'s own (a HotelError, a bug) rolls back and propagates
+        unchanged."""
+        work_by = None if deadline is None else deadline - SETTLE_S
+        conflicts, reconnected = 0, False
+        while True:
+            outcome = self._attempt(fn, write, work_by)
+            if not isinstance(outcome, _Failed):
+                return outcome
+            kind, exc = outcome.kind, outcome.exc
+            if outcome.committing and kind is Lost:
+                settle_by = deadline if deadline is not None else time.monotonic() + SETTLE_S
+                settled = True if not write else self._settle(outcome.token, settle_by)
+                if settled:
+                    if write:
+                        log.warning("store: the answer to a COMMIT was lost; the transaction committed")
+                    return outcome.result
+                if settled is None:
+                    log.warning("store: the answer to a COMMIT was lost; whether it committed is unknown")
+                    raise Unconfirmed() from None
+            in_time = work_by is None or time.monotonic() < work_by
+            if kind in (Conflict, Transient):
+                conflicts += 1
+                if conflicts < attempts and in_time:
+                    time.sleep(random.uniform(0.002, 0.02) * conflicts)
+                    continue
+                log.warning("store: giving up after %d attempts (%s)", conflicts, kind.__name__)
+                raise Busy() from exc
+            if kind is Lost and not reconnected and in_time:
+                reconnected = True
+                log.warning("store: connection lost (%s); retrying on another", type(exc).__name__)
+                continue
+            if kind in (Lost, Unavailable):
+                log.warning(
+                    "store: %s (%s); the call is told busy", kind.__name__.lower(), type(exc).__name__
+                )
+                raise Busy() from exc
+            raise StoreError(f"the database refused a statement ({type(exc).__name__})") from exc
+
+    def _attempt(self, fn: Callable[[Tx], T], write: bool, deadline: float | None) -> T | _Failed:
+        """One run of `fn` in one transaction: its result, or how it failed in the database."""
+        committing, result, token = False, None, None
+        with self._connection(deadline) as conn:
+            try:
+                token = self._begin(conn, write, deadline)
+                result = fn(Tx(self, conn, deadline))
+                _in_time(deadline)
+                committing = True
+                self._commit(conn)
+                return result
+            except BaseException as exc:
+                self._rollback(conn)
+                if isinstance(exc, StoreError):
+                    kind: type[StoreError] | None = type(exc)
+                    if kind not in (Conflict, Transient, Lost, Unavailable):
                         raise
-                    if attempt == attempts:
-                        log.warning("store: giving up after %d attempts (%s)", attempts, retry_as.__name__)
-                        raise Busy() from exc
-            time.sleep(random.uniform(0.002, 0.02) * attempt)
-        raise AssertionError("unreachable")
+                else:
+                    kind = self._classify(exc, conn)
+                    if kind is None:
+                        raise
+                if kind is Lost:
+                    self._discard(conn)
+                return _Failed(kind, exc, committing, result, token)
 
     @abstractmethod
     def close(self) -> None:

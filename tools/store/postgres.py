@@ -4,30 +4,84 @@ A booking reads its nights with `SELECT ... FOR UPDATE` in (room type, night) or
 writers of the same nights queue on row locks and each sees the previous one's commit; a unique key
 taken by a concurrent writer, a deadlock or a serialization failure retries the transaction. Reads
 run as REPEATABLE READ, READ ONLY snapshots. `schema` isolates a store inside one database (tests).
-Connections come from a `psycopg_pool.ConnectionPool` (checked before use, so a connection the server dropped
-is replaced rather than failing a call); a call that finds none free within `wait_s` gets `Busy`.
+Connections come from a `psycopg_pool.ConnectionPool` and are checked before use, so a connection the server
+dropped is replaced rather than failing a call; a call that finds none free within `wait_s` gets `Busy`.
+
+Every wait is bounded. A transaction with a deadline sets its own `statement_timeout` and `lock_timeout`,
+and the client cuts the connection at the deadline even when the server answers nothing at all (a stopped
+server still accepts bytes into its socket, so neither TCP keepalives nor the server's own timeouts end
+that wait). Each write transaction learns its transaction id at BEGIN, so a COMMIT whose answer was lost is
+settled with `pg_xact_status` on another connection. Needs PostgreSQL 14 or later.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import errors, sql
+from psycopg.abc import PQGen
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import Busy
 from ..settings import SCHEMA_NAME
-from .base import Conflict, SchemaTooNew, Store, StoreError, Transient, migrations, statements
+from .base import (
+    Conflict,
+    Lost,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    Transient,
+    Unavailable,
+    migrations,
+    statements,
+)
 
 log = logging.getLogger(__name__)
 
 _MIGRATION_LOCK = 0x43484F52  # "CHOR": serialises concurrent migrators of one database
+
+# The server ends a statement this long before the client would cut the connection, so a server that is
+# alive but slow answers with a clean error (the transaction rolled back, the connection kept).
+_SERVER_FIRST_S = 0.25
+# What psycopg's `Connection.wait` raises when its timeout runs out (its `_WaitTimeout`, an OperationalError)
+_WAIT_TIMEOUT: type[Exception] = getattr(errors, "_WaitTimeout", psycopg.OperationalError)
+# Errors that end the session: the server shut down, crashed, restarted or ended this backend.
+_SESSION_ENDED = (
+    errors.AdminShutdown,
+    errors.CrashShutdown,
+    errors.CannotConnectNow,
+    errors.ConnectionException,
+    errors.IdleInTransactionSessionTimeout,
+    errors.IdleSessionTimeout,
+)
+
+
+class DeadlineConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait on the server ends by `deadline` (a time.monotonic() value;
+    None: no limit). A wait cut short leaves the protocol mid-exchange, so the connection is closed
+    (the pool replaces it) and the statement raises `psycopg.OperationalError`. The server then reads
+    end-of-file after whatever it was sent: a transaction whose COMMIT it never read rolls back."""
+
+    deadline: float | None = None
+
+    def wait(self, gen: PQGen[Any], interval: float = 0.1, timeout: float | None = None) -> Any:
+        if self.deadline is None:
+            return super().wait(gen, interval, timeout)
+        left = max(0.0, self.deadline - time.monotonic())
+        try:
+            return super().wait(gen, interval, left if timeout is None else min(timeout, left))
+        except _WAIT_TIMEOUT:
+            if self.closed or (timeout is not None and timeout < left):
+                raise  # the caller's own, shorter timeout
+            self.pgconn.finish()
+            raise psycopg.OperationalError("no answer from PostgreSQL by the call's deadline") from None
 
 
 class PostgresStore(Store):
@@ -41,9 +95,14 @@ class PostgresStore(Store):
         schema: str = "public",
         pool_size: int = 8,
         wait_s: float = 5.0,
-        lock_timeout_s: float = 10.0,
-        connect_timeout_s: int = 10,
+        lock_timeout_s: float = 2.0,
+        connect_timeout_s: int = 3,
+        idle_in_transaction_s: float = 15.0,
     ):
+        """`lock_timeout_s`: a row lock waited on longer than this fails the attempt, which is retried
+        (the call's deadline may cut it shorter). `connect_timeout_s`: opening one connection (libpq counts
+        whole seconds, at least 2). `idle_in_transaction_s`: the server ends a session whose client left a
+        transaction open and silent this long (a stopped client process), releasing its row locks."""
         if not SCHEMA_NAME.match(schema):
             raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         if pool_size < 1:
@@ -53,11 +112,29 @@ class PostgresStore(Store):
         self.url = url
         self.schema = schema
         self._wait_s = wait_s
+        self._pool_size = pool_size
+        self._lock_ms = int(lock_timeout_s * 1000)
+        server = {
+            "search_path": schema,
+            "lock_timeout": self._lock_ms,  # a transaction with a deadline sets its own, no longer
+            "idle_in_transaction_session_timeout": int(idle_in_transaction_s * 1000),
+            # a backend whose client has gone stops the statement it is running within a second
+            "client_connection_check_interval": 1000,
+        }
         connection: dict[str, Any] = {
             "autocommit": True,  # we issue BEGIN/COMMIT ourselves, as on SQLite
             "connect_timeout": connect_timeout_s,
-            "options": f"-c search_path={schema} -c lock_timeout={int(lock_timeout_s * 1000)}",
+            "options": " ".join(f"-c {name}={value}" for name, value in server.items()),
             "application_name": "chorus-hotel",
+            # A peer that vanished (host down, network cut) is found by the kernel: an idle connection
+            # after 4 s of silence and two unanswered probes 2 s apart (8 s), one with data unacknowledged
+            # after 8 s. These bound the pool's idle connections and calls without a deadline (seeding,
+            # migrations); a call's own deadline is shorter.
+            "keepalives": 1,
+            "keepalives_idle": 4,
+            "keepalives_interval": 2,
+            "keepalives_count": 2,
+            "tcp_user_timeout": 8000,
         }
         # a wrong URL or a server that is down fails here at once, with psycopg's reason (the pool would
         # retry until connect_timeout_s and then say only that it timed out)
@@ -67,17 +144,18 @@ class PostgresStore(Store):
         self._pool = ConnectionPool(
             url,
             kwargs=connection,
+            connection_class=DeadlineConnection,
             min_size=pool_size,
-            check=ConnectionPool.check_connection,
             timeout=wait_s,
             name=f"chorus-hotel-{schema}",
             open=False,
         )
+        open_s = 10.0  # the whole pool, at start
         try:
             try:
-                self._pool.open(wait=True, timeout=connect_timeout_s)
+                self._pool.open(wait=True, timeout=open_s)
             except PoolTimeout:
-                raise StoreError(f"no connection to PostgreSQL within {connect_timeout_s} s") from None
+                raise StoreError(f"no connection to PostgreSQL within {open_s:g} s") from None
             self.migrate()
         except BaseException:
             self._pool.close()
@@ -87,24 +165,60 @@ class PostgresStore(Store):
         return f"PostgresStore(schema={self.schema!r})"  # the URL may hold a password
 
     @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
-        try:
-            conn = self._pool.getconn()
-        except PoolTimeout:
-            log.warning("store: no free PostgreSQL connection within %.1f s", self._wait_s)
-            raise Busy() from None
-        except PoolClosed:
-            raise StoreError("the store is closed") from None
+    def _connection(self, deadline: float | None = None) -> Iterator[DeadlineConnection]:
+        conn = self._checked(deadline)
         try:
             yield conn
         finally:
+            conn.deadline = None
             self._pool.putconn(conn)
+
+    def _checked(self, deadline: float | None) -> DeadlineConnection:
+        """A pooled connection that answered an empty query by `deadline`. One that does not (the server
+        dropped it, or restarted since) is handed back, to be replaced, and another is taken."""
+        for _ in range(self._pool_size + 1):  # every pooled one may be dead after a restart
+            wait = self._wait_s if deadline is None else min(self._wait_s, deadline - time.monotonic())
+            if wait <= 0:
+                break
+            try:
+                conn = self._pool.getconn(timeout=wait)
+            except PoolTimeout:
+                log.warning("store: no free PostgreSQL connection within %.1f s", wait)
+                raise Busy() from None
+            except PoolClosed:
+                raise StoreError("the store is closed") from None
+            conn.deadline = deadline
+            try:
+                conn.execute("")
+                return conn
+            except psycopg.Error:
+                conn.deadline = None
+                conn.close()
+                self._pool.putconn(conn)
+        log.warning("store: no working PostgreSQL connection by the call's deadline")
+        raise Busy()
 
     def close(self) -> None:
         self._pool.close()
 
-    def _begin(self, conn: psycopg.Connection[Any], write: bool) -> None:
-        conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    def _begin(self, conn: psycopg.Connection[Any], write: bool, deadline: float | None) -> str | None:
+        """BEGIN, with the transaction's timeouts when it has a deadline and, for a writer, its transaction
+        id (the token `_settle` takes), in one round trip."""
+        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+        settings = ["pg_current_xact_id()::text"] if write else []
+        if deadline is not None:
+            ms = max(1, int((deadline - time.monotonic() - _SERVER_FIRST_S) * 1000))
+            settings += [
+                f"set_config('statement_timeout', '{ms}', true)",
+                f"set_config('lock_timeout', '{min(ms, self._lock_ms)}', true)",
+            ]
+        if not settings:
+            conn.execute(begin)
+            return None
+        cur = conn.execute(f"{begin}; SELECT {', '.join(settings)}")  # type: ignore[arg-type]
+        cur.nextset()
+        row = cur.fetchone()
+        return row[0] if write and row else None
 
     def _commit(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute("COMMIT")
@@ -125,12 +239,37 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             cur.executemany(query.replace("?", "%s"), rows)  # type: ignore[arg-type]
 
-    def _classify(self, exc: BaseException) -> type[StoreError] | None:
+    def _classify(self, exc: BaseException, conn: psycopg.Connection[Any]) -> type[StoreError] | None:
+        if not isinstance(exc, psycopg.Error):
+            return None
+        if conn.closed or isinstance(exc, _SESSION_ENDED | psycopg.InterfaceError):
+            return Lost
         if isinstance(exc, errors.UniqueViolation):
             return Conflict
         if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected | errors.LockNotAvailable):
             return Transient
-        return None
+        if isinstance(exc, psycopg.OperationalError):  # a statement timeout, the server out of resources
+            return Unavailable
+        return StoreError
+
+    def _settle(self, token: str | None, deadline: float) -> bool | None:
+        """The transaction's status from `pg_xact_status`, asked again while its backend is still finishing
+        (it commits, or sees its client gone and rolls back), until `deadline`."""
+        if token is None:
+            return None
+        while True:
+            try:
+                with self._connection(deadline) as conn:
+                    row = conn.execute("SELECT pg_xact_status(%s::xid8)", [token]).fetchone()
+            except (psycopg.Error, Busy):
+                return None
+            status = row[0] if row else None
+            if status in ("committed", "aborted"):
+                log.info("store: settled a lost COMMIT as %s", status)
+                return status == "committed"
+            if time.monotonic() + 0.05 >= deadline:
+                return None
+            time.sleep(0.05)
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         # A concurrent migrator may create the schema between the check and the insert.

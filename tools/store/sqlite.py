@@ -4,6 +4,11 @@ WAL lets readers run beside the single writer; `BEGIN IMMEDIATE` takes the write
 first read, so a booking's availability check and its update see the same rows (no lock upgrade,
 no SQLITE_BUSY_SNAPSHOT). `synchronous=FULL`: a committed booking survives a power cut. Connections come
 from a small pool of its own; a call that finds none free within `wait_s` gets `Busy`.
+
+Every wait is bounded: the busy timeout (how long a writer waits for the write lock) is at most
+`busy_timeout_s`, and for a transaction with a deadline, what is left of it. Errors are classified as
+on PostgreSQL: a lock not had in time is retried until the deadline, an I/O-level failure drops the
+connection and retries once on a fresh one, and anything else from SQLite is a `StoreError`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Busy
-from .base import Conflict, SchemaTooNew, Store, StoreError, Transient, migrations, statements
+from .base import (
+    Conflict,
+    Lost,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    Transient,
+    Unavailable,
+    migrations,
+    statements,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +64,15 @@ class Pool:
         self._cond = threading.Condition()
 
     @contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
-        deadline = time.monotonic() + self._wait_s
+    def connection(self, deadline: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A connection, waited for at most `wait_s` and not past `deadline` (time.monotonic())."""
+        wait_s = self._wait_s if deadline is None else min(self._wait_s, deadline - time.monotonic())
+        deadline = time.monotonic() + wait_s
         with self._cond:
             while not self._idle and self._open >= self._size and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.warning("store: no free SQLite connection within %.1f s", self._wait_s)
+                    log.warning("store: no free SQLite connection within %.1f s", max(wait_s, 0.0))
                     raise Busy()
                 self._cond.wait(left)
             if self._closed:
@@ -99,11 +116,17 @@ def _close(conn: sqlite3.Connection) -> None:
         conn.close()
 
 
+# SQLite's primary result codes (https://sqlite.org/rescode.html) by what they mean for a transaction.
+_LOCKED = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: the lock was not had within the busy timeout
+_BROKEN = {7, 10, 11, 14, 15, 26}  # NOMEM, IOERR, CORRUPT, CANTOPEN, PROTOCOL, NOTADB: reopen the file
+_REFUSED_NOW = {8, 9, 13}  # READONLY, INTERRUPT, FULL: the database cannot take the write now
+
+
 class SqliteStore(Store):
     dialect = "sqlite"
 
     def __init__(
-        self, path: str | Path, *, pool_size: int = 8, wait_s: float = 5.0, busy_timeout_s: float = 10.0
+        self, path: str | Path, *, pool_size: int = 8, wait_s: float = 5.0, busy_timeout_s: float = 5.0
     ):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,15 +149,24 @@ class SqliteStore(Store):
         return conn
 
     def _healthy(self, conn: sqlite3.Connection) -> bool:
-        return not conn.in_transaction
+        try:
+            return not conn.in_transaction
+        except sqlite3.ProgrammingError:  # closed
+            return False
 
-    def _connection(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        return self._pool.connection()
+    def _connection(
+        self, deadline: float | None = None
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return self._pool.connection(deadline)
 
     def close(self) -> None:
         self._pool.close()
 
-    def _begin(self, conn: sqlite3.Connection, write: bool) -> None:
+    def _begin(self, conn: sqlite3.Connection, write: bool, deadline: float | None) -> None:
+        wait_s = self._busy_timeout_s
+        if deadline is not None:
+            wait_s = min(wait_s, deadline - time.monotonic())
+        conn.execute(f"PRAGMA busy_timeout = {max(1, int(wait_s * 1000))}")
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
 
     def _commit(self, conn: sqlite3.Connection) -> None:
@@ -157,12 +189,19 @@ class SqliteStore(Store):
             return value.isoformat()
         return value
 
-    def _classify(self, exc: BaseException) -> type[StoreError] | None:
+    def _classify(self, exc: BaseException, conn: sqlite3.Connection) -> type[StoreError] | None:
+        if not isinstance(exc, sqlite3.Error):
+            return None
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
         if isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc):
             return Conflict
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower():
+        if code in _LOCKED or (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower()):
             return Transient
-        return None
+        if code in _BROKEN:
+            return Lost
+        if code in _REFUSED_NOW:
+            return Unavailable
+        return StoreError
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
