@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 
 from tools.settings import EnvSettings, SettingsError
+
+if TYPE_CHECKING:
+    from engine.engine import EngineConfig
 
 __all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "SettingsError", "e164"]
 
@@ -142,6 +145,27 @@ class AgentSettings(EnvSettings):
         validation_alias="CHORUS_SIP_ROOM_PREFIX",
         description="1 to 32 letters, digits, - or _",
     )
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and the
+        simulation's); `overrides` are `EngineConfig` fields given another way (the simulation's flags)."""
+        from engine.engine import EngineConfig
+
+        fields = {
+            "preset": self.preset,
+            "num_slots": self.slots,
+            "checkpoint": self.checkpoint,
+            "tokenizer": self.tokenizer,
+            "speaker": self.speaker,
+            "talker_window": self.talker_window,
+            "thinker_window": self.thinker_window,
+            "capacity_mode": self.capacity_mode,
+            "refuse_when_overloaded": self.refuse_when_overloaded,
+            "echo": self.echo,
+            "device": self.device,
+            "metrics_port": self.metrics_port,
+        }
+        return EngineConfig(**(fields | {k: v for k, v in overrides.items() if v is not None}))
 
     def missing_livekit(self) -> list[str]:
         """The LiveKit connection settings that are not set (their variables' names)."""

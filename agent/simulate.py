@@ -267,22 +267,22 @@ def _window(engine: Engine, ticks0: int, missed0: int) -> dict:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine, or SimulateError with one line naming what is wrong."""
-    from engine.engine import Engine, EngineConfig
+    from engine.engine import Engine
 
     if args.checkpoint and not Path(args.checkpoint).exists():
         raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")
     try:
-        return Engine(
-            EngineConfig(
-                preset=args.preset,
-                num_slots=args.slots,
-                checkpoint=args.checkpoint,
-                tokenizer=args.tokenizer,
-                speaker=args.speaker,
-                device=args.device,
-                metrics_port=args.metrics_port,
-            )
+        # every engine setting of the environment (windows, capacity mode, ...), the flags over them
+        config = args.settings.engine_config(
+            preset=args.preset,
+            num_slots=args.slots,
+            checkpoint=args.checkpoint,
+            tokenizer=args.tokenizer,
+            speaker=args.speaker,
+            device=args.device,
+            metrics_port=args.metrics_port,
         )
+        return Engine(config)
     except Exception as e:  # a corrupt checkpoint or a device that is not there: one line, not a traceback
         what = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--preset {args.preset}"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -495,6 +495,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         settings, store = AgentSettings.from_env(), StoreSettings.from_env()
     except SettingsError as e:
         raise SimulateError(str(e)) from None
+    args.settings = settings
     args.preset = args.preset or settings.preset
     args.checkpoint = args.checkpoint or settings.checkpoint
     args.tokenizer = args.tokenizer or settings.tokenizer

@@ -60,24 +60,9 @@ def shared_engine(settings: AgentSettings) -> Engine:
     if _engine is None:
         with _lock:
             if _engine is None:
-                from engine.engine import Engine, EngineConfig
+                from engine.engine import Engine
 
-                _engine = Engine(
-                    EngineConfig(
-                        preset=settings.preset,
-                        num_slots=settings.slots,
-                        checkpoint=settings.checkpoint,
-                        tokenizer=settings.tokenizer,
-                        speaker=settings.speaker,
-                        talker_window=settings.talker_window,
-                        thinker_window=settings.thinker_window,
-                        capacity_mode=settings.capacity_mode,
-                        refuse_when_overloaded=settings.refuse_when_overloaded,
-                        echo=settings.echo,
-                        device=settings.device,
-                        metrics_port=settings.metrics_port,
-                    )
-                )
+                _engine = Engine(settings.engine_config())
                 atexit.register(close_shared)  # its tick thread stops before the interpreter does
     return _engine
 

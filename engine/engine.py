@@ -76,7 +76,7 @@ OVERLOAD_MISSES = 5  # missed deadlines in the window that mean overload
 
 
 class EngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # an engine's settings never change under it
 
     preset: str = "tiny"
     num_slots: int = Field(64, ge=1, le=4096)

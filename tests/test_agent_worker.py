@@ -193,6 +193,28 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
     assert any(booked[0].code in out for out in outputs)
 
 
+def test_the_simulation_builds_its_engine_from_every_engine_setting(tmp_path, monkeypatch):
+    """The worker's settings-to-engine mapping is the simulation's too: the context windows, capacity mode and
+    admission of the environment reach its engine, and its flags win over the environment."""
+    from agent import simulate
+
+    monkeypatch.setenv("CHORUS_THINKER_WINDOW", "64")
+    monkeypatch.setenv("CHORUS_TALKER_WINDOW", "48")
+    monkeypatch.setenv("CHORUS_CAPACITY_MODE", "true")
+    monkeypatch.setenv("CHORUS_REFUSE_WHEN_OVERLOADED", "false")
+    monkeypatch.setenv("CHORUS_SLOTS", "7")
+    p = __import__("argparse").ArgumentParser()
+    simulate.add_arguments(p)
+    args = p.parse_args(["--rooms", "2", "--out", str(tmp_path / "sim")])
+    simulate.check_arguments(args)
+    with simulate.build_engine(args) as engine:
+        cfg = engine.config
+    assert (cfg.thinker_window, cfg.talker_window, cfg.capacity_mode) == (64, 48, True)
+    assert cfg.refuse_when_overloaded is False
+    assert cfg.num_slots == 2  # one slot per room: the simulation's own default, over CHORUS_SLOTS
+    assert cfg == args.settings.engine_config(num_slots=2)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

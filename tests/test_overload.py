@@ -134,7 +134,8 @@ def test_a_full_tick_still_admits_64_sessions_within_the_bound_and_keeps_their_c
             e.open_session(prompt, tools)
         assert e.load == 1.0 and e.occupancy == 1.0
         handles[0].close()
-        e.config.refuse_when_overloaded = False  # a worker that prefers a slow answer to none
+        # a worker that prefers a slow answer to none
+        e.config = e.config.model_copy(update={"refuse_when_overloaded": False})
         assert e.overloaded and e.load == e.occupancy == 63 / 64
         assert e.open_session(prompt, tools).phase in ("prompt", "replay", "live")  # into the free slot
 
