@@ -91,6 +91,32 @@ def statements(sql: str) -> list[str]:
 LATEST_VERSION = len(migrations("sqlite"))
 
 
+def apply_migrations(
+    run: Callable[..., Any], dialect: str, where: str, applied_at_type: str, mark: str, now: Any
+) -> None:
+    """Bring a store's schema to the newest version this code knows, inside the caller's transaction (which
+    holds whatever lock keeps two migrators apart). `run(statement, params=())` executes one statement and
+    returns its rows; `mark` is the driver's parameter mark, `now` the time recorded per migration. A schema
+    newer than this code is SchemaTooNew (`where` names the database in the message)."""
+    run(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        f"(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at {applied_at_type} NOT NULL)"
+    )
+    applied = {row[0] for row in run("SELECT version FROM schema_migrations")}
+    known = migrations(dialect)
+    if applied and max(applied) > len(known):
+        raise SchemaTooNew(f"{where} has schema version {max(applied)}; this code knows up to {len(known)}")
+    for version, name, text in known:
+        if version in applied:
+            continue
+        for statement in statements(text):
+            run(statement)
+        run(
+            f"INSERT INTO schema_migrations (version, name, applied_at) VALUES ({mark}, {mark}, {mark})",
+            (version, name, now),
+        )
+
+
 # --- statements --------------------------------------------------------------------------------------
 
 _RES_COLUMNS = ", ".join(f.name for f in fields(Reservation))

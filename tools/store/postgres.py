@@ -34,13 +34,11 @@ from ..settings import SCHEMA_NAME
 from .base import (
     Conflict,
     Lost,
-    SchemaTooNew,
     Store,
     StoreError,
     Transient,
     Unavailable,
-    migrations,
-    statements,
+    apply_migrations,
 )
 
 log = logging.getLogger(__name__)
@@ -277,25 +275,8 @@ class PostgresStore(Store):
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
-            )
-            applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-            known = migrations(self.dialect)
-            if applied and max(applied) > len(known):
-                raise SchemaTooNew(
-                    f"schema {self.schema!r} has version {max(applied)}; this code knows up to {len(known)}"
-                )
-            for version, name, text in known:
-                if version in applied:
-                    continue
-                for statement in statements(text):
-                    conn.execute(statement)  # type: ignore[arg-type]
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
-                    (version, name, self.now()),
-                )
+            where = f"schema {self.schema!r}"
+            apply_migrations(conn.execute, self.dialect, where, "TIMESTAMPTZ", "%s", self.now())
 
     def drop_schema(self) -> None:
         """Delete this store's schema and everything in it (the tests' clean slate)."""

@@ -28,13 +28,11 @@ from ..errors import Busy
 from .base import (
     Conflict,
     Lost,
-    SchemaTooNew,
     Store,
     StoreError,
     Transient,
     Unavailable,
-    migrations,
-    statements,
+    apply_migrations,
 )
 
 log = logging.getLogger(__name__)
@@ -206,25 +204,7 @@ class SqliteStore(Store):
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-            applied = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
-            known = migrations(self.dialect)
-            if applied and max(applied) > len(known):
-                raise SchemaTooNew(
-                    f"{self.path} has schema version {max(applied)}; this code knows up to {len(known)}"
-                )
-            for version, name, sql in known:
-                if version in applied:
-                    continue
-                for statement in statements(sql):
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    (version, name, self.now().isoformat()),
-                )
+            apply_migrations(conn.execute, self.dialect, str(self.path), "TEXT", "?", self.now().isoformat())
             conn.execute("COMMIT")
         except BaseException:
             self._rollback(conn)
