@@ -65,15 +65,10 @@ def book_room_schema() -> dict[str, Any]:
     params = schema["parameters"]
     params["required"] = [name for name in params["required"] if name != "contact"]
     params["properties"]["contact"]["description"] = (
-        "Phone number or email address of the guest; leave it out to use the number the caller is calling from."
+        "Phone number of the guest, with + and the country code, or their email address; leave it out to use "
+        "the number the caller is calling from."
     )
     return schema
-
-
-def mask_number(number: str | None) -> str:
-    """A number as an operator may see it: its last four digits ("•••• 0100"), or "withheld"."""
-    digits = "".join(ch for ch in number or "" if ch.isdigit())
-    return f"•••• {digits[-4:]}" if len(digits) >= 4 else "withheld"
 
 
 class PhoneLine:

@@ -17,7 +17,7 @@ from livekit import api
 
 from agent import sip
 from agent.hotel import HotelAgent, tool_schemas
-from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine, mask_number
+from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
 from agent.playout import PlayoutOutput, WavSink
 from agent.settings import AgentSettings
 from agent.worker import call_purpose, concierge_for
@@ -275,11 +275,6 @@ def test_without_a_front_desk_number_transfer_is_refused_in_words_the_model_can_
     with pytest.raises(ToolError) as e:
         line.request("transfer")
     assert e.value.message == NO_FRONT_DESK and line.action is None
-
-
-def test_masked_numbers():
-    assert mask_number(GUEST_NUMBER) == "•••• 0123"
-    assert mask_number(None) == mask_number("") == "withheld"
 
 
 @pytest.fixture

@@ -20,8 +20,7 @@ from typing import Any
 from . import faq, replies, rules, schemas
 from .errors import HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from .rules import Stay, money
-from .settings import StoreSettings
-from .store import HotelPolicy, Reservation, RoomType, Store, Tx, open_store
+from .store import HotelPolicy, Reservation, RoomType, Store, Tx
 
 log = logging.getLogger(__name__)
 
@@ -479,8 +478,3 @@ class Hotel:
 
     def reservations(self, *, status: str | None = None) -> list[Reservation]:
         return self.store.transact(lambda tx: tx.reservations(status=status))
-
-
-def open_hotel(settings: StoreSettings | None = None) -> Hotel:
-    """The hotel on the database the settings (default: the environment) point at."""
-    return Hotel(open_store(settings))
