@@ -491,6 +491,8 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             (self._seg is not None or self.queued_s > 1e-3) and loop.time() < until and self._task is not None
         ):
             await asyncio.sleep(0.01)
+        if 0 < (left := self.queued_s) <= max(0.0, until - loop.time()):
+            await asyncio.sleep(left)  # the last chunk's last millisecond plays too, not cut short
 
     async def aclose(self) -> None:
         self._paused = False

@@ -127,6 +127,12 @@ def booking(**overrides: object) -> dict[str, object]:
     return args
 
 
+async def ticks_pass(engine, n: int = 4) -> None:
+    """Wait for `n` more engine ticks: whatever an earlier tick sent is then through the session's queues."""
+    start = engine.tick
+    await until(lambda: engine.tick >= start + n, f"{n} more ticks")
+
+
 async def until(predicate, what: str, timeout: float = 90.0) -> None:
     """Wait for an event, never for elapsed time: `timeout` only bounds a wait that would otherwise hang (the
     machine is shared)."""

@@ -24,7 +24,7 @@ from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
 from agent.playout import AckClips, WavSink
 from engine.engine import Engine
-from hotel_support import TODAY, booking, until
+from hotel_support import TODAY, booking, ticks_pass, until
 
 FRAME_S = 0.08
 IN_FRAME = 1280  # the tiny preset's input frame: 80 ms at 16 kHz
@@ -93,7 +93,7 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
             handle.force_text(ids)
             await until(lambda: call.duplex.stats["speech_frames"] >= len(ids), "the forced turn")
             await until(lambda: call.output.stats["segments"] == 1 and call.output.queued_s == 0, "playout")
-            await asyncio.sleep(0.3)
+            await ticks_pass(engine)  # nothing more of the turn on its way
             frames_in = next(s.frames_in for s in engine.snapshot().sessions if s.id == handle.id)
             stats, out = dict(call.duplex.stats), dict(call.output.stats)
             await call.aclose()
@@ -234,7 +234,7 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
             handle.force_text(ids)
             await until(lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the cut turn")
             await until(lambda: call.output.queued_s == 0 and call.output.stats["segments"] == 1, "playout")
-            await asyncio.sleep(0.3)
+            await ticks_pass(engine)  # what the cut turn still had on its way has arrived (and been dropped)
             result = len(ids), dict(call.duplex.stats), dict(call.output.stats)
             await call.aclose()
             return result
@@ -357,7 +357,7 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
             slow.release.set()
             await until(slow.finished.is_set, "the late tool to finish")
             await closing
-            await asyncio.sleep(0.3)
+            await ticks_pass(engine)  # the closed slot's tick has come and gone
             handle.submit_tool_result("late", "{}")  # a late answer to a closed session is ignored
             leftover = [s.id for s in engine.snapshot().sessions if s.id == handle.id]
             # the slot serves a new caller from a fresh state

@@ -22,7 +22,7 @@ from agent.playout import WavSink
 from agent.settings import AgentSettings
 from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from engine.engine import Engine
-from hotel_support import until
+from hotel_support import ticks_pass, until
 from prompts import PROMPTS_DIR
 
 PHONE_FRAME = 640  # 80 ms at 8 kHz
@@ -83,7 +83,7 @@ def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_han
                 return s.frames_in, s.frames_consumed
 
             await until(lambda: heard()[0] >= sent - 1 and heard()[1] == heard()[0], "the caller's words")
-            await asyncio.sleep(0.5)  # anything still on its way would arrive now
+            await ticks_pass(engine, 6)  # anything still on its way has arrived
             frames_in, consumed = heard()
             out_before = call.duplex.stats["frames_out"]
 
