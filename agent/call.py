@@ -27,6 +27,7 @@ from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_R
 from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import AckClips, PlayoutOutput, RoomSink, WavSink
+from engine.privacy import mask_numbers
 
 if TYPE_CHECKING:
     from engine.engine import Engine, SessionHandle
@@ -256,10 +257,12 @@ async def start_call(
 
 
 def describe_caller(room: rtc.Room | None, participant: str | None) -> tuple[str, str]:
-    """(the room's name, "phone" for a SIP participant else "web"); ("", "") without a room."""
+    """(the room's name, "phone" for a SIP participant else "web"); ("", "") without a room. A number in the
+    name (a SIP dispatch rule names a call's room after its caller: `call-_+14155550123_AbCd`) is cut to its
+    last four digits (`call-_•••• 0123_AbCd`): the label reaches the page and logs."""
     if room is None:
         return "", ""
-    name = str(getattr(room, "name", "") or "")
+    name = mask_numbers(str(getattr(room, "name", "") or ""))
     remote = getattr(room, "remote_participants", None) or {}
     who = remote.get(participant) if participant and isinstance(remote, Mapping) else None
     sip = who is not None and getattr(who, "kind", None) == rtc.ParticipantKind.PARTICIPANT_KIND_SIP

@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError
 
 from agent.hotel import Concierge, concierge_instructions
 from agent.lkapi import LiveKit, LiveKitFailure, bound_s
+from engine.privacy import mask_numbers
 from prompts import load_prompt
 from tools import schemas
 from tools.hotel import Hotel
@@ -161,11 +162,11 @@ class PhoneLine:
             else:
                 await self.hang_up()
                 self.outcome = "ended"
-            log.info("phone call in room %s: %s", self.room, self.outcome)
+            log.info("phone call in room %s: %s", mask_numbers(self.room), self.outcome)
         except LiveKitFailure as e:
             self.outcome = f"{action} failed: {e}"
             self.action, self.acting = None, False  # the model may try again
-            log.warning("phone call in room %s: %s", self.room, self.outcome)
+            log.warning("phone call in room %s: %s", mask_numbers(self.room), self.outcome)
 
     async def aclose(self) -> None:
         """At the job's end: a hand-over still waiting for the agent's words is dropped; one already under way

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import gc
+import json
 import logging
 import os
 import queue
@@ -58,9 +59,10 @@ from engine.metrics import (
 )
 from engine.model.pipeline import Pipeline
 from engine.model.weights import model_config
+from engine.privacy import last_words, mask_numbers, private_values
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
-from engine.slots import FrameInbox, Phase, Session, SlotPool
+from engine.slots import SAID_PIECES, FrameInbox, Phase, Session, SlotPool
 from engine.tokens import MAX_TOOLS, Tokens
 from engine.windows import talker_window, with_windows
 
@@ -143,6 +145,7 @@ class SessionHandle:
         self._s = session
         self.id = session.id
         self.outputs = outputs  # asyncio.Queue (with a loop), queue.Queue (without), or None (with a sink)
+        self._private_lock = threading.Lock()
 
     @property
     def phase(self) -> str:
@@ -164,10 +167,14 @@ class SessionHandle:
         self._s.inbox.push(pcm16k)
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
-        """The result of a FunctionCall; results for unknown or already answered calls are ignored."""
+        """The result of a FunctionCall; results for unknown or already answered calls are ignored. The personal
+        values of the call's arguments and of its result (when that is a JSON object) are kept private from now
+        on: names, contacts, codes (`privacy.private_values`)."""
         if self._s.closed:
             return
         name = self._s.pending.get(call_id)
+        if name is not None:
+            self.keep_private(*private_values(name.arguments), *private_values(_json_object(output)))
         # every character is prefilled on the tick: a longer result is cut, and the model reads a note saying so
         output, cap = str(output), self._engine.config.max_result_chars
         if len(output) > cap:
@@ -180,6 +187,14 @@ class SessionHandle:
                 "is_error": bool(is_error),
             }
         )
+
+    def keep_private(self, *terms: str) -> None:
+        """Words this conversation must never show in clear: a guest's name (each of its words too), a contact,
+        a code. The snapshot's `last_words` replace them with "[name]" from now on (engine/privacy.py). Callable
+        from any thread; the terms live as long as the session."""
+        fresh = tuple(t.strip()[:200] for t in terms if isinstance(t, str) and t.strip())
+        with self._private_lock:
+            self._s.private = tuple(dict.fromkeys(self._s.private + fresh))
 
     def force_text(self, tokens: list[int] | str) -> None:
         """Teacher forcing: the text channel emits these tokens (one per position) instead of its own."""
@@ -295,7 +310,8 @@ class Engine:
         is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
         `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
         `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot shows
-        them (at most 80 characters each), the engine neither reads nor logs them."""
+        them (at most 80 characters each; a number in the label by its last four digits), the engine neither
+        reads nor logs them."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -338,7 +354,8 @@ class Engine:
         def make(session_id: str, slot: int) -> Session:
             return Session(
                 session_id, slot, frozenset(names), inbox(frame, self._max_backlog), self._accounted(deliver),
-                prefill_ids=prompt_ids, prompt_key=key, label=str(label)[:80], caller=str(caller)[:80],
+                prefill_ids=prompt_ids, prompt_key=key, label=mask_numbers(str(label))[:80],
+                caller=str(caller)[:80],
             )  # fmt: skip
 
         session = self.pool.open(make, admission)
@@ -576,7 +593,9 @@ class Engine:
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's state for the monitoring page and the benchmarks. Everything here is computed now, on
-        the caller's thread, from counters and references the tick thread keeps (no per-tick copies)."""
+        the caller's thread, from counters and references the tick thread keeps (no per-tick copies, no lock
+        the tick waits on held). No transcript leaves in clear: each session's `last_words` are redacted
+        (engine/privacy.py) before they are cut to LAST_WORDS characters."""
         now = time.monotonic()
         sessions = list(self.pool.sessions.values())
         phases: dict[str, int] = {}
@@ -590,7 +609,8 @@ class Engine:
                 underruns=s.underruns, dropped_frames=s.inbox.dropped, tool_calls=s.tool_calls,
                 tool_errors=s.tool_errors, backlog_frames=len(s.inbox), skipped_frames=s.inbox.skipped,
                 label=s.label, caller=s.caller, speaking=s.speaking, calling=calling,
-                last_words="".join(list(s.said))[-LAST_WORDS:].strip(),
+                last_words=last_words(list(s.said), s.private, LAST_WORDS,
+                                      truncated=len(s.said) == SAID_PIECES, going=s.speaking),
             ))  # fmt: skip
         a = self.acct
         tick_ms = list(a.tick_ms)
@@ -653,6 +673,15 @@ def _memory(device: torch.device) -> tuple[int, int]:
         return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
     resident = resident_bytes()  # 0 without /proc (macOS): unknown
     return (resident, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) if resident else (0, 0)
+
+
+def _json_object(text: object) -> dict:
+    """`text` parsed as a JSON object, or {} (a result may be any text)."""
+    try:
+        value = json.loads(text) if isinstance(text, str | bytes) and len(text) < 1_000_000 else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _put_all(q: asyncio.Queue, items: list[Output]) -> None:

@@ -1,21 +1,30 @@
 """Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and one JSON snapshot.
 
 `EngineSnapshot` is the one description of the engine's state that the monitoring page also reads. The HTTP
-endpoint serves it at `/snapshot` (and Prometheus text at `/metrics`) on 127.0.0.1 by default.
+endpoint (`SnapshotServer`) serves it at `/snapshot`, Prometheus text at `/metrics` and `/healthz`, on
+127.0.0.1 by default, from a process of its own; each is built here at most twice a second whatever the requests.
 Knows numbers and sessions' public counters; knows nothing of the model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import subprocess
+import sys
 import threading
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel
+
+from engine.snapshot_serve import ServeLimits
+
+log = logging.getLogger("chorus.metrics")
 
 TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
 LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
@@ -35,11 +44,12 @@ class SessionSnapshot(BaseModel):
     tool_errors: int
     backlog_frames: int
     skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
-    label: str = ""  # what the agent calls the conversation (a room name): opaque to the engine
+    label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
     caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
     speaking: bool = False  # the agent is in a turn of its own
     calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
-    last_words: str = ""  # the end of the agent's current or last turn, at most LAST_WORDS characters
+    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS characters
+    last_words: str = ""
 
 
 class ToolCallSnapshot(BaseModel):
@@ -183,37 +193,72 @@ def history(values, per: int) -> tuple[list[float], list[float]]:
 
 
 class SnapshotServer:
-    """Serves `/snapshot` (JSON) and `/metrics` (Prometheus) from a daemon thread."""
+    """Serves `/snapshot` (the JSON of `snapshot()`), `/metrics` (Prometheus text) and `/healthz` over HTTP.
 
-    def __init__(self, snapshot, host: str = "127.0.0.1", port: int = 0) -> None:
-        get = snapshot
+    Every thread of this process shares the tick thread's GIL, and a request served in it would take the GIL
+    from the tick many times (its parsing, its snapshot, its serialisation, each of its socket calls; the tick
+    wants it back after every tensor op). So the HTTP side runs in a small process of its own
+    (engine/snapshot_serve.py), at a lower CPU priority, which asks this one for the bytes of an answer over a
+    pipe at most once per `interval_s` for each kind. Here one thread ("chorus-metrics") waits on that pipe and
+    builds what is asked for: `snapshot()` holds no lock the tick waits on, and nothing else of a request
+    reaches this process. The other process answers exact paths only (anything else 404), GET and HEAD, one
+    request per connection; it closes a connection that has not sent its request within `timeout_s`, keeps at
+    most `max_connections` open, accepts at most `max_rate` a second (the others wait in the kernel's listen
+    backlog), and gives each client address `client_rate` requests a second (429 beyond)."""
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if self.path.startswith("/snapshot"):
-                    body, kind = get().model_dump_json().encode(), "application/json"
-                elif self.path.startswith("/metrics"):
-                    body, kind = generate_latest(REGISTRY), "text/plain; version=0.0.4"
-                else:
-                    self.send_error(404, "try /snapshot or /metrics")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="chorus-metrics", daemon=True)
+    def __init__(self, snapshot: Callable[[], BaseModel], host: str = "127.0.0.1", port: int = 0, *,
+                 limits: ServeLimits | None = None) -> None:  # fmt: skip
+        self.limits = limits or ServeLimits()
+        self._make = {
+            b"s": lambda: snapshot().model_dump_json().encode(),
+            b"m": lambda: generate_latest(REGISTRY),
+        }
+        self.builds = {"snapshot": 0, "metrics": 0}  # answers built for the other process, by kind
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("snapshot_serve.py")), self.limits.to_json(), host,
+             str(port)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        line = self.process.stdout.readline()
+        if not line.strip().isdigit():
+            self.process.wait()
+            raise OSError(f"the snapshot endpoint cannot listen on {host}:{port} (its error is above)")
+        self.port = int(line)
+        self._closed = False
+        self.thread = threading.Thread(target=self._build, name="chorus-metrics", daemon=True)
         self.thread.start()
 
+    def _build(self) -> None:
+        """Answer the other process's questions until it is gone: one byte in, one frame out."""
+        ask, tell = self.process.stdout, self.process.stdin
+        while kind := ask.read(1):
+            try:
+                body, ok = self._make[kind](), b"1"
+            except Exception:  # the engine could not describe itself: the request gets a 500, serving goes on
+                log.exception("the %s answer could not be built", "snapshot" if kind == b"s" else "metrics")
+                body, ok = b"", b"0"
+            self.builds["snapshot" if kind == b"s" else "metrics"] += 1
+            try:
+                tell.write(kind + ok + len(body).to_bytes(4, "big") + body)
+                tell.flush()
+            except (OSError, ValueError):  # closed under us
+                return
+
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop serving: the other process exits once its pipe is closed (killed if it has not within 5 s).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError, ValueError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.thread.join(timeout=5)
+        self.process.stdout.close()
 
 
 def resident_bytes() -> int:

@@ -119,8 +119,8 @@ class Session:
     inbox: FrameInbox
     deliver: Callable[[list[Output]], None]
     phase: Phase = Phase.PROMPT
-    # what the agent calls this conversation and its caller ("web", "phone"): shown by the snapshot, never
-    # interpreted or logged by the engine
+    # what the agent calls this conversation and its caller ("web", "phone"), numbers cut to their last four
+    # digits: shown by the snapshot, never interpreted or logged by the engine
     label: str = ""
     caller: str = ""
     # the ids a PROMPT or PREFILL phase still has to prefill, and how far it got
@@ -156,9 +156,13 @@ class Session:
     tool_calls: int = 0
     tool_errors: int = 0
     speaking: bool = False
-    # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined only
-    # when a snapshot is taken
+    # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined and
+    # redacted (engine/privacy.py) only when a snapshot is taken
     said: deque[str] = field(default_factory=lambda: deque(maxlen=SAID_PIECES))
+    # what the snapshot must never show of this conversation in clear (guests' names, codes, contacts): the
+    # agent's `keep_private`, and personal values of its tool calls and their results; replaced whole, never
+    # extended in place
+    private: tuple[str, ...] = ()
     closed: bool = False
     opened_at: float = field(default_factory=time.monotonic)
 

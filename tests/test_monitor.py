@@ -152,18 +152,16 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     assert at.get("vega_lite_chart"), "the tick-time chart"
 
     rows = {r["room"]: r for r in table(at, {"room", "state", "last words"})}
-    assert set(rows) == {"room_a", "sip-+44 •••• 0958", "room_c"}
-    a, phone, c = rows["room_a"], rows["sip-+44 •••• 0958"], rows["room_c"]
+    assert set(rows) == {"room_a", "sip-•••• 0958", "room_c"}
+    a, phone, c = rows["room_a"], rows["sip-•••• 0958"], rows["room_c"]
     assert (a["state"], a["caller"], a["tool calls"]) == ("live", "web", 1)
     assert (phone["state"], phone["caller"], phone["tool"], phone["tool calls"]) == (
         "waiting", "phone", "check_availability", 1,
     )  # fmt: skip
     assert (c["state"], c["tool calls"], c["last words"]) == ("live, talking", 0, "")
     said = {s.label: s for s in snap.sessions}["room_a"].last_words
-    assert PHONE in said  # the engine's snapshot has the words; the page masks and shortens them
-    assert (
-        a["last words"] == shorten(mask_phones(said), 48) == "…I have your number as +44 •••• 0958, goodbye."
-    )
+    assert said == "Thank you. I have your number as [number], goodbye."  # redacted by the engine
+    assert a["last words"] == shorten(said, 48) == "…you. I have your number as [number], goodbye."
     assert [r["underruns"] for r in rows.values()] == [
         s.underruns for s in sorted(snap.sessions, key=lambda s: s.label)
     ]
@@ -173,10 +171,10 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     assert call["model ms"] == snap.tool_log[0].call_ms and call["resume ms"] == snap.tool_log[0].resume_ms
 
     (made,) = table(at, {"guest", "contact"})
-    assert (made["guest"], made["contact"], made["nights"]) == ("A. L***", "+44 •••• 0958", 2)
+    assert (made["guest"], made["contact"], made["nights"]) == ("A. L***", "•••• 0958", 2)
 
     text = shown_text(at)
-    assert "Ada" not in text and "Lovelace" not in text and "7946" not in text  # nothing personal shown
+    assert "Ada" not in text and "Lovelace" not in text and "7946" not in text and "+44" not in text
 
 
 def test_an_unreachable_worker_gets_a_banner_and_no_figures(store_env, monkeypatch):
@@ -231,6 +229,31 @@ def test_with_a_token_the_page_shows_only_a_refusal_without_it(busy, store_env, 
     assert not at.error and metrics(at)["Live sessions"] == ["3 / 4"]
 
 
+def test_without_the_token_the_page_shows_its_refusal_before_any_settings_error(store_env, monkeypatch):
+    """A refused setting (here the bookings database's) is the operator's to read, not a visitor's: the token is
+    checked first."""
+    monkeypatch.setenv("CHORUS_MONITOR_TOKEN", "s3cret-token")
+    monkeypatch.setenv("DATABASE_URL", "mysql://admin:hunter22@db.internal/hotel")
+    for token in (None, "wrong-token"):
+        at = page(monkeypatch, free_port_url(), token=token)
+        assert not at.exception and not at.metric and not at.dataframe and not at.sidebar.children
+        (refusal,) = at.error
+        assert refusal.value.startswith("Refused: this page needs its access token")
+        text = shown_text(at)
+        assert [w for w in ("mysql", "admin", "db.internal", "DATABASE_URL", "settings") if w in text] == []
+    at = page(monkeypatch, free_port_url(), token="s3cret-token")  # the operator is told what is wrong
+    assert "DATABASE_URL=mysql://admin:***@db.internal/hotel: must be" in at.error[0].value
+
+
+def test_a_refused_token_setting_lets_nobody_in(store_env, monkeypatch):
+    monkeypatch.setenv("CHORUS_MONITOR_TOKEN", "short")
+    for token in (None, "short"):
+        at = page(monkeypatch, free_port_url(), token=token)
+        assert not at.exception and not at.metric and not at.sidebar.children
+        (refusal,) = at.error
+        assert refusal.value.startswith("Refused") and "short" not in refusal.value
+
+
 def test_snapshot_urls_from_a_list():
     assert parse_urls("http://a:1, http://b:2/snapshot\nhttp://a:1/") == [
         "http://a:1/snapshot",
@@ -243,8 +266,8 @@ def test_snapshot_urls_from_a_list():
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        ("call-_+447700900123_AbC", "call-_+44 •••• 0123_AbC"),  # a SIP room's name
-        (f"I have {PHONE}, bye", "I have +44 •••• 0958, bye"),
+        ("call-_+447700900123_AbC", "call-_•••• 0123_AbC"),  # a SIP room's name
+        (f"I have {PHONE}, bye", "I have •••• 0958, bye"),
         ("tel 07700 900123", "tel •••• 0123"),
         ("room_003 on 2030-03-12", "room_003 on 2030-03-12"),  # short numbers and dates stay
     ],
@@ -256,7 +279,7 @@ def test_phone_numbers_are_masked_wherever_they_appear(text, shown):
 def test_guests_are_shown_by_initials_and_masked_contacts():
     assert (mask_name("Ada Lovelace"), mask_name("Cher"), mask_name(" ")) == ("A. L***", "C***", "")
     assert mask_contact("ada@example.com") == "a***@example.com"
-    assert mask_contact(PHONE) == "+44 •••• 0958" and mask_contact("by pigeon") == "***"
+    assert mask_contact(PHONE) == "•••• 0958" and mask_contact("by pigeon") == "***"
     assert mask_code("AB12CD34") == "AB••••34"
 
 

@@ -134,3 +134,52 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
         if ui is not None:
             stop(ui)
         stop(sim)
+
+
+BODY_JS = "document.body.innerText"
+SECRETS = ("mysql", "admin", "db.internal", "DATABASE_URL", "settings")  # of the refused setting's error
+
+
+@pytest.mark.slow
+def test_without_the_token_the_browser_shows_the_refusal_and_nothing_else(tmp_path):
+    """The page served as an operator runs it, with a token and a refused setting: a visitor without the token
+    sees the refusal and not the setting's error (which names the database); the token's holder sees it."""
+    chromium_path()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "DATABASE_URL"))}
+    env |= {"CHORUS_MONITOR_TOKEN": "s3cret-token", "DATABASE_URL": "mysql://admin:hunter22@db.internal/hotel",
+            "CHORUS_DATA_DIR": str(tmp_path)}  # fmt: skip
+    port = free_port()
+    with (tmp_path / "ui.log").open("w") as log:
+        ui = subprocess.Popen([sys.executable, "-m", "ui", "--port", str(port)], cwd=ROOT, env=env, stdout=log,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    page = f"http://127.0.0.1:{port}/"
+    try:
+
+        def healthy() -> bool:
+            assert ui.poll() is None, (tmp_path / "ui.log").read_text()
+            try:
+                return urllib.request.urlopen(page + "_stcore/health", timeout=5).status == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, "the Streamlit server")
+        with Browser() as browser:
+            for visit in (page, page + "?token=wrong-token"):
+                browser.open(visit)
+                text = browser.wait_for(  # the page's answer: its refusal, or what it should not show
+                    f"(() => {{ const t = {BODY_JS}; return location.href === {visit!r} && "
+                    "/Refused|refused/.test(t) ? t : null; })()",
+                    "the page's answer",
+                    timeout=HANG_S,
+                )
+                assert "Refused: this page needs its access token" in text
+                assert [w for w in SECRETS if w in text] == []
+            browser.open(page + "?token=s3cret-token")
+            shown = browser.wait_for(
+                f"(() => {{ const t = {BODY_JS}; return t.includes('DATABASE_URL') ? t : null; }})()",
+                "the settings error, for the token's holder",
+                timeout=HANG_S,
+            )
+            assert "mysql://admin:***@db.internal/hotel" in shown and "hunter22" not in shown
+    finally:
+        stop(ui)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from engine.metrics import EngineSnapshot
+from engine.privacy import redact
 from ui.privacy import mask_phones, shorten
 
 STATES = {
@@ -131,7 +132,7 @@ def memory_help(snap: EngineSnapshot) -> str:
 
 def session_rows(workers: list[Worker]) -> list[dict]:
     """One row per open session on the workers that answered: room, caller, state, duration, counters and the
-    agent's last words (phone numbers masked, shortened)."""
+    agent's last words (redacted again, whatever the worker did, and shortened)."""
     rows = []
     many = len(workers) > 1
     for w in workers:
@@ -150,7 +151,7 @@ def session_rows(workers: list[Worker]) -> list[dict]:
                 "duration": duration(s.age_s),
                 "underruns": s.underruns,
                 "tool calls": s.tool_calls,
-                "last words": shorten(mask_phones(s.last_words), LAST_WORDS_SHOWN),
+                "last words": shorten(redact(s.last_words), LAST_WORDS_SHOWN),
             }
             rows.append(row)
     return rows

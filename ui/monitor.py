@@ -3,7 +3,8 @@
 Polls each worker's engine snapshot (`GET /snapshot`, one worker per GPU) every few seconds in a fragment and
 shows whether the tick holds, who is talking, who waits on a tool and what was booked; with several workers,
 each one's figures side by side and the fleet's totals; a worker that stops answering is marked and the others
-keep showing. Nothing personal by default: phone numbers, names and codes masked, transcripts cut short.
+keep showing. Nothing personal by default: phone numbers, names and codes masked, transcripts redacted and cut
+short; with an access token set, a visitor without it sees only the refusal.
 Knows Streamlit and the pieces of `ui/`; reads the engine only through its HTTP snapshot.
 """
 
@@ -21,25 +22,38 @@ from tools.settings import SettingsError, StoreSettings
 from tools.store import Store
 from ui import fleet
 from ui.bookings import latest_bookings, open_bookings
-from ui.settings import MonitorSettings, parse_urls
+from ui.settings import MonitorSettings, PageAccess, parse_urls
 
 WORKER_COLUMNS = 4  # workers side by side in one row
 
 
 def main() -> None:
     st.set_page_config(page_title="Chorus monitor", layout="wide")
+    _let_in()
     try:
         settings = MonitorSettings.from_env()
         store_settings = StoreSettings.from_env()
     except SettingsError as e:
         st.error(f"The monitor's settings are refused: {e}")
         st.stop()
-    if settings.token is not None and not _token_ok(settings.token.get_secret_value()):
-        st.error("Refused: this page needs its access token. Open it as `/?token=...`.")
-        st.stop()
     urls, refresh_s = _sidebar(settings, store_settings)
     st.title("Chorus")
     st.fragment(run_every=refresh_s)(_live)(urls, settings, store_settings, refresh_s)
+
+
+def _let_in() -> None:
+    """The token check, before anything else (settings and their errors included): without the token, the
+    page shows its refusal and nothing more. A token setting that is itself refused lets nobody in."""
+    try:
+        access = PageAccess.from_env()
+    except SettingsError:
+        st.error(
+            "Refused: the page's access token is misconfigured (CHORUS_MONITOR_TOKEN); nobody is let in."
+        )
+        st.stop()
+    if access.token is not None and not _token_ok(access.token.get_secret_value()):
+        st.error("Refused: this page needs its access token. Open it as `/?token=...`.")
+        st.stop()
 
 
 def _token_ok(token: str) -> bool:

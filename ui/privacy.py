@@ -1,30 +1,17 @@
 """What the monitoring page may show of a person: masked phone numbers, names, contacts and codes, and
-transcripts cut short. Plain functions on strings; knows nothing of Streamlit or the engine."""
+transcripts cut short. Plain functions on strings; knows nothing of Streamlit, and of the engine only its
+string rules (engine/privacy.py)."""
 
 from __future__ import annotations
 
-import re
-
-DOTS = "••••"
-# a run of digits, maybe with a leading + and spaces, dots, dashes or brackets between them
-_NUMBER = re.compile(r"(?<![\d+])\+?\d[\d\s().-]*\d(?!\d)")  # also inside a name: call-_+4420..._x
-_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-MIN_PHONE_DIGITS = 7
-
-
-def _mask_number(m: re.Match[str]) -> str:
-    text = m.group(0)
-    digits = re.sub(r"\D", "", text)
-    if len(digits) < MIN_PHONE_DIGITS or _ISO_DATE.fullmatch(text.strip()):
-        return text
-    head = f"+{digits[:2]} " if text.startswith("+") else ""
-    return f"{head}{DOTS} {digits[-4:]}"
+from engine.privacy import DOTS, mask_numbers
 
 
 def mask_phones(text: str) -> str:
-    """Every phone-number-like run of 7 digits or more in `text` as "+44 •••• 0958" (the country code, when the
-    number has one, and the last four digits); dates and short numbers stay."""
-    return _NUMBER.sub(_mask_number, text)
+    """Every phone-number-like run of five digits or more in `text` as "•••• 0958" (its last four digits only,
+    whatever its grouping or country code); dates and short numbers stay. The engine's own rule
+    (`engine.privacy.mask_numbers`), applied again to what a worker sends."""
+    return mask_numbers(text)
 
 
 def mask_name(name: str) -> str:

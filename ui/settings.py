@@ -1,7 +1,8 @@
 """The monitoring page's settings from the environment (and `.env`), read with `MonitorSettings.from_env()`.
 
 `CHORUS_MONITOR_URLS`: the workers' snapshot URLs, comma-separated (one worker per GPU); a URL without a path
-gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>`.
+gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>` (`PageAccess`, read
+and checked before the other settings).
 `CHORUS_MONITOR_REFRESH_S`, `CHORUS_MONITOR_TIMEOUT_S`, `CHORUS_MONITOR_BOOKINGS`. The bookings database is
 the tools' own setting (`DATABASE_URL` or `CHORUS_DATA_DIR`, tools/settings.py).
 """
@@ -37,11 +38,19 @@ def parse_urls(text: str) -> list[str]:
     return out
 
 
-class MonitorSettings(EnvSettings):
-    urls: str = Field(DEFAULT_URL, validation_alias="CHORUS_MONITOR_URLS", description=URLS)
+class PageAccess(EnvSettings):
+    """The page's access token alone (`CHORUS_MONITOR_TOKEN`), read before any other setting: a visitor
+    without it must see nothing else, not even why another setting was refused."""
+
     token: SecretStr | None = Field(
         None, min_length=8, validation_alias="CHORUS_MONITOR_TOKEN", description="at least 8 characters"
     )
+
+
+class MonitorSettings(PageAccess):
+    """Every setting of the page, its token included."""
+
+    urls: str = Field(DEFAULT_URL, validation_alias="CHORUS_MONITOR_URLS", description=URLS)
     refresh_s: float = Field(
         2.0, ge=0.5, le=60, validation_alias="CHORUS_MONITOR_REFRESH_S", description="0.5 to 60 seconds"
     )

@@ -1,0 +1,228 @@
+"""What of a conversation may leave the worker: the agent's words with personal data replaced, and names
+(a phone call's room) with their numbers cut to the last four digits.
+
+`redact` replaces e-mail addresses (written or spoken), numbers (digits in any grouping, or said as words),
+codes spelled out one letter or digit at a time (also in the phonetic alphabet), the session's private terms
+(guests' names, registered by the agent or taken from its tool calls' arguments) and capitalised words inside
+a sentence (names nobody registered). `mask_numbers` keeps the last four digits of a number. Plain functions
+on strings; knows nothing of sessions, HTTP or the page.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Mapping
+
+DOTS = "••••"
+EMAIL, NUMBER, CODE, NAME = "[email]", "[number]", "[code]", "[name]"
+MIN_MASKED_DIGITS = 5  # a number with more digits than the four kept is shown by its last four only
+
+# --- numbers in names and contacts --------------------------------------------------------------------
+
+# a run of digits, maybe with a leading + and spaces, dots, dashes or brackets between them; also inside a
+# name (call-_+14155550123_AbCd)
+_DIGIT_RUN = re.compile(r"(?<![\d+])\+?\d[\d\s().-]*\d(?!\d)")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _mask_run(m: re.Match[str]) -> str:
+    text = m.group(0)
+    digits = re.sub(r"\D", "", text)
+    if len(digits) < MIN_MASKED_DIGITS or _ISO_DATE.fullmatch(text.strip()):
+        return text
+    return f"{DOTS} {digits[-4:]}"
+
+
+def mask_numbers(text: str) -> str:
+    """Every number of five digits or more in `text` (a phone number in any grouping, with or without its +)
+    as "•••• 0100": its last four digits only. Dates (2030-03-12) and shorter numbers stay. Idempotent."""
+    return _DIGIT_RUN.sub(_mask_run, text)
+
+
+# --- the agent's words ----------------------------------------------------------------------------------
+
+_WORD = r"[^\W_]+(?:['’][^\W_]+)*"  # letters and digits, with inner apostrophes (it's, O'Brien)
+# written: grace.hopper@example.com; spoken: "grace dot hopper at example dot com", "ada at example.com"
+_LOCAL = r"[\w.+-]+(?:\s+(?:dot|underscore|dash|hyphen)\s+[\w+-]+)*"
+_DOMAIN = r"[\w-]+(?:(?:\.|\s+dot\s+|\s*\(dot\)\s*)[\w-]+)+"
+_EMAIL = re.compile(
+    rf"[\w.+-]+\s*@\s*[\w-]+(?:\.[\w-]+)+|(?<![\w.+-]){_LOCAL}\s*(?:\s+at\s+|\(at\)|\[at\])\s*{_DOMAIN}",
+    re.IGNORECASE,
+)
+# pieces of one, as a turn in progress has them: anything with an @, dotted words (grace.hopper, example.com)
+# and words joined by a spoken dot or underscore ("grace dot hopper")
+_EMAIL_PART = re.compile(
+    r"\S*@\S*|[^\W\d_][\w-]*(?:\.[^\W\d_][\w-]*)+|[^\W\d_][\w-]*(?:\s+(?:dot|underscore)\s+[\w-]+)+",
+    re.IGNORECASE,
+)
+_TOKEN = re.compile(_WORD)
+# what may stand between two pieces of one number or code: "0 7 7 0 0, 9 0 0", "(415) 555-0100", "K-7 Q/2"
+_GAP = re.compile(r"[\s,.\-/()+:;#*–—]*")
+
+_DIGIT_WORDS = {
+    "zero", "oh", "o", "nought", "nil", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+    "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety", "hundred",
+    "thousand", "double", "triple",
+}  # fmt: skip
+_PHONETIC = {
+    "alfa", "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+    "juliett", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+    "uniform", "victor", "whiskey", "whisky", "xray", "ray", "yankee", "zulu",
+}  # fmt: skip
+_JOINERS = {"plus", "dash", "hyphen"}  # said between the pieces of a number, never alone
+_WORD_LETTERS = {"a", "i"}  # single letters that are words too: part of a code only beside a certain piece
+_NOT_NAMES = {
+    "a", "i", "i'm", "i'll", "i've", "i'd", "ok", "okay", "mr", "mrs", "ms", "dr", "monday", "tuesday", "wednesday",
+    "thursday", "friday", "saturday", "sunday", "january", "february", "march", "april", "may", "june",
+    "july", "august", "september", "october", "november", "december",
+}  # fmt: skip
+_SENTENCE_END = re.compile(r"[.!?…:;\"“”]\s*$|^\s*$")
+
+
+def _kind(token: str) -> str | None:
+    """What a word is to the redactor: "digits", "letter" (a single letter that is no word), "mixed" (letters
+    and digits: K7Q2), "word-letter" (a, I), "spoken" (a digit or letter said as a word), "joiner", or None
+    (an ordinary word)."""
+    low = token.lower()
+    if token.isdigit():
+        return "digits"
+    if len(token) == 1 and token.isalpha():
+        return "word-letter" if low in _WORD_LETTERS else "letter"
+    if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+        return "mixed"
+    if len(token) >= 6 and token.isalpha() and token.isupper():
+        return "mixed"  # a written code of letters only (KQAMXYTR)
+    if low in _DIGIT_WORDS or low in _PHONETIC:
+        return "spoken"
+    if low in _JOINERS:
+        return "joiner"
+    return None
+
+
+def _mask_runs(text: str) -> str:
+    """Numbers and spelled codes: each run of number-like words (only separators between them) that holds two
+    pieces or more, or any single letter that is no word, or any word of letters and digits, as one
+    placeholder: CODE when it holds letters, else NUMBER. A lone digit or number word ("one moment") stays."""
+    tokens = [(m.start(), m.end(), m.group(0), _kind(m.group(0))) for m in _TOKEN.finditer(text)]
+    out, at, i = [], 0, 0
+    while i < len(tokens):
+        if tokens[i][3] is None:
+            i += 1
+            continue
+        j = i
+        while (
+            j + 1 < len(tokens)
+            and tokens[j + 1][3] is not None
+            and _GAP.fullmatch(text[tokens[j][1] : tokens[j + 1][0]])
+        ):
+            j += 1
+        run = tokens[i : j + 1]
+        kinds = [k for *_, k in run]
+        certain = sum(
+            len(t) if k == "digits" else 1 for _, _, t, k in run if k in ("digits", "letter", "mixed")
+        )
+        spoken = kinds.count("spoken")
+        pieces = certain + spoken + (kinds.count("word-letter") if certain else 0)
+        if pieces >= 2 or "letter" in kinds or "mixed" in kinds:
+            lettered = any(k in ("letter", "mixed", "word-letter") for k in kinds) or any(
+                t.lower() in _PHONETIC for _, _, t, _ in run
+            )
+            start = run[0][0] - (run[0][0] > at and text[run[0][0] - 1] in "+(")  # "+1 415", "(415)"
+            out += [text[at:start], CODE if lettered else NUMBER]
+            at = run[-1][1]
+        i = j + 1
+    out.append(text[at:])
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for the private terms: each term as a phrase (any spacing) and each of its words of two
+    letters or more, whole words only (a possessive's "'s" with them), in any case; the longest first."""
+    alts: set[str] = set()
+    for term in terms:
+        words = _TOKEN.findall(term)
+        if not words:
+            continue
+        alts.add(r"[\s.,-]*".join(re.escape(w) for w in words))
+        alts.update(re.escape(w) for w in words if len(w) >= 2)
+    if not alts:
+        return None
+    body = "|".join(sorted(alts, key=len, reverse=True))
+    return re.compile(rf"(?<!\w)(?:{body})(?:['’]s)?(?!\w)", re.IGNORECASE)
+
+
+def _mask_capitalised(text: str) -> str:
+    """A capitalised word that does not start a sentence (a name, most likely) as NAME; weekdays, months, "I"
+    and titles stay."""
+
+    def one(m: re.Match[str]) -> str:
+        word = m.group(0)
+        if not word[0].isupper() or word.lower() in _NOT_NAMES or _SENTENCE_END.search(text[: m.start()]):
+            return word
+        return NAME
+
+    return _TOKEN.sub(one, text)
+
+
+def redact(text: str, private: Iterable[str] = ()) -> str:
+    """`text` (what the agent said) with nothing personal left in clear: e-mail addresses as EMAIL, the
+    `private` terms (and each of their words) as NAME, numbers as NUMBER and codes as CODE (see `_mask_runs`),
+    and capitalised words inside a sentence as NAME.
+
+    Not caught: a name nobody registered when it starts a sentence or is written in lower case, and personal
+    data that is neither a number, a code, an address nor a name (an address in words, say)."""
+    text = _EMAIL_PART.sub(EMAIL, _EMAIL.sub(EMAIL, text))
+    pattern = _terms_pattern(tuple(sorted({t.strip() for t in private if t and t.strip()})))
+    if pattern is not None:
+        text = pattern.sub(NAME, text)
+    return _mask_capitalised(_mask_runs(text))
+
+
+def last_words(
+    pieces: Iterable[str], private: Iterable[str], chars: int, *, truncated: bool = False, going: bool = False
+) -> str:
+    """The end of a turn as a snapshot may carry it: the pieces joined and redacted, then at most `chars`
+    characters from a word's start. A word cut in two is a fragment no rule recognises (a name's "pper", a
+    name's "Hop"), so it is left out: the first word when the turn's first pieces were dropped (`truncated`),
+    the last one while the turn is still `going` and its text does not end in a space. Remembered: a turn
+    that has not changed since the last snapshot is not redacted again."""
+    return _last_words(tuple(pieces), tuple(private), chars, truncated, going)
+
+
+@functools.lru_cache(maxsize=1024)
+def _last_words(
+    pieces: tuple[str, ...], private: tuple[str, ...], chars: int, truncated: bool, going: bool
+) -> str:
+    text = "".join(pieces)
+    if truncated:
+        text = text.lstrip()
+        text = text.split(None, 1)[1] if len(text.split(None, 1)) > 1 else ""
+    if going and text and not text[-1].isspace():
+        text = text.rsplit(None, 1)[0] if len(text.split()) > 1 else ""
+    text = " ".join(redact(text, private).split())
+    if len(text) <= chars:
+        return text
+    tail = text[-chars:]
+    return tail.split(" ", 1)[1] if text[-chars - 1] != " " and " " in tail else tail.lstrip()
+
+
+_PERSONAL_KEY = re.compile(r"name|contact|mail|phone|number|code", re.IGNORECASE)
+
+
+def private_values(arguments: Mapping[str, object]) -> list[str]:
+    """The strings of a tool call's arguments that name or reach a person (keys naming a name, a contact, an
+    e-mail, a phone, a number or a code: guest_name, last_name, contact, confirmation_code), nested ones too."""
+    found: list[str] = []
+    if not isinstance(arguments, Mapping):
+        return found
+    for key, value in arguments.items():
+        if isinstance(value, Mapping):
+            found += private_values(value)
+        elif isinstance(value, list):
+            found += [v for v in value if isinstance(v, str)] if _PERSONAL_KEY.search(str(key)) else []
+        elif isinstance(value, str) and _PERSONAL_KEY.search(str(key)) and value.strip():
+            found.append(value.strip())
+    return found

@@ -1,0 +1,196 @@
+"""The snapshot endpoint's own process: HTTP for `/snapshot`, `/metrics` and `/healthz`, away from the engine's GIL.
+
+`engine.metrics.SnapshotServer` starts it as `python engine/snapshot_serve.py LIMITS HOST PORT` (LIMITS: the
+JSON of `ServeLimits`). It prints the port it listens on, then asks its parent for the bytes of an answer over
+the pipe (one byte on stdout: "s" the snapshot, "m" the Prometheus text) at most once per `interval_s` each,
+and gives every request meanwhile the bytes it has. It exits when the parent closes the pipe. Standard library
+only: it starts in a few tens of milliseconds, at a lower CPU priority than the engine, and knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What the endpoint allows. The engine's process builds at most one answer of each kind per `interval_s`
+    whatever the requests; what they cost the machine's cores (this process's) is bounded here."""
+
+    interval_s: float = 0.5  # the snapshot and the Prometheus text are built at most this often
+    timeout_s: float = 3.0  # a connection has this long to send its request and take the answer
+    client_rate: float = 20.0  # requests per second one client address may make; 429 beyond
+    client_burst: int = 40
+    max_rate: float = 50.0  # connections accepted per second in all; the rest wait in the listen backlog
+    max_connections: int = 32  # connections open at once; the rest wait in the listen backlog
+    max_clients: int = 1024  # client addresses whose rate is remembered (the least recent forgotten)
+    nice: int = 10  # added to this process's nice value: the engine's threads come first on a busy machine
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+PATHS = {"/snapshot": b"s", "/metrics": b"m", "/healthz": None}
+KINDS = {b"s": "application/json", b"m": "text/plain; version=0.0.4"}
+FRAME_HEAD = 6  # a frame from the parent: kind (1 byte), ok (b"1" or b"0"), length (4 bytes, big-endian)
+MAX_HEAD = 8192  # bytes of a request's line and headers
+
+
+def response(status: int, body: bytes = b"", kind: str = "text/plain; charset=utf-8", *, head_only: bool = False,
+             extra: str = "") -> bytes:  # fmt: skip
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra}\r\n")  # fmt: skip
+    return head.encode() + (b"" if head_only else body)
+
+
+class ClientRate:
+    """A token bucket per client address: `rate` requests per second, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int, max_clients: int) -> None:
+        self._rate, self._burst, self._max = rate, burst, max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # address -> (tokens, when)
+
+    def allow(self, client: str, now: float) -> bool:
+        tokens, at = self._buckets.pop(client, (float(self._burst), now))
+        tokens = min(float(self._burst), tokens + (now - at) * self._rate)
+        ok = tokens >= 1.0
+        self._buckets[client] = (tokens - 1.0 if ok else tokens, now)
+        if len(self._buckets) > self._max:
+            self._buckets.popitem(last=False)
+        return ok
+
+
+class Endpoint:
+    """The listening socket, the connections and the bytes of the answers, on one asyncio loop."""
+
+    def __init__(self, limits: ServeLimits, sock: socket.socket) -> None:
+        self.limits = limits
+        self.sock = sock
+        self.rate = ClientRate(limits.client_rate, limits.client_burst, limits.max_clients)
+        self.bytes: dict[bytes, bytes] = {}  # kind -> the latest answer
+        self.at: dict[bytes, float] = {}  # kind -> when it came
+        self.pending: dict[bytes, asyncio.Future] = {}  # kind -> the parent's answer being waited for
+        self.open = 0
+        self.room = asyncio.Event()  # set whenever a connection closes
+
+    async def run(self) -> None:
+        """Serve until the parent closes the pipe."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+        accept = loop.create_task(self.accept())
+        try:
+            while True:
+                head = await reader.readexactly(FRAME_HEAD)
+                body = await reader.readexactly(int.from_bytes(head[2:], "big"))
+                self.arrived(head[:1], head[1:2] == b"1", body)
+        except asyncio.IncompleteReadError:
+            pass  # the parent is gone (closed, or exited)
+        finally:
+            accept.cancel()
+
+    async def answer_bytes(self, kind: bytes) -> bytes | None:
+        """The bytes of `kind`: those at hand while fresh, else the parent's next ones (one question at a time,
+        whoever else waits); None if the parent could not make them or did not answer in time."""
+        loop = asyncio.get_running_loop()
+        if kind in self.bytes and loop.time() - self.at[kind] < self.limits.interval_s:
+            return self.bytes[kind]
+        future = self.pending.get(kind)
+        if future is None:
+            future = self.pending[kind] = loop.create_future()
+            os.write(1, kind)
+        return await asyncio.shield(future)
+
+    def arrived(self, kind: bytes, ok: bool, body: bytes) -> None:
+        if ok:
+            self.bytes[kind], self.at[kind] = body, asyncio.get_running_loop().time()
+        future = self.pending.pop(kind, None)
+        if future is not None and not future.done():
+            future.set_result(body if ok else None)
+
+    async def accept(self) -> None:
+        """Accept while there is room, at most `max_rate` a second (a token bucket as deep as the room)."""
+        loop, lim = asyncio.get_running_loop(), self.limits
+        allowance, last = float(lim.max_connections), loop.time()
+        while True:
+            while self.open >= lim.max_connections:
+                self.room.clear()
+                await self.room.wait()
+            now = loop.time()
+            allowance, last = min(float(lim.max_connections), allowance + (now - last) * lim.max_rate), now
+            if allowance < 1.0:
+                await asyncio.sleep((1.0 - allowance) / lim.max_rate)
+                continue
+            conn, addr = await loop.sock_accept(self.sock)
+            allowance -= 1.0
+            self.open += 1
+            loop.create_task(self.serve(conn, addr[0]))
+
+    async def serve(self, conn: socket.socket, client: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                head = b""
+                while b"\r\n\r\n" not in head and b"\n\n" not in head:
+                    if len(head) > MAX_HEAD:
+                        await loop.sock_sendall(conn, response(431, b"request too large\n"))
+                        return
+                    chunk = await loop.sock_recv(conn, 4096)
+                    if not chunk:
+                        return
+                    head += chunk
+                await loop.sock_sendall(conn, await self.answer(head, client))
+        except (TimeoutError, OSError):
+            pass  # an idle or vanished client: nothing to answer
+        finally:
+            conn.close()
+            self.open -= 1
+            self.room.set()
+
+    async def answer(self, head: bytes, client: str) -> bytes:
+        if not self.rate.allow(client, asyncio.get_running_loop().time()):
+            return response(429, b"too many requests\n", extra="Retry-After: 1\r\n")
+        parts = head.split(b"\n", 1)[0].decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return response(400, b"bad request\n")
+        method, path = parts[0], parts[1].split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return response(405, b"GET or HEAD only\n", extra="Allow: GET, HEAD\r\n")
+        if path not in PATHS:
+            return response(404, f"not found: try {', '.join(PATHS)}\n".encode())
+        kind = PATHS[path]
+        if kind is None:
+            return response(200, b"ok\n", head_only=method == "HEAD")
+        body = await self.answer_bytes(kind)
+        if body is None:
+            return response(500, b"the engine could not describe itself\n")
+        return response(200, body, KINDS[kind], head_only=method == "HEAD")
+
+
+def main(argv: list[str]) -> int:
+    limits = ServeLimits(**json.loads(argv[0]))
+    # a terminal's Ctrl-C is the parent's to handle; the parent then closes the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if limits.nice:
+        os.nice(limits.nice)
+    try:
+        sock = socket.create_server((argv[1], int(argv[2])), backlog=128)
+    except OSError as e:
+        print(f"snapshot endpoint: cannot listen on {argv[1]}:{argv[2]}: {e}", file=sys.stderr)
+        return 1
+    sock.setblocking(False)
+    os.write(1, f"{sock.getsockname()[1]}\n".encode())
+    asyncio.run(Endpoint(limits, sock).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,180 @@
+"""The snapshot endpoint (engine/metrics.py's SnapshotServer, engine/snapshot_serve.py) against the requests
+that stalled the tick: unknown paths, idle connections, a client in a tight loop. Every wait is for an event
+(an answer, a closed connection), bounded only against a hang."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from engine.engine import Engine, EngineConfig
+from engine.metrics import EngineSnapshot, ServeLimits, SnapshotServer
+
+HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs
+OPEN = ServeLimits(client_rate=1000.0, client_burst=1000, max_rate=1000.0)  # nothing refused for its rate
+
+
+class Counted(BaseModel):
+    n: int
+
+
+class Builds:
+    """A snapshot callable that counts its calls."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> Counted:
+        self.n += 1
+        return Counted(n=self.n)
+
+
+def request(port: int, path: str = "/snapshot", method: str = "GET", source: str | None = None):
+    """(status, headers, body) of one request on a new connection."""
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=HANG_S, source_address=(source, 0) if source else None
+    ) as s:
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.fixture
+def served():
+    builds = Builds()
+    server = SnapshotServer(builds, limits=OPEN)
+    yield server, builds
+    server.close()
+
+
+def test_only_the_exact_paths_answer(served):
+    server, _ = served
+    for path in ("/snapshotXYZ", "/snapshot/", "/snapshot.json", "/metricsfoo", "/", "/healthz2"):
+        assert request(server.port, path)[0] == 404, path
+    assert request(server.port, "/snapshot")[::2] == (200, b'{"n":1}')
+    assert request(server.port, "/snapshot?fresh=1")[0] == 200
+    status, headers, body = request(server.port, "/metrics")
+    assert status == 200 and b"# TYPE " in body and headers["Content-Type"].startswith("text/plain")
+    assert request(server.port, "/healthz")[::2] == (200, b"ok\n")
+    assert request(server.port, "/snapshot", method="POST")[0] == 405
+    status, headers, body = request(server.port, "/snapshot", method="HEAD")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+
+
+def test_an_idle_or_unfinished_connection_is_closed_after_the_timeout():
+    server = SnapshotServer(Builds(), limits=ServeLimits(timeout_s=0.5))
+    try:
+        for sent in (b"", b"GET /snap"):  # nothing at all; a request that never ends
+            with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_S) as s:
+                s.sendall(sent)
+                assert s.recv(1024) == b""  # closed by the server, with nothing said
+    finally:
+        server.close()
+
+
+def thread_count(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/status").read_text().split("Threads:")[1].split()[0])
+
+
+def test_idle_connections_take_no_threads():
+    before = threading.active_count()
+    server = SnapshotServer(Builds(), limits=ServeLimits(timeout_s=0.5, max_connections=8))
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=HANG_S) for _ in range(40)]
+    try:
+        # answered once the idle ones ahead of it in the listen backlog were accepted and timed out
+        assert request(server.port, source="127.0.0.2")[0] == 200
+        assert threading.active_count() <= before + 1  # this process: the one thread that builds answers
+        assert thread_count(server.process.pid) == 1  # the endpoint's: its event loop
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+
+
+def test_a_tight_loop_client_gets_429s_and_the_snapshot_is_built_once_per_interval():
+    builds = Builds()
+    limits = ServeLimits(client_rate=0.001, client_burst=5, interval_s=3600.0)  # no refill, one build
+    server = SnapshotServer(builds, limits=limits)
+    try:
+        answers = [request(server.port) for _ in range(30)]
+        assert [a[0] for a in answers] == [200] * 5 + [429] * 25
+        assert all(a[2] == b'{"n":1}' for a in answers[:5]) and answers[5][1]["Retry-After"] == "1"
+        assert request(server.port, source="127.0.0.2")[::2] == (200, b'{"n":1}')  # another client is served
+        assert builds.n == 1 and server.builds["snapshot"] == 1
+    finally:
+        server.close()
+
+
+def until(predicate, what: str):
+    """The first truthy value of `predicate()`, asked again and again; HANG_S bounds a wait that would hang."""
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_snapshot_is_built_again_after_the_interval():
+    builds = Builds()
+    server = SnapshotServer(builds, limits=replace(OPEN, interval_s=0.2))
+    try:
+        first = request(server.port)[2]
+        assert request(server.port)[2] == first == b'{"n":1}' and builds.n == 1  # within the interval: cached
+        assert until(lambda: request(server.port)[2] == b'{"n":2}', "the next interval's snapshot")
+        assert builds.n == 2
+    finally:
+        server.close()
+
+
+def test_the_tick_keeps_its_counts_while_a_client_floods_the_endpoint():
+    """A client in a tight loop is refused (429) while the tick runs by hand; the engine counted every tick and
+    no missed deadline, and the next interval's snapshot says so."""
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False))
+    server = SnapshotServer(
+        engine.snapshot, limits=ServeLimits(client_rate=20.0, client_burst=3, interval_s=0.2)
+    )
+    answers: Counter = Counter()
+    refused, stop = threading.Event(), threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            status = request(server.port)[0]
+            answers[status] += 1
+            if status == 429:
+                refused.set()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        assert refused.wait(HANG_S)
+        ticks0 = engine.acct.ticks
+        for k in range(25):
+            engine.run_tick(k, engine.clock() + 600.0)  # a far deadline: none can be missed but by a stall
+        stop.set()
+        flooder.join(HANG_S)
+        assert engine.acct.ticks - ticks0 == 25 and engine.acct.missed_deadlines == 0
+        assert answers[429] >= 1 and set(answers) <= {200, 429}
+
+        def counted() -> EngineSnapshot | None:
+            status, _, body = request(server.port, source="127.0.0.2")  # refused now and then: asked again
+            snap = EngineSnapshot.model_validate_json(body) if status == 200 else None
+            return snap if snap is not None and snap.ticks == engine.acct.ticks else None
+
+        snap = until(counted, "a snapshot with every tick")
+        assert snap.missed_deadlines == 0 and snap.slipped_ticks == 0
+    finally:
+        stop.set()
+        server.close()
+        engine.close()
