@@ -30,6 +30,7 @@ from agent.call import ConsoleSink, quiet_gc, start_call
 from agent.drain import DrainingServer, goodbye_on_drain
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
+from engine.privacy import mask_numbers
 
 if TYPE_CHECKING:
     from livekit.agents import Agent
@@ -120,8 +121,27 @@ def startup_timeout_s(settings: AgentSettings) -> float:
     return STARTUP_BASE_S + STARTUP_S_PER_GB * weight_bytes(settings) / 1e9
 
 
+class RoomNumberMask(logging.Filter):
+    """A phone call's room is named after the caller's number (the SIP dispatch rule: `call-_+14155550123_AbCd`),
+    and livekit-agents logs the room's name as a field of its records: it leaves the worker by its last four
+    digits (`call-_•••• 0123_AbCd`)."""
+
+    FIELDS = ("room", "room_name")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name in self.FIELDS:
+            value = getattr(record, name, None)
+            if isinstance(value, str):
+                setattr(record, name, mask_numbers(value))
+        return True
+
+
+ROOM_NUMBER_MASK = RoomNumberMask()
+
+
 def build_server(settings: AgentSettings) -> AgentServer:
     """The worker for these settings (`server` below is the one for the environment's)."""
+    logging.getLogger("livekit.agents").addFilter(ROOM_NUMBER_MASK)  # the framework's own records
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port

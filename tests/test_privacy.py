@@ -101,3 +101,20 @@ def test_a_phone_callers_room_label_is_masked_by_the_agent():
     room = SimpleNamespace(name="call-_+14155550123_AbCd", remote_participants={"sip_caller": sip})
     label, caller = describe_caller(room, "sip_caller")
     assert (label, caller) == ("call-_•••• 0123_AbCd", "phone")
+
+
+def test_the_frameworks_log_records_name_a_phone_room_by_the_numbers_last_four_digits(caplog):
+    """livekit-agents logs a job's room as a record field; a phone call's room is named after the caller's
+    number. The worker's filter on the framework's logger masks it (a real record through logging)."""
+    import logging
+
+    from agent.settings import AgentSettings
+    from agent.worker import build_server
+
+    build_server(AgentSettings())
+    with caplog.at_level(logging.INFO, logger="livekit.agents"):
+        logging.getLogger("livekit.agents").info(
+            "received job request", extra={"room": "call-_+14155550123_AbCd", "job_id": "AJ_x"}
+        )
+    (record,) = [r for r in caplog.records if r.getMessage() == "received job request"]
+    assert record.room == "call-_•••• 0123_AbCd" and record.job_id == "AJ_x"
