@@ -1,8 +1,8 @@
 """What a flood of `/snapshot` requests costs the live calls: the same simulation run quiet and flooded.
 
 `python -m benchmarks.snapshot_flood [--rooms 4] [--seconds 60] [--clients 20] [--flood-seconds 20]` runs
-`python -m agent simulate --rooms N --seconds S --metrics-port 0` twice, as a user does (its own process, the
-Makefile's allocator settings). The first run is left alone. In the second, once the talk has begun, `--clients`
+`python -m agent simulate --rooms N --seconds S --metrics-port 0` twice, as a user does (its own process, which sets
+its allocator itself). The first run is left alone. In the second, once the talk has begun, `--clients`
 threads of this process each request `/snapshot` in a tight loop (a new connection per request, no pause) for
 `--flood-seconds`, in the middle of the talk. Each run reports the simulation's own figures for its talk window
 (live step p50/p99/max, missed deadlines, slipped ticks, skipped caller frames), what the engine counted during
@@ -118,9 +118,8 @@ def flood(port: int, clients: int, seconds: float) -> dict:
 
 
 def environment() -> dict[str, str]:
-    """The user's environment without Chorus settings (the simulation's defaults), with the Makefile's."""
+    """The user's environment without Chorus settings (the simulation's defaults)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "DATABASE_URL"))}
-    env |= {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
     if shutil.which("nvidia-smi") is None:
         env.setdefault("TRITON_INTERPRET", "1")
     return env

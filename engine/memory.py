@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from engine.config import DtypePolicy, ModelConfig
-from engine.info import needed_bytes
+from engine.info import GB, needed_bytes
 
 ALLOCATION_GRANULE = 512  # the CUDA caching allocator's block rounding
 
@@ -136,7 +136,8 @@ def peak_report(cfg: ModelConfig, info: dict, num_slots: int) -> dict:
         "bytes": total,
         "parts": parts,
         "step_transient_bytes": peaks,
-        "fits": total + int(1.0 * 2**30) <= info["gpu_mem_gb"] * 2**30,  # 1 GiB for CUDA's own allocations
+        # --gpu-mem-gb is in GB (engine/info.py); 1 GiB kept for CUDA's own allocations
+        "fits": total + int(1.0 * 2**30) <= info["gpu_mem_gb"] * GB,
     }
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.privacy import mask_numbers
+
 ROOT = Path(__file__).resolve().parent.parent
 CALLERS = ROOT / "prompts" / "callers"
 RATE = 48_000  # a browser's microphone track
@@ -331,5 +333,19 @@ async def await_until(predicate, timeout: float, every: float = 0.1, what: str =
         await asyncio.sleep(every)
 
 
-def sessions_by_label(snapshot: dict) -> dict[str, dict]:
-    return {s["label"]: s for s in snapshot["sessions"]}
+class SessionsByRoom(dict):
+    """A snapshot's sessions by their label, looked up by room name: the engine shows a room's name with any
+    number in it by its last four digits (engine/privacy.py), so a name is masked the same way to find it."""
+
+    def __getitem__(self, room: str) -> dict:
+        return super().__getitem__(mask_numbers(room))
+
+    def get(self, room: str, default=None):
+        return super().get(mask_numbers(room), default)
+
+    def __contains__(self, room: object) -> bool:
+        return super().__contains__(mask_numbers(room) if isinstance(room, str) else room)
+
+
+def sessions_by_label(snapshot: dict) -> SessionsByRoom:
+    return SessionsByRoom({s["label"]: s for s in snapshot["sessions"]})
