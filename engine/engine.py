@@ -90,7 +90,8 @@ class EngineConfig(BaseModel):
     # "fp32" elsewhere
     dtype: DtypePolicyName | DtypePolicy = "auto"
     threads: int = Field(1, ge=1)  # intra-op threads on CPU: one leaves the other core to the event loops
-    cuda_graph: bool = True  # on CUDA, the live step runs as one captured graph (engine/graph.py)
+    # the live step as one graph: captured on CUDA (engine/graph.py), traced on the CPU (engine/runner.py)
+    cuda_graph: bool = True
     # context windows (positions) of the talker's KV rings and the thinker's attention; None: the release's.
     # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/windows.py) unless set.
     talker_window: int | None = Field(None, ge=2)
@@ -243,7 +244,7 @@ class Engine:
             from engine.model.weights import load_checkpoint
 
             load_checkpoint(self.pipeline, cfg.checkpoint)
-        self.pipeline.eval()
+        self.pipeline.eval().requires_grad_(False)  # inference only
         self.pipeline.prepare()
         log.info("model %s ready on %s in %.1f s (%d slots, dtypes %s)", cfg.preset, self.device,
                  time.monotonic() - t0, cfg.num_slots, self.dtypes)  # fmt: skip

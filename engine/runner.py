@@ -9,15 +9,56 @@ pipeline and the plan types.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 import torch
 
 from engine.graph import StepGraph, StepGraphs, pow2_at_least, pow2_pieces
-from engine.model.pipeline import PROMPT_STAGES, Pipeline, all_inactive
+from engine.model.pipeline import PROMPT_STAGES, LiveOutput, Pipeline, all_inactive
 from engine.plan import LivePlan, LiveResult, ToolResult, ToolWork
+
+TRACE_WARMUP = 3  # runs of a traced step before it serves
+
+
+class _LiveStep(torch.nn.Module):
+    """The pipeline's live step as a module, so that a trace reads and updates its state as attributes."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        super().__init__()
+        self.p = pipeline
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.p.live_step(*inputs)
+        return out.text, out.func, out.audio
+
+
+def traced_live_step(pipeline: Pipeline, inputs: tuple[torch.Tensor, ...]) -> Callable[..., LiveOutput]:
+    """The live step traced into one TorchScript graph (CPU). Eager, every tensor op gives the GIL up and waits
+    to get it back behind the rooms' event loops: with 16 rooms in the process the tick thread held the GIL in
+    8% of samples, and a 20 ms step took hundreds. The traced graph runs all its ops in one call that gives the
+    GIL up once. It is the same ops on the same state (the step has no host syncs or data-dependent branches:
+    `engine.graph.audit_step`), bit for bit; tests/test_runner_trace.py checks it through resets, loads, masks and
+    replaying rows. Traced and warmed up on steps that change nothing (every slot inactive); the inputs are
+    restored."""
+    saved = [t.clone() for t in inputs]
+    all_inactive(inputs)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 marks TorchScript deprecated
+        graph = torch.jit.trace(_LiveStep(pipeline), tuple(inputs), check_trace=False)
+        for _ in range(TRACE_WARMUP):  # TorchScript profiles and optimises its first runs: not in a tick
+            graph(*inputs)
+    for t, s in zip(inputs, saved, strict=True):
+        t.copy_(s)
+
+    def step(*x: torch.Tensor) -> LiveOutput:
+        return LiveOutput(*graph(*x))
+
+    return step
 
 
 class Runner:
@@ -40,13 +81,11 @@ class Runner:
         self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
         if device.type == "cuda":
             self._out = self._out.pin_memory()
-        # the live step over the buffers above: one CUDA graph on CUDA (with `capture`), eager elsewhere
-        self.step = StepGraph(
-            pipeline.live_step,
-            (self.audio, self.active, self.force_text, self.force_func, self.quiet),
-            capture=capture,
-            prepare_warmup=all_inactive,
-        )
+        # the live step over the buffers above: with `capture`, one CUDA graph on CUDA and one traced graph on
+        # the CPU; eager otherwise
+        inputs = (self.audio, self.active, self.force_text, self.force_func, self.quiet)
+        live = traced_live_step(pipeline, inputs) if capture and device.type == "cpu" else pipeline.live_step
+        self.step = StepGraph(live, inputs, capture=capture, prepare_warmup=all_inactive)
         # the slack work's steps, one per bucket of rows and positions
         # (no reference back to the runner: nothing but the engine keeps it alive, see Engine.close)
         self.slack = StepGraphs(partial(_slack_step, pipeline, self.audio, self.active), capture=capture)
