@@ -43,7 +43,10 @@ def caller(seed: int, seconds: float) -> np.ndarray:
 def conversation(policy: str) -> tuple[list[list[AudioFrame]], np.ndarray, np.ndarray]:
     """SLOTS sessions for TICKS ticks: each session's frames, whether each row of each live step was live, and
     the thinker's text logits of every row of every live step."""
-    cfg = EngineConfig(preset="tiny", num_slots=SLOTS, start=False, dtype=policy, checkpoint=str(MODEL))
+    # the live step eager (no traced graph), so that the thinker's logits can be read from its Python call
+    cfg = EngineConfig(
+        preset="tiny", num_slots=SLOTS, start=False, dtype=policy, checkpoint=str(MODEL), cuda_graph=False
+    )
     with Engine(cfg, clock=ManualClock()) as e:
         assert e.dtypes.name == policy
         logits: list[np.ndarray] = []

@@ -59,6 +59,19 @@ def read_snapshot(url: str) -> EngineSnapshot | None:
         return None
 
 
+def wait_for_page(ui: subprocess.Popen, page: str, log: Path) -> None:
+    """Until the Streamlit server at `page` answers its health check (its log shown if it exits first)."""
+
+    def healthy() -> bool:
+        assert ui.poll() is None, log.read_text()
+        try:
+            return urllib.request.urlopen(page + "_stcore/health", timeout=5).status == 200
+        except OSError:
+            return False
+
+    wait_until(healthy, "the Streamlit server")
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # the simulation writes its figures and exits; Streamlit exits
@@ -104,14 +117,7 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
             )  # fmt: skip
         page = f"http://127.0.0.1:{port}/"
 
-        def healthy() -> bool:
-            assert ui.poll() is None, (tmp_path / "ui.log").read_text()
-            try:
-                return urllib.request.urlopen(page + "_stcore/health", timeout=5).status == 200
-            except OSError:
-                return False
-
-        wait_until(healthy, "the Streamlit server")
+        wait_for_page(ui, page, tmp_path / "ui.log")
 
         with Browser(height=2200) as browser:
             browser.open(page)
@@ -154,15 +160,7 @@ def test_without_the_token_the_browser_shows_the_refusal_and_nothing_else(tmp_pa
                               stderr=subprocess.STDOUT)  # fmt: skip
     page = f"http://127.0.0.1:{port}/"
     try:
-
-        def healthy() -> bool:
-            assert ui.poll() is None, (tmp_path / "ui.log").read_text()
-            try:
-                return urllib.request.urlopen(page + "_stcore/health", timeout=5).status == 200
-            except OSError:
-                return False
-
-        wait_until(healthy, "the Streamlit server")
+        wait_for_page(ui, page, tmp_path / "ui.log")
         with Browser() as browser:
             for visit in (page, page + "?token=wrong-token"):
                 browser.open(visit)
