@@ -173,9 +173,9 @@ class SessionHandle:
         on: names, contacts, codes (`privacy.private_values`)."""
         if self._s.closed:
             return
-        name = self._s.pending.get(call_id)
-        if name is not None:
-            self.keep_private(*private_values(name.arguments), *private_values(_json_object(output)))
+        call = self._s.pending.get(call_id)
+        if call is not None:
+            self.keep_private(*private_values(call.arguments), *private_values(_json_object(output)))
         # every character is prefilled on the tick: a longer result is cut, and the model reads a note saying so
         output, cap = str(output), self._engine.config.max_result_chars
         if len(output) > cap:
@@ -183,7 +183,7 @@ class SessionHandle:
         self._s.incoming.put(
             {
                 "call_id": call_id,
-                "name": name.name if name else "",
+                "name": call.name if call else "",
                 "output": output,
                 "is_error": bool(is_error),
             }
