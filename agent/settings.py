@@ -198,7 +198,7 @@ class AgentSettings(EnvSettings):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        from engine.config import PRESETS  # the presets' names only; the engine itself is not imported
+        from engine.presets import PRESETS  # the presets' names only; the engine itself is not imported
 
         if preset not in PRESETS:
             raise ValueError(f"one of {', '.join(sorted(PRESETS))}")

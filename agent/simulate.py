@@ -488,7 +488,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Fill the defaults from the settings and the other arguments; SimulateError naming the first bad value.
     Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
     from agent.settings import AgentSettings, SettingsError
-    from engine.config import PRESETS
+    from engine.presets import PRESETS
     from tools.settings import StoreSettings
 
     try:

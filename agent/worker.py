@@ -107,8 +107,8 @@ def weight_bytes(settings: AgentSettings) -> int:
         path = Path(settings.checkpoint)
         path = path / "model.safetensors" if path.is_dir() else path
         return path.stat().st_size if path.is_file() else 0  # a missing file fails the engine's own check
-    from engine.config import load_preset
     from engine.info import report
+    from engine.presets import load_preset
 
     return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
 

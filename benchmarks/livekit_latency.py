@@ -93,9 +93,9 @@ def server_from_env() -> Server:
 def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
     from agent.playout import BUFFER_S, START_DELAY_S
-    from engine.config import load_preset
     from engine.echo import MARK
     from engine.model.codec_ops import cached_columns
+    from engine.presets import load_preset
 
     cfg = load_preset("tiny")  # the 11B preset has the same clock, perception geometry and codec head
     big = load_preset("nemotron-voicechat-11b")

@@ -26,8 +26,8 @@ OVERRIDES = {"thinker": {"hidden_size": 640, "vocab_size": 131_072, "intermediat
 
 
 def build(num_slots: int = 2):
-    from engine.config import load_preset
     from engine.model.pipeline import Pipeline
+    from engine.presets import load_preset
     from engine.tokens import Tokens
 
     base = load_preset("tiny")
@@ -37,7 +37,8 @@ def build(num_slots: int = 2):
 
 def write(folder: Path) -> int:
     """The pipeline's own weights in release names, streamed one tensor at a time; returns the file size."""
-    from engine.model.checkpoint import CONFIG_FILE, release_config, write_header_only
+    from engine.model.checkpoint import write_header_only
+    from engine.model.release_config import CONFIG_FILE, release_config
     from engine.model.weights import targets
 
     cfg, p = build()

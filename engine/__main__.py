@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from engine.config import PRESETS, load_preset
+from engine.presets import PRESETS, load_preset
 from engine.windows import add_window_arguments, windows
 
 

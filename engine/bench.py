@@ -13,15 +13,10 @@ import time
 
 import torch
 
-from engine.config import (
-    DTYPE_POLICIES,
-    PRESETS,
-    DtypePolicy,
-    ModelConfig,
-    dtype_policy,
-    load_preset,
-)
+from engine.config import ModelConfig
+from engine.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
 from engine.malloc import tune_malloc
+from engine.presets import PRESETS, load_preset
 from engine.windows import add_window_arguments, windows
 
 TICK_MS = 80.0

@@ -1,20 +1,17 @@
-"""Typed, validated configuration of the model and the engine, with named presets.
+"""Typed, validated configuration of the model: one frozen object per stage and `ModelConfig` joining them.
 
-A preset names every dimension of every stage; `load_preset("tiny")` is sized so the whole pipeline serves
-64 slots inside the 80 ms tick on a 2-core CPU, `load_preset("nemotron-voicechat-11b")` has the released
-model's dimensions. `DtypePolicy` says in which dtype each stage runs; it is chosen beside the preset (by the
-engine and the benchmarks), not by it. Nothing here reads the environment or touches a device.
+The defaults are the released model's; named presets are built in engine/presets.py and the dtypes each stage
+runs in are chosen apart from them (engine/dtype_policy.py). Nothing here reads the environment or touches a
+device.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-DType = Literal["float32", "bfloat16", "float16"]
 
 
 class _Frozen(BaseModel):
@@ -313,136 +310,3 @@ class ModelConfig(_Frozen):
                 f"perception.output_dim: {out} must equal thinker.hidden_size ({self.thinker.hidden_size})"
             )
         return self
-
-
-class DtypePolicy(_Frozen):
-    """The dtype of every stage: its weights and activations, and its attention KV cache (`*_kv`), in which
-    its attention runs (scores and softmax in float32). A stage's other per-slot state (conv caches) is in
-    the stage's dtype, and each stage casts what it receives to its own dtype; tokens and audio leave the
-    pipeline as int64 / float32.
-
-    What no policy changes: the Mamba SSM state is float32 (bf16 state drifts, MODEL_SPEC 3), and so are
-    the mel front end with its audio and mel tails, the talker's sampling (component logits, means, RVQ
-    quantisation) and the codec's codebooks, iSTFT head and overlap state.
-    """
-
-    name: str = "custom"
-    perception: DType = "float32"  # the conformer encoder and the projection
-    perception_kv: DType = "float32"
-    thinker: DType = "float32"
-    thinker_kv: DType = "float32"
-    talker: DType = "float32"  # the Gemma3 backbone and the MoG head's MLP stack
-    talker_kv: DType = "float32"
-    codec: DType = "float32"  # the ConvNeXt decoder
-
-
-# Named policies. "gpu": bf16 wherever parity with the reference allows; the measured losses and the
-# tolerances that hold them are in the stages' tests (tests/test_{perception,thinker,talker,codec}.py).
-# Perception and thinker in bf16 are ~1.4e-2 off NeMo (relative L2). The talker stays fp32, its KV ring
-# included: with only the ring in bf16 its deterministic codes already leave NeMo's from the first frame
-# (MODEL_SPEC 4: bf16 talkers were reported to hallucinate). The codec stays fp32 (MODEL_SPEC 5): its bf16
-# decoder's audio is ~25 dB SNR against the reference's.
-DTYPE_POLICIES = {
-    "fp32": DtypePolicy(name="fp32"),
-    "gpu": DtypePolicy(
-        name="gpu",
-        perception="bfloat16",
-        perception_kv="bfloat16",
-        thinker="bfloat16",
-        thinker_kv="bfloat16",
-    ),
-}
-# capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the talker's
-# weights, activations and attention arithmetic stay fp32). Its cost against fp32: tests/test_pipeline.py.
-DTYPE_POLICIES["capacity"] = DTYPE_POLICIES["gpu"].model_copy(
-    update={"name": "capacity", "talker_kv": "bfloat16"}
-)
-DtypePolicyName = Literal["auto", "fp32", "gpu", "capacity"]
-
-
-def dtype_policy(
-    name: DtypePolicyName | DtypePolicy, device_type: str = "cpu", capacity: bool = False
-) -> DtypePolicy:
-    """The named policy; "auto" is "gpu" on a CUDA device ("capacity" in capacity mode) and "fp32" anywhere
-    else. A policy passes through."""
-    if isinstance(name, DtypePolicy):
-        return name
-    if name == "auto":
-        name = ("capacity" if capacity else "gpu") if device_type == "cuda" else "fp32"
-    try:
-        return DTYPE_POLICIES[name]
-    except KeyError:
-        raise ValueError(
-            f"dtype: unknown dtype policy {name!r}; choose one of {sorted([*DTYPE_POLICIES, 'auto'])}"
-        ) from None
-
-
-def _tiny() -> ModelConfig:
-    return ModelConfig(
-        name="tiny",
-        thinker=ThinkerConfig(
-            hidden_size=128,
-            vocab_size=512,
-            layer_pattern="M-M*M-*-",
-            mamba_num_heads=8,
-            mamba_head_dim=32,
-            ssm_state_size=16,
-            n_groups=2,
-            conv_kernel=4,
-            mamba_chunk_size=16,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            attention_window=256,
-            intermediate_size=512,
-        ),
-        perception=PerceptionConfig(
-            num_layers=2,
-            d_model=64,
-            num_heads=4,
-            subsampling_channels=32,
-        ),
-        talker=TalkerConfig(
-            hidden_size=128,
-            num_layers=2,
-            num_heads=4,
-            num_kv_heads=1,
-            head_dim=32,
-            intermediate_size=512,
-            sliding_window=256,
-            sliding_pattern=2,
-            attention_window=512,
-            vocab_size=512,
-            char_hidden_size=128,
-            char_heads=4,
-            char_kv_heads=4,
-            char_head_dim=32,
-            char_intermediate_size=256,
-            codebook_size=64,
-            latent_dim=32,
-            mog_intermediate_size=256,
-            mog_components=64,
-            mog_rank=8,
-            query_pre_attn_scalar=32.0,
-        ),
-        codec=CodecConfig(codebook_size=64, latent_dim=32, channels=(16, 8, 4)),
-    )
-
-
-def _nemotron_voicechat_11b() -> ModelConfig:
-    return ModelConfig(name="nemotron-voicechat-11b")
-
-
-PRESETS = {"tiny": _tiny, "nemotron-voicechat-11b": _nemotron_voicechat_11b}
-
-
-def load_preset(name: str, **overrides: object) -> ModelConfig:
-    """The named preset, with top-level fields replaced by `overrides` (validated again)."""
-    try:
-        build = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"preset: unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
-    cfg = build()
-    if overrides:
-        cfg = ModelConfig.model_validate({**cfg.model_dump(), **overrides})
-    return cfg

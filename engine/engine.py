@@ -35,13 +35,7 @@ from engine.api import (
     SessionRejected,
     ToolResultConsumed,
 )
-from engine.config import (
-    PRESETS,
-    DtypePolicy,
-    DtypePolicyName,
-    dtype_policy,
-    load_preset,
-)
+from engine.dtype_policy import DtypePolicy, DtypePolicyName, dtype_policy
 from engine.echo import Echo, TimedInbox
 from engine.graph import pow2_at_least
 from engine.info import check_memory
@@ -59,6 +53,7 @@ from engine.metrics import (
 )
 from engine.model.pipeline import Pipeline
 from engine.model.weights import model_config
+from engine.presets import PRESETS, load_preset
 from engine.privacy import last_words, mask_numbers, private_values
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import DtypePolicy, DtypePolicyName, ModelConfig, dtype_policy
+from engine.config import ModelConfig
+from engine.dtype_policy import DtypePolicy, DtypePolicyName, dtype_policy
 from engine.model.checkpoint import CheckpointError
 from engine.model.pipeline import STAGES, build_stages
 

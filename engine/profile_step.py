@@ -16,8 +16,9 @@ import time
 
 import torch
 
-from engine.config import DTYPE_POLICIES, PRESETS, dtype_policy, load_preset
+from engine.dtype_policy import DTYPE_POLICIES, dtype_policy
 from engine.malloc import tune_malloc
+from engine.presets import PRESETS, load_preset
 from engine.windows import add_window_arguments, windows
 
 

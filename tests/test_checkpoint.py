@@ -14,17 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import DTYPE_POLICIES, load_preset
+from engine.dtype_policy import DTYPE_POLICIES
 from engine.info import check_memory
 from engine.model import weights
-from engine.model.checkpoint import (
-    CheckpointError,
-    check_release_config,
-    release_config,
-    write_header_only,
-)
+from engine.model.checkpoint import CheckpointError, write_header_only
 from engine.model.pipeline import Pipeline, build_stages
+from engine.model.release_config import check_release_config, release_config
 from engine.model.weights import Progress, load_checkpoint, model_config, targets
+from engine.presets import load_preset
 from engine.tokens import Tokens
 
 ROOT = Path(__file__).resolve().parents[1]

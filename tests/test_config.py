@@ -1,7 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from engine.config import DtypePolicy, ThinkerConfig, dtype_policy, load_preset
+from engine.config import ThinkerConfig
+from engine.dtype_policy import DtypePolicy, dtype_policy
+from engine.presets import load_preset
 
 
 def test_presets_have_the_spec_dimensions():

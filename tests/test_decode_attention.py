@@ -18,12 +18,12 @@ from safetensors.torch import load_file  # noqa: E402
 
 import engine.model.talker as talker_module  # noqa: E402
 import engine.model.thinker as thinker_module  # noqa: E402
-from engine.config import load_preset  # noqa: E402
 from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     decode_attention_ref,
     decode_attention_triton,
 )
+from engine.presets import load_preset  # noqa: E402
 from engine_support import run_compiled  # noqa: E402
 from fixture_weights import stage_weights  # noqa: E402
 

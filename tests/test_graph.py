@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import dtype_policy, load_preset
+from engine.dtype_policy import dtype_policy
 from engine.graph import StepGraph, audit_step
 from engine.model.pipeline import Pipeline, all_inactive, live_inputs
+from engine.presets import load_preset
 from engine.tokens import Tokens
 
 CFG = load_preset("tiny")

@@ -19,10 +19,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.config import dtype_policy, load_preset
+from engine.dtype_policy import dtype_policy
 from engine.info import needed_bytes
 from engine.memory import predict_peak_bytes, step_peaks, transient_bytes
 from engine.model.pipeline import Pipeline, live_inputs
+from engine.presets import load_preset
 from engine.tokens import Tokens
 from engine.windows import with_windows
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.config import load_preset
 from engine.model.perception import (
     RELEASE_PREFIX,
     Perception,
     load_release_weights,
     slaney_mel_filterbank,
 )
+from engine.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perception"

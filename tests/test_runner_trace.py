@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import load_preset
 from engine.model.pipeline import PROMPT_STAGES, Pipeline
+from engine.presets import load_preset
 from engine.runner import traced_live_step
 from engine.tokens import Tokens
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import load_preset
 from engine.graph import audit_step, pow2_at_least, pow2_pieces
 from engine.model.pipeline import Pipeline
 from engine.plan import ToolWork
+from engine.presets import load_preset
 from engine.runner import Runner, prefill_pieces
 from engine.tokens import Tokens
 

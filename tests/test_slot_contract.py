@@ -14,9 +14,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.config import dtype_policy, load_preset
+from engine.dtype_policy import dtype_policy
 from engine.info import report
 from engine.model.pipeline import PROMPT_STAGES, STAGES, Pipeline
+from engine.presets import load_preset
 from engine.tokens import Tokens
 
 CFG = load_preset("tiny")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.config import load_preset
 from engine.model.talker import PREFIX, Talker, load_release_weights
 from engine.model.talker_heads import unmasking_schedule
+from engine.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "talker"

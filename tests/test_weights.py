@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.config import load_preset
 from engine.engine import Engine, EngineConfig
-from engine.model.checkpoint import release_config
 from engine.model.pipeline import Pipeline
+from engine.model.release_config import release_config
 from engine.model.weights import CheckpointError, load_into, read_tensors
+from engine.presets import load_preset
 from engine.tokens import Tokens
 
 FIXTURES = Path(__file__).parent / "fixtures"

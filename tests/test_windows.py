@@ -9,10 +9,11 @@ import torch
 
 from agent.settings import AgentSettings, SettingsError
 from engine.api import AudioFrame
-from engine.config import dtype_policy, load_preset
+from engine.dtype_policy import dtype_policy
 from engine.engine import Engine, EngineConfig
 from engine.info import report
 from engine.model.pipeline import build_stages
+from engine.presets import load_preset
 from engine.tokens import Tokens
 from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 from engine_support import drain

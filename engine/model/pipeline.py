@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.config import DTYPE_POLICIES, DtypePolicy, ModelConfig
+from engine.config import ModelConfig
+from engine.dtype_policy import DTYPE_POLICIES, DtypePolicy
 from engine.model.codec import Codec
 from engine.model.perception import Perception
 from engine.model.slot_state import SlotState
