@@ -14,7 +14,8 @@ import sys
 def _token(argv: list[str]) -> int:
     from livekit import api
 
-    from agent.settings import AgentSettings, SettingsError
+    from agent.settings import AgentSettings
+    from envsettings import SettingsError
 
     p = argparse.ArgumentParser(
         prog="python -m agent token", description="print a join token for a test client"
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     # dev | start | console: livekit-agents' own CLI, on the `server` of agent/worker.py
-    from agent.settings import AgentSettings, SettingsError
+    from agent.settings import AgentSettings
+    from envsettings import SettingsError
     from tools.settings import StoreSettings
 
     try:

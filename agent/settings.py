@@ -1,7 +1,7 @@
 """Worker settings from the environment (and `.env` in the working directory): the LiveKit server, its
 credentials and how long its API may take, engine preset, checkpoint, slots, device, agent name and ports. Read
 once with `AgentSettings.from_env()`, passed explicitly; a bad value is a one-line `SettingsError`
-(tools/settings.py). Secrets have no defaults and are never logged.
+(envsettings). Secrets have no defaults and are never logged.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 
-from tools.settings import EnvSettings, SettingsError
+from envsettings import EnvSettings
 
 if TYPE_CHECKING:
     from engine.engine import EngineConfig
 
-__all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "SettingsError", "e164"]
+__all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "e164"]
 
 DEFAULT_AGENT_NAME = "chorus-concierge"
 E164 = "a phone number in E.164 form: + and 7 to 15 digits, e.g. +14155550100"

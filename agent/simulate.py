@@ -487,8 +487,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Fill the defaults from the settings and the other arguments; SimulateError naming the first bad value.
     Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
-    from agent.settings import AgentSettings, SettingsError
+    from agent.settings import AgentSettings
     from engine.presets import PRESETS
+    from envsettings import SettingsError
     from tools.settings import StoreSettings
 
     try:

@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from livekit import api
 
 from agent.lkapi import LiveKit, LiveKitFailure
-from agent.settings import AgentSettings, SettingsError, e164
+from agent.settings import AgentSettings, e164
+from envsettings import SettingsError
 
 MANAGED = {"managed-by": "chorus"}
 DEFAULT_NAME = "chorus"

@@ -29,7 +29,8 @@ from livekit.protocol import room as proto_room
 from livekit.protocol import sip as proto_sip
 
 from agent.phone import PhoneLine
-from agent.settings import AgentSettings, SettingsError
+from agent.settings import AgentSettings
+from envsettings import SettingsError
 from test_sip import GUEST_NUMBER, HOTEL_NUMBER, line_for
 from twirp_fake import FRONT_DESK, KEY, SECRET
 

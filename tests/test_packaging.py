@@ -1,7 +1,9 @@
-"""The declared dependencies (pyproject.toml, with the dev extra) and the lock (constraints.txt) resolve from
-PyPI for every supported Python and for a platform without triton wheels, as wheels only: what `make` installs
-on a Linux host (PyPI's torch there is the CUDA build) and on a Mac. Needs PyPI: skipped when it cannot be
-reached. Nothing is installed (`pip install --dry-run`); this machine's pip configuration is ignored.
+"""What `pip install` makes of the project. The wheel ships every first-party package the shipped code imports
+(pyproject's `packages.find`), checked from the source alone. The declared dependencies (pyproject.toml, with
+the dev extra) and the lock (constraints.txt) resolve from PyPI for every supported Python and for a platform
+without triton wheels, as wheels only: what `make` installs on a Linux host (PyPI's torch there is the CUDA
+build) and on a Mac. Those need PyPI: skipped when it cannot be reached. Nothing is installed (`pip install
+--dry-run`); this machine's pip configuration is ignored.
 
 pip's --platform and --python-version pick wheels for the target but leave environment markers (`triton;
 sys_platform == 'linux'`, torch's own) to this machine's values, so pip runs here with the target's marker
@@ -10,6 +12,8 @@ values in their place.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import json
 import os
 import socket
@@ -45,10 +49,7 @@ PIP_RESOLVE_VARS = (
 )  # fmt: skip
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.network]
-
-
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def pypi() -> None:
     try:
         socket.create_connection(("pypi.org", 443), timeout=5).close()
@@ -61,9 +62,46 @@ def declared_requirements() -> list[str]:
     return project["dependencies"] + project["optional-dependencies"]["dev"]
 
 
+def shipped_patterns() -> list[str]:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return setuptools["packages"]["find"]["include"]
+
+
+def first_party_imports(path: Path) -> set[str]:
+    """The top-level names of ours that `path` imports (at module level or inside a function)."""
+    ours = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    ours |= {p.stem for p in ROOT.glob("*.py")}
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & ours
+
+
+def test_the_wheel_ships_every_package_the_shipped_code_imports():
+    patterns = shipped_patterns()
+    shipped = sorted(
+        p.name for p in ROOT.iterdir() if p.is_dir() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns)
+    )
+    print("shipped packages:", shipped)
+    missing = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in shipped
+        for path in (ROOT / package).rglob("*.py")
+        for name in first_party_imports(path)
+        if not any(fnmatch.fnmatch(name, pat) for pat in patterns)
+    }
+    assert not missing, f"not in pyproject's packages.find include {patterns}: {sorted(missing)}"
+    assert {"engine", "agent", "tools", "ui", "envsettings"} <= set(shipped)
+
+
+@pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.parametrize("platform", sorted(PLATFORMS))
 @pytest.mark.parametrize("python", PYTHONS)
-def test_the_dependencies_and_the_lock_resolve(python, platform, tmp_path):
+def test_the_dependencies_and_the_lock_resolve(python, platform, tmp_path, pypi):
     (tmp_path / "requirements.txt").write_text("\n".join(declared_requirements()) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in PIP_RESOLVE_VARS}
     env["PIP_CONFIG_FILE"] = os.devnull  # no global, user or site pip configuration

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.settings import DEFAULT_AGENT_NAME, AgentSettings
-from tools.settings import SettingsError, StoreSettings
+from envsettings import SettingsError
+from tools.settings import StoreSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 SIMULATE = ["agent", "simulate", "--seconds", "1"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.settings import AgentSettings, SettingsError
+from agent.settings import AgentSettings
 from engine.api import AudioFrame
 from engine.dtype_policy import dtype_policy
 from engine.engine import Engine, EngineConfig
@@ -17,6 +17,7 @@ from engine.presets import load_preset
 from engine.tokens import Tokens
 from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 from engine_support import drain
+from envsettings import SettingsError
 
 
 def test_windows_shrink_the_rings_and_info_sizes_them_as_built():

@@ -92,7 +92,7 @@ def test_the_startup_timeout_can_be_set(clean_env, monkeypatch):
 
 @pytest.mark.parametrize("value", ["soon", "0", "-5"])
 def test_a_bad_startup_timeout_is_refused_in_one_line(value, monkeypatch):
-    from agent.settings import SettingsError
+    from envsettings import SettingsError
 
     monkeypatch.setenv("CHORUS_STARTUP_TIMEOUT_S", value)
     with pytest.raises(SettingsError) as refused:

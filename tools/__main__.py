@@ -13,11 +13,13 @@ import sys
 from dataclasses import asdict
 from datetime import date
 
+from envsettings import SettingsError
+
 from .audit import audit
 from .hotel import Hotel
 from .rules import money
 from .seed import seed
-from .settings import SettingsError, StoreSettings
+from .settings import StoreSettings
 from .store import open_store
 
 

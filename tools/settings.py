@@ -1,80 +1,22 @@
-"""Settings read from the environment, and where bookings live.
+"""Where bookings live, from the environment: `StoreSettings`.
 
-`EnvSettings` is the base of every settings object (this store's, the agent's): each field names its
-environment variable, `from_env()` reads them over a `.env` file in the working directory, and a bad value
-is refused with one `SettingsError` line naming the variable, its value and what is allowed.
-`StoreSettings`: `DATABASE_URL` (PostgreSQL) or a SQLite file under `CHORUS_DATA_DIR` (default ./data), the
-PostgreSQL schema, the pool size and how long a call waits for a free connection. Nothing happens at import.
+`DATABASE_URL` (PostgreSQL) or a SQLite file under `CHORUS_DATA_DIR` (default ./data), the PostgreSQL schema,
+the pool size and how long a call waits for a free connection; read with `StoreSettings.from_env()`, a bad value
+is a one-line `SettingsError` (envsettings). Knows the store's variables; nothing of the agent's or the page's.
+Nothing happens at import.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Self
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    DotEnvSettingsSource,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import Field, field_validator
+
+from envsettings import EnvSettings
 
 SQLITE_FILE = "hotel.sqlite3"
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")  # a PostgreSQL schema: an unquoted lower-case identifier
-_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")  # scheme://user:PASSWORD@host
-
-
-class SettingsError(ValueError):
-    """A setting's value is refused; the message is one line: `NAME=value: must be <what is allowed>`."""
-
-
-class EnvSettings(BaseSettings):
-    """Constructed in code, holds exactly the values given (defaults for the rest); `from_env()` reads each
-    field's variable from the environment, then from `.env` in the working directory. Empty means unset."""
-
-    model_config = SettingsConfigDict(
-        env_file=".env",
-        dotenv_filtering="only_existing",  # `.env` holds every Chorus variable; each class takes its own
-        env_ignore_empty=True,
-        case_sensitive=True,
-        extra="forbid",
-        populate_by_name=True,
-        frozen=True,
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        **_: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)  # construction never reads the environment; from_env does
-
-    @classmethod
-    def from_env(cls, *, dotenv: bool = True) -> Self:
-        """The settings from the environment (which wins) and `.env`; SettingsError on the first bad value."""
-        values = DotEnvSettingsSource(cls)() if dotenv else {}
-        values.update(EnvSettingsSource(cls)())
-        values = {name: value.strip() for name, value in values.items() if value.strip()}
-        try:
-            return cls(**values)
-        except ValidationError as e:
-            raise SettingsError(_one_line(cls, e)) from None
-
-
-def _one_line(cls: type[EnvSettings], e: ValidationError) -> str:
-    """`NAME=value: must be ...` for the first error: a validator's words, else the field's description."""
-    error = e.errors()[0]
-    name = str(error["loc"][0]) if error["loc"] else cls.__name__
-    field = next((f for n, f in cls.model_fields.items() if name in (n, f.validation_alias)), None)
-    reason = str(error.get("ctx", {}).get("error", ""))
-    allowed = reason or (field.description if field and field.description else error["msg"])
-    value = _PASSWORD.sub(r"\1***@", str(error.get("input", "")))
-    return f"{name}={value}: must be {allowed}"
 
 
 class StoreSettings(EnvSettings):

@@ -18,7 +18,8 @@ import pandas as pd
 import streamlit as st
 
 from engine.metrics import EngineSnapshot
-from tools.settings import SettingsError, StoreSettings
+from envsettings import SettingsError
+from tools.settings import StoreSettings
 from tools.store import Store
 from ui import fleet
 from ui.bookings import latest_bookings, open_bookings

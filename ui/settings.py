@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
-from tools.settings import EnvSettings
+from envsettings import EnvSettings
 
 DEFAULT_URL = "http://127.0.0.1:8090/snapshot"
 URLS = "comma-separated http:// or https:// URLs of workers' /snapshot (e.g. http://127.0.0.1:8090/snapshot)"
