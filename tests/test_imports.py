@@ -1,0 +1,121 @@
+"""The first-party modules import one another without a cycle, counting the imports made inside functions (a
+cycle hidden in a function is still one: whichever side loads first sees the other half-built). Imports under
+`if TYPE_CHECKING:` never run and are not counted. Read from the source alone; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the packages the wheel ships (pyproject's `packages.find`), by dotted name."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setuptools["packages"]["find"]["include"]
+    out = {}
+    for package in sorted(
+        p.name for p in ROOT.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in patterns)
+    ):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of import nodes inside `if TYPE_CHECKING:` blocks."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The first-party modules `name` imports anywhere in its file (the deepest module each import names)."""
+
+    def deepest(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str | None] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {deepest(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found |= {deepest(f"{base}.{alias.name}") for alias in node.names}
+    return {m for m in found if m and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import x\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    (tmp_path / "d.py").write_text("import c\n")
+    modules = {p.stem: p for p in tmp_path.glob("*.py")}
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert graph["b"] == {"a"} and graph["c"] == set()
+    assert cycles(graph) == [["a", "b"]]
+
+
+def test_no_first_party_import_cycle():
+    modules = module_files()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports between them")
+    found = cycles(graph)
+    detail = [
+        f"{component}: "
+        + ", ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component)
+        for component in found
+    ]
+    assert not found, f"import cycles: {detail}"
