@@ -55,7 +55,7 @@ def print_summary(m: dict) -> None:
         ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),
         ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
-        ("tick p50 / p99 / max", f"{m['tick_ms_p50']:.1f} / {m['tick_ms_p99']:.1f} / {m['tick_ms_max']:.1f} ms (budget 80)"),
+        ("live step p50 / p99 / max", f"{m['live_ms_p50']:.1f} / {m['live_ms_p99']:.1f} / {m['live_ms_max']:.1f} ms (budget 80)"),
         ("missed deadlines", f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})"),
         ("caller frames pushed / received", f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)"),
         ("dropped / skipped frames, underruns", f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}"),

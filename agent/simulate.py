@@ -246,7 +246,7 @@ def _progress(engine: Engine, rooms: list[Room], phase: str, elapsed: float, tot
     return (
         f"[{phase} {elapsed:5.1f}/{total:.0f} s] rooms live {live:3d}/{len(rooms)}"
         + (f" ({refused} refused)" if refused else "")
-        + f"  tick p50 {snap.tick_ms_p50:5.1f} p99 {snap.tick_ms_p99:5.1f} ms  missed {snap.missed_deadlines}"
+        + f"  live step p50 {snap.live_ms_p50:5.1f} p99 {snap.live_ms_p99:5.1f} ms  missed {snap.missed_deadlines}"
         f"  tool calls {calls}"
         + (f"  engine refusals {snap.refused_sessions}" if snap.refused_sessions else "")
         + ("  (overloaded)" if snap.overloaded else "")
@@ -259,10 +259,10 @@ def _window(engine: Engine, ticks0: int, missed0: int) -> dict:
     n = snap.ticks - ticks0
     live_ms = list(engine.acct.live_ms)[-n:] if n > 0 else []
     pct = (lambda q: round(float(np.percentile(live_ms, q)), 2)) if live_ms else (lambda q: 0.0)
-    return {"ticks": n, "tick_ms_p50": pct(50), "tick_ms_p99": pct(99),
-            "tick_ms_max": round(max(live_ms), 2) if live_ms else 0.0,
+    return {"ticks": n, "live_ms_p50": pct(50), "live_ms_p99": pct(99),
+            "live_ms_max": round(max(live_ms), 2) if live_ms else 0.0,
             "missed_deadlines": snap.missed_deadlines - missed0,
-            "late_ticks": [[i, round(ms, 1)] for i, ms in enumerate(live_ms) if ms > 80.0]}  # fmt: skip
+            "slow_live_steps": [[i, round(ms, 1)] for i, ms in enumerate(live_ms) if ms > 80.0]}  # fmt: skip
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
@@ -432,12 +432,12 @@ async def simulate(args: argparse.Namespace) -> dict:
         "room_errors": sum(1 for p in per_room if p["error"]), "occupancy_after": occupancy_after,
         "tool_calls_scripted": True, "out": str(out),
     }  # fmt: skip
-    late_ticks = metrics.pop("late_ticks")
+    slow_live_steps = metrics.pop("slow_live_steps")
     (out / "metrics.json").write_text(
         json.dumps(
             {
                 "summary": metrics,
-                "late_ticks": late_ticks,
+                "slow_live_steps": slow_live_steps,
                 "rss_mb": rss,
                 "heap_mb": heap,
                 "rooms": per_room,

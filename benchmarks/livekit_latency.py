@@ -456,8 +456,8 @@ async def session(
     ours = [s for s in snap["sessions"] if s["label"] in shown]
     engine = {
         "ticks": snap["ticks"] - before["ticks"],
-        "live_ms_p50": snap["tick_ms_p50"],
-        "live_ms_p99": snap["tick_ms_p99"],
+        "live_ms_p50": snap["live_ms_p50"],
+        "live_ms_p99": snap["live_ms_p99"],
         "missed_deadlines": snap["missed_deadlines"] - before["missed_deadlines"],
         "slipped_ticks": snap["slipped_ticks"] - before["slipped_ticks"],
         "underruns": sum(s["underruns"] for s in ours),

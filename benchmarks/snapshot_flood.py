@@ -72,11 +72,11 @@ def window(before: dict[str, float], after: dict[str, float], seconds: float) ->
     def d(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    ticks = d("chorus_tick_seconds_count")
+    ticks = d("chorus_live_step_seconds_count")
     buckets = sorted(
         (float(k.split(":")[1]), d(k))
         for k in after
-        if k.startswith("chorus_tick_seconds_bucket:") and k.split(":")[1] != "+Inf"
+        if k.startswith("chorus_live_step_seconds_bucket:") and k.split(":")[1] != "+Inf"
     )
     p99 = next((le * 1000 for le, n in buckets if ticks and n >= 0.99 * ticks), None)  # None: above 1 s
     return {
@@ -175,12 +175,12 @@ def run(args: argparse.Namespace, flooded: bool) -> dict:
             f"snapshot_flood: the {name} simulation did not finish:\n" + "\n".join(lines[-20:])
         ) from None
     load_after = os.getloadavg()
-    keys = ("ended", "rooms_live", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "missed_deadlines",
+    keys = ("ended", "rooms_live", "ticks", "live_ms_p50", "live_ms_p99", "live_ms_max", "missed_deadlines",
             "overruns", "slipped_ticks", "skipped_frames", "dropped_frames", "underruns")  # fmt: skip
     result = {k: sim.get(k) for k in keys} | {"exit": proc.returncode, "flood_window": probe}
     result |= {"answers": answers, "load_average": [round(load_before[0], 2), round(load_after[0], 2)]}
     log(
-        f"  {name}: live step p50 {result['tick_ms_p50']} / p99 {result['tick_ms_p99']} ms, missed deadlines "
+        f"  {name}: live step p50 {result['live_ms_p50']} / p99 {result['live_ms_p99']} ms, missed deadlines "
         f"{result['missed_deadlines']}, slipped ticks {result['slipped_ticks']}, skipped frames "
         f"{result['skipped_frames']}"
         + (f"; /snapshot served {answers['served']}, refused {answers['refused']}" if answers else "")

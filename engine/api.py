@@ -1,7 +1,8 @@
-"""The engine contract as `agent/` sees it: errors, per-tick outputs and session events.
+"""The engine contract as `agent/` and `ui/` see it: errors, per-tick outputs, session events and the snapshot.
 
 Plain data only: no tensors, no threads. Everything a session receives from the tick thread is one of the
-types below, delivered in tick order on the session's own event loop (or to its sink).
+types below, delivered in tick order on the session's own event loop (or to its sink). `EngineSnapshot` is the
+one description of the engine's state: the monitoring page, the benchmarks and `/snapshot` read it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel
+
+LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
 
 
 class EngineError(RuntimeError):
@@ -103,3 +107,74 @@ Event = (
     | SessionFailed
 )
 Output = AudioFrame | Event
+
+
+class SessionSnapshot(BaseModel):
+    id: str
+    slot: int
+    phase: str
+    age_s: float
+    frames_in: int
+    frames_consumed: int
+    frames_replayed: int
+    underruns: int
+    dropped_frames: int
+    tool_calls: int
+    tool_errors: int
+    backlog_frames: int
+    skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
+    label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
+    caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
+    speaking: bool = False  # the agent is in a turn of its own
+    calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
+    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS characters
+    last_words: str = ""
+
+
+class ToolCallSnapshot(BaseModel):
+    """One finished tool call (the latest CALL_LOG of them are kept)."""
+
+    session: str
+    label: str = ""
+    names: list[str]  # empty when the model's call could not be read
+    ok: bool  # every result came back without an error
+    at: float  # wall-clock time (Unix seconds) the session was live again
+    call_ms: float  # start of call -> function calls emitted (the model writing the call)
+    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
+    resume_ms: float  # last result -> live again (result prefill and replay)
+
+
+class EngineSnapshot(BaseModel):
+    preset: str
+    device: str
+    num_slots: int
+    occupancy: float
+    ticks: int
+    live_ms_p50: float
+    live_ms_p99: float
+    live_ms_max: float
+    missed_deadlines: int  # ticks whose frames were out after the tick's deadline
+    overruns: int = 0  # ticks whose work (the progress guarantee included) ran past the deadline
+    slipped_ticks: int = 0  # ticks the clock skipped after falling more than a tick behind
+    overloaded: bool = False  # new sessions are being refused for lack of headroom
+    refused_sessions: int = 0
+    dropped_frames: int
+    skipped_frames: int = 0
+    underruns: int
+    tool_calls: int
+    tool_call_ms_p50: float
+    tool_call_ticks_p50: float
+    resume_ms_p50: float
+    phases: dict[str, int]
+    sessions: list[SessionSnapshot]
+    recent_tick_ms: list[float]
+    at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
+    tick_budget_ms: float = 80.0
+    # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
+    history_step_s: float = 0.96
+    history_max_ms: list[float] = []
+    history_p50_ms: list[float] = []
+    memory_bytes: int = 0  # CUDA: allocated on the device; CPU: the process's resident memory
+    memory_total_bytes: int = 0  # the device's (or the machine's) memory
+    tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
+    echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)

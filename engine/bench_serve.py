@@ -125,16 +125,16 @@ def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: 
             if progress:
                 s = engine.snapshot()
                 print(f"  t={seconds - (t_end - time.monotonic()):5.1f}s ticks {s.ticks:5d}  tick p50 "
-                      f"{s.tick_ms_p50:6.2f} p99 {s.tick_ms_p99:6.2f} ms  missed {s.missed_deadlines}  "
+                      f"{s.live_ms_p50:6.2f} p99 {s.live_ms_p99:6.2f} ms  missed {s.missed_deadlines}  "
                       f"tool calls {s.tool_calls}  phases {s.phases}", flush=True)  # fmt: skip
         w.stop.set()
         snap = engine.snapshot()
         a = engine.acct
         return {
             "ticks": snap.ticks,
-            "tick_ms_p50": snap.tick_ms_p50,
-            "tick_ms_p99": snap.tick_ms_p99,
-            "tick_ms_max": snap.tick_ms_max,
+            "live_ms_p50": snap.live_ms_p50,
+            "live_ms_p99": snap.live_ms_p99,
+            "live_ms_max": snap.live_ms_max,
             "missed_deadlines": snap.missed_deadlines,
             "overruns": snap.overruns,
             "slipped_ticks": snap.slipped_ticks,
@@ -150,11 +150,11 @@ def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: 
             "tool_call_ticks_max": max(a.tool_call_ticks, default=0),
             "result_prefill_ms_p50": pct(w.resumed, 50),
             "frames_out": sum(w.frames_out),
-            "tick_series_ms": list(a.live_ms),
+            "live_series_ms": list(a.live_ms),
         }
 
 
-def naive_tick_ms(cfg: EngineConfig, sessions: int, ticks: int = 8) -> float:
+def naive_live_ms(cfg: EngineConfig, sessions: int, ticks: int = 8) -> float:
     """The same model stepped one session at a time (a one-slot pipeline, `sessions` steps per tick)."""
     with Engine(cfg.model_copy(update={"num_slots": 1, "start": False, "metrics_port": None})) as e:
         p, dev = e.pipeline, e.device
@@ -210,11 +210,11 @@ def serve(args) -> dict:
         cadence = run_workload(base.model_copy(update={"cadence_locked_tools": True}), args.sessions,
                                args.tool_sessions, args.baseline_seconds, progress=False, **common)  # fmt: skip
         print("naive per-session baseline...", flush=True)
-        naive = naive_tick_ms(base, args.sessions)
+        naive = naive_live_ms(base, args.sessions)
     if args.plot:
-        plot(main["tick_series_ms"], args.plot, f"{args.sessions} sessions, {args.tool_sessions} with tools")
-    series = main.pop("tick_series_ms")
-    print(f"ticks {main['ticks']}, live step p50 {main['tick_ms_p50']} ms p99 {main['tick_ms_p99']} ms, "
+        plot(main["live_series_ms"], args.plot, f"{args.sessions} sessions, {args.tool_sessions} with tools")
+    series = main.pop("live_series_ms")
+    print(f"ticks {main['ticks']}, live step p50 {main['live_ms_p50']} ms p99 {main['live_ms_p99']} ms, "
           f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}")  # fmt: skip
     print(f"tool call: {main['tool_call_ticks_p50']} ticks p50 ({main['tool_call_ms_p50']} ms) vs "
           f"{cadence['tool_call_ticks_p50']} ticks cadence-locked; naive per-session tick {naive} ms")  # fmt: skip
@@ -225,7 +225,7 @@ def serve(args) -> dict:
         "cadence_tool_call_ms_p50": cadence["tool_call_ms_p50"],
         "cadence_result_prefill_ms_p50": cadence["result_prefill_ms_p50"],
         "cadence_missed_deadlines": cadence["missed_deadlines"],
-        "naive_tick_ms_p50": naive,
+        "naive_live_ms_p50": naive,
     }  # fmt: skip
 
 
@@ -247,9 +247,9 @@ def sweep(base: EngineConfig, args, common: dict) -> dict:
         finally:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        tried[n] = {"tick_ms_p99": r["tick_ms_p99"], "missed_deadlines": r["missed_deadlines"]}
+        tried[n] = {"live_ms_p99": r["live_ms_p99"], "missed_deadlines": r["missed_deadlines"]}
         print(
-            f"  {n:5d} sessions: live p99 {r['tick_ms_p99']:7.2f} ms, missed {r['missed_deadlines']}",
+            f"  {n:5d} sessions: live p99 {r['live_ms_p99']:7.2f} ms, missed {r['missed_deadlines']}",
             flush=True,
         )
         return r["missed_deadlines"] == 0

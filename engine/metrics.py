@@ -1,6 +1,6 @@
-"""Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and one JSON snapshot.
+"""Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and the snapshot's endpoint.
 
-`EngineSnapshot` is the one description of the engine's state that the monitoring page also reads. The HTTP
+The snapshot's model, `EngineSnapshot`, is in `engine/api.py` (the page reads it without this module). The HTTP
 endpoint (`SnapshotServer`) serves it at `/snapshot`, Prometheus text at `/metrics` and `/healthz`, on
 127.0.0.1 by default, from a process of its own; each is built here at most twice a second whatever the requests.
 Knows numbers and sessions' public counters; knows nothing of the model.
@@ -27,78 +27,6 @@ from engine.snapshot_serve import ServeLimits
 log = logging.getLogger("chorus.metrics")
 
 TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
-LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
-
-
-class SessionSnapshot(BaseModel):
-    id: str
-    slot: int
-    phase: str
-    age_s: float
-    frames_in: int
-    frames_consumed: int
-    frames_replayed: int
-    underruns: int
-    dropped_frames: int
-    tool_calls: int
-    tool_errors: int
-    backlog_frames: int
-    skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
-    label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
-    caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
-    speaking: bool = False  # the agent is in a turn of its own
-    calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
-    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS characters
-    last_words: str = ""
-
-
-class ToolCallSnapshot(BaseModel):
-    """One finished tool call (the latest CALL_LOG of them are kept)."""
-
-    session: str
-    label: str = ""
-    names: list[str]  # empty when the model's call could not be read
-    ok: bool  # every result came back without an error
-    at: float  # wall-clock time (Unix seconds) the session was live again
-    call_ms: float  # start of call -> function calls emitted (the model writing the call)
-    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
-    resume_ms: float  # last result -> live again (result prefill and replay)
-
-
-class EngineSnapshot(BaseModel):
-    preset: str
-    device: str
-    num_slots: int
-    occupancy: float
-    ticks: int
-    tick_ms_p50: float
-    tick_ms_p99: float
-    tick_ms_max: float
-    missed_deadlines: int  # ticks whose frames were out after the tick's deadline
-    overruns: int = 0  # ticks whose work (the progress guarantee included) ran past the deadline
-    slipped_ticks: int = 0  # ticks the clock skipped after falling more than a tick behind
-    overloaded: bool = False  # new sessions are being refused for lack of headroom
-    refused_sessions: int = 0
-    dropped_frames: int
-    skipped_frames: int = 0
-    underruns: int
-    tool_calls: int
-    tool_call_ms_p50: float
-    tool_call_ticks_p50: float
-    resume_ms_p50: float
-    phases: dict[str, int]
-    sessions: list[SessionSnapshot]
-    recent_tick_ms: list[float]
-    at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
-    tick_budget_ms: float = 80.0
-    # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
-    history_step_s: float = 0.96
-    history_max_ms: list[float] = []
-    history_p50_ms: list[float] = []
-    memory_bytes: int = 0  # CUDA: allocated on the device; CPU: the process's resident memory
-    memory_total_bytes: int = 0  # the device's (or the machine's) memory
-    tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
-    echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)
 
 
 class _Prom:
@@ -112,7 +40,9 @@ class _Prom:
         with cls._lock:
             if cls._made is None:
                 cls._made = {
-                    "tick": Histogram("chorus_tick_seconds", "Duration of the live step of a tick",
+                    "live": Histogram("chorus_live_step_seconds", "Duration of the live step of a tick",
+                                      buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
+                    "tick": Histogram("chorus_tick_seconds", "Duration of a whole tick (live step and paused work)",
                                       buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
                     "missed": Counter("chorus_missed_deadlines", "Ticks whose frames were late"),
                     "overruns": Counter("chorus_overruns", "Ticks whose work ran past the deadline"),
@@ -153,7 +83,8 @@ class Accounting:
         self.live_ms.append(live_ms)
         self.tick_ms.append(tick_ms)
         self.recent_missed.append(missed)
-        self.prom["tick"].observe(live_ms / 1000)
+        self.prom["live"].observe(live_ms / 1000)
+        self.prom["tick"].observe(tick_ms / 1000)
         if missed:
             self.missed_deadlines += 1
             self.prom["missed"].inc()

@@ -164,20 +164,21 @@ class Session:
     # extended in place
     private: tuple[str, ...] = ()
     closed: bool = False
-    opened_at: float = field(default_factory=time.monotonic)
+    opened_at: float = 0.0  # on the engine's clock
 
 
 class SlotPool:
     """A fixed number of slots, a free list, and the sessions holding them."""
 
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.num_slots = num_slots
+        self.clock = clock  # the engine's: reservations lapse on it
         self._lock = threading.Lock()
         self._free: deque[int] = deque(range(num_slots))
         self.sessions: dict[int, Session] = {}
         self._to_reset: set[int] = set()  # opened since the last tick: the model must reset these rows
         self._closed: list[Session] = []  # closed since the last tick (their final counters)
-        self._reserved: dict[object, float] = {}  # reservation ticket -> when it lapses (time.monotonic)
+        self._reserved: dict[object, float] = {}  # reservation ticket -> when it lapses (on the clock)
 
     @property
     def occupancy(self) -> float:
@@ -190,7 +191,7 @@ class SlotPool:
     def available(self) -> int:
         """Slots neither held by a session nor reserved for an admitted caller."""
         with self._lock:
-            return len(self._free) - self._held(time.monotonic())
+            return len(self._free) - self._held(self.clock())
 
     def _held(self, now: float) -> int:
         """Reservations still unexpired (the lock held); expired ones are dropped."""
@@ -203,10 +204,10 @@ class SlotPool:
         """Promise a slot for `ttl_s` seconds: a ticket that `open` redeems, or EngineFull. Admission decides
         once, when a caller is accepted; the session that follows within the ticket's life gets its slot."""
         with self._lock:
-            if len(self._free) - self._held(time.monotonic()) <= 0:
+            if len(self._free) - self._held(self.clock()) <= 0:
                 raise EngineFull(self._full())
             ticket = object()
-            self._reserved[ticket] = time.monotonic() + ttl_s
+            self._reserved[ticket] = self.clock() + ttl_s
             return ticket
 
     def release(self, ticket: object) -> None:
@@ -221,7 +222,7 @@ class SlotPool:
         """A slot for a new session: the one `ticket` reserved, or a free slot no reservation holds."""
         with self._lock:
             redeemed = ticket is not None and self._reserved.pop(ticket, None) is not None
-            if not self._free or (not redeemed and len(self._free) - self._held(time.monotonic()) <= 0):
+            if not self._free or (not redeemed and len(self._free) - self._held(self.clock()) <= 0):
                 raise EngineFull(self._full())
             slot = self._free.popleft()
             session = make(uuid.uuid4().hex[:12], slot)

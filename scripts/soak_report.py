@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 KEEP = ("rooms", "tool_rooms", "seconds", "preset", "device", "slots", "ended", "join_s", "rooms_live",
-        "rooms_refused", "room_errors", "ticks", "tick_ms_p50", "tick_ms_p99", "tick_ms_max", "missed_deadlines",
+        "rooms_refused", "room_errors", "ticks", "live_ms_p50", "live_ms_p99", "live_ms_max", "missed_deadlines",
         "overruns", "slipped_ticks", "dropped_frames", "skipped_frames", "underruns", "scripted_calls",
         "function_calls", "tool_results", "resumes", "bookings_made", "tool_call_ms_p50", "resume_ms_p50",
         "frames_pushed", "frames_in", "input_errors")  # fmt: skip

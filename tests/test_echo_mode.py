@@ -38,7 +38,7 @@ def until_live(engine: Engine, handle, k: int = 0) -> int:
         handle.push_audio(np.zeros(N_IN, np.float32))
         tick(engine, k)
         k += 1
-    while len(handle._s.inbox):  # the frame kept as jitter buffer on resuming
+    while handle.backlog_frames:  # the frame kept as jitter buffer on resuming
         tick(engine, k)
         k += 1
     drain(handle)
@@ -82,7 +82,7 @@ def test_a_pushed_frame_comes_back_resampled_in_the_next_ticks_output(echo_engin
         assert abs(int(np.argmax(out[0] > 0.5)) - (200 + 97 * i) * N_OUT / N_IN) <= 1
         assert not any(isinstance(it, (TurnEnded, ToolCallStarted)) for it in items)
     # the whole call is one turn of the model: the gate passes every frame
-    assert h._s.speaking
+    assert h.speaking
     h.close()
 
 
@@ -117,8 +117,7 @@ def test_echo_off_is_the_models_own_output_and_no_echo_state():
         out = [it.samples for it in drain(h) if isinstance(it, AudioFrame)]
         want = np.interp(np.arange(N_OUT) * N_IN / N_OUT, np.arange(N_IN), x)
         assert len(out) == 1 and not np.allclose(out[0], want, atol=1e-3)
-        assert e._echo is None and e.snapshot().echo is None
-        assert type(h._s.inbox) is FrameInbox
+        assert e.echo is None and e.snapshot().echo is None
     finally:
         e.close()
 

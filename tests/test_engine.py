@@ -12,6 +12,7 @@ from engine.api import (
     AudioFrame,
     EngineFull,
     EngineOverloaded,
+    EngineSnapshot,
     FunctionCall,
     SessionRejected,
     ToolCallRejected,
@@ -19,7 +20,7 @@ from engine.api import (
     ToolResultConsumed,
 )
 from engine.engine import Engine, EngineConfig
-from engine.metrics import EngineSnapshot
+from engine.slots import FrameInbox
 from engine_support import CALL, PROMPT, TOOLS, drain
 
 
@@ -212,11 +213,11 @@ def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
         for h in hs:
             h.push_audio(caller_audio(5, 1.0))
         k = run_ticks(e, 0, 8)
-        slot = hs[2]._s.slot
+        slot = hs[2].slot
         hs[2].close()
         assert e.occupancy == 0.75  # free at once, not on the next tick: the next caller needn't wait
         reused = e.open_session(PROMPT, TOOLS)
-        assert reused._s.slot == slot
+        assert reused.slot == slot
         reused.push_audio(caller_audio(9, 0.8))
         for h in (hs[0], hs[1], hs[3]):
             h.close()
@@ -227,7 +228,7 @@ def test_a_full_engine_says_so_and_a_freed_slot_is_fresh():
             fresh.open_session(PROMPT, TOOLS).close()  # take the same slot number
         run_ticks(fresh, 0, 1)
         h = fresh.open_session(PROMPT, TOOLS)
-        assert h._s.slot == slot
+        assert h.slot == slot
         h.push_audio(caller_audio(9, 0.8))
         run_ticks(fresh, 1, 8)
         want = frames(drain(h))
@@ -258,7 +259,7 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             snap = EngineSnapshot.model_validate_json(urllib.request.urlopen(url + "/snapshot").read())
             assert snap.ticks >= 6 and snap.sessions[0].id == h.id and snap.occupancy == 0.25
             prom = urllib.request.urlopen(url + "/metrics").read().decode()
-            assert "chorus_tick_seconds_bucket" in prom and "chorus_missed_deadlines_total" in prom
+            assert "chorus_live_step_seconds_bucket" in prom and "chorus_tick_seconds_bucket" in prom and "chorus_missed_deadlines_total" in prom
             h.close()
 
     asyncio.run(main())
@@ -267,17 +268,15 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
 def test_caller_audio_of_any_float_precision_is_clipped_not_silenced():
     """float16 is a float too; a finite sample beyond the float32 range is loud (clipped to full scale), not
     turned into infinity and then silence; NaN and infinity are silence and counted."""
-    with engine_on(num_slots=1) as e:
-        h = e.open_session(PROMPT, TOOLS)
-        inbox = h._s.inbox
-        h.push_audio(np.full(1280, 0.25, np.float16))
-        h.push_audio(np.full(1280, 1e39, np.float64))
-        h.push_audio(np.array([np.nan, np.inf, -np.inf] + [-5.0] * 1277, np.float64))
-        frames = [inbox.pop() for _ in range(3)]
-        assert frames[0].dtype == np.float32 and np.all(frames[0] == 0.25)
-        assert np.all(frames[1] == 1.0)
-        assert np.all(frames[2][:3] == 0.0) and np.all(frames[2][3:] == -1.0)
-        assert inbox.nonfinite == 3
+    inbox = FrameInbox(1280, 8)  # what `SessionHandle.push_audio` pushes into
+    inbox.push(np.full(1280, 0.25, np.float16))
+    inbox.push(np.full(1280, 1e39, np.float64))
+    inbox.push(np.array([np.nan, np.inf, -np.inf] + [-5.0] * 1277, np.float64))
+    frames = [inbox.pop() for _ in range(3)]
+    assert frames[0].dtype == np.float32 and np.all(frames[0] == 0.25)
+    assert np.all(frames[1] == 1.0)
+    assert np.all(frames[2][:3] == 0.0) and np.all(frames[2][3:] == -1.0)
+    assert inbox.nonfinite == 3
 
 
 def test_a_huge_tool_result_is_cut_with_a_note_the_model_reads():
@@ -316,30 +315,32 @@ def test_distinct_new_prompts_are_admitted_a_few_at_a_time():
 
 def test_the_tick_thread_frees_old_reference_cycles_in_its_slack():
     """A cycle that reached the collector's oldest generation is freed by the engine's once-a-minute full
-    collection, run when the slack fits it, or after five periods whatever the slack."""
+    collection, run when the slack fits it, or after FORCE_AFTER periods whatever the slack. The engine's own
+    clock decides when one is due."""
     import gc
-    import time
     import weakref
 
-    import engine.engine as engine_mod
+    from engine.collector import EVERY_S, FORCE_AFTER
 
     class Node:
         pass
 
-    with engine_on() as e:
+    clock = ManualClock()
+    with engine_on(clock) as e:
         node = Node()
         node.me = node
         gone = weakref.ref(node)
         gc.collect(1)  # survives the young generations: only a full pass can free it now
         del node
         assert gone() is not None
-        e._collect_garbage(e.clock() + 1.0)  # within the minute: nothing yet
-        assert e.gc_runs == 0 and gone() is not None
-        e._gc_at = time.monotonic() - engine_mod.GC_EVERY_S
-        e._collect_garbage(e.clock())  # due, but no slack to spare
-        assert e.gc_runs == 0
-        e._collect_garbage(e.clock() + 1.0)  # due and it fits
-        assert e.gc_runs == 1 and gone() is None
-        e._gc_at = time.monotonic() - engine_mod.GC_FORCE_AFTER * engine_mod.GC_EVERY_S
-        e._collect_garbage(e.clock())  # overdue: runs without slack
-        assert e.gc_runs == 2
+        c = e.collector
+        assert not c.maybe_collect(clock() + 1.0)  # within the minute: nothing yet
+        assert c.runs == 0 and gone() is not None
+        clock.advance(EVERY_S)
+        assert not c.maybe_collect(clock())  # due, but no slack to spare
+        assert c.runs == 0
+        assert c.maybe_collect(clock() + 1.0)  # due and it fits
+        assert c.runs == 1 and gone() is None
+        clock.advance(FORCE_AFTER * EVERY_S)
+        assert c.maybe_collect(clock())  # overdue: runs without slack
+        assert c.runs == 2

@@ -218,7 +218,7 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
     snap = callers[0].snap
     print(
         f"{n} callers: longest gap in a caller's agent audio, median {gaps[n // 2] * 1000:.0f} ms, worst "
-        f"{gaps[-1] * 1000:.0f} ms; live step p50 {snap['tick_ms_p50']:.0f} ms, p99 {snap['tick_ms_p99']:.0f} ms, missed "
+        f"{gaps[-1] * 1000:.0f} ms; live step p50 {snap['live_ms_p50']:.0f} ms, p99 {snap['live_ms_p99']:.0f} ms, missed "
         f"deadlines {snap['missed_deadlines']}"
     )
     for c in callers:

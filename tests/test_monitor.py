@@ -141,14 +141,14 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     snap = busy.engine.snapshot()  # the engine stands still between ticks: the page saw these figures
     m = metrics(at)
     assert m["Live sessions"] == ["3 / 4"]
-    assert m["Tick p50"] == [ms(snap.tick_ms_p50)] and m["Tick p99"] == [ms(snap.tick_ms_p99)]
+    assert m["Live step p50"] == [ms(snap.live_ms_p50)] and m["Live step p99"] == [ms(snap.live_ms_p99)]
     assert m["Missed deadlines"] == [str(snap.missed_deadlines)]
     assert m["Dropped frames"] == [str(snap.dropped_frames)] and m["Underruns"] == [str(snap.underruns)]
     # on CPU the memory shown is the process's resident size, which moves between the page's read and this one
     (shown,) = m["Device memory"]
     assert shown.endswith(" GiB")
     assert abs(float(shown.removesuffix(" GiB")) - snap.memory_bytes / 2**30) < 0.15
-    assert snap.tick_ms_p99 > 0 and snap.history_max_ms  # measured steps (on the test's stepping clock)
+    assert snap.live_ms_p99 > 0 and snap.history_max_ms  # measured steps (on the test's stepping clock)
     assert at.get("vega_lite_chart"), "the tick-time chart"
 
     rows = {r["room"]: r for r in table(at, {"room", "state", "last words"})}
@@ -194,8 +194,8 @@ def test_two_workers_side_by_side_and_one_that_stops_answering(busy, store_env, 
         m = metrics(at)
         assert m["Workers answering"] == ["2 / 2"] and m["Rooms"] == ["4"] and m["Free slots"] == ["2"]
         assert m["Live sessions"] == ["3 / 4", "1 / 2"]  # each worker's own, side by side
-        worst = max(busy.engine.snapshot().tick_ms_p99, other.engine.snapshot().tick_ms_p99)
-        assert m["Worst tick p99"] == [ms(worst)]
+        worst = max(busy.engine.snapshot().live_ms_p99, other.engine.snapshot().live_ms_p99)
+        assert m["Worst live step p99"] == [ms(worst)]
         workers = [r["worker"] for r in table(at, {"worker", "room", "state"})]
         assert sorted(workers) == sorted([busy.name] * 3 + [other.name])
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chromium_support import Browser, chromium_path
-from engine.metrics import EngineSnapshot
+from engine.api import EngineSnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT = ROOT / "out" / "monitor" / "monitor.png"

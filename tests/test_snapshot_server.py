@@ -15,7 +15,8 @@ import pytest
 from pydantic import BaseModel
 
 from engine.engine import Engine, EngineConfig
-from engine.metrics import EngineSnapshot, ServeLimits, SnapshotServer
+from engine.api import EngineSnapshot
+from engine.metrics import ServeLimits, SnapshotServer
 
 HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs
 OPEN = ServeLimits(client_rate=1000.0, client_burst=1000, max_rate=1000.0)  # nothing refused for its rate

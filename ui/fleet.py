@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from engine.metrics import EngineSnapshot
+from engine.api import EngineSnapshot
 from engine.privacy import redact
 from ui.privacy import mask_phones, shorten
 
@@ -101,7 +101,7 @@ def totals(workers: list[Worker]) -> Totals:
         rooms=rooms,
         slots=slots,
         free_slots=slots - rooms,
-        worst_p99_ms=max((s.tick_ms_p99 for s in snaps), default=0.0),
+        worst_p99_ms=max((s.live_ms_p99 for s in snaps), default=0.0),
         missed_deadlines=sum(s.missed_deadlines for s in snaps),
         dropped_frames=sum(s.dropped_frames for s in snaps),
         underruns=sum(s.underruns for s in snaps),

@@ -17,7 +17,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from engine.metrics import EngineSnapshot
+from engine.api import EngineSnapshot
 from envsettings import SettingsError
 from tools.settings import StoreSettings
 from tools.store import Store
@@ -126,9 +126,9 @@ def _headline(snap: EngineSnapshot) -> None:
     cols = st.columns(7)
     cols[0].metric("Live sessions", f"{len(snap.sessions)} / {snap.num_slots}")
     cols[1].metric(
-        "Tick p50", fleet.ms(snap.tick_ms_p50), help="the live step's median over the last minutes"
+        "Live step p50", fleet.ms(snap.live_ms_p50), help="the live step's median over the last minutes"
     )
-    cols[2].metric("Tick p99", fleet.ms(snap.tick_ms_p99), delta=f"{snap.tick_ms_p99 - budget:+.0f} ms",
+    cols[2].metric("Live step p99", fleet.ms(snap.live_ms_p99), delta=f"{snap.live_ms_p99 - budget:+.0f} ms",
                    delta_color="inverse", help=f"against the {budget:g} ms budget")  # fmt: skip
     cols[3].metric("Missed deadlines", snap.missed_deadlines)
     cols[4].metric("Dropped frames", snap.dropped_frames)
@@ -152,7 +152,7 @@ def _fleet(workers: list[fleet.Worker]) -> None:
     cols[0].metric("Workers answering", f"{t.workers_up} / {t.workers}")
     cols[1].metric("Rooms", t.rooms)
     cols[2].metric("Free slots", t.free_slots)
-    cols[3].metric("Worst tick p99", fleet.ms(t.worst_p99_ms))
+    cols[3].metric("Worst live step p99", fleet.ms(t.worst_p99_ms))
     cols[4].metric("Missed deadlines", t.missed_deadlines)
     for start in range(0, len(workers), WORKER_COLUMNS):
         row = workers[start : start + WORKER_COLUMNS]
@@ -164,7 +164,7 @@ def _fleet(workers: list[fleet.Worker]) -> None:
                     continue
                 s = w.snapshot
                 st.metric("Live sessions", f"{len(s.sessions)} / {s.num_slots}")
-                st.metric("Tick p50 / p99", f"{fleet.ms(s.tick_ms_p50)} / {fleet.ms(s.tick_ms_p99)}")
+                st.metric("Live step p50 / p99", f"{fleet.ms(s.live_ms_p50)} / {fleet.ms(s.live_ms_p99)}")
                 st.metric("Missed deadlines", s.missed_deadlines)
                 st.metric("Dropped frames / underruns", f"{s.dropped_frames} / {s.underruns}")
                 st.metric("Device memory", fleet.memory(s), help=fleet.memory_help(s))

@@ -1,0 +1,156 @@
+"""What a conversation holds of the engine: `SessionHandle`, made by `Engine.open_session`.
+
+Every method is callable from the session's own thread or event loop; none waits on the tick. Knows one
+session's slot state and inbox; knows nothing of LiveKit, rooms or hotels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.api import EngineClosed, Output
+from engine.privacy import private_values
+from engine.slots import Session
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+
+class SessionHandle:
+    """What a conversation holds: push caller audio, read outputs, answer function calls, close."""
+
+    def __init__(self, engine: Engine, session: Session, outputs) -> None:
+        self._engine = engine
+        self._s = session
+        self.id = session.id
+        self.outputs = outputs  # asyncio.Queue (with a loop), queue.Queue (without), or None (with a sink)
+        self._private_lock = threading.Lock()
+
+    @property
+    def phase(self) -> str:
+        return self._s.phase.value
+
+    @property
+    def closed(self) -> bool:
+        return self._s.closed
+
+    @property
+    def slot(self) -> int:
+        """The engine slot (row of every stage's state) this session holds."""
+        return self._s.slot
+
+    @property
+    def speaking(self) -> bool:
+        """The agent is in a turn of its own."""
+        return self._s.speaking
+
+    @property
+    def backlog_frames(self) -> int:
+        """Caller frames received and not yet heard by the model."""
+        return len(self._s.inbox)
+
+    @property
+    def frames_in(self) -> int:
+        """Caller frames this session received (also after it closed)."""
+        return self._s.inbox.frames_in
+
+    def push_audio(self, pcm16k: np.ndarray) -> None:
+        """Caller audio at 16 kHz mono, int16 or float in [-1, 1], any length; cut into 1280-sample frames."""
+        if self._s.closed:
+            raise EngineClosed(f"session {self.id} is closed")
+        self._s.inbox.push(pcm16k)
+
+    def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
+        """The result of a FunctionCall; results for unknown or already answered calls are ignored. The personal
+        values of the call's arguments and of its result (when that is a JSON object) are kept private from now
+        on: names, contacts, codes (`privacy.private_values`)."""
+        if self._s.closed:
+            return
+        call = self._s.pending.get(call_id)
+        if call is not None:
+            self.keep_private(*private_values(call.arguments), *private_values(_json_object(output)))
+        # every character is prefilled on the tick: a longer result is cut, and the model reads a note saying so
+        output, cap = str(output), self._engine.config.max_result_chars
+        if len(output) > cap:
+            output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
+        self._s.incoming.put(
+            {
+                "call_id": call_id,
+                "name": call.name if call else "",
+                "output": output,
+                "is_error": bool(is_error),
+            }
+        )
+
+    def keep_private(self, *terms: str) -> None:
+        """Words this conversation must never show in clear: a guest's name (each of its words too), a contact,
+        a code. The snapshot's `last_words` replace them with "[name]" from now on (engine/privacy.py). Callable
+        from any thread; the terms live as long as the session."""
+        fresh = tuple(t.strip()[:200] for t in terms if isinstance(t, str) and t.strip())
+        with self._private_lock:
+            self._s.private = tuple(dict.fromkeys(self._s.private + fresh))
+
+    def force_text(self, tokens: list[int] | str) -> None:
+        """Teacher forcing: the text channel emits these tokens (one per position) instead of its own."""
+        self._s.force_text.extend(self._ids(tokens))
+
+    def force_function(self, tokens: list[int] | str) -> None:
+        """Teacher forcing of the function channel (e.g. a complete tool call from `Tokens.call_ids`)."""
+        self._s.force_func.extend(self._ids(tokens))
+
+    def _ids(self, tokens: list[int] | str) -> list[int]:
+        ids = self._engine.tokens.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
+        bad = [t for t in ids if not 0 <= t < self._engine.vocab_size]
+        if bad:
+            raise ValueError(f"tokens: ids outside 0..{self._engine.vocab_size - 1}: {bad[:5]}")
+        return ids
+
+    def close(self) -> None:
+        """Free the slot; a late tool result or audio is discarded. Idempotent."""
+        self._engine.pool.close(self._s)
+
+
+def _json_object(text: object) -> dict:
+    """`text` parsed as a JSON object, or {} (a result may be any text)."""
+    try:
+        value = json.loads(text) if isinstance(text, str | bytes) and len(text) < 1_000_000 else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def delivery(
+    loop: asyncio.AbstractEventLoop | None, sink: Callable[[list[Output]], None] | None
+) -> tuple[asyncio.Queue | queue.Queue | None, Callable[[list[Output]], None]]:
+    """Where a session's outputs go, and the function the tick thread calls with each tick's: the sink itself
+    (called on the tick thread), else an asyncio.Queue filled on `loop` (from the tick thread through
+    `call_soon_threadsafe`), else a queue.Queue."""
+    if sink is not None:
+        return None, sink
+    if loop is not None:
+        aq: asyncio.Queue = asyncio.Queue()
+
+        def to_loop(items: list[Output]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_put_all, aq, items)
+
+        return aq, to_loop
+    q: queue.Queue = queue.Queue()
+
+    def to_queue(items: list[Output]) -> None:
+        for item in items:
+            q.put(item)
+
+    return q, to_queue
+
+
+def _put_all(q: asyncio.Queue, items: list[Output]) -> None:
+    for item in items:
+        q.put_nowait(item)

@@ -1,0 +1,120 @@
+"""The engine's snapshot: `EngineSnapshot` (engine/api.py) built from what the tick thread keeps.
+
+Computed on the caller's thread from counters and references the tick thread keeps (no per-tick copies, no
+lock the tick waits on held). No transcript leaves in clear: each session's `last_words` are redacted
+(engine/privacy.py) before they are cut to LAST_WORDS characters. Knows sessions' public counters and the
+accounting; knows nothing of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
+from engine.metrics import history, pct, resident_bytes
+from engine.privacy import last_words
+from engine.slots import SAID_PIECES, Phase, Session
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+HISTORY_POINTS = 200  # whole ticks in `recent_tick_ms`
+CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
+
+
+def session_row(s: Session, now: float) -> SessionSnapshot:
+    return SessionSnapshot(
+        id=s.id,
+        slot=s.slot,
+        phase=s.phase.value,
+        age_s=round(now - s.opened_at, 1),
+        frames_in=s.inbox.frames_in,
+        frames_consumed=s.frames_consumed,
+        frames_replayed=s.frames_replayed,
+        underruns=s.underruns,
+        dropped_frames=s.inbox.dropped,
+        tool_calls=s.tool_calls,
+        tool_errors=s.tool_errors,
+        backlog_frames=len(s.inbox),
+        skipped_frames=s.inbox.skipped,
+        label=s.label,
+        caller=s.caller,
+        speaking=s.speaking,
+        calling=list(s.call_names) if s.phase in CALLING else [],
+        last_words=last_words(
+            list(s.said), s.private, LAST_WORDS, truncated=len(s.said) == SAID_PIECES, going=s.speaking
+        ),
+    )
+
+
+def build(engine: Engine) -> EngineSnapshot:
+    cfg, a, sch = engine.config, engine.acct, engine.scheduler
+    sessions = list(engine.pool.sessions.values())
+    now = engine.clock()
+    rows = [session_row(s, now) for s in sessions]
+    phases: dict[str, int] = {}
+    for row in rows:
+        phases[row.phase] = phases.get(row.phase, 0) + 1
+    per = max(1, round(1000 / engine.tick_ms))  # live steps per history point (about a second)
+    hist_max, hist_p50 = history(list(a.live_ms), per)
+    used, total = memory(engine.device)
+    tool_log = [
+        ToolCallSnapshot(
+            session=c.session,
+            label=c.label,
+            names=list(c.names),
+            ok=c.ok,
+            at=c.at,
+            call_ms=round(c.call_ms, 1),
+            tool_ms=round(c.tool_ms, 1),
+            resume_ms=round(c.resume_ms, 1),
+        )
+        for c in list(sch.call_log)
+    ]
+    return EngineSnapshot(
+        preset=cfg.preset,
+        device=str(engine.device),
+        num_slots=cfg.num_slots,
+        occupancy=engine.occupancy,
+        ticks=a.ticks,
+        live_ms_p50=pct(a.live_ms, 50),
+        live_ms_p99=pct(a.live_ms, 99),
+        live_ms_max=round(max(a.live_ms), 3) if a.live_ms else 0.0,
+        missed_deadlines=a.missed_deadlines,
+        overruns=a.overruns,
+        slipped_ticks=a.slipped_ticks,
+        overloaded=engine.overloaded,
+        refused_sessions=engine.headroom.refused,
+        dropped_frames=a.closed_dropped + sum(s.inbox.dropped for s in sessions),
+        skipped_frames=a.closed_skipped + sum(s.inbox.skipped for s in sessions),
+        underruns=sch.underruns,
+        tool_calls=a.tool_calls,
+        tool_call_ms_p50=pct(a.tool_call_ms, 50),
+        tool_call_ticks_p50=pct(a.tool_call_ticks, 50),
+        resume_ms_p50=pct(a.resume_ms, 50),
+        phases=phases,
+        sessions=rows,
+        recent_tick_ms=[round(x, 2) for x in list(a.tick_ms)[-HISTORY_POINTS:]],
+        at=time.time(),  # wall-clock time for the page, not the engine's clock
+        tick_budget_ms=engine.tick_ms,
+        history_step_s=per * engine.tick_ms / 1000,
+        history_max_ms=hist_max,
+        history_p50_ms=hist_p50,
+        memory_bytes=used,
+        memory_total_bytes=total,
+        tool_log=tool_log,
+        echo=engine.echo.snapshot() if engine.echo is not None else None,
+    )
+
+
+def memory(device: torch.device) -> tuple[int, int]:
+    """(in use, total) bytes: CUDA memory allocated on the device and its size; on CPU the process's resident
+    memory and the machine's."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+    resident = resident_bytes()  # 0 without /proc (macOS): unknown
+    return (resident, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) if resident else (0, 0)
