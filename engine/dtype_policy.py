@@ -6,6 +6,8 @@ and nothing of their dimensions, of devices beyond their type, or of the environ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -42,20 +44,19 @@ class DtypePolicy(BaseModel):
 # included: with only the ring in bf16 its deterministic codes already leave NeMo's from the first frame
 # (MODEL_SPEC 4: bf16 talkers were reported to hallucinate). The codec stays fp32 (MODEL_SPEC 5): its bf16
 # decoder's audio is ~25 dB SNR against the reference's.
-DTYPE_POLICIES = {
-    "fp32": DtypePolicy(name="fp32"),
-    "gpu": DtypePolicy(
-        name="gpu",
-        perception="bfloat16",
-        perception_kv="bfloat16",
-        thinker="bfloat16",
-        thinker_kv="bfloat16",
-    ),
-}
-# capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the talker's
-# weights, activations and attention arithmetic stay fp32). Its cost against fp32: tests/test_pipeline.py.
-DTYPE_POLICIES["capacity"] = DTYPE_POLICIES["gpu"].model_copy(
-    update={"name": "capacity", "talker_kv": "bfloat16"}
+_GPU = DtypePolicy(
+    name="gpu", perception="bfloat16", perception_kv="bfloat16", thinker="bfloat16", thinker_kv="bfloat16"
+)
+# Read-only: a policy is chosen by name or passed whole, never registered at run time.
+DTYPE_POLICIES: Mapping[str, DtypePolicy] = MappingProxyType(
+    {
+        "fp32": DtypePolicy(name="fp32"),
+        "gpu": _GPU,
+        # capacity mode's: the gpu policy with the talker's KV rings in bf16 as well (half their bytes; the
+        # talker's weights, activations and attention arithmetic stay fp32). Its cost against fp32:
+        # tests/test_pipeline.py.
+        "capacity": _GPU.model_copy(update={"name": "capacity", "talker_kv": "bfloat16"}),
+    }
 )
 DtypePolicyName = Literal["auto", "fp32", "gpu", "capacity"]
 

@@ -7,6 +7,9 @@ dtypes (engine/dtype_policy.py), checkpoints, the environment or devices.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
 from engine.config import CodecConfig, ModelConfig, PerceptionConfig, TalkerConfig, ThinkerConfig
 
 
@@ -66,7 +69,10 @@ def _nemotron_voicechat_11b() -> ModelConfig:
     return ModelConfig(name="nemotron-voicechat-11b")
 
 
-PRESETS = {"tiny": _tiny, "nemotron-voicechat-11b": _nemotron_voicechat_11b}
+# Read-only: a run picks a preset by name and overrides fields through `load_preset`, never adds one.
+PRESETS: Mapping[str, Callable[[], ModelConfig]] = MappingProxyType(
+    {"tiny": _tiny, "nemotron-voicechat-11b": _nemotron_voicechat_11b}
+)
 
 
 def load_preset(name: str, **overrides: object) -> ModelConfig:

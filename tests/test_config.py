@@ -2,8 +2,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.config import ThinkerConfig
-from engine.dtype_policy import DtypePolicy, dtype_policy
-from engine.presets import load_preset
+from engine.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
+from engine.presets import PRESETS, load_preset
 
 
 def test_presets_have_the_spec_dimensions():
@@ -50,3 +50,17 @@ def test_dtype_policy_auto_follows_the_device_and_names_the_choices():
         DtypePolicy(thinker_kv="int8")
     with pytest.raises(ValidationError, match="extra"):
         DtypePolicy(ssm="bfloat16")  # the SSM state is float32 under every policy
+
+
+def test_the_named_presets_and_policies_cannot_be_changed_at_run_time():
+    """The registries are read-only, so no module can add or replace a preset or a policy that another reads;
+    a policy itself is frozen too."""
+    with pytest.raises(TypeError):
+        PRESETS["huge"] = PRESETS["tiny"]
+    with pytest.raises(TypeError):
+        DTYPE_POLICIES["gpu"] = DTYPE_POLICIES["fp32"]
+    with pytest.raises(ValidationError, match="frozen"):
+        DTYPE_POLICIES["gpu"].thinker = "float32"
+    # capacity mode's policy is the gpu one with the talker's KV rings in bf16, and the gpu one is left as it was
+    capacity = dtype_policy("auto", "cuda", capacity=True)
+    assert capacity.talker_kv == "bfloat16" != dtype_policy("gpu").talker_kv
