@@ -256,11 +256,17 @@ class Caller:
             return np.zeros(0), np.zeros(0, np.int64)
         onsets = loud[np.concatenate([[True], np.diff(loud) > QUIET_S * RATE])]
         span = int((max(LENGTHS_S) + 0.02) * RATE)
-        names = np.array([
-            burst_name(int((np.abs(audio[m : m + span]) > mark).sum()), float(np.abs(audio[m : m + span]).max()),
-                       RATE, mark)
-            for m in onsets
-        ])  # fmt: skip
+        names = np.array(
+            [
+                burst_name(
+                    int((np.abs(audio[m : m + span]) > mark).sum()),
+                    float(np.abs(audio[m : m + span]).max()),
+                    RATE,
+                    mark,
+                )
+                for m in onsets
+            ]
+        )
         j = np.searchsorted(first, onsets, side="right") - 1
         self._audio, self._onsets = audio, onsets
         return np.asarray(self.heard_t)[j] - (RECV_MS - 10) / 1000 + (onsets - first[j]) / RATE, names
@@ -282,8 +288,13 @@ class Caller:
         for q in quiet:
             run = run + 1 if q else 0
             longest = max(longest, run)
-        return {"freq_hz": round(freq, 1), "own_tone": abs(freq - self.freq) < 10, "quiet_blocks": int(quiet.sum()),
-                "blocks": int(quiet.size), "longest_quiet_ms": 10 * longest}  # fmt: skip
+        return {
+            "freq_hz": round(freq, 1),
+            "own_tone": abs(freq - self.freq) < 10,
+            "quiet_blocks": int(quiet.sum()),
+            "blocks": int(quiet.size),
+            "longest_quiet_ms": 10 * longest,
+        }
 
 
 def burst_name(loud: int, peak: float, rate: int, mark: float) -> int:
@@ -323,33 +334,50 @@ def match(caller: Caller, frames: list[dict], k: dict) -> tuple[list[dict], dict
     fin = k["input_samples"] / k["input_rate"]
     for i, t_send in enumerate(left):
         name = i % len(LENGTHS_S)
-        e = next((j for j, r in enumerate(eng) if j not in used_e and r["name"] == name
-                  and r["pushed"] is not None and t_send < r["pushed"] < t_send + WITHIN_S), None)  # fmt: skip
+        e = next(
+            (
+                j
+                for j, r in enumerate(eng)
+                if j not in used_e
+                and r["name"] == name
+                and r["pushed"] is not None
+                and t_send < r["pushed"] < t_send + WITHIN_S
+            ),
+            None,
+        )
         if e is None:
             continue
         used_e.add(e)
         e = eng[e]
-        h = next((j for j, t in enumerate(heard) if j not in used_h and names[j] == name
-                  and e["sent"] < t < e["sent"] + WITHIN_S), None)  # fmt: skip
+        h = next(
+            (
+                j
+                for j, t in enumerate(heard)
+                if j not in used_h and names[j] == name and e["sent"] < t < e["sent"] + WITHIN_S
+            ),
+            None,
+        )
         if h is None:
             continue
         used_h.add(h)
         ear = heard[h]
         pos = e["onset"] / k["input_rate"]  # the onset's place in its frame (also in the output frame)
-        rows.append({
-            "framing_in": (fin - pos) * 1e3,
-            "transport_in": (e["pushed"] - t_send - (fin - pos)) * 1e3,
-            "inbox_wait": (e["tick_start"] - e["pushed"]) * 1e3,
-            "live_step": (e["sent"] - e["tick_start"]) * 1e3,
-            "framing_out": pos * 1e3,
-            "after_engine": (ear - e["sent"] - pos) * 1e3,
-            "a": (e["tick_start"] - t_send) * 1e3,
-            "b": (ear - e["sent"]) * 1e3,
-            "round_trip": (ear - t_send) * 1e3,
-            "onset": e["onset"],
-            "backlog": e["backlog"],
-            "left_at": round(float(t_send), 4),
-        })  # fmt: skip
+        rows.append(
+            {
+                "framing_in": (fin - pos) * 1e3,
+                "transport_in": (e["pushed"] - t_send - (fin - pos)) * 1e3,
+                "inbox_wait": (e["tick_start"] - e["pushed"]) * 1e3,
+                "live_step": (e["sent"] - e["tick_start"]) * 1e3,
+                "framing_out": pos * 1e3,
+                "after_engine": (ear - e["sent"] - pos) * 1e3,
+                "a": (e["tick_start"] - t_send) * 1e3,
+                "b": (ear - e["sent"]) * 1e3,
+                "round_trip": (ear - t_send) * 1e3,
+                "onset": e["onset"],
+                "backlog": e["backlog"],
+                "left_at": round(float(t_send), 4),
+            }
+        )
     seen = {"sent": len(left), "in_engine": len(eng), "heard": len(heard), "engine_matched": len(used_e)}
     return rows, seen
 
@@ -403,8 +431,17 @@ async def session(
 ) -> tuple[list[Caller], dict]:
     rng = np.random.default_rng(seed)
     tag = uuid.uuid4().hex[:6]
-    callers = [Caller(server, f"lat-{tag}-{i:02d}", worker.agent_name, i, np.random.default_rng(rng.integers(1 << 31)),
-                      tone) for i in range(n)]  # fmt: skip
+    callers = [
+        Caller(
+            server,
+            f"lat-{tag}-{i:02d}",
+            worker.agent_name,
+            i,
+            np.random.default_rng(rng.integers(1 << 31)),
+            tone,
+        )
+        for i in range(n)
+    ]
     measure, stop = asyncio.Event(), asyncio.Event()
     everyone = callers
 
@@ -420,8 +457,11 @@ async def session(
         callers = [c for c in everyone if c.first_audio.is_set()]
         if len(callers) < len(everyone):
             missing = [(c.room, c.agent_joined.is_set()) for c in everyone if not c.first_audio.is_set()]
-            print(f"livekit_latency: no agent audio within {AGENT_WAIT_S:.0f} s in (room, agent joined): {missing}; "
-                  f"measuring the other {len(callers)}", file=sys.stderr)  # fmt: skip
+            print(
+                f"livekit_latency: no agent audio within {AGENT_WAIT_S:.0f} s in (room, agent joined): {missing}; "
+                f"measuring the other {len(callers)}",
+                file=sys.stderr,
+            )
         if not callers:
             raise SystemExit("livekit_latency: no caller heard its agent")
         senders = [asyncio.ensure_future(c.send(measure, stop)) for c in callers]
@@ -506,8 +546,17 @@ def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | 
         key: sum(m[1][key] for m in matched) for key in ("sent", "in_engine", "heard", "engine_matched")
     }
     sent = sum(len(c.bursts) for c in callers)
-    parts = ["a", "framing_in", "transport_in", "inbox_wait", "live_step", "b", "framing_out", "after_engine",
-             "round_trip"]  # fmt: skip
+    parts = [
+        "a",
+        "framing_in",
+        "transport_in",
+        "inbox_wait",
+        "live_step",
+        "b",
+        "framing_out",
+        "after_engine",
+        "round_trip",
+    ]
     fig = {p: pcts([r[p] for r in rows]) for p in parts}
     model_ms = k["perception_lag_ms"] + k["codec_delay_ms"]
     fig["mouth_to_ear"] = pcts([r["round_trip"] + model_ms for r in rows])

@@ -45,8 +45,11 @@ def load_tester() -> str:
     if not path:
         out = subprocess.run(
             ["bash", "-c", "source scripts/livekit.sh && echo $AGENT_LOAD_TEST_BIN"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         path = out.stdout.strip()
     if not Path(path).is_file():
         raise SystemExit(f"livekit_load: no load tester at {path}: run scripts/livekit.sh's ensure_livekit")
@@ -71,10 +74,22 @@ def run(rooms: int, seconds: float, echo_delay: float, tmp: Path) -> dict:
         t0 = time.monotonic()
         ticks0 = worker.snapshot()["ticks"]
         cmd = [
-            load_tester(), "--rooms", str(rooms), "--agent-name", worker.agent_name,
-            "--echo-speech-delay", f"{echo_delay}s", "--duration", f"{seconds}s",
-            "--url", server.url, "--api-key", server.key, "--api-secret", server.secret,
-        ]  # fmt: skip
+            load_tester(),
+            "--rooms",
+            str(rooms),
+            "--agent-name",
+            worker.agent_name,
+            "--echo-speech-delay",
+            f"{echo_delay}s",
+            "--duration",
+            f"{seconds}s",
+            "--url",
+            server.url,
+            "--api-key",
+            server.key,
+            "--api-secret",
+            server.secret,
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen: dict[str, dict] = {}  # each room's latest figures while it was live
         snap = worker.snapshot()
@@ -111,7 +126,7 @@ def run(rooms: int, seconds: float, echo_delay: float, tmp: Path) -> dict:
                 "age_s": s["age_s"],
             }
             for s in sessions
-        ],  # fmt: skip
+        ],
     }
 
 

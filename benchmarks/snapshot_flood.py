@@ -128,12 +128,31 @@ def environment() -> dict[str, str]:
 def run(args: argparse.Namespace, flooded: bool) -> dict:
     name = "flood" if flooded else "quiet"
     out = Path(args.out) / name
-    cmd = [sys.executable, "-m", "agent", "simulate", "--rooms", str(args.rooms), "--seconds", str(args.seconds),
-           "--metrics-port", "0", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent",
+        "simulate",
+        "--rooms",
+        str(args.rooms),
+        "--seconds",
+        str(args.seconds),
+        "--metrics-port",
+        "0",
+        "--out",
+        str(out),
+    ]
     load_before = os.getloadavg()
     log(f"{name}: {' '.join(cmd[1:])} (load average {load_before[0]:.2f})")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
     lines: list[str] = []
     port: list[int] = []
     talk = threading.Event()
@@ -175,8 +194,20 @@ def run(args: argparse.Namespace, flooded: bool) -> dict:
             f"snapshot_flood: the {name} simulation did not finish:\n" + "\n".join(lines[-20:])
         ) from None
     load_after = os.getloadavg()
-    keys = ("ended", "rooms_live", "ticks", "live_ms_p50", "live_ms_p99", "live_ms_max", "missed_deadlines",
-            "overruns", "slipped_ticks", "skipped_frames", "dropped_frames", "underruns")  # fmt: skip
+    keys = (
+        "ended",
+        "rooms_live",
+        "ticks",
+        "live_ms_p50",
+        "live_ms_p99",
+        "live_ms_max",
+        "missed_deadlines",
+        "overruns",
+        "slipped_ticks",
+        "skipped_frames",
+        "dropped_frames",
+        "underruns",
+    )
     result = {k: sim.get(k) for k in keys} | {"exit": proc.returncode, "flood_window": probe}
     result |= {"answers": answers, "load_average": [round(load_before[0], 2), round(load_after[0], 2)]}
     log(
@@ -196,8 +227,12 @@ def main() -> int:
     p.add_argument("--rooms", type=int, default=4, help="virtual rooms (default 4)")
     p.add_argument("--seconds", type=float, default=60.0, help="each simulation's talk (default 60)")
     p.add_argument("--clients", type=int, default=20, help="flooding clients (default 20)")
-    p.add_argument("--flood-seconds", type=float, default=20.0, help="how long they flood (default 20; at most a "
-                   "third of --seconds)")  # fmt: skip
+    p.add_argument(
+        "--flood-seconds",
+        type=float,
+        default=20.0,
+        help="how long they flood (default 20; at most a third of --seconds)",
+    )
     p.add_argument("--only", choices=("quiet", "flood"), help="run one of the two")
     p.add_argument("--out", default="out/snapshot_flood", help="the simulations' output folders")
     args = p.parse_args()

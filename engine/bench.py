@@ -93,8 +93,14 @@ def bench_pipeline(args) -> int:
     device = _device(args.device)
     dtypes = dtype_policy(args.dtype, device.type, args.capacity)
     sizes = [int(s) for s in args.slots.split(",")]
-    out = {"bench": "pipeline", "talker_window": cfg.talker.attention_window, "preset": args.preset, "device": str(device), "threads": args.threads,
-           "dtype": dtypes.name}  # fmt: skip
+    out = {
+        "bench": "pipeline",
+        "talker_window": cfg.talker.attention_window,
+        "preset": args.preset,
+        "device": str(device),
+        "threads": args.threads,
+        "dtype": dtypes.name,
+    }
     rng = torch.Generator().manual_seed(0)
     for b in sizes:
         try:
@@ -184,14 +190,27 @@ def demo(preset: str, sessions: int, seconds: float, device_name: str | None) ->
     from engine.engine import EngineConfig
 
     cfg = EngineConfig(preset=preset, num_slots=sessions, device=device_name)
-    print(f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, preset {preset}, "
-          "dummy weights", flush=True)  # fmt: skip
-    r = run_workload(cfg, sessions, sessions // 4, seconds, call_tokens=40, result_tokens=200, tool_latency_s=0.3,
-                     call_every_s=2.0)  # fmt: skip
+    print(
+        f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, preset {preset}, "
+        "dummy weights",
+        flush=True,
+    )
+    r = run_workload(
+        cfg,
+        sessions,
+        sessions // 4,
+        seconds,
+        call_tokens=40,
+        result_tokens=200,
+        tool_latency_s=0.3,
+        call_every_s=2.0,
+    )
     r.pop("live_series_ms")
-    print(f"live step p50 {r['live_ms_p50']} ms, p99 {r['live_ms_p99']} ms (tick: {TICK_MS:g} ms); "
-          f"missed deadlines {r['missed_deadlines']}; tool calls {r['tool_calls']} "
-          f"({r['tool_call_ticks_p50']} ticks p50)")  # fmt: skip
+    print(
+        f"live step p50 {r['live_ms_p50']} ms, p99 {r['live_ms_p99']} ms (tick: {TICK_MS:g} ms); "
+        f"missed deadlines {r['missed_deadlines']}; tool calls {r['tool_calls']} "
+        f"({r['tool_call_ticks_p50']} ticks p50)"
+    )
     print(json.dumps({"preset": preset, "sessions": sessions, "seconds": seconds, **r}))
     return 0
 

@@ -107,12 +107,20 @@ class Echo:
             if s is None:
                 continue
             inbox = s.inbox
-            self._pending.append({
-                "session": s.id, "label": s.label, "tick": plan.tick,
-                "pushed": getattr(inbox, "popped_at", None), "tick_start": t_tick, "sent": None,
-                "onset": int(np.argmax(loud[slot])), "loud": int(loud[slot].sum()),
-                "peak": round(float(np.abs(plan.audio[slot]).max()), 3), "backlog": getattr(inbox, "held", 0),
-            })  # fmt: skip
+            self._pending.append(
+                {
+                    "session": s.id,
+                    "label": s.label,
+                    "tick": plan.tick,
+                    "pushed": getattr(inbox, "popped_at", None),
+                    "tick_start": t_tick,
+                    "sent": None,
+                    "onset": int(np.argmax(loud[slot])),
+                    "loud": int(loud[slot].sum()),
+                    "peak": round(float(np.abs(plan.audio[slot]).max()), 3),
+                    "backlog": getattr(inbox, "held", 0),
+                }
+            )
         self.marked += len(self._pending)
 
     def sent(self, t: float) -> None:

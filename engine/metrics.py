@@ -40,21 +40,31 @@ class _Prom:
         with cls._lock:
             if cls._made is None:
                 cls._made = {
-                    "live": Histogram("chorus_live_step_seconds", "Duration of the live step of a tick",
-                                      buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
-                    "tick": Histogram("chorus_tick_seconds", "Duration of a whole tick (live step and paused work)",
-                                      buckets=[b / 1000 for b in TICK_BUCKETS_MS]),
+                    "live": Histogram(
+                        "chorus_live_step_seconds",
+                        "Duration of the live step of a tick",
+                        buckets=[b / 1000 for b in TICK_BUCKETS_MS],
+                    ),
+                    "tick": Histogram(
+                        "chorus_tick_seconds",
+                        "Duration of a whole tick (live step and paused work)",
+                        buckets=[b / 1000 for b in TICK_BUCKETS_MS],
+                    ),
                     "missed": Counter("chorus_missed_deadlines", "Ticks whose frames were late"),
                     "overruns": Counter("chorus_overruns", "Ticks whose work ran past the deadline"),
-                    "slipped": Counter("chorus_slipped_ticks", "Ticks skipped by a clock more than a tick behind"),
+                    "slipped": Counter(
+                        "chorus_slipped_ticks", "Ticks skipped by a clock more than a tick behind"
+                    ),
                     "dropped": Counter("chorus_dropped_frames", "Input frames dropped from a full inbox"),
                     "underruns": Counter("chorus_underruns", "Live ticks with no caller frame (silence fed)"),
                     "tool_calls": Counter("chorus_tool_calls", "Tool calls started by the model"),
-                    "tool_call": Histogram("chorus_tool_call_seconds", "Tool-call start to function calls emitted"),
+                    "tool_call": Histogram(
+                        "chorus_tool_call_seconds", "Tool-call start to function calls emitted"
+                    ),
                     "resume": Histogram("chorus_tool_resume_seconds", "Last tool result to live again"),
                     "sessions": Gauge("chorus_sessions", "Open sessions"),
                     "occupancy": Gauge("chorus_occupancy", "Share of slots in use"),
-                }  # fmt: skip
+                }
             return cls._made
 
 
@@ -137,8 +147,14 @@ class SnapshotServer:
     most `max_connections` open, accepts at most `max_rate` a second (the others wait in the kernel's listen
     backlog), and gives each client address `client_rate` requests a second (429 beyond)."""
 
-    def __init__(self, snapshot: Callable[[], BaseModel], host: str = "127.0.0.1", port: int = 0, *,
-                 limits: ServeLimits | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        snapshot: Callable[[], BaseModel],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        limits: ServeLimits | None = None,
+    ) -> None:
         self.limits = limits or ServeLimits()
         self._make = {
             b"s": lambda: snapshot().model_dump_json().encode(),
@@ -146,10 +162,16 @@ class SnapshotServer:
         }
         self.builds = {"snapshot": 0, "metrics": 0}  # answers built for the other process, by kind
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("snapshot_serve.py")), self.limits.to_json(), host,
-             str(port)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(Path(__file__).with_name("snapshot_serve.py")),
+                self.limits.to_json(),
+                host,
+                str(port),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         line = self.process.stdout.readline()
         if not line.strip().isdigit():
             self.process.wait()

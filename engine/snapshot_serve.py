@@ -44,10 +44,18 @@ FRAME_HEAD = 6  # a frame from the parent: kind (1 byte), ok (b"1" or b"0"), len
 MAX_HEAD = 8192  # bytes of a request's line and headers
 
 
-def response(status: int, body: bytes = b"", kind: str = "text/plain; charset=utf-8", *, head_only: bool = False,
-             extra: str = "") -> bytes:  # fmt: skip
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
-            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra}\r\n")  # fmt: skip
+def response(
+    status: int,
+    body: bytes = b"",
+    kind: str = "text/plain; charset=utf-8",
+    *,
+    head_only: bool = False,
+    extra: str = "",
+) -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {kind}\r\n"
+        f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n{extra}\r\n"
+    )
     return head.encode() + (b"" if head_only else body)
 
 

@@ -12,11 +12,39 @@ import argparse
 import json
 from pathlib import Path
 
-KEEP = ("rooms", "tool_rooms", "seconds", "preset", "device", "slots", "ended", "join_s", "rooms_live",
-        "rooms_refused", "room_errors", "ticks", "live_ms_p50", "live_ms_p99", "live_ms_max", "missed_deadlines",
-        "overruns", "slipped_ticks", "dropped_frames", "skipped_frames", "underruns", "scripted_calls",
-        "function_calls", "tool_results", "resumes", "bookings_made", "tool_call_ms_p50", "resume_ms_p50",
-        "frames_pushed", "frames_in", "input_errors")  # fmt: skip
+KEEP = (
+    "rooms",
+    "tool_rooms",
+    "seconds",
+    "preset",
+    "device",
+    "slots",
+    "ended",
+    "join_s",
+    "rooms_live",
+    "rooms_refused",
+    "room_errors",
+    "ticks",
+    "live_ms_p50",
+    "live_ms_p99",
+    "live_ms_max",
+    "missed_deadlines",
+    "overruns",
+    "slipped_ticks",
+    "dropped_frames",
+    "skipped_frames",
+    "underruns",
+    "scripted_calls",
+    "function_calls",
+    "tool_results",
+    "resumes",
+    "bookings_made",
+    "tool_call_ms_p50",
+    "resume_ms_p50",
+    "frames_pushed",
+    "frames_in",
+    "input_errors",
+)
 
 
 def main() -> int:
@@ -47,8 +75,11 @@ def main() -> int:
         h_after = [mb for t, mb in heap if t >= args.warmup_s]
         h_base = h_after[0] if h_after else None
         h_spread = (max(abs(mb - h_base) for mb in h_after) / h_base * 100) if h_after else None
-        record["heap_after_warmup_mb"] = {"first": h_base, "min": min(h_after, default=None),
-                                          "max": max(h_after, default=None)}  # fmt: skip
+        record["heap_after_warmup_mb"] = {
+            "first": h_base,
+            "min": min(h_after, default=None),
+            "max": max(h_after, default=None),
+        }
         record["heap_max_deviation_pct"] = round(h_spread, 2) if h_spread is not None else None
         record["heap_flat_within_5pct"] = h_spread is not None and h_spread <= 5.0
         record["heap_mb"] = heap

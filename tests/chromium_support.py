@@ -47,13 +47,21 @@ class Browser:
         """`flags` replace the headless defaults (DevTools, the profile and the blank page are always added)."""
         self._profile = tempfile.mkdtemp(prefix="chorus-chromium-")  # removed by close()
         flags = flags or [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
             f"--window-size={width},{height}",
-        ]  # fmt: skip
+        ]
         args = [
-            chromium_path(), *flags, "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-            f"--user-data-dir={self._profile}", "about:blank",
-        ]  # fmt: skip
+            chromium_path(),
+            *flags,
+            "--remote-debugging-port=0",
+            "--remote-debugging-address=127.0.0.1",
+            f"--user-data-dir={self._profile}",
+            "about:blank",
+        ]
         self._log = Path(self._profile) / "stderr.log"  # a file, not a pipe: a full pipe would stall it
         with self._log.open("w") as log:
             # its own process group: closing it ends its helper processes too, which write into the profile

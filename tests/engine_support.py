@@ -12,9 +12,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 # a prompt and one tool, and a call of it (what the model is forced to say)
 TOOLS = [
-    {"name": "check_availability", "description": "Rooms free on given dates.",
-     "parameters": {"type": "object", "properties": {"guests": {"type": "integer", "description": "Guests"}}}},
-]  # fmt: skip
+    {
+        "name": "check_availability",
+        "description": "Rooms free on given dates.",
+        "parameters": {
+            "type": "object",
+            "properties": {"guests": {"type": "integer", "description": "Guests"}},
+        },
+    },
+]
 PROMPT = "You are the concierge of a small hotel."
 CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
 

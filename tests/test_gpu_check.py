@@ -31,14 +31,22 @@ def test_the_gpu_check_script_runs_every_step_in_its_cpu_smoke_form(tmp_path):
     }
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     assert summary["exit"] == {
-        "gpu_tests": 0, "pipeline": 0, "attention": 0, "profile": 0, "serve": 0, "sweep": 0
-    }  # fmt: skip
+        "gpu_tests": 0,
+        "pipeline": 0,
+        "attention": 0,
+        "profile": 0,
+        "serve": 0,
+        "sweep": 0,
+    }
     assert summary["gpu_tests"]["failures"] == summary["gpu_tests"]["errors"] == 0
     assert summary["pipeline"]["total_ms_p50_2"] > 0
     assert summary["profile"]["capture_problems"] == [] and summary["profile"]["operators_per_step"] > 100

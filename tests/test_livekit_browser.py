@@ -38,11 +38,18 @@ RATE = 48_000  # the fake microphone's file
 FRAMES_PER_S = 12.5  # the engine's 80 ms frames
 HEARD_RMS = 1e-3  # the agent's audio over the call (full scale 1.0): above digital silence and dither
 CHROMIUM_FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-device-for-media-stream",
+    "--use-fake-ui-for-media-stream",
     "--autoplay-policy=no-user-gesture-required",
-]  # fmt: skip
+]
 
 
 def require_page() -> None:

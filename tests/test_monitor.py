@@ -55,8 +55,9 @@ class Worker:
         self.name = f"127.0.0.1:{self.server.port}"
         labels = [("room_a", "web"), (f"sip-{PHONE.replace(' ', '')}", "phone"), ("room_c", "web")]
         self.handles = [
-            self.engine.open_session(PROMPT, TOOLS, label=label, caller=caller) for label, caller in labels[:sessions]
-        ]  # fmt: skip
+            self.engine.open_session(PROMPT, TOOLS, label=label, caller=caller)
+            for label, caller in labels[:sessions]
+        ]
         run_ticks(self.engine, 2)  # prompts prefilled: every session live
 
     def close(self) -> None:
@@ -156,8 +157,11 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     a, phone, c = rows["room_a"], rows["sip-•••• 0958"], rows["room_c"]
     assert (a["state"], a["caller"], a["tool calls"]) == ("live", "web", 1)
     assert (phone["state"], phone["caller"], phone["tool"], phone["tool calls"]) == (
-        "waiting", "phone", "check_availability", 1,
-    )  # fmt: skip
+        "waiting",
+        "phone",
+        "check_availability",
+        1,
+    )
     assert (c["state"], c["tool calls"], c["last words"]) == ("live, talking", 0, "")
     said = {s.label: s for s in snap.sessions}["room_a"].last_words
     assert said == "Thank you. I have your number as [number], goodbye."  # redacted by the engine

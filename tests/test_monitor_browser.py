@@ -89,10 +89,27 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
     sim_log = tmp_path / "simulate.log"
     with sim_log.open("w") as log:
         sim = subprocess.Popen(
-            [sys.executable, "-m", "agent", "simulate", "--rooms", str(ROOMS), "--tool-rooms", "2",
-             "--seconds", "600", "--metrics-port", "0", "--out", str(tmp_path / "sim")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "agent",
+                "simulate",
+                "--rooms",
+                str(ROOMS),
+                "--tool-rooms",
+                "2",
+                "--seconds",
+                "600",
+                "--metrics-port",
+                "0",
+                "--out",
+                str(tmp_path / "sim"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     ui = None
     try:
 
@@ -112,9 +129,12 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
         ui_env = env | {"CHORUS_MONITOR_URLS": url, "CHORUS_DATA_DIR": str(tmp_path / "sim" / "data")}
         with (tmp_path / "ui.log").open("w") as log:
             ui = subprocess.Popen(
-                [sys.executable, "-m", "ui", "--port", str(port)], cwd=ROOT, env=ui_env, stdout=log,
+                [sys.executable, "-m", "ui", "--port", str(port)],
+                cwd=ROOT,
+                env=ui_env,
+                stdout=log,
                 stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            )
         page = f"http://127.0.0.1:{port}/"
 
         wait_for_page(ui, page, tmp_path / "ui.log")
@@ -152,12 +172,20 @@ def test_without_the_token_the_browser_shows_the_refusal_and_nothing_else(tmp_pa
     sees the refusal and not the setting's error (which names the database); the token's holder sees it."""
     chromium_path()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "DATABASE_URL"))}
-    env |= {"CHORUS_MONITOR_TOKEN": "s3cret-token", "DATABASE_URL": "mysql://admin:hunter22@db.internal/hotel",
-            "CHORUS_DATA_DIR": str(tmp_path)}  # fmt: skip
+    env |= {
+        "CHORUS_MONITOR_TOKEN": "s3cret-token",
+        "DATABASE_URL": "mysql://admin:hunter22@db.internal/hotel",
+        "CHORUS_DATA_DIR": str(tmp_path),
+    }
     port = free_port()
     with (tmp_path / "ui.log").open("w") as log:
-        ui = subprocess.Popen([sys.executable, "-m", "ui", "--port", str(port)], cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+        ui = subprocess.Popen(
+            [sys.executable, "-m", "ui", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     page = f"http://127.0.0.1:{port}/"
     try:
         wait_for_page(ui, page, tmp_path / "ui.log")

@@ -17,8 +17,14 @@ from engine.metrics import SnapshotServer
 from engine_support import PROMPT, TOOLS, drain
 from test_monitor import PAGE, StepClock, run_ticks, shown_text
 
-BOOK = {"name": "book_room", "description": "Book a room.", "parameters": {"type": "object", "properties": {
-    "guest_name": {"type": "string"}, "contact": {"type": "string"}}}}  # fmt: skip
+BOOK = {
+    "name": "book_room",
+    "description": "Book a room.",
+    "parameters": {
+        "type": "object",
+        "properties": {"guest_name": {"type": "string"}, "contact": {"type": "string"}},
+    },
+}
 BOOKED = {"guest_name": "Ada Lovelace", "contact": "ada@example.com"}
 PHONE_ROOM = "call-_+14155550123_AbCd"
 
@@ -71,8 +77,9 @@ def talked():
     """One session per SAID entry, each having said its words; room_guest's agent registered the guest's name,
     room_booked's model booked a room for Ada Lovelace, whose result named Augusta Ada King (the engine read
     both names from the call)."""
-    engine = Engine(EngineConfig(preset="tiny", num_slots=len(SAID), start=False, tool_timeout_s=3600),
-                    clock=StepClock())  # fmt: skip
+    engine = Engine(
+        EngineConfig(preset="tiny", num_slots=len(SAID), start=False, tool_timeout_s=3600), clock=StepClock()
+    )
     server = SnapshotServer(engine.snapshot, port=0)
     handles = {label: engine.open_session(PROMPT, [*TOOLS, BOOK], label=label) for label in SAID}
     run_ticks(engine, 2)  # prompts prefilled: every session live

@@ -119,8 +119,16 @@ def test_a_full_tick_still_admits_64_sessions_within_the_bound_and_keeps_their_c
                 if h.phase == "live":
                     live_at.setdefault(i, k)
         snap = e.snapshot()
-        print("live at tick", sorted(set(live_at.values())), "missed", snap.missed_deadlines, "skipped",
-              snap.skipped_frames, "overruns", snap.overruns)  # fmt: skip
+        print(
+            "live at tick",
+            sorted(set(live_at.values())),
+            "missed",
+            snap.missed_deadlines,
+            "skipped",
+            snap.skipped_frames,
+            "overruns",
+            snap.overruns,
+        )
         assert sorted(live_at) == list(range(64))
         assert max(live_at.values()) <= BOUND
         for i in range(64):  # a frame every tick once live, none before

@@ -57,8 +57,11 @@ def test_the_sessions_private_terms_go_in_any_case_and_possessive_and_ordinary_w
     said = "Thank you Grace. Ms Hopper's room is booked; grace hopper, see you soon."
     shown = redact(said, ["Grace Hopper"])
     assert shown == "Thank you [name]. Ms [name] room is booked; [name], see you soon."
-    for said in ("Of course, I can help with that.", "One moment, let me check the hotel.",
-                 "A double room for two nights, from Friday."):  # fmt: skip
+    for said in (
+        "Of course, I can help with that.",
+        "One moment, let me check the hotel.",
+        "A double room for two nights, from Friday.",
+    ):
         assert redact(said, ["Grace Hopper"]) == said
 
 
@@ -72,8 +75,14 @@ def test_a_word_cut_by_the_turns_window_or_still_being_said_is_left_out():
 
 
 def test_the_personal_arguments_of_a_tool_call():
-    arguments = {"guest_name": "Ada Lovelace", "contact": "ada@example.com", "room_type": "standard",
-                 "check_in": "Friday", "guests": 2, "lookup": {"last_name": "Byron"}}  # fmt: skip
+    arguments = {
+        "guest_name": "Ada Lovelace",
+        "contact": "ada@example.com",
+        "room_type": "standard",
+        "check_in": "Friday",
+        "guests": 2,
+        "lookup": {"last_name": "Byron"},
+    }
     assert private_values(arguments) == ["Ada Lovelace", "ada@example.com", "Byron"]
     assert private_values(["not", "a", "mapping"]) == []
 

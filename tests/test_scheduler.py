@@ -225,8 +225,12 @@ def test_unknown_tools_and_timeouts_become_error_results():
     sch = sched(tool_timeout_s=0.05)
     s, got = make_session(1, Phase.TOOL_CALL)
     sch.begin_tick(sch.tick, [s])
-    run_call(sch, s, '<TOOLCALL>[{"name": "launch_rocket", "arguments": {}}, '
-             '{"name": "check_availability", "arguments": {}}]</TOOLCALL>')  # fmt: skip
+    run_call(
+        sch,
+        s,
+        '<TOOLCALL>[{"name": "launch_rocket", "arguments": {}}, '
+        '{"name": "check_availability", "arguments": {}}]</TOOLCALL>',
+    )
     assert [type(e) for e in got] == [ToolCallRejected, FunctionCall]
     sch.poll(time.monotonic())
     assert s.phase is Phase.WAITING  # still waiting for the known tool
@@ -314,8 +318,9 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
         sch.begin_tick(sch.tick, [s])
         run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
         (call,) = [e for e in got if isinstance(e, FunctionCall)]
-        s.incoming.put({"call_id": call.call_id, "name": call.name, "output": "x " * (n_chars // 2),
-                        "is_error": False})  # fmt: skip
+        s.incoming.put(
+            {"call_id": call.call_id, "name": call.name, "output": "x " * (n_chars // 2), "is_error": False}
+        )
         sch.poll(time.monotonic())
         total, owed, ticks = len(s.prefill_ids), [], 0
         while s.phase is Phase.PREFILL:

@@ -95,8 +95,11 @@ def test_list_shows_the_line_and_teardown_removes_only_what_setup_made(livekit, 
     livekit.received.clear()
     status, out, _ = run_sip(capsys, "teardown")
     assert status == 0
-    deletes = [(r.method, getattr(r.request, "sip_trunk_id", "") or r.request.sip_dispatch_rule_id)
-               for r in livekit.received if r.method.startswith("Delete")]  # fmt: skip
+    deletes = [
+        (r.method, getattr(r.request, "sip_trunk_id", "") or r.request.sip_dispatch_rule_id)
+        for r in livekit.received
+        if r.method.startswith("Delete")
+    ]
     assert deletes == [("DeleteSIPDispatchRule", rule_id), ("DeleteSIPTrunk", ours)]  # the rule first
     assert list(livekit.trunks) == [foreign.sip_trunk_id] and not livekit.rules
     status, out, _ = run_sip(capsys, "teardown")
@@ -122,9 +125,12 @@ def test_an_outbound_call_dispatches_the_agent_then_dials_into_its_room(livekit,
 
 def test_a_call_that_is_not_answered_is_one_line_and_its_room_is_closed(livekit, capsys):
     livekit.fail(
-        "CreateSIPParticipant", 400, "failed_precondition", "call rejected",
+        "CreateSIPParticipant",
+        400,
+        "failed_precondition",
+        "call rejected",
         {"sip_status_code": "486", "sip_status": "Busy Here"},
-    )  # fmt: skip
+    )
     status, out, err = run_sip(capsys, "call", GUEST_NUMBER, "--trunk", "ST_out")
     assert status == 1 and out == ""
     assert err.count("\n") == 1 and "486 Busy Here" in err and GUEST_NUMBER not in err
@@ -232,8 +238,13 @@ def test_end_call_says_goodbye_then_removes_the_caller_and_closes_the_room(livek
 
 
 def test_a_failed_transfer_keeps_the_caller_with_the_agent_and_logs_no_number(livekit, caplog):
-    livekit.fail("TransferSIPParticipant", 400, "failed_precondition", "transfer failed",
-                 {"sip_status_code": "486", "sip_status": "Busy Here", "sip_transfer_reason": "STR_BUSY"})  # fmt: skip
+    livekit.fail(
+        "TransferSIPParticipant",
+        400,
+        "failed_precondition",
+        "transfer failed",
+        {"sip_status_code": "486", "sip_status": "Busy Here", "sip_transfer_reason": "STR_BUSY"},
+    )
 
     async def main():
         line = line_for(number=GUEST_NUMBER)  # no output attached: acts at once
@@ -290,9 +301,13 @@ def test_call_control_is_offered_to_phone_callers_only_and_both_fit_the_models_f
     common = dict(room="call-1", identity="sip_1", job_id="job-1")
     web, no_line = concierge_for(settings, hotel, phone=False, attributes={}, **common)
     phone, line = concierge_for(
-        settings, hotel, phone=True, attributes={"sip.phoneNumber": GUEST_NUMBER}, **common,
+        settings,
+        hotel,
+        phone=True,
+        attributes={"sip.phoneNumber": GUEST_NUMBER},
+        **common,
         job_metadata=json.dumps({"reason": "confirm tomorrow's arrival"}),
-    )  # fmt: skip
+    )
     assert isinstance(web, HotelAgent) and no_line is None
     assert isinstance(phone, PhoneConcierge) and line.number == GUEST_NUMBER
     web_tools = sorted(t["name"] for t in tool_schemas(web))

@@ -215,8 +215,12 @@ def test_a_bad_setting_is_one_line_through_livekits_own_cli(tmp_path):
     env = {**os.environ, "CHORUS_SLOTS": "sixty", "LIVEKIT_URL": "ws://127.0.0.1:9"}
     proc = subprocess.run(
         [sys.executable, "-m", "livekit.agents", "start", str(ROOT / "agent" / "worker.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     print(proc.stdout[-2000:], proc.stderr[-2000:])
     assert proc.returncode == 2
     assert proc.stderr.strip() == "chorus worker: CHORUS_SLOTS=sixty: must be a whole number of at least 1"

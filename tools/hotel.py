@@ -223,8 +223,13 @@ class Hotel:
     @staticmethod
     def _same_booking(r: Reservation, args: schemas.BookRoom, room: RoomType, stay: Stay) -> bool:
         return (r.guest_name.casefold(), r.contact, r.room_type, r.check_in, r.check_out, r.guests) == (
-            args.guest_name.casefold(), args.contact, room.code, stay.check_in, stay.check_out, args.guests
-        )  # fmt: skip
+            args.guest_name.casefold(),
+            args.contact,
+            room.code,
+            stay.check_in,
+            stay.check_out,
+            args.guests,
+        )
 
     def book_room(
         self,

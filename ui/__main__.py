@@ -15,10 +15,22 @@ PAGE = Path(__file__).with_name("monitor.py")
 
 def command(port: int, address: str) -> list[str]:
     return [
-        sys.executable, "-m", "streamlit", "run", str(PAGE),
-        "--server.address", address, "--server.port", str(port), "--server.headless", "true",
-        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(PAGE),
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -113,12 +113,17 @@ def _banners(workers: list[fleet.Worker], last_up: dict[str, float]) -> None:
         st.error("No worker to watch: give the snapshot URLs in the sidebar or in CHORUS_MONITOR_URLS.")
     elif len(down) == len(workers):
         lines = [f"- {w.url}: {w.error} ({_ago(last_up.get(w.url))})" for w in down]
-        st.error("**The worker cannot be reached.** Retrying.\n" + "\n".join(lines)
-                 if len(workers) == 1 else "**No worker can be reached.** Retrying.\n" + "\n".join(lines))  # fmt: skip
+        st.error(
+            "**The worker cannot be reached.** Retrying.\n" + "\n".join(lines)
+            if len(workers) == 1
+            else "**No worker can be reached.** Retrying.\n" + "\n".join(lines)
+        )
     else:
         for w in down:
-            st.warning(f"**Worker {w.name} is not answering**: {w.error} ({_ago(last_up.get(w.url))}). "
-                       "The other workers are shown; its figures are left out of the totals.")  # fmt: skip
+            st.warning(
+                f"**Worker {w.name} is not answering**: {w.error} ({_ago(last_up.get(w.url))}). "
+                "The other workers are shown; its figures are left out of the totals."
+            )
 
 
 def _headline(snap: EngineSnapshot) -> None:
@@ -128,8 +133,13 @@ def _headline(snap: EngineSnapshot) -> None:
     cols[1].metric(
         "Live step p50", fleet.ms(snap.live_ms_p50), help="the live step's median over the last minutes"
     )
-    cols[2].metric("Live step p99", fleet.ms(snap.live_ms_p99), delta=f"{snap.live_ms_p99 - budget:+.0f} ms",
-                   delta_color="inverse", help=f"against the {budget:g} ms budget")  # fmt: skip
+    cols[2].metric(
+        "Live step p99",
+        fleet.ms(snap.live_ms_p99),
+        delta=f"{snap.live_ms_p99 - budget:+.0f} ms",
+        delta_color="inverse",
+        help=f"against the {budget:g} ms budget",
+    )
     cols[3].metric("Missed deadlines", snap.missed_deadlines)
     cols[4].metric("Dropped frames", snap.dropped_frames)
     cols[5].metric("Underruns", snap.underruns, help="live ticks with no caller frame (silence fed)")
@@ -139,8 +149,10 @@ def _headline(snap: EngineSnapshot) -> None:
 
 def _about(snap: EngineSnapshot) -> None:
     phases = " · ".join(f"{fleet.STATES.get(p, p)} {n}" for p, n in sorted(snap.phases.items()))
-    st.caption(f"{snap.preset} on {snap.device}, {snap.ticks:,} ticks, {snap.tool_calls} tool calls"
-               + (f"; {phases}" if phases else ""))  # fmt: skip
+    st.caption(
+        f"{snap.preset} on {snap.device}, {snap.ticks:,} ticks, {snap.tool_calls} tool calls"
+        + (f"; {phases}" if phases else "")
+    )
     if snap.overloaded:
         st.warning(f"Overloaded: new sessions are refused ({snap.refused_sessions} so far).")
 
