@@ -18,6 +18,7 @@ import torch
 from engine.api import FunctionCall, Output, ToolResultConsumed
 from engine.engine import Engine, EngineConfig
 from engine.metrics import pct
+from engine.presets import load_preset
 
 TOOLS = [{"name": "check_availability", "description": "Rooms free on given dates.",
           "parameters": {"type": "object", "properties": {"note": {"type": "string", "description": "Free text"}}}}]  # fmt: skip
@@ -66,8 +67,9 @@ class _Workload:
         self.handles = [engine.open_session(PROMPT, TOOLS, sink=self._sink(i)) for i in range(sessions)]
         self.tool_rooms = set(range(tool_sessions))
         self.next_call = {i: time.monotonic() + 1.0 + 0.1 * i for i in self.tool_rooms}
+        self.clock = engine.model_cfg.clock
         rng = np.random.default_rng(0)
-        self.audio = (0.1 * rng.standard_normal(16000 * 4)).astype(np.float32)
+        self.audio = (0.1 * rng.standard_normal(self.clock.input_rate * 4)).astype(np.float32)  # 4 s of noise
 
     def _sink(self, i: int):
         def sink(items: list[Output]) -> None:
@@ -90,8 +92,8 @@ class _Workload:
             self.handles[i].submit_tool_result(call_id, self.result)
 
     def feed(self) -> None:
-        """One 80 ms chunk per session per period on the wall clock, with one frame of jitter buffer."""
-        n = 1280
+        """One input frame per session per frame period on the wall clock, with one frame of jitter buffer."""
+        n, period_s = self.clock.input_samples, self.clock.frame_ms / 1000
         for h in self.handles:
             h.push_audio(self.audio[:n])
         t0 = time.monotonic()
@@ -106,7 +108,7 @@ class _Workload:
                     self.next_call[i] = float("inf")
                     self.handles[i].force_function(self.call_ids)
             k += 1
-            self.stop.wait(max(0.0, t0 + k * 0.08 - time.monotonic()))
+            self.stop.wait(max(0.0, t0 + k * period_s - time.monotonic()))
 
 
 def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: float, call_tokens: int,
@@ -170,7 +172,8 @@ def naive_live_ms(cfg: EngineConfig, sessions: int, ticks: int = 8) -> float:
         return pct(ms[1:], 50)
 
 
-def plot(series: list[float], path: str, title: str) -> None:
+def plot(series: list[float], path: str, title: str, frame_ms: int) -> None:
+    """The live step of each tick against the frame budget (`frame_ms`, one tick each)."""
     try:
         import matplotlib
 
@@ -179,8 +182,8 @@ def plot(series: list[float], path: str, title: str) -> None:
     except ImportError as e:
         raise SystemExit(f"--plot needs matplotlib ({e})") from None
     fig, ax = plt.subplots(figsize=(10, 4))
-    ax.plot(np.arange(len(series)) * 0.08, series, lw=0.7, label="live step")
-    ax.axhline(80, color="red", ls="--", label="80 ms deadline")
+    ax.plot(np.arange(len(series)) * frame_ms / 1000, series, lw=0.7, label="live step")
+    ax.axhline(frame_ms, color="red", ls="--", label=f"{frame_ms} ms deadline")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("ms")
     ax.set_title(title)
@@ -212,7 +215,8 @@ def serve(args) -> dict:
         print("naive per-session baseline...", flush=True)
         naive = naive_live_ms(base, args.sessions)
     if args.plot:
-        plot(main["live_series_ms"], args.plot, f"{args.sessions} sessions, {args.tool_sessions} with tools")
+        title = f"{args.sessions} sessions, {args.tool_sessions} with tools"
+        plot(main["live_series_ms"], args.plot, title, load_preset(args.preset).clock.frame_ms)
     series = main.pop("live_series_ms")
     print(f"ticks {main['ticks']}, live step p50 {main['live_ms_p50']} ms p99 {main['live_ms_p99']} ms, "
           f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}")  # fmt: skip
