@@ -24,27 +24,39 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 90.0
 
 
-def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env):
+def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, monkeypatch):
     # the slots alone decide here: on a busy shared machine the engine may also report no headroom
     settings = AgentSettings(slots=4, http_port=0, refuse_when_overloaded=False)
+    jobs = []  # the jobs' contexts, as the worker's entrypoint gets them, and the loops they run on
+    real_run_job = worker.run_job
+
+    async def run_job(ctx, job_settings):
+        jobs.append((ctx, asyncio.get_running_loop()))
+        await real_run_job(ctx, job_settings)
+
+    monkeypatch.setattr(worker, "run_job", run_job)
+
+    async def available(server) -> bool:
+        """What the worker tells LiveKit: its load (the engine's) under the threshold it was built with."""
+        return await asyncio.to_thread(server.load_fnc) < settings.load_target
 
     async def main():
         server = worker.build_server(settings)
+        started = asyncio.Event()
+        server.on("worker_started", started.set)
         run = asyncio.create_task(server.run(devmode=True, unregistered=True))
-        await until(lambda: not server._closed, "the worker to start")
+        await until(started.is_set, "the worker to start")
         engine = worker.shared_engine(settings)
         seen = []
         for i in range(4):
             await server.simulate_job(f"room-{i}", fake_job=True)
         await until(lambda: engine.occupancy == 1.0, "four calls on the engine")
-        await server._refresh_worker_load()
-        seen.append((len(server.active_jobs), engine.occupancy, server._is_available()))
-        # one caller's job ends
-        job = next(p for p in server._proc_pool.processes if p.running_job)
-        await job.aclose()
+        seen.append((len(server.active_jobs), engine.occupancy, await available(server)))
+        ctx, loop = jobs[0]
+        loop.call_soon_threadsafe(ctx.shutdown, "the caller left")  # one caller's job ends
         await until(lambda: engine.occupancy == 0.75, "the slot to be freed")
-        await server._refresh_worker_load()
-        seen.append((len(server.active_jobs), engine.occupancy, server._is_available()))
+        await until(lambda: len(server.active_jobs) == 3, "the job to end")
+        seen.append((len(server.active_jobs), engine.occupancy, await available(server)))
         await server.aclose()
         await until(lambda: engine.occupancy == 0.0, "every slot to be freed")
         await asyncio.wait_for(run, TIMEOUT_S)
@@ -155,13 +167,14 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path / "data"))
     converters: list = []
+    faulted: list = []
     real_push = agent.duplex.InputConverter.push
 
     def push(self, frame):
         if self not in converters:
             converters.append(self)
-        if len(converters) > 2 and self is converters[2] and not getattr(self, "_fault", False):
-            self._fault = True
+        if len(converters) > 2 and self is converters[2] and not faulted:
+            faulted.append(self)
             raise RuntimeError("injected converter fault")
         return real_push(self, frame)
 
@@ -258,8 +271,12 @@ def test_an_interrupted_simulation_stops_cleanly_and_writes_its_figures(tmp_path
     out = tmp_path / "sim"
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent", "simulate", "--rooms", "2", "--seconds", "600", "--out", str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     for line in proc.stdout:  # progress lines, one a second
         lines.append(line)

@@ -11,8 +11,17 @@ from engine.config import ThinkerConfig
 from engine.model.mamba import Mamba2Mixer
 from engine.model.talker_heads import GatedProjectedSumRMSNorm
 
-CFG = ThinkerConfig(hidden_size=48, vocab_size=64, layer_pattern="M", mamba_num_heads=6, mamba_head_dim=8,
-                    ssm_state_size=12, n_groups=3, conv_kernel=3, mamba_chunk_size=4)  # fmt: skip
+CFG = ThinkerConfig(
+    hidden_size=48,
+    vocab_size=64,
+    layer_pattern="M",
+    mamba_num_heads=6,
+    mamba_head_dim=8,
+    ssm_state_size=12,
+    n_groups=3,
+    conv_kernel=3,
+    mamba_chunk_size=4,
+)
 
 
 def _mixer(cfg: ThinkerConfig, seed: int) -> Mamba2Mixer:
