@@ -24,25 +24,29 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, room_io
 from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
+from agent.acks import AckClips
 from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
-from agent.playout import AckClips, PlayoutOutput, RoomSink, WavSink
+from agent.playout import PlayoutOutput
+from agent.sinks import RoomSink, WavSink
 from engine.privacy import mask_numbers
 
 if TYPE_CHECKING:
+    from engine.config import ClockConfig
     from engine.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.call")
 
 
 class PcmInput(io.AudioInput):
-    """Caller audio from memory, played in real time: `push` int16 mono at `sample_rate`, `end` to hang up.
-    Between pushes it yields silence, as a room's microphone track does."""
+    """Caller audio from memory, played in real time: `push` int16 mono at `sample_rate` (default: the engine's
+    input rate), `end` to hang up. Frames last one engine frame (`clock.frame_ms`). Between pushes it yields
+    silence, as a room's microphone track does."""
 
-    def __init__(self, sample_rate: int = 16_000, frame_ms: int = 80, *, silence: bool = True) -> None:
+    def __init__(self, clock: ClockConfig, sample_rate: int | None = None, *, silence: bool = True) -> None:
         super().__init__(label="chorus-pcm")
-        self.sample_rate = sample_rate
-        self.step = sample_rate * frame_ms // 1000
+        self.sample_rate = clock.input_rate if sample_rate is None else sample_rate
+        self.step = self.sample_rate * clock.frame_ms // 1000
         self._pending = np.zeros(0, np.int16)
         self._silence = silence
         self._ended = False
@@ -209,7 +213,8 @@ async def start_call(
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
     `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP participant,
     else "web"). `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
-    output = PlayoutOutput(sink, acks=AckClips(sink.sample_rate) if acks else None)
+    clock = engine.model_cfg.clock
+    output = PlayoutOutput(sink, clock=clock, acks=AckClips(sink.sample_rate) if acks else None)
     room_label, room_caller = describe_caller(room, participant)
     model = ChorusModel(
         engine,
@@ -222,27 +227,7 @@ async def start_call(
     call = Call(session, model, output, agent)
     try:
         if room is not None:
-            opts = room_io.RoomOptions(
-                audio_input=room_io.AudioInputOptions(sample_rate=16_000, num_channels=1, frame_size_ms=80),
-                audio_output=False,
-                participant_identity=participant or NOT_SET,
-                participant_kinds=[
-                    rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,
-                    rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
-                ],
-            )
-            if isinstance(sink, RoomSink):
-                await sink.start(room)
-            if not isinstance(sink, ConsoleSink):
-                session.output.audio = output
-            await session.start(agent=agent, room=room, room_options=opts, record=False)
-            if isinstance(sink, ConsoleSink) and session.output.audio is not None:
-                # the console put its speaker on the session (none in its text mode): the playout goes in front;
-                # the console's transcript sync, paired with that speaker, passes its text to nothing
-                sink.attach(session.output.audio)
-                session.output.audio = output
-                session.output.transcription = None
-                log.info("console: the agent's audio goes through the playout to the console's speaker")
+            await _start_in_room(call, sink, room, participant, clock)
         else:
             if audio_input is not None:
                 session.input.audio = audio_input
@@ -254,6 +239,41 @@ async def start_call(
         await call.aclose()
         raise
     return call
+
+
+async def _start_in_room(
+    call: Call,
+    sink: WavSink | RoomSink | ConsoleSink,
+    room: rtc.Room,
+    participant: str | None,
+    clock: ClockConfig,
+) -> None:
+    """The session on the room's caller (their audio at the engine's input rate and frame), the agent's voice
+    on its own track, or under `lk agent console` on the console's speaker."""
+    session, output = call.session, call.output
+    opts = room_io.RoomOptions(
+        audio_input=room_io.AudioInputOptions(
+            sample_rate=clock.input_rate, num_channels=1, frame_size_ms=clock.frame_ms
+        ),
+        audio_output=False,
+        participant_identity=participant or NOT_SET,
+        participant_kinds=[
+            rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,
+            rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
+        ],
+    )
+    if isinstance(sink, RoomSink):
+        await sink.start(room)
+    if not isinstance(sink, ConsoleSink):
+        session.output.audio = output
+    await session.start(agent=call.agent, room=room, room_options=opts, record=False)
+    if isinstance(sink, ConsoleSink) and session.output.audio is not None:
+        # the console put its speaker on the session (none in its text mode): the playout goes in front;
+        # the console's transcript sync, paired with that speaker, passes its text to nothing
+        sink.attach(session.output.audio)
+        session.output.audio = output
+        session.output.transcription = None
+        log.info("console: the agent's audio goes through the playout to the console's speaker")
 
 
 def describe_caller(room: rtc.Room | None, participant: str | None) -> tuple[str, str]:

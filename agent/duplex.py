@@ -1,9 +1,9 @@
 """The shared engine as a livekit-agents duplex model: one `ChorusModel` per call, one engine slot per session.
 
-Caller audio of any rate and channel count goes in as 16 kHz mono; the engine's 22.05 kHz frames come out on
-`audio_stream` (its silence included), the text channel as transcript deltas, the model's tool calls as
-`function_call` events, and tool outputs go back as engine tool results. Every caller frame goes to the
-engine, which holds what arrives while the session is paused and replays it faster than real time; frames
+Caller audio of any rate and channel count goes in as mono at the engine's input rate; the engine's output
+frames come out on `audio_stream` (its silence included), the text channel as transcript deltas, the model's
+tool calls as `function_call` events, and tool outputs go back as engine tool results. Every caller frame goes
+to the engine, which holds what arrives while the session is paused and replays it faster than real time; frames
 that arrive before the engine slot is open are held here (bounded, counted) and handed over when it opens.
 Rates and frame sizes are the engine's clock. Knows livekit-agents and the engine contract (`engine.api`);
 nothing of tensors, rooms or hotels.
@@ -23,8 +23,8 @@ from livekit import rtc
 from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import aio
-from livekit.agents.utils.audio import AudioByteStream
 
+from agent.caller_audio import InputConverter
 from engine.api import (
     AudioFrame,
     EngineError,
@@ -74,45 +74,6 @@ class TurnGate:
 
     def deactivate(self) -> None:
         pass
-
-
-class InputConverter:
-    """rtc.AudioFrames of any rate and channel count -> int16 mono chunks of exactly `frame` samples at `rate`
-    (the engine's input clock: 1280 samples at 16 kHz)."""
-
-    def __init__(self, rate: int, frame: int) -> None:
-        self.rate = rate
-        self._rate: int | None = None
-        self._resampler: rtc.AudioResampler | None = None
-        self._chunks = AudioByteStream(rate, 1, samples_per_channel=frame)
-
-    def push(self, frame: rtc.AudioFrame) -> list[np.ndarray]:
-        n, ch, rate = frame.samples_per_channel, frame.num_channels, frame.sample_rate
-        if n <= 0 or ch <= 0 or rate <= 0:
-            return []
-        pcm = np.frombuffer(frame.data, dtype=np.int16)[: n * ch]
-        if ch > 1:
-            pcm = pcm.reshape(n, ch).astype(np.int32).sum(axis=1) // ch
-            pcm = pcm.astype(np.int16)
-        frames: list[rtc.AudioFrame] = []
-        if rate != self._rate:
-            if self._resampler is not None:
-                frames.extend(self._resampler.flush())
-            self._rate = rate
-            self._resampler = (
-                None
-                if rate == self.rate
-                else rtc.AudioResampler(
-                    rate, self.rate, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
-                )
-            )
-        mono = rtc.AudioFrame(pcm.tobytes(), rate, 1, n)
-        frames.extend(self._resampler.push(mono) if self._resampler is not None else [mono])
-        out = []
-        for f in frames:
-            for chunk in self._chunks.push(f.data):
-                out.append(np.frombuffer(chunk.data, dtype=np.int16).copy())
-        return out
 
 
 def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
@@ -205,9 +166,21 @@ class ChorusSession(llm.DuplexSession):
         self._answered: set[str] = set()  # call ids whose result went to the engine
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
-        self.stats = {"frames_out": 0, "speech_frames": 0, "turns": 0, "barge_ins": 0, "function_calls": 0,
-                      "tool_results": 0, "rejected_calls": 0, "pauses": 0, "resumes": 0, "frames_pushed": 0,
-                      "frames_held": 0, "held_dropped": 0, "input_errors": 0}  # fmt: skip
+        self.stats = {
+            "frames_out": 0,
+            "speech_frames": 0,
+            "turns": 0,
+            "barge_ins": 0,
+            "function_calls": 0,
+            "tool_results": 0,
+            "rejected_calls": 0,
+            "pauses": 0,
+            "resumes": 0,
+            "frames_pushed": 0,
+            "frames_held": 0,
+            "held_dropped": 0,
+            "input_errors": 0,
+        }
         self._task = asyncio.create_task(self._run(), name="chorus.session")
 
     # -- the framework's side --------------------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""What `python -m agent simulate` reports: the summary table, the exit code, and the resident memory it samples.
-Knows the simulation's metrics dictionary; nothing of rooms, sessions or the engine.
+"""What `python -m agent simulate` reports: the summary table, metrics.json, the exit code, and the resident
+memory it samples. Knows the simulation's metrics dictionary; nothing of rooms, sessions or the engine.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 EXIT_INTERRUPTED = 130
 
@@ -22,9 +25,21 @@ def heap_mb() -> float | None:
         import ctypes
 
         class _MallInfo2(ctypes.Structure):
-            _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                                               "usmblks", "fsmblks", "uordblks", "fordblks",
-                                                               "keepcost")]  # fmt: skip
+            _fields_ = [
+                (name, ctypes.c_size_t)
+                for name in (
+                    "arena",
+                    "ordblks",
+                    "smblks",
+                    "hblks",
+                    "hblkhd",
+                    "usmblks",
+                    "fsmblks",
+                    "uordblks",
+                    "fordblks",
+                    "keepcost",
+                )
+            ]
 
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = _MallInfo2
@@ -47,26 +62,57 @@ def exit_code(m: dict) -> int:
     return 0 if ok else 1
 
 
-def print_summary(m: dict) -> None:
+def write_metrics(
+    out: Path, summary: dict, slow_live_steps: list, rss: list, heap: list, rooms: list[dict], engine: dict
+) -> None:
+    """metrics.json: the summary (the JSON line printed last), the live steps slower than the frame budget,
+    the memory samples, one line per room and the engine's last snapshot."""
+    figures = {"summary": summary, "slow_live_steps": slow_live_steps, "rss_mb": rss, "heap_mb": heap}
+    (out / "metrics.json").write_text(json.dumps({**figures, "rooms": rooms, "engine": engine}, indent=1))
+
+
+def print_summary(m: dict, budget_ms: int) -> None:
+    """The summary table; `budget_ms` is the engine's frame, the live step's budget."""
     rows = [
         ("rooms (tool rooms, phone rooms)", f"{m['rooms']} ({m['tool_rooms']}, {m.get('phone_rooms', 0)})"),
         ("engine", f"{m['preset']} on {m['device']}, {m['slots']} slots"),
         ("run", m["ended"]),
-        ("rooms live / refused / failed", f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)"),
-        ("join (slots + prompt prefill)", f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines"),
+        (
+            "rooms live / refused / failed",
+            f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)",
+        ),
+        (
+            "join (slots + prompt prefill)",
+            f"{m['join_s']:.1f} s, {m['missed_deadlines_join']} missed deadlines",
+        ),
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
-        ("live step p50 / p99 / max", f"{m['live_ms_p50']:.1f} / {m['live_ms_p99']:.1f} / {m['live_ms_max']:.1f} ms (budget 80)"),
-        ("missed deadlines", f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})"),
-        ("caller frames pushed / received", f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)"),
-        ("dropped / skipped frames, underruns", f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}"),
-        ("tool calls (scripted, forced)", f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed"),
+        (
+            "live step p50 / p99 / max",
+            f"{m['live_ms_p50']:.1f} / {m['live_ms_p99']:.1f} / {m['live_ms_max']:.1f} ms (budget {budget_ms})",
+        ),
+        (
+            "missed deadlines",
+            f"{m['missed_deadlines']} (overruns {m['overruns']}, slipped ticks {m['slipped_ticks']})",
+        ),
+        (
+            "caller frames pushed / received",
+            f"{m['frames_pushed']} / {m['frames_in']} ({m['input_errors']} forwarding errors)",
+        ),
+        (
+            "dropped / skipped frames, underruns",
+            f"{m['dropped_frames']} / {m['skipped_frames']}, {m['underruns']}",
+        ),
+        (
+            "tool calls (scripted, forced)",
+            f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed",
+        ),
         ("bookings made by the tools", str(m["bookings_made"])),
         ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),
         ("agent turns (scripted)", f"{m['scripted_turns']}, {m['speech_s']:.1f} s of agent speech played"),
         ("acknowledgement clips", f"{m['clips']}, {m['clip_s']:.1f} s played"),
         ("slots in use after", f"{m['occupancy_after']:.2f}"),
         ("output", f"{m['out']}/room_*.wav, metrics.json"),
-    ]  # fmt: skip
+    ]
     width = max(len(k) for k, _ in rows)
     print("-" * (width + 40))
     for k, v in rows:

@@ -15,19 +15,25 @@ import wave
 import numpy as np
 import pytest
 from livekit import rtc
-from livekit.agents import io
+from livekit.agents import get_job_context, io
 from livekit.agents.testing import fake_job_context
 
+from agent.acks import AckClips
 from agent.call import PcmInput, start_call
 from agent.duplex import ChorusModel, InputConverter
 from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
-from agent.playout import AckClips, WavSink
+from agent.playout_buffer import BUFFER_FRAMES
+from agent.sinks import ROOM_RATE, WavSink
 from engine.engine import Engine
+from engine.presets import load_preset
 from hotel_support import TODAY, booking, ticks_pass, until
 
-FRAME_S = 0.08
-IN_FRAME = 1280  # the tiny preset's input frame: 80 ms at 16 kHz
+CLOCK = load_preset("tiny").clock  # the engine's frame clock (the engine below runs the tiny preset)
+FRAME_S = CLOCK.frame_ms / 1000
+IN_RATE, IN_FRAME = CLOCK.input_rate, CLOCK.input_samples
+OUT_RATE, OUT_FRAME = CLOCK.output_rate, CLOCK.output_samples
+BUFFER_S = BUFFER_FRAMES * FRAME_S  # the playout buffer
 TIMEOUT_S = 90.0  # generous: the machine is shared; waits end on events, never on elapsed time
 
 
@@ -45,7 +51,7 @@ def hotel(sqlite_hotel):
     return sqlite_hotel  # tests/conftest.py
 
 
-def loud(seconds: float, rate: int = 16_000) -> np.ndarray:
+def loud(seconds: float, rate: int = IN_RATE) -> np.ndarray:
     t = np.arange(int(seconds * rate)) / rate
     return (0.3 * 32767 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
 
@@ -59,9 +65,9 @@ def overlaps(a: list, b: list) -> bool:
     return a[1] < b[2] - 1e-6 and b[1] < a[2] - 1e-6
 
 
-def test_input_converter_any_rate_and_channels_to_16k_mono_frames():
-    for rate, channels, ms in ((48_000, 2, 10), (8_000, 1, 20), (16_000, 1, 50), (44_100, 1, 10)):
-        conv = InputConverter(16_000, IN_FRAME)
+def test_input_converter_any_rate_and_channels_to_the_engines_mono_frames():
+    for rate, channels, ms in ((48_000, 2, 10), (8_000, 1, 20), (IN_RATE, 1, 50), (44_100, 1, 10)):
+        conv = InputConverter(IN_RATE, IN_FRAME)
         n = rate * ms // 1000
         chunks = []
         for _ in range(2000 // ms):  # two seconds
@@ -70,9 +76,9 @@ def test_input_converter_any_rate_and_channels_to_16k_mono_frames():
         got = sum(c.size for c in chunks)
         print(rate, channels, "->", len(chunks), "chunks,", got, "samples")
         assert all(c.dtype == np.int16 and c.shape == (IN_FRAME,) for c in chunks)
-        assert 32_000 - 2 * IN_FRAME <= got <= 32_000  # the resampler may hold a few ms back
+        assert 2 * IN_RATE - 2 * IN_FRAME <= got <= 2 * IN_RATE  # the resampler may hold a few ms back
         assert abs(int(np.median(np.concatenate(chunks))) - 1000) < 50  # stereo is averaged, not summed
-    conv = InputConverter(16_000, IN_FRAME)
+    conv = InputConverter(IN_RATE, IN_FRAME)
     assert conv.push(rtc.AudioFrame(b"", 48_000, 2, 0)) == []
 
 
@@ -81,10 +87,10 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
     a 160 ms playout buffer, into the room's WAV; before and after it the WAV is silent."""
 
     async def main():
-        inp = PcmInput()
+        inp = PcmInput(CLOCK)
         with fake_job_context():
             call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
             inp.push(loud(1.0) // 4)
@@ -105,14 +111,14 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
     assert out["model_s"] == pytest.approx(k * FRAME_S, abs=1e-3)
     assert frames_in >= 12  # the caller's second of audio reached the engine as 80 ms frames
     with wave.open(str(tmp_path / "out.wav"), "rb") as w:
-        assert w.getframerate() == 22_050
+        assert w.getframerate() == OUT_RATE
         pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
     voiced = np.flatnonzero(pcm)
-    print("wav", pcm.size / 22_050, "s; voiced", voiced.size / 22_050, "s")
-    assert voiced.size == pytest.approx(k * 1764, rel=0.02)  # only the turn is heard
-    # in one piece, save for the gaps the playout reports (a tick later than the 160 ms buffer absorbs)
+    print("wav", pcm.size / OUT_RATE, "s; voiced", voiced.size / OUT_RATE, "s")
+    assert voiced.size == pytest.approx(k * OUT_FRAME, rel=0.02)  # only the turn is heard
+    # in one piece, save for the gaps the playout reports (a tick later than the playout buffer absorbs)
     span = voiced[-1] - voiced[0] + 1
-    assert span == pytest.approx(k * 1764 + out["gap_s"] * 22_050, abs=1764 // 4)
+    assert span == pytest.approx(k * OUT_FRAME + out["gap_s"] * OUT_RATE, abs=OUT_FRAME // 4)
 
 
 def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine, hotel, tmp_path):
@@ -121,10 +127,10 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     the output is prefilled, the model speaks again (a forced reply); a clip fills the pause only."""
 
     async def main():
-        inp = PcmInput()
+        inp = PcmInput(CLOCK)
         with fake_job_context():
             call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
             await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
@@ -178,7 +184,7 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     # the turn the call cut short plays out, except (when the framework's function-call handling interrupts
     # the generation before its last frames arrive) at most the playout buffer's worth of it
     lost = stats["speech_frames"] * FRAME_S - out["model_s"]
-    assert -1e-3 <= lost <= 0.16 + 1e-3, lost
+    assert -1e-3 <= lost <= BUFFER_S + 1e-3, lost
     assert out["gaps"] == 0 or out["gap_s"] < 0.5  # the clip never lands inside the model's turn
 
 
@@ -189,7 +195,7 @@ def test_a_scripted_reply_follows_a_tool_pause_that_ended_between_two_polls(engi
     async def main():
         await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
         with fake_job_context():
-            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050))
+            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE))
             handle = await call.wait_open()
             await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             force = Forcing(handle, engine.tokens, call.duplex)
@@ -210,11 +216,11 @@ def test_a_scripted_reply_follows_a_tool_pause_that_ended_between_two_polls(engi
 
 
 def test_acknowledgement_clips_never_repeat_back_to_back():
-    acks = AckClips(22_050, seed=7)
+    acks = AckClips(OUT_RATE, seed=7)
     names = [acks.next()[0] for _ in range(40)]
     assert len(set(names)) >= 3
     assert all(a != b for a, b in zip(names, names[1:]))
-    assert all(0.5 < pcm.size / 22_050 < 2.5 for _, pcm in acks.clips)
+    assert all(0.5 < pcm.size / OUT_RATE < 2.5 for _, pcm in acks.clips)
 
 
 def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
@@ -222,10 +228,10 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
     audio still queued is dropped at once instead of played."""
 
     async def main():
-        inp = PcmInput()
+        inp = PcmInput(CLOCK)
         with fake_job_context():
             call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
             await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
@@ -286,9 +292,12 @@ def test_bad_input_48k_stereo_8k_mono_and_empty_frames(engine, hotel, tmp_path):
         with fake_job_context():
             for name, (rate, ch, ms, empty) in shapes.items():
                 calls[name] = await start_call(
-                    engine, HotelAgent(hotel), sink=WavSink(tmp_path / f"{name}.wav", 22_050),
-                    audio_input=FrameInput(rate, ch, ms, 2.0, empty), acks=False,
-                )  # fmt: skip
+                    engine,
+                    HotelAgent(hotel),
+                    sink=WavSink(tmp_path / f"{name}.wav", OUT_RATE),
+                    audio_input=FrameInput(rate, ch, ms, 2.0, empty),
+                    acks=False,
+                )
             for c in calls.values():
                 await c.wait_open()
             await until(lambda: all(c.duplex.live for c in calls.values()), "the sessions to go live")
@@ -306,8 +315,9 @@ def test_bad_input_48k_stereo_8k_mono_and_empty_frames(engine, hotel, tmp_path):
 
     got = asyncio.run(main())
     print(got)
-    assert 22 <= got["48k_stereo"][0] <= 25  # 2 s at 16 kHz = 25 frames, less what the resampler holds
-    assert 22 <= got["8k_mono"][0] <= 25
+    frames = 2000 // CLOCK.frame_ms  # the caller's 2 s in engine frames, less what the resampler holds back
+    assert frames - 3 <= got["48k_stereo"][0] <= frames
+    assert frames - 3 <= got["8k_mono"][0] <= frames
     assert got["empty"][0] == 0
     assert all(phase == "live" for _, phase in got.values())
 
@@ -340,10 +350,10 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
 
     async def main():
         await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
-        inp = PcmInput()
+        inp = PcmInput(CLOCK)
         with fake_job_context():
             call = await start_call(
-                engine, HotelAgent(slow), sink=WavSink(tmp_path / "out.wav", 22_050), audio_input=inp
+                engine, HotelAgent(slow), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
             await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
@@ -361,7 +371,9 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
             handle.submit_tool_result("late", "{}")  # a late answer to a closed session is ignored
             leftover = [s.id for s in engine.snapshot().sessions if s.id == handle.id]
             # the slot serves a new caller from a fresh state
-            again = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "again.wav", 22_050))
+            again = await start_call(
+                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "again.wav", OUT_RATE)
+            )
             await again.wait_open()
             await until(lambda: again.duplex.stats["frames_out"] >= 3, "the next call to go live")
             stats = dict(call.duplex.stats)
@@ -384,14 +396,14 @@ def test_caller_audio_before_the_slot_opens_reaches_the_engine(engine):
     async def main():
         model = ChorusModel(engine)
         session = model.session()
-        chunk = loud(0.08)
+        chunk = loud(FRAME_S)
         for _ in range(10):  # no slot yet: the session is not configured
-            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), IN_RATE, 1, chunk.size))
         held = (session.handle, session.stats["frames_held"])
         await session._update_session(instructions="You are the concierge.", tools=[])
         await until(session.opened.is_set, "the slot to open")
         for _ in range(5):
-            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), IN_RATE, 1, chunk.size))
         stats, frames_in = dict(session.stats), session.handle.frames_in
         await model.aclose()
         return held, stats, frames_in
@@ -402,7 +414,7 @@ def test_caller_audio_before_the_slot_opens_reaches_the_engine(engine):
     assert stats["frames_pushed"] == 15 and frames_in == 15 and stats["held_dropped"] == 0
 
 
-def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine):
+def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine, monkeypatch):
     """A fault inside push_audio (here the input converter raising once: an injected fault, since nothing in
     the path fails on valid frames) must not escape into the framework's forwarding task, which would end
     the call's audio: it is counted, and the frames after it still arrive."""
@@ -412,19 +424,19 @@ def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine):
         session = model.session()
         await session._update_session(instructions="You are the concierge.", tools=[])
         await until(session.opened.is_set, "the slot to open")
-        chunk = loud(0.08)
-        real = session._input.push
+        chunk = loud(FRAME_S)
+        real = InputConverter.push
         calls = {"n": 0}
 
-        def flaky(frame):
+        def flaky(converter, frame):  # only this session pushes audio here
             calls["n"] += 1
             if calls["n"] == 3:
                 raise RuntimeError("resampler fault")
-            return real(frame)
+            return real(converter, frame)
 
-        session._input.push = flaky
+        monkeypatch.setattr(InputConverter, "push", flaky)
         for _ in range(6):
-            session.push_audio(rtc.AudioFrame(chunk.tobytes(), 16_000, 1, chunk.size))  # must not raise
+            session.push_audio(rtc.AudioFrame(chunk.tobytes(), IN_RATE, 1, chunk.size))  # must not raise
         stats, frames_in = dict(session.stats), session.handle.frames_in
         await model.aclose()
         return stats, frames_in
@@ -434,8 +446,9 @@ def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine):
     assert stats["frames_pushed"] == frames_in == 5  # the five good frames, the one after the fault too
 
 
-def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(engine, hotel, tmp_path, monkeypatch,
-                                                                              caplog):  # fmt: skip
+def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(
+    engine, hotel, tmp_path, monkeypatch, caplog
+):
     """The framework's per-call history and event record are trimmed as the call goes on (here to 4 items and
     8 events, so a short call shows it). Calls made after a trim still run their tool once, hand the result
     to the engine once, and the adapter never sees an item removed from under it."""
@@ -447,7 +460,7 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(eng
 
     async def main():
         with fake_job_context():
-            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", 22_050))
+            call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE))
             handle = await call.wait_open()
             await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             sizes = []
@@ -465,7 +478,8 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(eng
                     await until(
                         lambda c=calls: call.duplex.stats["resumes"] == c, "the result to be consumed"
                     )
-                sizes.append((len(call.session.history.items), len(call.session._recorded_events)))
+                report = get_job_context().make_session_report(call.session)  # what the job would report
+                sizes.append((len(call.session.history.items), len(report.events)))
             stats = dict(call.duplex.stats)
             await call.aclose()
             return sizes, stats
@@ -480,10 +494,10 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(eng
     assert not [r for r in caplog.records if "append-only" in r.getMessage()]
 
 
-@pytest.mark.parametrize("rate", [22_050, 48_000])
+@pytest.mark.parametrize("rate", [OUT_RATE, ROOM_RATE])
 def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp_path, rate):
     """The call ends right as the model's last turn ends: everything it said still plays, all of it (the
-    160 ms playout buffer and, at 48 kHz, the resampler's tail), and the WAV holds it."""
+    playout buffer and, at a room track's 48 kHz, the resampler's tail), and the WAV holds it."""
 
     async def main():
         with fake_job_context():
@@ -500,7 +514,9 @@ def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp
     print(stats, out)
     said = stats["speech_frames"] * FRAME_S
     assert said > 0.5 and abs(out["model_s"] - said) < 2e-3, (said, out["model_s"])
-    assert out["flushed_s"] == 0 and out["dropped_s"] == 0
+    # nothing it said was cut: the wind-down waited for the last chunk to end (under a millisecond is a rounding
+    # of the play clock, not a sound)
+    assert out["flushed_s"] + out["dropped_s"] < 1e-3, out
     with wave.open(str(tmp_path / "out.wav"), "rb") as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
     assert np.count_nonzero(pcm) >= int(0.9 * said * rate)  # the speech is in the file, not cut at its end

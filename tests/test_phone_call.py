@@ -13,19 +13,21 @@ import math
 
 import numpy as np
 import pytest
-from livekit import api
 from livekit.agents.testing import fake_job_context
 
 from agent.call import PcmInput, read_wav, start_call
 from agent.phone import PhoneConcierge, PhoneLine
-from agent.playout import WavSink
 from agent.settings import AgentSettings
+from agent.sinks import WavSink
 from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from engine.engine import Engine
+from engine.presets import load_preset
 from hotel_support import ticks_pass, until
 from prompts import PROMPTS_DIR
 
-PHONE_FRAME = 640  # 80 ms at 8 kHz
+CLOCK = load_preset("tiny").clock  # the engine's frame clock (the engine below runs the tiny preset)
+FRAME_S = CLOCK.frame_ms / 1000
+PHONE_FRAME = PHONE_RATE * CLOCK.frame_ms // 1000  # one engine frame of telephone audio
 
 
 def test_mulaw_round_trip_is_g711():
@@ -52,7 +54,7 @@ def hotel(sqlite_hotel):
 def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_hangs_up(
     engine, hotel, livekit, tmp_path
 ):
-    """The caller's 3.5 s of speech at telephone band reaches the engine as 80 ms frames, every one of them;
+    """The caller's 3.5 s of speech at telephone band reaches the engine as engine frames, every one of them;
     the agent answers each frame it heard with one of its own. Then the model calls `call_control` to end the
     call (forced), says goodbye (a forced turn), and only after that turn has played is the caller removed
     and the room closed."""
@@ -61,16 +63,17 @@ def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_han
     sent = math.ceil(phone.size / PHONE_FRAME)  # PcmInput pads the last frame
 
     async def main():
-        livekit._dispatch(api.CreateAgentDispatchRequest(agent_name="chorus-concierge", room="call-1"))
+        livekit.rooms.add("call-1")  # the room the SIP dispatch rule made for the call
         livekit.participants["call-1"] = {"sip_guest"}
-        line = PhoneLine(AgentSettings.from_env(dotenv=False), room="call-1", identity="sip_guest",
-                         number="+447700900123")  # fmt: skip
-        inp = PcmInput(sample_rate=PHONE_RATE, silence=False)  # only the caller's words, no silence after
+        line = PhoneLine(
+            AgentSettings.from_env(dotenv=False), room="call-1", identity="sip_guest", number="+447700900123"
+        )
+        inp = PcmInput(CLOCK, PHONE_RATE, silence=False)  # only the caller's words, no silence after
         with fake_job_context():
             call = await start_call(
                 engine,
                 PhoneConcierge(hotel, line),
-                sink=WavSink(tmp_path / "out.wav", 22_050),
+                sink=WavSink(tmp_path / "out.wav", CLOCK.output_rate),
                 audio_input=inp,
             )
             line.attach(call.output)
@@ -119,12 +122,14 @@ def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_han
 
     frames_in, consumed, out_before, stats, items, line, early, played, goodbye = asyncio.run(main())
     print("sent", sent, "in", frames_in, "consumed", consumed, "out", out_before, stats)
-    assert sent - 1 <= frames_in <= sent  # every 80 ms frame (the resampler may hold back its last few ms)
+    assert sent - 1 <= frames_in <= sent  # every frame (the resampler may hold back its last few ms)
     assert consumed == frames_in  # the model heard each one
     assert out_before >= frames_in  # and said one frame for each (plus its frames before the caller spoke)
     assert ("function_call", "call_control") in items and stats["function_calls"] == 1
     assert line.outcome == "ended" and not early
     assert stats["turns"] == 1 and stats["speech_frames"] == len(goodbye)
-    assert played == pytest.approx(len(goodbye) * 0.08, abs=1e-3)  # the goodbye had played before the hang-up
+    assert played == pytest.approx(
+        len(goodbye) * FRAME_S, abs=1e-3
+    )  # the goodbye had played before the hang-up
     assert livekit.methods() == ["RemoveParticipant", "DeleteRoom"]
     assert "call-1" not in livekit.rooms

@@ -1,0 +1,120 @@
+"""Where the agent's voice lands: a WAV file written on the wall clock, or a room's published audio track.
+
+A sink takes int16 mono chunks at its own rate with the moment each starts playing, and can cut the chunk now
+playing. Knows audio files and LiveKit's rtc audio source; nothing of turns, sessions or the engine
+(agent/playout_buffer.py decides what plays when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+from livekit import rtc
+
+ROOM_RATE = 48_000  # a room track's rate: WebRTC's Opus runs at 48 kHz
+
+
+class WavSink:
+    """A room's loudspeaker as a file: audio lands at its play time on the wall clock, silence in between."""
+
+    def __init__(self, path: str | Path, sample_rate: int) -> None:
+        self.path = Path(path)
+        self.sample_rate = sample_rate
+        self._w = wave.open(str(self.path), "wb")  # noqa: SIM115 (open for the sink's lifetime)
+        self._w.setnchannels(1)
+        self._w.setsampwidth(2)
+        self._w.setframerate(sample_rate)
+        self._t0 = time.monotonic()
+        self._written = 0  # samples committed to the file
+        self._cur: np.ndarray | None = None  # the chunk now playing, kept until it is over (it may be cut)
+        self._cur_at = 0  # its first sample's position
+        self.closed = False
+
+    def _pos(self, t: float) -> int:
+        return max(0, int(round((t - self._t0) * self.sample_rate)))
+
+    def _commit(self) -> None:
+        if self._cur is not None:
+            self._w.writeframes(self._cur.tobytes())
+            self._written += self._cur.size
+            self._cur = None
+
+    def _fill(self, upto: int) -> None:
+        if upto > self._written:
+            self._w.writeframes(np.zeros(upto - self._written, np.int16).tobytes())
+            self._written = upto
+
+    async def write(self, samples: np.ndarray, at: float) -> None:
+        self._commit()
+        self._fill(self._pos(at))
+        self._cur, self._cur_at = samples, self._written
+
+    def cut(self, at: float) -> None:
+        if self._cur is not None:
+            self._cur = self._cur[: max(0, self._pos(at) - self._cur_at)]
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._commit()
+            self._fill(self._pos(time.monotonic()))
+            self._w.close()
+
+
+class RoomSink:
+    """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
+    falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
+    prefill, a pause between turns) it carries 40 ms frames of silence, as a phone line carries its hiss, so a
+    caller's jitter buffer never runs dry and restarts."""
+
+    IDLE_FILL_S = 0.06
+    FILL_FRAME_S = 0.04
+
+    def __init__(self, sample_rate: int = ROOM_RATE) -> None:
+        self.sample_rate = sample_rate
+        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=100)
+        self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
+        self._spoken = 0.0  # when the last audio written (not filled) has played
+        self._filler: asyncio.Task | None = None
+
+    async def start(self, room: rtc.Room) -> None:
+        track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
+        opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+        await room.local_participant.publish_track(track, opts)
+        self._filler = asyncio.create_task(self._fill())
+
+    async def _capture(self, samples: np.ndarray) -> None:
+        self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
+        await self.source.capture_frame(rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size))
+
+    async def _fill(self) -> None:
+        silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)
+        while True:
+            now = time.monotonic()
+            idle_at = self._spoken + self.IDLE_FILL_S
+            if now < idle_at:  # the agent is speaking: look again when it may have stopped
+                await asyncio.sleep(idle_at - now)
+                continue
+            if self._ends <= now + self.FILL_FRAME_S / 2:
+                await self._capture(silence)  # idle: keep about one frame of silence queued
+            await asyncio.sleep(max(0.005, self._ends - time.monotonic() - self.FILL_FRAME_S / 2))
+
+    async def write(self, samples: np.ndarray, at: float) -> None:
+        await self._capture(samples)
+        self._spoken = self._ends
+
+    def cut(self, at: float) -> None:
+        self.source.clear_queue()
+        self._ends = self._spoken = time.monotonic()
+
+    async def aclose(self) -> None:
+        if self._filler is not None:
+            self._filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filler
+        await self.source.aclose()
