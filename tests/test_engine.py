@@ -259,7 +259,11 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             snap = EngineSnapshot.model_validate_json(urllib.request.urlopen(url + "/snapshot").read())
             assert snap.ticks >= 6 and snap.sessions[0].id == h.id and snap.occupancy == 0.25
             prom = urllib.request.urlopen(url + "/metrics").read().decode()
-            assert "chorus_live_step_seconds_bucket" in prom and "chorus_tick_seconds_bucket" in prom and "chorus_missed_deadlines_total" in prom
+            assert (
+                "chorus_live_step_seconds_bucket" in prom
+                and "chorus_tick_seconds_bucket" in prom
+                and "chorus_missed_deadlines_total" in prom
+            )
             h.close()
 
     asyncio.run(main())

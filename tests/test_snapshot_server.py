@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from engine.engine import Engine, EngineConfig
 from engine.api import EngineSnapshot
+from engine.engine import Engine, EngineConfig
 from engine.metrics import ServeLimits, SnapshotServer
 
 HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs
