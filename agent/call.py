@@ -9,9 +9,7 @@ Knows livekit-agents sessions and the pieces of `agent/`; nothing of tensors.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import gc
 import logging
 import wave
 from collections.abc import Mapping
@@ -90,22 +88,6 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     if ch > 1:
         pcm = pcm.reshape(-1, ch).astype(np.int32).mean(axis=1).astype(np.int16)
     return pcm, rate
-
-
-_gc_quiet = False
-
-
-def quiet_gc() -> None:
-    """Long-lived objects (sessions, the model) out of the collector's way: a full collection holds the GIL
-    for tens of milliseconds, and the tick thread waits for it."""
-    global _gc_quiet
-    gc.set_threshold(50_000, 20, 100)
-    if _gc_quiet:  # once per process: the collection itself is such a stall
-        return
-    _gc_quiet = True
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)  # frozen objects would outlive the interpreter's own cleanup
 
 
 class ConsoleSink:

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import gc
 import signal
 import sys
 from pathlib import Path
@@ -21,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.call import quiet_gc
 from agent.sim_report import heap_mb, rss_mb, write_metrics
 from agent.sim_rooms import Room, Stage, caller_clips, phone_rooms, run_room
 from agent.telephony import telephone_band
+from engine.collector import freeze_long_lived, thaw
 
 if TYPE_CHECKING:
     from engine.api import EngineSnapshot
@@ -159,7 +158,7 @@ class Run:
     async def _talk(self) -> None:
         """The measured window: the rooms' scripts run until their end, resident memory sampled meanwhile."""
         loop = asyncio.get_running_loop()
-        quiet_gc()
+        freeze_long_lived(again=True)  # the rooms, set up now
         await asyncio.sleep(0.2)  # the tick that waited for the collection is not the talk's
         self.snap0 = self.engine.snapshot()
         t_go = loop.time()
@@ -305,7 +304,7 @@ async def simulate(args: argparse.Namespace) -> dict:
         engine.close()
         bookings = len(hotel.reservations()) - bookings_before
         store.close()
-        gc.unfreeze()
+        thaw()
     per_room = [r.figures(ended) for r in run.rooms]
     after = {"bookings": bookings, "occupancy": occupancy_after}
     metrics = _metrics(args, run, ended, window, snap, per_room, after)

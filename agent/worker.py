@@ -26,10 +26,11 @@ from livekit import rtc
 from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, JobRequest, cli
 
 from agent import room_connect, rtc_ffi
-from agent.call import ConsoleSink, quiet_gc, start_call
+from agent.call import ConsoleSink, start_call
 from agent.drain import DrainingServer, goodbye_on_drain
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
+from engine.collector import freeze_long_lived
 from engine.privacy import mask_numbers
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ def _setup(proc: JobProcess, settings: AgentSettings) -> None:
     # runs once per job thread; the engine itself is built once per process
     rtc_ffi.install()  # before any job of this process can touch the rtc SDK
     proc.userdata["engine"] = shared_engine(settings)
-    quiet_gc()
+    freeze_long_lived()  # the job process's own objects, once
 
 
 async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
@@ -303,8 +304,19 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await left.wait()
     finally:
         await call.aclose()
-        log.info("job %s: call ended", ctx.job.id)
+        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
     ctx.shutdown("the caller left")
+
+
+def call_figures(call) -> str:
+    """A finished call's counters for the log: frames, turns, barge-ins, what played (no words, no numbers
+    of the caller's)."""
+    d = call.duplex.stats if call.duplex is not None else {}
+    p = call.output.stats
+    keys = ("frames_pushed", "frames_out", "speech_frames", "turns", "barge_ins", "function_calls")
+    parts = [f"{k} {d[k]}" for k in keys if k in d]
+    parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
+    return ", ".join(parts)
 
 
 def concierge_for(

@@ -9,7 +9,6 @@ knows nothing of LiveKit, rooms or hotels.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import gc
 import logging
 import sys
@@ -30,7 +29,7 @@ from engine.api import (
     SessionRejected,
     ToolResultConsumed,
 )
-from engine.collector import Collector
+from engine.collector import Collector, freeze_long_lived
 from engine.echo import Echo, TimedInbox
 from engine.engine_config import EngineConfig
 from engine.handle import SessionHandle, delivery
@@ -90,9 +89,7 @@ class Engine:
             also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
             log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
         build.warm_up(model, self.runner, self.scheduler, clock)
-        gc.collect()
-        gc.freeze()  # the model lives until close: keep it out of the collector's full passes (close drops it)
-        atexit.register(gc.unfreeze)  # ...but let the interpreter's own cleanup see them at exit
+        freeze_long_lived(again=True)  # the model lives until close (close drops it)
         self.server = (
             SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
             if cfg.metrics_port is not None

@@ -33,6 +33,7 @@ CALLERS = ROOT / "prompts" / "callers"
 RATE = 48_000  # a browser's microphone track
 FRAME = RATE // 20  # 50 ms handed to the SDK at a time (it sends 10 ms packets); fewer wake-ups per caller
 RECV_MS = 40  # the agent's audio is read in 40 ms frames (fewer wake-ups; gaps are judged at 200 ms)
+SPEECH_PEAK = 300  # int16: the agent's speech peaks far above this; silence through WebRTC stays near 0
 ALLOWED_INTERFACES = {
     "lo",
     "lkv0",
@@ -243,7 +244,8 @@ class Caller:
         self.heard = Heard()
         self.sent_samples = 0
         self.agent_joined = asyncio.Event()
-        self.first_audio = asyncio.Event()
+        self.first_audio = asyncio.Event()  # any frame of the agent's track (silence too)
+        self.first_speech = asyncio.Event()  # the first frame of the agent's track that is not silence
         self._tasks: list[asyncio.Task] = []
 
     async def join(self) -> None:
@@ -285,9 +287,12 @@ class Caller:
 
         loop = asyncio.get_running_loop()
         async for ev in rtc.AudioStream(track, sample_rate=RATE, num_channels=1, frame_size_ms=RECV_MS):
-            self.heard.frames.append(np.frombuffer(ev.frame.data, dtype=np.int16).copy())
+            samples = np.frombuffer(ev.frame.data, dtype=np.int16).copy()
+            self.heard.frames.append(samples)
             self.heard.times.append(loop.time())
             self.first_audio.set()
+            if not self.first_speech.is_set() and np.abs(samples).max(initial=0) > SPEECH_PEAK:
+                self.first_speech.set()
 
     async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:
         """Publish `pcm` in real time (`capture_frame` paces the frames), then silence up to `seconds`."""
