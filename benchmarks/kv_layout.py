@@ -2,7 +2,7 @@
 (paged) KV, for the full 11B preset; no GPU, no weights, a few seconds.
 
 Each slot of the engine reserves its whole context window up front: the thinker's attention ring
-(`cfg.thinker.attention_window` positions) and the talker's rings (`Talker.rings`: `sliding_window` for the
+(`cfg.thinker.attention_window` positions) and the talker's rings (`TalkerBackbone.rings`: `sliding_window` for the
 sliding layers, `attention_window` for the global ones). A paged layout would hold only the blocks of
 positions a session has filled. Both stages with attention write one position per frame (12.5 per second at
 80 ms, 750 per minute); the talker's rings also start with `warmup_positions` warm-up positions written at
@@ -71,9 +71,9 @@ def _kv_buffers(stages) -> list[tuple[str, str, int, torch.Tensor, torch.Tensor]
         if block.kind == "*":
             m = block.mixer
             out.append(("thinker", "attention", m.window, m.k_cache, m.v_cache))
-    for i, ring in enumerate(talker.rings):
+    for i, ring in enumerate(talker.backbone.rings):
         kind = talker.cfg.layer_types[i]
-        out.append(("talker", kind, ring, getattr(talker, f"k_cache{i}"), getattr(talker, f"v_cache{i}")))
+        out.append(("talker", kind, ring, *talker.backbone.caches(i)))
     for _, _, ring, k, v in out:  # whatever the layout, one dimension is the ring's positions
         assert ring in k.shape and ring in v.shape, (tuple(k.shape), ring)
     return out

@@ -55,7 +55,7 @@ def components(cfg: ModelConfig, dtypes: DtypePolicy) -> list[Component]:
             dt = str(t.dtype).removeprefix("torch.")
             weight_bytes[dt] = weight_bytes.get(dt, 0) + t.nbytes
         per = stage.slot_bytes()
-        state = {id(t) for t in stage.slot_state()}
+        state = {id(t) for t in stage.slot_state().values()}
         saved = stage.state_dict(keep_vars=True)
         derived = sum(t.nbytes for n, t in stage.named_buffers() if n not in saved and id(t) not in state)
         out.append(Component(name, parts, weight_bytes, per, per * stage.scratch_rows, derived))

@@ -71,7 +71,7 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
                  "dtype": dtypes.name}  # fmt: skip
     for _ in range(3):  # warm-up: lazy initialisation, autotuning
         p.live_step(*static)
-    audit = audit_step(p.live_step, static, lambda: [t for ts in p.slot_state().values() for t in ts])
+    audit = audit_step(p.live_step, static, lambda: [t for ts in p.slot_state().values() for t in ts.values()])
     out["operators_per_step"] = audit.ops
     out["capture_problems"] = audit.problems
     eager = _timed(lambda: p.live_step(*static), device, steps)

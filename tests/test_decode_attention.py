@@ -17,7 +17,9 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 import engine.model.talker as talker_module  # noqa: E402
+import engine.model.talker_backbone as talker_backbone_module  # noqa: E402
 import engine.model.thinker as thinker_module  # noqa: E402
+import engine.model.thinker_attention as thinker_attention_module  # noqa: E402
 from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     decode_attention_ref,
@@ -196,30 +198,29 @@ def test_talker_backbone_through_the_kernel_matches_the_masked_reference(release
     gen = torch.Generator().manual_seed(10)
     ref, tri = _talker(release, DTYPES[kv]), _talker(release, DTYPES[kv])
     with torch.inference_mode():
-        for i in range(len(ref.rings)):
-            for kind in ("k", "v"):
-                cache = getattr(ref, f"{kind}_cache{i}")
+        for i in range(len(ref.backbone.rings)):
+            for cache, theirs in zip(ref.backbone.caches(i), tri.backbone.caches(i), strict=True):
                 cache.copy_(torch.randn(cache.shape, generator=gen))
-                getattr(tri, f"{kind}_cache{i}").copy_(cache)
-        ref.pos.copy_(torch.tensor([37, 200, 254, 700])[:, None])  # [slots, streams]
-        tri.pos.copy_(ref.pos)
+                theirs.copy_(cache)
+        pos = torch.tensor([37, 200, 254, 700])  # one stream per slot
     actives = [[True, True, True, True], [True, False, True, True], [False, True, True, False]]
     for frame, live in enumerate(actives):
         x = torch.randn(4, TINY.hidden_size, generator=gen)
         active = torch.tensor(live)
         with torch.inference_mode():
-            want = ref._backbone_step(x, active)
-            monkeypatch.setattr(talker_module, "decode_attention", decode_attention_triton)
-            got = tri._backbone_step(x, active)
+            want = ref.backbone.step(x, pos, active)
+            monkeypatch.setattr(talker_backbone_module, "decode_attention", decode_attention_triton)
+            got = tri.backbone.step(x, pos, active)
             monkeypatch.undo()
+        pos = pos + active.long()
         tol = TOL[f"ref_{kv}"] if kv == "fp32" else (5e-2, 5e-2)  # hidden states after two bf16-KV layers
         _close(f"talker kv {kv} frame {frame} hidden", got, want, tol)
-    assert torch.equal(tri.pos, ref.pos)
-    for name, buf in ref.named_buffers():
-        if name.startswith(("k_cache0", "v_cache0")):  # layer 0's ring is written before any attention
-            assert torch.equal(getattr(tri, name), buf), name
-        elif name.startswith(("k_cache", "v_cache")):
-            _close(f"talker kv {kv} {name}", getattr(tri, name), buf, TOL[f"ref_{kv}"])
+    theirs = tri.slot_state()
+    for name, buf in ref.slot_state().items():
+        if name in ("backbone.k_cache0", "backbone.v_cache0"):  # layer 0's ring is written before attention
+            assert torch.equal(theirs[name], buf), name
+        elif name.startswith("backbone."):
+            _close(f"talker kv {kv} {name}", theirs[name], buf, TOL[f"ref_{kv}"])
 
 
 def test_talker_codes_through_the_kernel_equal_nemo(release, monkeypatch) -> None:
@@ -229,7 +230,7 @@ def test_talker_codes_through_the_kernel_equal_nemo(release, monkeypatch) -> Non
     frames = 6
     talker = talker_module.Talker(TINY, TOKENIZER, 3)
     talker_module.load_release_weights(talker, release)
-    monkeypatch.setattr(talker_module, "decode_attention", decode_attention_triton)
+    monkeypatch.setattr(talker_backbone_module, "decode_attention", decode_attention_triton)
     active = torch.ones(3, dtype=torch.bool)
     codes = torch.stack([talker.step(cases["text"][:, f].contiguous(), active) for f in range(frames)], 1)
     same = (codes == cases["codes"][:, :frames]).float().mean().item()
@@ -240,8 +241,8 @@ def test_talker_codes_through_the_kernel_equal_nemo(release, monkeypatch) -> Non
 @pytest.mark.parametrize("kv", list(DTYPES))
 def test_thinker_steps_through_the_kernel_match_the_masked_reference(kv, monkeypatch) -> None:
     """The thinker's attention layers through the kernel: a small thinker (window 48) with rings filled to
-    ragged depths (a fresh row, partly filled rows, a wrapped one), the live batch (dense) and a gathered slack
-    batch with a padding row: logits and every KV ring, kernel path vs reference path."""
+    ragged depths (a fresh row, partly filled rows, a wrapped one), the live batch (an exec mask) and a gathered
+    slack batch with a padding row: logits and every KV ring, kernel path vs reference path."""
     cfg = load_preset("tiny").thinker.model_copy(update={"attention_window": 48})
     gen = torch.Generator().manual_seed(12)
     ref = thinker_module.Thinker(cfg, 4, pad_id=0, kv_dtype=DTYPES[kv])
@@ -249,29 +250,31 @@ def test_thinker_steps_through_the_kernel_match_the_masked_reference(kv, monkeyp
     tri = thinker_module.Thinker(cfg, 4, pad_id=0, kv_dtype=DTYPES[kv])
     tri.load_state_dict(ref.state_dict())
     with torch.inference_mode():
-        for t in ref.slot_state():
+        for t in ref.slot_state().values():
             if t.is_floating_point():
                 t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
         ref.pos.copy_(torch.tensor([0, 5, 47, 130, 9]))  # the last is the scratch row
-        for a, b in zip(tri.slot_state(), ref.slot_state(), strict=True):
-            a.copy_(b)
-    batches = [
-        (torch.tensor([0, 1, 2, 3]), True),
+        theirs = tri.slot_state()
+        for name, t in ref.slot_state().items():
+            theirs[name].copy_(t)
+    batches = [  # (rows, live): an exec mask over the four slots, or the slots of a slack batch
+        (torch.tensor([True, True, True, True]), True),
         (torch.tensor([2, -1, 0]), False),
-        (torch.tensor([0, 1, -1, 3]), True),
+        (torch.tensor([True, True, False, True]), True),
     ]
-    for i, (slots, dense) in enumerate(batches):
-        audio = torch.randn(len(slots), cfg.hidden_size, generator=gen)
+    for i, (rows, live) in enumerate(batches):
+        audio = torch.randn(len(rows), cfg.hidden_size, generator=gen)
         with torch.inference_mode():
-            want = ref.step(audio, slots, dense=dense)
-            monkeypatch.setattr(thinker_module, "decode_attention", decode_attention_triton)
-            got = tri.step(audio, slots, dense=dense)
+            want = (ref.step if live else ref.step_rows)(audio, rows)
+            monkeypatch.setattr(thinker_attention_module, "decode_attention", decode_attention_triton)
+            got = (tri.step if live else tri.step_rows)(audio, rows)
             monkeypatch.undo()
         tol = TOL["ref_fp32"] if kv == "fp32" else (5e-2, 5e-2)
         _close(f"thinker kv {kv} batch {i} text logits", got.text_logits, want.text_logits, tol)
         _close(f"thinker kv {kv} batch {i} function logits", got.func_logits, want.func_logits, tol)
-    for a, b in zip(tri.slot_state(), ref.slot_state(), strict=True):
-        _close(f"thinker kv {kv} state", a[:4].float(), b[:4].float(), TOL[f"ref_{kv}"])
+    theirs = tri.slot_state()
+    for name, t in ref.slot_state().items():
+        _close(f"thinker kv {kv} {name}", theirs[name][:4].float(), t[:4].float(), TOL[f"ref_{kv}"])
 
 
 # ---------------------------------------------------------------- CUDA, the talker's 11B shape

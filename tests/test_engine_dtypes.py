@@ -53,10 +53,9 @@ def conversation(policy: str) -> tuple[list[list[AudioFrame]], np.ndarray, np.nd
         rows: list[np.ndarray] = []
         live, step = e.runner.live, e.pipeline.thinker.step
 
-        def thinker_step(*args, **kwargs):
+        def thinker_step(*args, **kwargs):  # the live form (slack work steps through `step_rows`)
             out = step(*args, **kwargs)
-            if kwargs.get("dense"):
-                logits.append(out.text_logits.numpy().copy())
+            logits.append(out.text_logits.numpy().copy())
             return out
 
         def runner_live(plan):
@@ -111,7 +110,7 @@ def test_close_releases_the_model_and_is_idempotent():
         e.pipeline,
         e.runner,
         e.pipeline.thinker.embed_tokens.weight,
-        e.pipeline.talker.k_cache0,
+        e.pipeline.talker.backbone.k_cache0,
         e.runner.audio,
     )
     refs = [weakref.ref(t) for t in held]

@@ -34,7 +34,7 @@ def inputs(device: str = "cpu") -> tuple[torch.Tensor, ...]:
 
 
 def state_of(p: Pipeline) -> list[torch.Tensor]:
-    return [t for ts in p.slot_state().values() for t in ts]
+    return [t for ts in p.slot_state().values() for t in ts.values()]
 
 
 def fill(step: int, args: tuple[torch.Tensor, ...], gen: torch.Generator) -> None:

@@ -58,14 +58,13 @@ def test_state_bytes_are_what_the_built_pipeline_allocates(policy):
     built = {n: Pipeline(cfg, n, Tokens(cfg.tokens), dtype_policy(policy)) for n in (1, 5)}
     for n, p in built.items():
         state = p.slot_state()
-        assert sum(t.nbytes for ts in state.values() for t in ts) == per * n + fixed, n
+        assert sum(t.nbytes for ts in state.values() for t in ts.values()) == per * n + fixed, n
     one, five = ({name: b.nbytes for name, b in p.named_buffers()} for p in built.values())
-    declared = {id(t) for ts in built[5].slot_state().values() for t in ts}
+    declared = {id(t) for ts in built[5].slot_state().values() for t in ts.values()}
     grown = {name for name in five if five[name] != one[name]}
     state_names = {name for name, b in built[5].named_buffers() if id(b) in declared}
-    assert grown - state_names == {"all_slots"}  # the live batch's row index, 8 bytes a slot: not state
-    assert state_names <= grown
-    assert sum(five.values()) - sum(one.values()) == 4 * (per + 8)
+    assert grown == state_names
+    assert sum(five.values()) - sum(one.values()) == 4 * per
 
 
 def test_full_preset_state_follows_the_dtype_policy():

@@ -16,20 +16,15 @@ import torch  # noqa: E402
 
 from engine.kernels.causal_conv1d_update import (  # noqa: E402
     causal_conv1d_update,
-    causal_conv1d_update_dense,
-    causal_conv1d_update_dense_ref,
-    causal_conv1d_update_dense_triton,
     causal_conv1d_update_ref,
     causal_conv1d_update_triton,
 )
 from engine.kernels.selective_state_update import (  # noqa: E402
     selective_state_update,
-    selective_state_update_dense,
-    selective_state_update_dense_ref,
-    selective_state_update_dense_triton,
     selective_state_update_ref,
     selective_state_update_triton,
 )
+from engine.model.slot_state import live_rows  # noqa: E402
 from engine_support import run_compiled  # noqa: E402
 
 # Per-dtype tolerances, |got - want| <= atol + rtol * |want|.
@@ -297,7 +292,7 @@ def test_successive_steps_roll_the_window() -> None:
     assert all(torch.equal(o[1], torch.zeros(5)) for o in outs)
 
 
-# ---------------------------------------------------------------- the live batch (dense: row i is slot i)
+# ---------------------------------------------------------------- the live batch (row i on slot i)
 
 # Active rows of successive live ticks over a batch of six: mixed, all live, none live, mixed again.
 LIVE_TICKS = [
@@ -308,16 +303,17 @@ LIVE_TICKS = [
 ]
 
 
-def _dense_untouched(active: torch.Tensor, rows: int) -> torch.Tensor:
-    """The state rows a dense step must leave bit-identical: inactive batch rows and every row past the batch
-    (the thinker's scratch row)."""
+def _live_untouched(active: torch.Tensor, rows: int) -> torch.Tensor:
+    """The state rows a live step must leave bit-identical: rows outside the exec mask and every row past the
+    batch (the thinker's scratch row)."""
     return torch.cat([~active, torch.ones(rows - active.numel(), dtype=torch.bool)])
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_selective_state_update_dense_triton_matches_dense_reference(dtype: str) -> None:
-    """The live step's SSM through the Triton kernel (interpreted), tick after tick on its own state: outputs
-    and state equal the dense reference's, inactive rows give zeros, inactive and scratch rows stay put."""
+def test_selective_state_update_triton_matches_reference_on_the_live_batch(dtype: str) -> None:
+    """The live step's SSM (its exec mask as indices, `live_rows`) through the Triton kernel (interpreted),
+    tick after tick on its own state: outputs and state equal the reference's, rows outside the mask give
+    zeros, those rows and the scratch row stay put."""
     gen = torch.Generator().manual_seed(13)
     b = len(LIVE_TICKS[0])
     state, *_ = _ssm_inputs(gen, b + 1, b, DTYPES[dtype])
@@ -325,16 +321,17 @@ def test_selective_state_update_dense_triton_matches_dense_reference(dtype: str)
     for tick, (live, clamp) in enumerate(zip(LIVE_TICKS, [(0.0, float("inf")), (0.05, 0.6)] * 2)):
         active = torch.tensor(live)
         _, *args = _ssm_inputs(gen, 1, b, DTYPES[dtype])
-        before = tri_state.clone()
-        want = selective_state_update_dense_ref(ref_state, *args, active, *clamp)
-        got = selective_state_update_dense_triton(tri_state, *args, active, *clamp)
+        before, ref_before = tri_state.clone(), ref_state.clone()
+        want = selective_state_update_ref(ref_state, *args, live_rows(active), *clamp)
+        got = selective_state_update_triton(tri_state, *args, live_rows(active), *clamp)
         _close(
-            f"dense ssm {dtype} tick {tick} y", got, want, TOL["fp32" if dtype == "fp32" else "ssm_bf16_out"]
+            f"live ssm {dtype} tick {tick} y", got, want, TOL["fp32" if dtype == "fp32" else "ssm_bf16_out"]
         )
-        _close(f"dense ssm {dtype} tick {tick} state", tri_state, ref_state, TOL["fp32"])
-        assert torch.all(got[~active] == 0), "inactive rows must give zeros"
-        untouched = _dense_untouched(active, state.shape[0])
-        assert torch.equal(tri_state[untouched], before[untouched]), "an inactive or scratch row changed"
+        _close(f"live ssm {dtype} tick {tick} state", tri_state, ref_state, TOL["fp32"])
+        assert torch.all(got[~active] == 0), "rows outside the mask must give zeros"
+        untouched = _live_untouched(active, state.shape[0])
+        assert torch.equal(tri_state[untouched], before[untouched]), "a masked-off or scratch row changed"
+        assert torch.equal(ref_state[untouched], ref_before[untouched]), "the reference changed such a row"
         # every active row's state moved (the kernel did run for it)
         assert all(not torch.equal(tri_state[i], before[i]) for i in torch.nonzero(active).flatten())
 
@@ -342,11 +339,11 @@ def test_selective_state_update_dense_triton_matches_dense_reference(dtype: str)
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("shape", ["d40-w4", "d40-w2"])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_causal_conv1d_update_dense_triton_matches_dense_reference(
+def test_causal_conv1d_update_triton_matches_reference_on_the_live_batch(
     dtype: str, shape: str, with_bias: bool
 ) -> None:
-    """The live step's conv through the Triton kernel (interpreted), tick after tick on its own state:
-    outputs equal the dense reference's, the windows are bit-identical, inactive and scratch rows stay put."""
+    """The live step's conv through the Triton kernel (interpreted), tick after tick on its own state: outputs
+    equal the reference's, the windows are bit-identical, masked-off and scratch rows stay put."""
     gen = torch.Generator().manual_seed(14)
     b = len(LIVE_TICKS[0])
     _, conv_state, weight, bias = _conv_inputs(gen, b + 1, b, DTYPES[dtype], *CONV_SHAPES[shape])
@@ -356,43 +353,63 @@ def test_causal_conv1d_update_dense_triton_matches_dense_reference(
         active = torch.tensor(live)
         x = torch.randn(b, CONV_SHAPES[shape][0], generator=gen).to(DTYPES[dtype])
         before = tri_state.clone()
-        want = causal_conv1d_update_dense_ref(x, ref_state, weight, bias, active, silu)
-        got = causal_conv1d_update_dense_triton(x, tri_state, weight, bias, active, silu)
+        want = causal_conv1d_update_ref(x, ref_state, weight, bias, live_rows(active), silu)
+        got = causal_conv1d_update_triton(x, tri_state, weight, bias, live_rows(active), silu)
         _close(
-            f"dense conv {dtype} tick {tick} out",
+            f"live conv {dtype} tick {tick} out",
             got,
             want,
             TOL["fp32" if dtype == "fp32" else "conv_bf16_out"],
         )
-        _equal(f"dense conv {dtype} tick {tick} state", tri_state, ref_state)
-        assert torch.all(got[~active] == 0), "inactive rows must give zeros"
-        untouched = _dense_untouched(active, conv_state.shape[0])
-        assert torch.equal(tri_state[untouched], before[untouched]), "an inactive or scratch row changed"
+        _equal(f"live conv {dtype} tick {tick} state", tri_state, ref_state)
+        assert torch.all(got[~active] == 0), "rows outside the mask must give zeros"
+        untouched = _live_untouched(active, conv_state.shape[0])
+        assert torch.equal(tri_state[untouched], before[untouched]), "a masked-off or scratch row changed"
         # an active row's window moved left by one and took this tick's input as its newest column
         rows = torch.nonzero(active).flatten()
         assert torch.equal(tri_state[rows, :, :-1], before[rows, :, 1:])
         assert torch.equal(tri_state[rows, :, -1], x[rows].to(tri_state.dtype))
 
 
+def test_padding_on_a_scratch_row_writes_the_real_slots_as_padding_by_minus_one():
+    """The thinker's slot-index form sends padding rows to its scratch row (a repeated index) instead of -1:
+    the real rows' outputs and every real slot's state are the same either way."""
+    g = torch.Generator().manual_seed(12)
+    S, b = 6, 4
+    general = torch.tensor([3, -1, 0, -1])
+    scratch = torch.where(general >= 0, general, S - 1)  # row S-1 is the scratch row
+    real = general >= 0
+    state, *args = _ssm_inputs(g, S, b, torch.float32)
+    s1, s2 = state.clone(), state.clone()
+    y1 = selective_state_update_ref(s1, *args, general)
+    y2 = selective_state_update_ref(s2, *args, scratch)
+    assert torch.equal(y1[real], y2[real])
+    assert torch.equal(s1[: S - 1], s2[: S - 1]) and not torch.equal(s1[general[real]], state[general[real]])
+    x, conv, w, _ = _conv_inputs(g, S, b, torch.float32, 7, 4)
+    c1, c2 = conv.clone(), conv.clone()
+    o1 = causal_conv1d_update_ref(x, c1, w, None, general)
+    o2 = causal_conv1d_update_ref(x, c2, w, None, scratch)
+    assert torch.equal(o1[real], o2[real]) and torch.equal(c1[: S - 1], c2[: S - 1])
+
+
 # ---------------------------------------------------------------- dispatch
 
 
 def test_dispatchers_on_cpu_compute_the_step() -> None:
-    """Off CUDA the four dispatchers (indexed and dense) must still compute the step: outputs and mutated
-    state against the float64 per-row loops, padding or inactive rows zero, other slots bit-identical."""
+    """Off CUDA the two dispatchers must still compute the step, for a gathered batch and for the live one:
+    outputs and mutated state against the float64 per-row loops, padding or masked-off rows zero, other slots
+    bit-identical."""
     gen = torch.Generator().manual_seed(7)
     active = torch.tensor(LIVE_TICKS[0])
-    dense_idx = torch.where(active, torch.arange(active.numel()), -1)  # row i on slot i, inactive = padding
-    indexed = _slot_indices(gen, 9, 4, 2, True)
-    for name, slots, idx in [("indexed", 9, indexed), ("dense", active.numel() + 1, dense_idx)]:
+    for name, slots, idx in [
+        ("indexed", 9, _slot_indices(gen, 9, 4, 2, True)),
+        ("live", active.numel() + 1, live_rows(active)),
+    ]:
         untouched = _untouched(slots, idx)
         state, *args = _ssm_inputs(gen, slots, idx.numel(), torch.float32)
         want_y, want_state = _naive_ssm(state, *args, idx, 0.0, float("inf"))
         got_state = state.clone()
-        if name == "dense":
-            got_y = selective_state_update_dense(got_state, *args, active)
-        else:
-            got_y = selective_state_update(got_state, *args, idx)
+        got_y = selective_state_update(got_state, *args, idx)
         _close(f"{name} ssm dispatch y", got_y, want_y, TOL["fp32"])
         _close(f"{name} ssm dispatch state", got_state, want_state, TOL["fp32"])
         assert torch.all(got_y[idx < 0] == 0)
@@ -401,10 +418,7 @@ def test_dispatchers_on_cpu_compute_the_step() -> None:
         x, conv_state, weight, bias = _conv_inputs(gen, slots, idx.numel(), torch.float32, 40, 4)
         want_out, want_state = _naive_conv(x, conv_state, weight, bias, idx, True)
         got_state = conv_state.clone()
-        if name == "dense":
-            got_out = causal_conv1d_update_dense(x, got_state, weight, bias, active)
-        else:
-            got_out = causal_conv1d_update(x, got_state, weight, bias, idx)
+        got_out = causal_conv1d_update(x, got_state, weight, bias, idx)
         _close(f"{name} conv dispatch out", got_out, want_out, TOL["fp32"])
         _equal(f"{name} conv dispatch state", got_state, want_state)
         assert torch.all(got_out[idx < 0] == 0)
@@ -437,13 +451,9 @@ print("ok")
 # Runs in a fresh interpreter without TRITON_INTERPRET so the kernels are compiled for the device.
 CUDA_CHECK = """
 import json, torch
-from engine.kernels.selective_state_update import (
-    selective_state_update, selective_state_update_dense, selective_state_update_dense_ref,
-    selective_state_update_ref,
-)
-from engine.kernels.causal_conv1d_update import (
-    causal_conv1d_update, causal_conv1d_update_dense, causal_conv1d_update_dense_ref, causal_conv1d_update_ref,
-)
+from engine.kernels.selective_state_update import selective_state_update, selective_state_update_ref
+from engine.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_ref
+from engine.model.slot_state import live_rows
 
 dev = "cuda"
 g = torch.Generator(device=dev).manual_seed(0)
@@ -455,6 +465,7 @@ untouched[idx[idx >= 0]] = False
 # The live batch: row i is slot i, three rows inactive, one scratch row past the batch.
 active = torch.ones(S, dtype=torch.bool, device=dev)
 active[torch.tensor([3, 17, 40], device=dev)] = False
+live = live_rows(active)
 live_untouched = torch.cat([~active, torch.ones(1, dtype=torch.bool, device=dev)])
 
 
@@ -496,9 +507,9 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
     )
     live_state = r(S + 1, h, p, n)
     a, b = live_state.clone(), live_state.clone()
-    want = selective_state_update_dense_ref(a, *args, active, 0.0, 100.0)
-    got = selective_state_update_dense(b, *args, active, 0.0, 100.0)
-    result[f"ssm_dense_{name}"] = dict(
+    want = selective_state_update_ref(a, *args, live, 0.0, 100.0)
+    got = selective_state_update(b, *args, live, 0.0, 100.0)
+    result[f"ssm_live_{name}"] = dict(
         **diffs("y", got, want, TOL[f"ssm_{name}"][0]),
         **diffs("state", b, a, TOL[f"ssm_{name}"][1]),
         pad_zero=bool((got[~active] == 0).all()),
@@ -518,9 +529,9 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
     )
     live_conv = r(S + 1, d, w - 1).to(dtype)
     a, b = live_conv.clone(), live_conv.clone()
-    want = causal_conv1d_update_dense_ref(x, a, weight, bias, active, True)
-    got = causal_conv1d_update_dense(x, b, weight, bias, active, True)
-    result[f"conv_dense_{name}"] = dict(
+    want = causal_conv1d_update_ref(x, a, weight, bias, live, True)
+    got = causal_conv1d_update(x, b, weight, bias, live, True)
+    result[f"conv_live_{name}"] = dict(
         **diffs("y", got, want, TOL[f"conv_{name}"][0]),
         state_equal=bool(torch.equal(a, b)),
         pad_zero=bool((got[~active] == 0).all()),
@@ -533,65 +544,10 @@ print(json.dumps(result))
 @pytest.mark.gpu
 def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
     """Compiled kernels at model sizes: 128 heads x 80, d_state 128, 8 groups; conv 12288 x 4; 64 rows;
-    both the indexed dispatch and the live batch's dense one."""
+    a gathered batch and the live one (its exec mask as indices)."""
     result = json.loads(run_compiled(CUDA_CHECK).strip().splitlines()[-1])
     for name, r in result.items():
         print(name, r)
         assert r["pad_zero"] and r["untouched"], name
         assert r["y_excess"] <= 0, name
         assert r.get("state_excess", 0) <= 0 and r.get("state_equal", True), name
-
-
-def test_dense_live_batch_updates_equal_the_indexed_ones():
-    """The live batch's in-place updates (row i is slot i) equal the indexed references with inactive rows as
-    padding: same outputs, same state, and inactive slots bit-identical."""
-    g = torch.Generator().manual_seed(11)
-    b, h, p, n, grp = 6, 4, 8, 5, 2
-    active = torch.tensor([True, False, True, True, False, True])
-    idx = torch.where(active, torch.arange(b), -1)
-    state = torch.randn(b + 1, h, p, n, generator=g)
-    args = (
-        torch.randn(b, h, p, generator=g), torch.randn(b, h, generator=g), -torch.rand(h, generator=g) - 0.5,
-        torch.randn(b, grp, n, generator=g), torch.randn(b, grp, n, generator=g), torch.randn(h, generator=g),
-        torch.randn(h, generator=g),
-    )  # fmt: skip
-    s1, s2 = state.clone(), state.clone()
-    y1 = selective_state_update_ref(s1, *args, idx)
-    y2 = selective_state_update_dense_ref(s2, *args, active)
-    assert torch.allclose(y1, y2, atol=1e-5) and torch.allclose(s1, s2, atol=1e-6)
-    assert torch.equal(
-        s2[~torch.cat([active, torch.tensor([False])])], state[~torch.cat([active, torch.tensor([False])])]
-    )
-    conv = torch.randn(b + 1, 7, 3, generator=g)
-    x, w, bias = torch.randn(b, 7, generator=g), torch.randn(7, 4, generator=g), torch.randn(7, generator=g)
-    c1, c2 = conv.clone(), conv.clone()
-    o1 = causal_conv1d_update_ref(x, c1, w, bias, idx)
-    o2 = causal_conv1d_update_dense_ref(x, c2, w, bias, active)
-    assert torch.allclose(o1, o2, atol=1e-6) and torch.equal(c1, c2)
-
-
-def test_scratch_padding_writes_the_same_rows_as_the_general_reference():
-    """With padding sent to a scratch row (the thinker's convention) the fast row write gives the same
-    outputs and the same state for every real slot."""
-    g = torch.Generator().manual_seed(12)
-    S, b, h, p, n, grp = 6, 4, 4, 8, 5, 2
-    general = torch.tensor([3, -1, 0, -1])
-    scratch = torch.where(general >= 0, general, S - 1)  # row S-1 is the scratch row
-    state = torch.randn(S, h, p, n, generator=g)
-    args = (
-        torch.randn(b, h, p, generator=g), torch.randn(b, h, generator=g), -torch.rand(h, generator=g) - 0.5,
-        torch.randn(b, grp, n, generator=g), torch.randn(b, grp, n, generator=g), torch.randn(h, generator=g),
-        torch.randn(h, generator=g),
-    )  # fmt: skip
-    s1, s2 = state.clone(), state.clone()
-    y1 = selective_state_update_ref(s1, *args, general)
-    y2 = selective_state_update_ref(s2, *args, scratch, scratch_padding=True)
-    real = general[general >= 0]
-    assert torch.equal(y1[general >= 0], y2[general >= 0])
-    assert torch.equal(s1[: S - 1], s2[: S - 1]) and not torch.equal(s1[real], state[real])
-    conv = torch.randn(S, 7, 3, generator=g)
-    x, w = torch.randn(b, 7, generator=g), torch.randn(7, 4, generator=g)
-    c1, c2 = conv.clone(), conv.clone()
-    o1 = causal_conv1d_update_ref(x, c1, w, None, general)
-    o2 = causal_conv1d_update_ref(x, c2, w, None, scratch, scratch_padding=True)
-    assert torch.equal(o1[general >= 0], o2[general >= 0]) and torch.equal(c1[: S - 1], c2[: S - 1])

@@ -69,7 +69,7 @@ def _stream(model: Perception, audio: torch.Tensor, active: torch.Tensor | None 
 
 
 def _state(model: Perception) -> dict[str, torch.Tensor]:
-    return {name: getattr(model, name).clone() for name in model.state_buffers}
+    return {name: t.clone() for name, t in model.slot_state().items()}
 
 
 def _rows(name: str, buf: torch.Tensor, rows) -> torch.Tensor:
@@ -85,7 +85,7 @@ def test_fixture_loads_by_release_names_and_every_tensor_is_consumed(weights):
     assert all(name.startswith(RELEASE_PREFIX) for name in consumed)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, weights[RELEASE_PREFIX + name]), name
-    assert not set(model.state_buffers) & set(model.state_dict())  # slot state never reaches a checkpoint
+    assert not set(model.slot_state()) & set(model.state_dict())  # slot state never reaches a checkpoint
 
 
 def test_front_end_buffers_equal_nemo(weights):

@@ -79,7 +79,7 @@ def test_nonfinite_caller_samples_are_replaced_and_counted(pipeline):
 def test_slack_work_touches_only_its_own_slots(pipeline):
     pipeline.reset(torch.ones(S, dtype=torch.bool))
     th = pipeline.thinker
-    before = [t.clone() for t in th.slot_state()]
+    before = {name: t.clone() for name, t in th.slot_state().items()}
     slots = torch.tensor([2, 9])
     ids = torch.tensor(Tokens(CFG.tokens).encode("<TOOL_RESPONSE>[1]</TOOL_RESPONSE>"))[None].repeat(2, 1)
     pipeline.prefill_result(slots, ids)
@@ -87,7 +87,9 @@ def test_slack_work_touches_only_its_own_slots(pipeline):
     assert func[1] == 20  # forced
     pipeline.prefill_prompt(slots, ids)
     changed = {
-        int(i) for i in range(S) if any(not torch.equal(a[i], b[i]) for a, b in zip(before, th.slot_state()))
+        int(i)
+        for i in range(S)
+        if any(not torch.equal(before[n][i], t[i]) for n, t in th.slot_state().items())
     }
     assert changed == {2, 9}
     assert th.pos[2] == th.pos[9] == 2 * ids.shape[1] + 1
@@ -118,7 +120,7 @@ def test_every_entry_point_runs_under_narrow_policies(policy):
     kv = {
         "perception": [p.perception.k_cache0, p.perception.v_cache0],
         "thinker": [b.mixer.k_cache for b in p.thinker.llm.layers if b.kind == "*"],
-        "talker": [p.talker.k_cache0, p.talker.v_cache1],
+        "talker": [p.talker.backbone.k_cache0, p.talker.backbone.v_cache1],
     }
     for stage, caches in kv.items():
         assert caches and all(c.dtype == DTYPES[getattr(policy, stage + "_kv")] for c in caches), stage
@@ -186,7 +188,7 @@ def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
     S4, frames = 4, 40
     pipes = fixture_pipelines(("fp32", "gpu"), S4)
     audio = callers(S4, frames)
-    active, slots = torch.ones(S4, dtype=torch.bool), torch.arange(S4)
+    active = torch.ones(S4, dtype=torch.bool)
     emb_err, logit_err, logit_abs, audio_err = [], [], [], []
     agree: dict[str, list[bool]] = {"text": [], "func": []}
     flip_gaps: list[float] = []
@@ -195,8 +197,8 @@ def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
             a = audio[:, k].contiguous()
             e32 = pipes["fp32"].perception.step(a, active)
             eg = pipes["gpu"].perception.step(a, active)
-            o32 = pipes["fp32"].thinker.step(e32, slots, dense=True)
-            og = pipes["gpu"].thinker.step(eg, slots, o32.text_token, o32.func_token, dense=True)
+            o32 = pipes["fp32"].thinker.step(e32, active)
+            og = pipes["gpu"].thinker.step(eg, active, o32.text_token, o32.func_token)
             pcm = {}
             for name, p in pipes.items():
                 codes = p.talker.step(o32.text_token, active)
@@ -239,14 +241,15 @@ def test_the_capacity_policy_costs_the_talker_a_few_percent_of_its_codes():
     S4, frames = 4, 40
     pipes = fixture_pipelines(("gpu", "capacity"), S4)
     gpu, capacity = pipes["gpu"], pipes["capacity"]
-    assert capacity.talker.k_cache0.dtype == torch.bfloat16 and gpu.talker.k_cache0.dtype == torch.float32
+    assert capacity.talker.backbone.k_cache0.dtype == torch.bfloat16
+    assert gpu.talker.backbone.k_cache0.dtype == torch.float32
     audio = callers(S4, frames)
-    active, slots = torch.ones(S4, dtype=torch.bool), torch.arange(S4)
+    active = torch.ones(S4, dtype=torch.bool)
     agree = []
     with torch.inference_mode():
         for k in range(frames):
             emb = gpu.perception.step(audio[:, k].contiguous(), active)
-            text = gpu.thinker.step(emb, slots, dense=True).text_token
+            text = gpu.thinker.step(emb, active).text_token
             ours, ref = capacity.talker.step(text, active), gpu.talker.step(text, active)
             agree.append((ours == ref).float().mean().item())
             capacity.talker.prev_codes.copy_(gpu.talker.prev_codes)  # the same history of codes

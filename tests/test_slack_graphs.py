@@ -42,7 +42,7 @@ def history(p: Pipeline, seed: int = 0) -> None:
 
 
 def thinker_rows(p: Pipeline, slots) -> list[torch.Tensor]:
-    return [t[list(slots)].clone() for t in p.thinker.slot_state()]
+    return [t[list(slots)].clone() for t in p.thinker.slot_state().values()]
 
 
 def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
@@ -170,7 +170,8 @@ def test_a_padded_replay_step_equals_the_unpadded_one():
     assert ("replay", 4, 1) in runner.slack.graphs
     for name in ("perception", "thinker"):
         got, want = getattr(a, name).slot_state(), getattr(b, name).slot_state()
-        close([t[:S] for t in got], [t[:S] for t in want])
+        assert got.keys() == want.keys(), name
+        close([t[:S] for t in got.values()], [want[k][:S] for k in got])
 
 
 @pytest.mark.parametrize(
@@ -183,7 +184,7 @@ def test_every_slack_bucket_has_nothing_a_capture_refuses(key):
     step.inputs[0 if key[0] != "replay" else 2][:1] = 2  # one real row, the rest padding
     if key[0] == "replay":
         step.inputs[1][2] = True
-    state = [t for ts in p.slot_state().values() for t in ts]
+    state = [t for ts in p.slot_state().values() for t in ts.values()]
     report = audit_step(step.fn, step.inputs, lambda: state)
     print(key, report.ops, "operators;", report.by_op.most_common(5))
     assert report.capturable, report.problems

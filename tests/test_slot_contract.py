@@ -1,7 +1,9 @@
 """Every stage follows one slot-state contract (engine/model/slot_state.py), checked the same way for all four:
-slot-first buffers, a reset slot equals a fresh one, a saved slot loaded elsewhere continues exactly as the
-original, rows outside `exec_mask` keep their state bit for bit, and the bytes `engine info` counts are the
-bytes the built stages hold. The pipeline shares a prompt through the same calls.
+named slot-first buffers, a reset slot equals a fresh one, a saved slot loaded elsewhere continues exactly as
+the original, loading touches that slot alone, a saved dict of another layout is refused by name, rows outside
+`exec_mask` keep their state bit for bit, and the bytes `engine info` counts per session are the bytes the
+built stages hold and the bytes the config's dimensions call for. The pipeline shares a prompt through the
+same calls.
 
 Tiny preset, seeded dummy weights (the contract is about state, not what the weights say), float32 and the
 GPU's dtype policy.
@@ -14,9 +16,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.dtype_policy import dtype_policy
+from engine.config import ModelConfig
+from engine.dtype_policy import DtypePolicy, dtype_policy
 from engine.info import report
-from engine.model.pipeline import PROMPT_STAGES, STAGES, Pipeline
+from engine.model.pipeline import DTYPES, PROMPT_STAGES, STAGES, Pipeline
 from engine.presets import load_preset
 from engine.tokens import Tokens
 
@@ -42,9 +45,8 @@ def driver(p: Pipeline, name: str) -> Callable[[torch.Generator, torch.Tensor], 
 
     def thinker(gen: torch.Generator, mask: torch.Tensor) -> torch.Tensor:
         emb = torch.randn(1, CFG.thinker.hidden_size, generator=gen).expand(S, -1).contiguous()
-        slots = torch.where(mask, torch.arange(S), -1)
         force = torch.full((S,), -1, dtype=torch.long)
-        out = p.thinker.step(emb, slots, force, force, dense=True)
+        out = p.thinker.step(emb, mask, force, force)
         return torch.cat([out.text_logits, out.func_logits], -1)
 
     def talker(gen: torch.Generator, mask: torch.Tensor) -> torch.Tensor:
@@ -58,12 +60,12 @@ def driver(p: Pipeline, name: str) -> Callable[[torch.Generator, torch.Tensor], 
     return {"perception": perception, "thinker": thinker, "talker": talker, "codec": codec}[name]
 
 
-def rows(stage, slot: int) -> list[torch.Tensor]:
-    return [t[slot].clone() for t in stage.slot_state()]
+def rows(stage, slot: int) -> dict[str, torch.Tensor]:
+    return {name: t[slot].clone() for name, t in stage.slot_state().items()}
 
 
-def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
 
 @pytest.fixture(scope="module", params=POLICIES)
@@ -75,9 +77,13 @@ def policy(request) -> str:
 def test_state_is_slot_first(name, policy):
     stage = getattr(build(policy), name)
     stage.check_slot_state()
-    assert stage.slot_state(), name
-    for t in stage.slot_state():
-        assert t.shape[0] == S + stage.scratch_rows
+    state = stage.slot_state()
+    assert state, name
+    buffers = dict(stage.named_buffers())
+    for key, t in state.items():
+        assert t.shape[0] == S + stage.scratch_rows, key
+        assert buffers[key] is t, key  # named as `named_buffers` names it
+        assert key not in stage.state_dict(), key  # slot state never reaches a checkpoint
 
 
 @pytest.mark.parametrize("name", STAGES)
@@ -123,8 +129,8 @@ def test_a_saved_slot_loaded_elsewhere_continues_as_the_original(name, policy):
             assert torch.equal(out_b[0], out_a[0]), i
             torch.testing.assert_close(out_b[2], out_a[0], rtol=0, atol=1e-6)
     assert same(rows(stage_b, 0), rows(stage_a, 0))
-    for x, y in zip(rows(stage_b, 2), rows(stage_a, 0), strict=True):
-        torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+    for key, x in rows(stage_b, 2).items():
+        torch.testing.assert_close(x, rows(stage_a, 0)[key], rtol=0, atol=1e-5)
     assert not same(saved, rows(stage_a, 0))  # the saved copy is a copy: the slot moved on
 
 
@@ -142,13 +148,92 @@ def test_rows_outside_the_exec_mask_keep_their_state(name, policy):
     assert not same(rows(stage, 0), before[0])
 
 
-def test_loading_a_slot_from_another_stage_layout_is_refused():
+@pytest.mark.parametrize("name", STAGES)
+def test_loading_a_slot_changes_that_slot_alone_in_every_buffer(name):
+    """Every buffer of slot 1 is given other values through `load_slot`: saving each slot again, slot 1's dict
+    has the new values under every name and the other slots' dicts are what they were."""
+    stage = getattr(build("fp32"), name)
+    before = [stage.save_slot(s) for s in range(S)]
+    changed = {
+        key: (~v if v.dtype == torch.bool else v + 3).to(v.dtype)  # +3: not a no-op even in bf16
+        for key, v in before[1].items()
+    }
+    stage.load_slot(1, changed)
+    after = [stage.save_slot(s) for s in range(S)]
+    assert same(after[1], changed) and not same(after[1], before[1])
+    assert all(not torch.equal(after[1][key], before[1][key]) for key in changed)
+    assert same(after[0], before[0]) and same(after[2], before[2])
+
+
+def test_loading_a_slot_from_another_stage_layout_is_refused_by_name():
     p = build("fp32")
     saved = p.codec.save_slot(0)
     with pytest.raises(ValueError, match="not this stage's"):
         p.talker.load_slot(1, saved)
+    saved = p.talker.save_slot(0)
+    ring = "backbone.k_cache0"
+    wrong = {**saved, ring: saved[ring][..., :-1]}
+    del wrong["frames"]
+    with pytest.raises(ValueError, match=r"missing \['frames'\].*backbone\.k_cache0") as err:
+        p.talker.load_slot(1, wrong)
+    assert "unknown []" in str(err.value)
+    with pytest.raises(ValueError, match="unknown \\['extra'\\]"):
+        p.talker.load_slot(1, {**saved, "extra": saved["frames"]})
     with pytest.raises(ValueError, match="slot: expected 0..2"):
         p.codec.save_slot(S)
+
+
+def state_bytes_from_dimensions(cfg: ModelConfig, policy: DtypePolicy) -> dict[str, int]:
+    """The bytes of one session's state per stage, from the config's dimensions and the policy's dtypes alone
+    (the layouts the stages' docstrings state), not from any built stage."""
+    size = {
+        name: DTYPES[getattr(policy, name)].itemsize for name in DtypePolicy.model_fields if name != "name"
+    }
+    f32, i64 = 4, 8
+    pc = cfg.perception
+    # NeMo's dw_striding: log2(factor) stages of kernel 3, stride 2 -> receptive field in mel columns
+    stages = pc.subsampling_factor.bit_length() - 1
+    receptive = 1 + 2 * (2**stages - 1)
+    audio_tail = (pc.chunk_mel - 1) * pc.hop_length + pc.n_fft // 2 + 1
+    perception = (
+        f32 * (audio_tail + (receptive - pc.chunk_mel) * pc.n_mels)
+        + pc.num_layers * 2 * pc.att_context_left * pc.d_model * size["perception_kv"]
+        + pc.num_layers * pc.d_model * (pc.conv_kernel - 1) * size["perception"]
+        + 2 * i64  # frames, nonfinite_samples
+    )
+    th = cfg.thinker
+    mamba = th.layer_pattern.count("M")
+    attention = th.layer_pattern.count("*")
+    thinker = (
+        3 * i64  # position, previous text and function tokens
+        + mamba * th.conv_dim * (th.conv_kernel - 1) * size["thinker"]
+        + mamba * th.mamba_num_heads * th.mamba_head_dim * th.ssm_state_size * f32
+        + attention * 2 * th.num_key_value_heads * th.attention_window * th.head_dim * size["thinker_kv"]
+    )
+    tk = cfg.talker
+    streams = 2 if tk.use_cfg else 1
+    rings = sum(tk.sliding_window if t == "sliding" else tk.attention_window for t in tk.layer_types)
+    talker = (
+        streams * 2 * tk.num_kv_heads * rings * tk.head_dim * size["talker_kv"]
+        + i64 * (streams + tk.num_codebooks + 2)  # positions per stream, codes fed back, seed, frame counter
+    )
+    cc = cfg.codec
+    kept = 2 * -(-((cc.n_fft - cc.hop_length) // 2) // cc.hop_length)  # iSTFT columns carried over
+    codec = (
+        sum(cc.blocks_per_stage * dim * (cc.block_kernel - 1) for dim in cc.channels) * size["codec"]
+        + cc.n_fft * kept * f32
+    )
+    return {"perception": perception, "thinker": thinker, "talker": talker, "codec": codec}
+
+
+@pytest.mark.parametrize("policy", ["fp32", "gpu", "capacity"])
+def test_engine_info_counts_the_bytes_the_dimensions_call_for(policy):
+    """`engine info`'s bytes per session, stage by stage, against the count from the config's dimensions; the
+    thinker's scratch row is one more session's worth."""
+    r = report(CFG, 80.0, policy)
+    want = state_bytes_from_dimensions(CFG, dtype_policy(policy, "cuda"))
+    assert r["state_bytes_detail"] == want
+    assert r["state_bytes_fixed"] == want["thinker"]
 
 
 def held_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:

@@ -44,9 +44,7 @@ def _run(talker: Talker, text: torch.Tensor, active: torch.Tensor | None = None)
 
 
 def _state(talker: Talker) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in talker.named_buffers() if k.startswith(("k_cache", "v_cache"))} | {
-        k: getattr(talker, k).clone() for k in ("pos", "prev_codes", "frames", "seeds")
-    }
+    return {k: v.clone() for k, v in talker.slot_state().items()}
 
 
 def _random_text(gen: torch.Generator, slots: int, frames: int) -> torch.Tensor:
@@ -98,7 +96,7 @@ def test_narrow_dtypes_teacher_forced_against_nemo(release, cases, name, dtype, 
     frames = 96
     talker = Talker(TINY.model_copy(update=DETERMINISTIC), TOKENIZER, 3, dtype, kv_dtype)
     load_release_weights(talker, release)
-    assert talker.k_cache0.dtype == kv_dtype and talker.backbone.norm.weight.dtype == dtype
+    assert talker.backbone.k_cache0.dtype == kv_dtype and talker.backbone.norm.weight.dtype == dtype
     ref = cases["codes"][:, :frames]
     active = torch.ones(3, dtype=torch.bool)
     out = []
@@ -144,7 +142,8 @@ def test_batch_invariance_with_sampling(release):
     together = _run(batch, text)
     alone = _loaded(release, 1)
     for slot in (0, 17, 42, 63):
-        alone.reset(torch.ones(1, dtype=torch.bool), seeds=seeds[slot : slot + 1])
+        alone.reset(torch.ones(1, dtype=torch.bool))
+        alone.set_seed(seeds[slot : slot + 1])
         assert torch.equal(_run(alone, text[slot : slot + 1]), together[slot : slot + 1]), f"slot {slot}"
 
 
@@ -154,7 +153,8 @@ def test_seeds_make_sampling_reproducible_and_distinct(release):
     text = _random_text(torch.Generator().manual_seed(3), 1, 8).expand(2, -1)
     same = _run(talker, text)
     assert torch.equal(same[0], same[1])
-    talker.reset(torch.ones(2, dtype=torch.bool), seeds=torch.tensor([7, 8]))
+    talker.reset(torch.ones(2, dtype=torch.bool))
+    talker.set_seed(torch.tensor([7, 8]))
     other = _run(talker, text)
     assert torch.equal(other[0], same[0]) and not torch.equal(other[1], same[1])
 
@@ -172,7 +172,8 @@ def test_reset_equals_fresh_and_spares_neighbours(release):
     _run(used, _random_text(gen, 4, 9))  # slot 2 serves another session first
     mask = torch.tensor([False, False, True, False])
     neighbours = _state(used)
-    used.reset(mask, seeds=seeds)
+    used.reset(mask)
+    used.set_seed(seeds)
     after = _state(used)
     for name, before in neighbours.items():
         rows = before.shape[0] // 4

@@ -40,24 +40,29 @@ def cases():
     return load_file(FIXTURES / "cases.safetensors")
 
 
-def run_steps(th: Thinker, cases) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The `steps` case, teacher-forced: (hidden, text logits, function logits), each [3, 32, ...]."""
+def run_steps(th: Thinker, cases, live: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The `steps` case, teacher-forced: (hidden, text logits, function logits), each [3, 32, ...]. Through
+    the slot-index form on slots 4, 0, 2 of five, or (`live`) through the live form of a three-slot thinker."""
     audio, text, func = cases["steps.audio"], cases["steps.text"], cases["steps.func"]
     T = audio.shape[1]
-    slots = torch.tensor([4, 0, 2])
+    slots = torch.arange(3) if live else torch.tensor([4, 0, 2])
     th.prev_text[slots], th.prev_func[slots] = text[:, 0], func[:, 0]
+    rows = torch.ones(3, dtype=torch.bool) if live else slots  # the exec mask, or the slot of each row
+    step = th.step if live else th.step_rows
     hidden, tl, fl = [], [], []
     for t in range(T):
         nxt = min(t + 1, T - 1)
-        out = th.step(audio[:, t], slots, force_text=text[:, nxt], force_func=func[:, nxt])
+        out = step(audio[:, t], rows, force_text=text[:, nxt], force_func=func[:, nxt])
         hidden.append(out.hidden)
         tl.append(out.text_logits)
         fl.append(out.func_logits)
     return torch.stack(hidden, 1), torch.stack(tl, 1), torch.stack(fl, 1)
 
 
-def test_steps_match_reference(cases):
-    hidden, tl, fl = run_steps(reference_thinker(num_slots=5), cases)
+@pytest.mark.parametrize("form", ["slot-index", "live"])
+def test_steps_match_reference(cases, form):
+    live = form == "live"
+    hidden, tl, fl = run_steps(reference_thinker(num_slots=3 if live else 5), cases, live)
     tt, ft = tl.argmax(-1), fl.argmax(-1)
     assert report("hidden", hidden, cases["steps.hidden"]) < 1e-4
     assert report("text logits", tl, cases["steps.text_logits"]) < 1e-4
@@ -78,7 +83,7 @@ def test_chunked_prefill_then_steps_match_reference(cases):
     with torch.inference_mode():
         x = th.embed(audio, text, func)
         h = [th.prefill_embeds(x[:, :40], slots)]
-        h += [th.step_embeds(x[:, t], slots)[:, None] for t in range(40, 48)]
+        h += [th.step_rows_embeds(x[:, t], slots)[:, None] for t in range(40, 48)]
         hidden = torch.cat(h, 1)
         tl, fl = th.heads(hidden)
     assert report("prefill hidden", hidden, cases["prefill.hidden"]) < 1e-4
@@ -122,7 +127,7 @@ def test_narrow_dtypes_stay_near_reference(cases, name, dtype, kv_dtype):
     with torch.inference_mode():
         x = th.embed(cases["prefill.audio"], cases["prefill.text"], cases["prefill.func"])
         h = [th.prefill_embeds(x[:, :40], slots)]
-        h += [th.step_embeds(x[:, t], slots)[:, None] for t in range(40, 48)]
+        h += [th.step_rows_embeds(x[:, t], slots)[:, None] for t in range(40, 48)]
         hidden = torch.cat(h, 1)
         tl, _ = th.heads(hidden)
     check("prefill hidden", hidden, cases["prefill.hidden"])
@@ -158,13 +163,13 @@ def test_batch_of_64_equals_each_slot_alone():
     T, S = 6, 64
     audio = torch.randn(S, T, TINY.hidden_size)
     together = dummy(S)
-    all_slots = torch.arange(S)
-    outs = [together.step(audio[:, t], all_slots, dense=True) for t in range(T)]
+    every = torch.ones(S, dtype=torch.bool)
+    outs = [together.step(audio[:, t], every) for t in range(T)]
     alone = dummy(S)
     worst = 0.0
     for s in (0, 17, 63):
         for t in range(T):
-            o = alone.step(audio[s : s + 1, t], torch.tensor([s]))
+            o = alone.step_rows(audio[s : s + 1, t], torch.tensor([s]))
             worst = max(worst, (o.hidden[0] - outs[t].hidden[s]).abs().max().item())
             assert o.text_token[0] == outs[t].text_token[s]
             assert o.func_token[0] == outs[t].func_token[s]
@@ -194,7 +199,7 @@ def test_chunked_prefill_equals_single_steps(window):
         # chunks of several sizes, crossing the ring's wrap when window is 8
         bounds = [0, 5, 13, 14, 21, 29, 37] if window == 8 else [0, 16, 37]
         ha = torch.cat([a.prefill_embeds(x[:, i:j], slots) for i, j in zip(bounds, bounds[1:])], 1)
-        hb = torch.stack([b.step_embeds(x[:, t], slots) for t in range(37)], 1)
+        hb = torch.stack([b.step_rows_embeds(x[:, t], slots) for t in range(37)], 1)
     assert report("prefill vs steps hidden", ha, hb) < 1e-4
     for s in (0, 2):
         for i, (sa, sb) in enumerate(zip(_state(a, s), _state(b, s))):
@@ -208,10 +213,9 @@ def test_chunked_prefill_equals_single_steps(window):
 def test_reused_slot_behaves_like_a_fresh_pool_and_reset_spares_neighbours():
     torch.manual_seed(3)
     audio = torch.randn(4, 10, TINY.hidden_size)
-    slots = torch.arange(4)
     used = dummy(4)
     for t in range(10):
-        used.step(audio[:, t], slots)
+        used.step(audio[:, t], torch.ones(4, dtype=torch.bool))
     neighbours = [_state(used, s) for s in (0, 2, 3)]
     used.reset(torch.tensor([False, True, False, False]))
     for s, before in zip((0, 2, 3), neighbours):
@@ -220,26 +224,45 @@ def test_reused_slot_behaves_like_a_fresh_pool_and_reset_spares_neighbours():
     assert all(torch.equal(x, y) for x, y in zip(_state(used, 1), _state(fresh, 1)))
     later = torch.randn(1, 5, TINY.hidden_size)
     for t in range(5):
-        o1 = used.step(later[:, t], torch.tensor([1]))
-        o2 = fresh.step(later[:, t], torch.tensor([1]))
+        o1 = used.step_rows(later[:, t], torch.tensor([1]))
+        o2 = fresh.step_rows(later[:, t], torch.tensor([1]))
         assert torch.equal(o1.hidden, o2.hidden)
         assert torch.equal(o1.text_token, o2.text_token)
+
+
+def test_the_live_form_is_the_slot_index_form_with_masked_rows_as_padding():
+    """The live batch under a changing exec mask, against the same frames through the slot-index form with the
+    masked-off rows as padding (-1): the executed rows' outputs and every slot's state, bit for bit."""
+    torch.manual_seed(5)
+    T, S = 6, 5
+    audio = torch.randn(T, S, TINY.hidden_size)
+    live, rows = dummy(S), dummy(S)
+    for t in range(T):
+        mask = torch.rand(S) < 0.7
+        mask[t % S] = True
+        a = live.step(audio[t], mask)
+        b = rows.step_rows(audio[t], torch.where(mask, torch.arange(S), -1))
+        assert torch.equal(a.hidden[mask], b.hidden[mask]), t
+        assert torch.equal(a.text_token[mask], b.text_token[mask]), t
+        assert torch.equal(a.func_logits[mask], b.func_logits[mask]), t
+    for s in range(S):
+        assert all(torch.equal(x, y) for x, y in zip(_state(live, s), _state(rows, s))), s
 
 
 def test_padding_rows_are_computed_but_leave_state_untouched():
     th = dummy(4)
     before = [_state(th, s) for s in range(4)]
-    th.step(torch.randn(3, TINY.hidden_size), torch.tensor([-1, 3, -1]))
+    th.step_rows(torch.randn(3, TINY.hidden_size), torch.tensor([-1, 3, -1]))
     assert all(torch.equal(x, y) for s in (0, 1, 2) for x, y in zip(before[s], _state(th, s)))
     assert th.pos[3] == 1
 
 
 def test_ten_thousand_steps_past_the_window_stay_finite():
     th = dummy(2)
-    slots = torch.arange(2)
+    every = torch.ones(2, dtype=torch.bool)
     gen = torch.Generator().manual_seed(4)
     for _ in range(10_000):
-        out = th.step(torch.randn(2, TINY.hidden_size, generator=gen), slots)
+        out = th.step(torch.randn(2, TINY.hidden_size, generator=gen), every)
     assert th.pos[:2].tolist() == [10_000, 10_000]
     assert torch.isfinite(out.hidden).all() and torch.isfinite(out.text_logits).all()
     for block in th.llm.layers:
@@ -258,23 +281,31 @@ def test_dummy_weights_keep_56_layers_finite():
     th = dummy(2, narrow)
     assert len(th.llm.layers) == 56
     for _ in range(40):
-        out = th.step(torch.randn(2, 64), torch.arange(2))
+        out = th.step(torch.randn(2, 64), torch.ones(2, dtype=torch.bool))
     assert torch.isfinite(out.hidden).all()
     assert 0.1 < out.hidden.std().item() < 10
 
 
 def test_wrong_shapes_and_dtypes_say_what_was_expected():
     th = dummy(4)
+    every = torch.ones(4, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"audio: expected shape \(2, 128\)"):
-        th.step(torch.randn(2, 64), torch.arange(2))
+        th.step_rows(torch.randn(2, 64), torch.arange(2))
     with pytest.raises(ValueError, match=r"slots: expected shape \(2,\) torch.int64"):
-        th.step(torch.randn(2, 128), torch.arange(2, dtype=torch.int32))
+        th.step_rows(torch.randn(2, 128), torch.arange(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="audio: expected a floating-point"):
-        th.step(torch.zeros(2, 128, dtype=torch.long), torch.arange(2))
-    with pytest.raises(ValueError, match="dense step takes all 4 slots"):
-        th.step(torch.randn(2, 128), torch.arange(2), dense=True)
+        th.step_rows(torch.zeros(2, 128, dtype=torch.long), torch.arange(2))
     with pytest.raises(ValueError, match=r"force_text: expected shape \(2,\)"):
-        th.step(torch.randn(2, 128), torch.arange(2), force_text=torch.zeros(3, dtype=torch.long))
+        th.step_rows(torch.randn(2, 128), torch.arange(2), force_text=torch.zeros(3, dtype=torch.long))
+    # the live form takes every slot, and its mask through the contract's one check
+    with pytest.raises(ValueError, match=r"audio: expected shape \(4, 128\)"):
+        th.step(torch.randn(2, 128), every)
+    with pytest.raises(
+        ValueError, match=r"exec_mask: expected a bool tensor of shape \[4\], got torch.int64"
+    ):
+        th.step(torch.randn(4, 128), torch.arange(4))
+    with pytest.raises(ValueError, match=r"mask: expected a bool tensor of shape \[4\]"):
+        th.reset(torch.ones(3, dtype=torch.bool))
 
 
 def test_loader_names_missing_and_misshapen_tensors():

@@ -29,11 +29,11 @@ def test_windows_shrink_the_rings_and_info_sizes_them_as_built():
     with torch.device("meta"):
         stages = build_stages(short, 2, Tokens(short.tokens).pad, dtype_policy("fp32"))
     perception, thinker, talker, codec = stages
-    assert {t.shape[3] for t in talker.slot_state() if t.dim() == 5} == {
+    assert {t.shape[3] for t in talker.slot_state().values() if t.dim() == 5} == {
         64
     }  # [slots, streams, heads, ring, d]
-    assert {t.shape[2] for t in thinker.slot_state() if t.dim() == 4} == {32}
-    allocated = sum(t.numel() * t.element_size() for stage in stages for t in stage.slot_state())
+    assert {t.shape[2] for t in thinker.slot_state().values() if t.dim() == 4} == {32}
+    allocated = sum(t.numel() * t.element_size() for stage in stages for t in stage.slot_state().values())
     r = report(short, 0.0, "fp32")
     assert allocated == 2 * r["state_bytes_per_session"] + r["state_bytes_fixed"]
     assert report(tiny, 0.0, "fp32")["state_bytes_per_session"] > r["state_bytes_per_session"]

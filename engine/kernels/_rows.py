@@ -18,4 +18,4 @@ def write_rows(state: torch.Tensor, state_indices: torch.Tensor, rows: torch.Ten
     )
     picked = rows.index_select(0, owner.clamp(min=0)).to(state.dtype)
     mask = (owner >= 0).view(-1, *([1] * (state.dim() - 1)))
-    state.copy_(torch.where(mask, picked, state))
+    torch.where(mask, picked, state, out=state)

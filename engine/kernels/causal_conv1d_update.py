@@ -2,8 +2,8 @@
 
 Knows tensors only. `causal_conv1d_update` dispatches to the Triton kernel (`causal_conv1d_update_triton`)
 on CUDA and to the plain-torch `causal_conv1d_update_ref` elsewhere. Triton is imported guarded, so this
-module imports (and the reference runs) where Triton is missing. `causal_conv1d_update_dense` (with its
-`_dense_triton` and `_dense_ref`) is the same step for the live batch, where row i is slot i.
+module imports (and the reference runs) where Triton is missing. A batch names its slots by index, -1 for a
+row that neither reads nor writes state; the live batch is row i on slot i (`slot_state.live_rows`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ def causal_conv1d_update_ref(
     bias: torch.Tensor | None,
     state_indices: torch.Tensor,
     silu: bool = True,
-    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Append one column per row to its slot's window, convolve, optionally apply SiLU.
 
     Shapes (b = batch rows, S = slots, d = channels, w = kernel width):
       x [b, d]; conv_state [S, d, w - 1] (the last w - 1 inputs, oldest first), mutated for rows whose
       index is >= 0; weight [d, w]; bias [d] or None; state_indices [b] int64, -1 for a padding row.
-    Returns [b, d] in x's dtype; padding rows give zeros and leave every slot untouched.
-    scratch_padding=True: padding rows go to a scratch row instead of -1 (see selective_state_update_ref).
+    Returns [b, d] in x's dtype; padding rows give zeros and leave every slot untouched. Rows with an index
+    >= 0 should name distinct slots (a repeated one is written by its last row).
     """
     valid = state_indices >= 0
     idx = state_indices.clamp(min=0)
@@ -43,11 +42,8 @@ def causal_conv1d_update_ref(
         out = out + bias.to(out.dtype)
     if silu:
         out = F.silu(out)
-    if scratch_padding:
-        conv_state.index_copy_(0, idx, window[:, :, 1:])
-    else:
-        write_rows(conv_state, state_indices, window[:, :, 1:])
-    return torch.where(valid[:, None], out, torch.zeros_like(out)).to(x.dtype)
+    write_rows(conv_state, state_indices, window[:, :, 1:])
+    return torch.where(valid[:, None], out, 0.0).to(x.dtype)
 
 
 @_jit
@@ -185,68 +181,10 @@ def causal_conv1d_update(
     bias: torch.Tensor | None,
     state_indices: torch.Tensor,
     silu: bool = True,
-    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
     if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
         return torch.empty_like(x)
-    return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu, scratch_padding)
-
-
-def causal_conv1d_update_dense_ref(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    active: torch.Tensor,
-    silu: bool = True,
-) -> torch.Tensor:
-    """The same update when batch row i is slot i (the live batch); `active [b]` bool, inactive rows keep
-    their window. Shapes as `causal_conv1d_update_ref`; `conv_state` has at least b rows."""
-    b = x.shape[0]
-    st = conv_state[:b]
-    window = torch.cat([st, x.to(st.dtype)[:, :, None]], dim=-1)
-    out = (window * weight.to(window.dtype)).sum(-1)
-    if bias is not None:
-        out = out + bias.to(out.dtype)
-    if silu:
-        out = F.silu(out)
-    st.copy_(torch.where(active[:, None, None], window[:, :, 1:], st))
-    return torch.where(active[:, None], out, 0.0).to(x.dtype)
-
-
-def causal_conv1d_update_dense_triton(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    active: torch.Tensor,
-    silu: bool = True,
-) -> torch.Tensor:
-    """Triton version of `causal_conv1d_update_dense_ref`: the indexed kernel with row i on slot i and
-    inactive rows as padding (-1), so an inactive slot is never read or written.
-
-    Shapes (b = batch rows, d = channels, w = kernel width): x [b, d]; conv_state [>= b, d, w - 1], rows
-    past b untouched; weight [d, w]; bias [d] or None; active [b] bool. Returns [b, d] in x's dtype, zeros
-    for inactive rows.
-    """
-    idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
-    return causal_conv1d_update_triton(x, conv_state, weight, bias, idx, silu)
-
-
-def causal_conv1d_update_dense(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    active: torch.Tensor,
-    silu: bool = True,
-) -> torch.Tensor:
-    """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
-    if triton is not None and x.is_cuda:
-        return causal_conv1d_update_dense_triton(x, conv_state, weight, bias, active, silu)
-    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
-        return torch.empty_like(x)
-    return causal_conv1d_update_dense_ref(x, conv_state, weight, bias, active, silu)
+    return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu)

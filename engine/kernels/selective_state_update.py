@@ -2,8 +2,8 @@
 
 Knows tensors only. `selective_state_update` dispatches to the Triton kernel (`selective_state_update_triton`)
 on CUDA and to the plain-torch `selective_state_update_ref` elsewhere. Triton is imported guarded, so this
-module imports (and the reference runs) where Triton is missing. `selective_state_update_dense` (with its
-`_dense_triton` and `_dense_ref`) is the same step for the live batch, where row i is slot i.
+module imports (and the reference runs) where Triton is missing. A batch names its slots by index, -1 for a
+row that neither reads nor writes state; the live batch is row i on slot i (`slot_state.live_rows`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ def selective_state_update_ref(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
-    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """One Mamba2 recurrence step, updating `state` in place.
 
@@ -38,26 +37,21 @@ def selective_state_update_ref(
       state [S, h, p, n] fp32, mutated for rows whose index is >= 0
       x [b, h, p]; dt [b, h] (before bias and softplus); A [h] (negative); B, C [b, g, n]; D [h];
       dt_bias [h]; state_indices [b] int64, the slot of each row, -1 for a padding row.
-    Returns y [b, h, p] in x's dtype; padding rows give zeros and leave every slot untouched.
-    scratch_padding=True: the caller sends padding rows to a scratch row instead of -1 (every index >= 0,
-    repeats only of the scratch row, whose content nobody reads), so rows are written with one index_copy_.
+    Returns y [b, h, p] in x's dtype; padding rows give zeros and leave every slot untouched. Rows with an
+    index >= 0 should name distinct slots (a repeated one is written by its last row).
     """
-    b, h, p = x.shape
+    h = x.shape[1]
     g = B.shape[1]
     valid = state_indices >= 0
-    idx = state_indices.clamp(min=0)
     dt = F.softplus(dt.float() + dt_bias.float()).clamp(dt_min, dt_max)  # [b, h]
     dA = torch.exp(dt * A.float())  # [b, h]
     Bh = B.float().repeat_interleave(h // g, dim=1)  # [b, h, n]
     Ch = C.float().repeat_interleave(h // g, dim=1)
-    s = state.index_select(0, idx)  # [b, h, p, n]
+    s = state.index_select(0, state_indices.clamp(min=0))  # [b, h, p, n]
     s = s * dA[:, :, None, None] + (dt[:, :, None] * x.float())[..., None] * Bh[:, :, None, :]
-    y = (s * Ch[:, :, None, :]).sum(-1) + D.float()[None, :, None] * x.float()
-    if scratch_padding:
-        state.index_copy_(0, idx, s)
-    else:
-        write_rows(state, state_indices, s)
-    return torch.where(valid[:, None, None], y, torch.zeros_like(y)).to(x.dtype)
+    y = torch.matmul(s, Ch[:, :, :, None])[..., 0] + D.float()[None, :, None] * x.float()
+    write_rows(state, state_indices, s)
+    return torch.where(valid[:, None, None], y, 0.0).to(x.dtype)
 
 
 @_jit
@@ -249,91 +243,10 @@ def selective_state_update(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
-    scratch_padding: bool = False,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
     if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
         return torch.empty_like(x)
-    return selective_state_update_ref(
-        state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max, scratch_padding
-    )
-
-
-def selective_state_update_dense_ref(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    active: torch.Tensor,
-    dt_min: float = 0.0,
-    dt_max: float = float("inf"),
-) -> torch.Tensor:
-    """The same update when batch row i is slot i (the live batch): in place, no gather or scatter.
-
-    Shapes as `selective_state_update_ref`, with `active [b]` bool instead of indices; `state` has at least b
-    rows. An inactive row gets dt = 0 and x = B = 0, so its state is multiplied by exp(0) = 1 and added 0:
-    bit-identical, without a masked copy of the whole state.
-    """
-    b, h, p = x.shape
-    g = B.shape[1]
-    dt = F.softplus(dt.float() + dt_bias.float()).clamp(dt_min, dt_max)
-    dt = torch.where(active[:, None], dt, 0.0)
-    xf = torch.where(active[:, None, None], x.float(), 0.0)
-    Bh = torch.where(active[:, None, None], B.float(), 0.0).repeat_interleave(h // g, dim=1)
-    Ch = C.float().repeat_interleave(h // g, dim=1)
-    s = state[:b]
-    s.mul_(torch.exp(dt * A.float())[:, :, None, None])
-    s.add_((dt[:, :, None] * xf)[..., None] * Bh[:, :, None, :])
-    y = torch.matmul(s, Ch[:, :, :, None])[..., 0] + D.float()[None, :, None] * x.float()
-    return torch.where(active[:, None, None], y, 0.0).to(x.dtype)
-
-
-def selective_state_update_dense_triton(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    active: torch.Tensor,
-    dt_min: float = 0.0,
-    dt_max: float = float("inf"),
-) -> torch.Tensor:
-    """Triton version of `selective_state_update_dense_ref`: the indexed kernel with row i on slot i and
-    inactive rows as padding (-1), so an inactive slot is never read or written.
-
-    Shapes (b = batch rows, h = heads, p = head dim, g = groups, n = state size): state [>= b, h, p, n] fp32,
-    rows past b untouched; x [b, h, p]; dt [b, h]; A, D, dt_bias [h]; B, C [b, g, n]; active [b] bool.
-    Returns y [b, h, p] in x's dtype, zeros for inactive rows.
-    """
-    idx = torch.where(active, torch.arange(x.shape[0], device=x.device), -1)
-    return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, idx, dt_min, dt_max)
-
-
-def selective_state_update_dense(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor,
-    dt_bias: torch.Tensor,
-    active: torch.Tensor,
-    dt_min: float = 0.0,
-    dt_max: float = float("inf"),
-) -> torch.Tensor:
-    """Dispatch for the live batch: the Triton kernel on CUDA, the dense reference elsewhere."""
-    if triton is not None and x.is_cuda:
-        return selective_state_update_dense_triton(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)
-    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
-        return torch.empty_like(x)
-    return selective_state_update_dense_ref(state, x, dt, A, B, C, D, dt_bias, active, dt_min, dt_max)
+    return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)

@@ -18,7 +18,7 @@ from torch import nn
 
 from engine.config import CodecConfig
 from engine.model import codec_ops
-from engine.model.slot_state import SlotState
+from engine.model.slot_state import SlotState, keep_rows, register_slot_state
 
 PREFIX = "tts_model.audio_codec."
 # Release tensors decoding never reads: the waveform encoder (only needed to make codes from audio) and
@@ -195,7 +195,7 @@ class Codec(SlotState, nn.Module):
             state.zero_()
 
     def _add_state(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.register_buffer(name, torch.empty(shape, dtype=dtype), persistent=False)
+        register_slot_state(self, name, torch.empty(shape, dtype=dtype))
         self._state_names.append(name)
 
     @property
@@ -204,11 +204,8 @@ class Codec(SlotState, nn.Module):
         return self.cached_columns // 2 * self.cfg.hop_length
 
     def _states(self) -> list[torch.Tensor]:
+        """The slot state in the decoder's order: each block's conv context, then the iSTFT overlap."""
         return [getattr(self, n) for n in self._state_names]
-
-    def slot_state(self) -> list[torch.Tensor]:
-        """Every per-slot state buffer (slots on dim 0): each block's conv context, the iSTFT overlap."""
-        return self._states()
 
     def _run(
         self, codes: torch.Tensor, states: list[torch.Tensor]
@@ -272,9 +269,8 @@ class Codec(SlotState, nn.Module):
             self._check_range(codes, exec_mask)
         codes = torch.where(exec_mask[:, None], codes, 0)
         wav, new = self._run(codes[:, None], self._states())
-        rows = exec_mask.view(-1, 1, 1)
         for state, value in zip(self._states(), new, strict=True):
-            torch.where(rows, value, state, out=state)
+            keep_rows(state, value, exec_mask)
         return torch.where(exec_mask[:, None], wav, 0.0)
 
     @torch.inference_mode()

@@ -8,7 +8,6 @@ RMSNorm applied after the SSM, gate before the norm).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -16,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ThinkerConfig
-from engine.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_dense
-from engine.kernels.selective_state_update import selective_state_update, selective_state_update_dense
+from engine.kernels.causal_conv1d_update import causal_conv1d_update
+from engine.kernels.selective_state_update import selective_state_update
+from engine.model.slot_state import register_slot_state
 
 
 class GatedRMSNorm(nn.Module):
@@ -54,14 +54,9 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.empty(h))
         self._xbc_sizes = [cfg.d_inner, cfg.n_groups * n, cfg.n_groups * n]
         self.out_proj = nn.Linear(cfg.d_inner, cfg.hidden_size, bias=False, dtype=dtype)
-        self.register_buffer(
-            "conv_state",
-            torch.zeros(state_rows, cfg.conv_dim, cfg.conv_kernel - 1, dtype=dtype),
-            persistent=False,
-        )
-        self.register_buffer(
-            "ssm_state", torch.zeros(state_rows, h, p, n, dtype=torch.float32), persistent=False
-        )
+        conv = torch.zeros(state_rows, cfg.conv_dim, cfg.conv_kernel - 1, dtype=dtype)
+        register_slot_state(self, "conv_state", conv)
+        register_slot_state(self, "ssm_state", torch.zeros(state_rows, h, p, n, dtype=torch.float32))
 
     @torch.no_grad()
     def init_dummy(self, gen: torch.Generator, std: float, out_std: float) -> None:
@@ -91,25 +86,18 @@ class Mamba2Mixer(nn.Module):
         cfg = self.cfg
         return zxbcdt.split([cfg.d_inner, cfg.conv_dim, cfg.mamba_num_heads], dim=-1)
 
-    def step(self, x: torch.Tensor, rows: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
-        """One token per row. x [b, hidden]; rows [b] state row of each batch row. With `active` [b] bool
-        the batch is the live one (row i is state row i) and the state is updated in place, no gathers."""
+    def step(self, x: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
+        """One token per row. x [b, hidden]; state_indices [b] the state row of each batch row, -1 for a row
+        that neither reads nor writes state (the live batch: `slot_state.live_rows(exec_mask)`)."""
         cfg = self.cfg
         b = x.shape[0]
         z, xbc, dt = self._split(self.in_proj(x))
         w = self.conv1d.weight[:, 0]
-        if active is None:
-            xbc = causal_conv1d_update(xbc, self.conv_state, w, self.conv1d.bias, rows, scratch_padding=True)
-        else:
-            xbc = causal_conv1d_update_dense(xbc, self.conv_state, w, self.conv1d.bias, active)
+        xbc = causal_conv1d_update(xbc, self.conv_state, w, self.conv1d.bias, state_indices)
         xs, B, C = xbc.split(self._xbc_sizes, dim=-1)
         # dt is clamped below at `time_step_limit_min` on both paths (0: not at all, as vLLM serves the
         # release; see ThinkerConfig), so a prefill leaves exactly the state of the same positions stepped.
-        if active is None:
-            update = functools.partial(selective_state_update, scratch_padding=True)  # rows never hold -1
-        else:
-            update = selective_state_update_dense
-        y = update(
+        y = selective_state_update(
             self.ssm_state,
             xs.view(b, cfg.mamba_num_heads, cfg.mamba_head_dim),
             dt,
@@ -118,7 +106,7 @@ class Mamba2Mixer(nn.Module):
             C.view(b, cfg.n_groups, cfg.ssm_state_size),
             self.D,
             self.dt_bias,
-            rows if active is None else active,
+            state_indices,
             dt_min=cfg.time_step_limit_min,
         )
         return self.out_proj(self.norm(y.reshape(b, cfg.d_inner), z))

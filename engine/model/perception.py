@@ -29,7 +29,7 @@ from torch import nn
 
 from engine.config import PerceptionConfig
 from engine.model.conformer import ConformerEncoder
-from engine.model.slot_state import SlotState, ring_write
+from engine.model.slot_state import SlotState, keep_rows, register_slot_state, ring_write
 
 _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
 
@@ -157,7 +157,7 @@ class Perception(SlotState, nn.Module):
         state["frames"] = torch.zeros(s, dtype=torch.int64)
         state["nonfinite_samples"] = torch.zeros(s, dtype=torch.int64)
         for name, value in state.items():
-            self.register_buffer(name, value, persistent=False)
+            register_slot_state(self, name, value)
         # constants of the attention ring, indexed by frame % w (dist) and min(frame, w) (hidden): ring entry
         # r holds frame t - dist[r]; entries before the stream's first frame get NeMo's -10000 score
         t = torch.arange(w + 1)[:, None]
@@ -165,12 +165,6 @@ class Perception(SlotState, nn.Module):
         ring_hidden = F.pad(torch.where(ring_dist > t, _MASKED, 0.0), (1, 0))[:, None]  # current frame first
         self.register_buffer("ring_dist", ring_dist[:w], persistent=False)
         self.register_buffer("ring_hidden", ring_hidden, persistent=False)
-        # per-slot state buffers (non-persistent, slot-first; one K, V and conv cache per layer)
-        self.state_buffers = tuple(state)
-
-    def slot_state(self) -> list[torch.Tensor]:
-        """Every per-slot state buffer (slots on dim 0)."""
-        return [getattr(self, name) for name in self.state_buffers]
 
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
@@ -188,7 +182,7 @@ class Perception(SlotState, nn.Module):
         self.check_mask(exec_mask, "exec_mask")
         raw = audio.to(self.audio_tail.dtype)
         audio = torch.nan_to_num(raw, nan=0.0, posinf=0.0, neginf=0.0)
-        self.nonfinite_samples.add_(((audio != raw) & exec_mask[:, None]).sum(-1))
+        keep_rows(self.nonfinite_samples, self.nonfinite_samples + (audio != raw).sum(-1), exec_mask)
 
         first = self.frames == 0
         seg = torch.cat([self.audio_tail, audio[:, : self.cfg.n_fft // 2]], dim=-1)
@@ -203,7 +197,6 @@ class Perception(SlotState, nn.Module):
         slot_in_ring = torch.remainder(self.frames, w)
         dist = self.ring_dist[slot_in_ring]
         hidden = self.ring_hidden[self.frames.clamp(max=w)]
-        keep = exec_mask[:, None, None, None]
         write = slot_in_ring.view(s, 1, 1, 1).expand(
             s, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads
         )
@@ -211,22 +204,22 @@ class Perception(SlotState, nn.Module):
             kc, vc, cc = (getattr(self, f"{kind}_cache{i}") for kind in ("k", "v", "conv"))
             x, k, v, conv = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden)
             # commit the state of the executed rows only (after the layer has read it): ring write at frame % w
-            ring_write(kc, write, k, keep)
-            ring_write(vc, write, v, keep)
-            torch.where(keep[..., 0], conv, cc, out=cc)
+            ring_write(kc, write, k, exec_mask)
+            ring_write(vc, write, v, exec_mask)
+            keep_rows(cc, conv, exec_mask)
         out = self.proj(x)
 
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]
-        torch.where(exec_mask[:, None], tail, self.audio_tail, out=self.audio_tail)
-        torch.where(keep[..., 0], window[:, -self.mel_tail_len :], self.mel_tail, out=self.mel_tail)
-        self.frames.add_(exec_mask.to(self.frames.dtype))
+        keep_rows(self.audio_tail, tail, exec_mask)
+        keep_rows(self.mel_tail, window[:, -self.mel_tail_len :], exec_mask)
+        keep_rows(self.frames, self.frames + 1, exec_mask)
         return out
 
     @torch.inference_mode()
     def reset(self, mask: torch.Tensor) -> None:
         """Return the slots where mask [num_slots] bool is set to the fresh state (counters included)."""
         self.check_mask(mask)
-        for buf in self.slot_state():
+        for buf in self.slot_state().values():
             buf.masked_fill_(mask.view(-1, *([1] * (buf.dim() - 1))), 0)
 
     # ------------------------------------------------------------------ whole utterance

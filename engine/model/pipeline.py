@@ -90,7 +90,6 @@ class Pipeline(nn.Module):
             self.thinker.init_dummy(cfg.seed)
         H = cfg.thinker.hidden_size
         self.register_buffer("silence", torch.zeros(H, dtype=self.thinker.dtype), persistent=False)
-        self.register_buffer("all_slots", torch.arange(num_slots), persistent=False)
 
     @torch.inference_mode()
     def prepare(self) -> None:
@@ -110,8 +109,9 @@ class Pipeline(nn.Module):
     def stages(self) -> dict[str, SlotState]:
         return {name: getattr(self, name) for name in STAGES}
 
-    def slot_state(self) -> dict[str, list[torch.Tensor]]:
-        """Every stage's per-slot state buffers, by stage: all the memory a slot costs beyond the weights."""
+    def slot_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every stage's per-slot state buffers by name, by stage: all the memory a slot costs beyond the
+        weights."""
         return {name: stage.slot_state() for name, stage in self.stages().items()}
 
     @torch.inference_mode()
@@ -120,12 +120,12 @@ class Pipeline(nn.Module):
             stage.reset(mask)
 
     @torch.inference_mode()
-    def save_slot(self, slot: int, stages: tuple[str, ...] = STAGES) -> dict[str, list[torch.Tensor]]:
+    def save_slot(self, slot: int, stages: tuple[str, ...] = STAGES) -> dict[str, dict[str, torch.Tensor]]:
         """A copy of one slot's state in the named stages (default: all), for `load_slot`."""
         return {name: getattr(self, name).save_slot(slot) for name in stages}
 
     @torch.inference_mode()
-    def load_slot(self, slot: int, saved: dict[str, list[torch.Tensor]]) -> None:
+    def load_slot(self, slot: int, saved: dict[str, dict[str, torch.Tensor]]) -> None:
         """Give `slot` the state `save_slot` copied, in the stages it copied; the others keep theirs."""
         for name, state in saved.items():
             getattr(self, name).load_slot(slot, state)
@@ -146,16 +146,15 @@ class Pipeline(nn.Module):
         quiet [S] bool marks rows replaying held caller audio: both agent channels are forced silent (PAD),
         except that a predicted end of tool response is kept (a control token, not speech)."""
         emb = self.perception.step(audio, active)
-        slots = torch.where(active, self.all_slots, -1)
         if quiet is not None:
             pad = self.tok.pad
             force_text = torch.where(quiet, pad, force_text)
             force_func = torch.where(quiet, pad, force_func)
-        out = self.thinker.step(emb, slots, force_text, force_func, dense=True)
+        out = self.thinker.step(emb, active, force_text, force_func)
         if quiet is not None:
             kept = quiet & (out.func_logits.argmax(-1) == self.tok.response_end)
             out.func_token = torch.where(kept, self.tok.response_end, out.func_token)
-            self.thinker.set_func(slots, out.func_token)
+            self.thinker.set_func(active, out.func_token)
         # replaying rows say nothing: the talker and codec move on only for rows whose audio is heard, so a
         # frame replayed here leaves the same state as one replayed in the slack
         speaking = active if quiet is None else active & ~quiet
@@ -173,7 +172,7 @@ class Pipeline(nn.Module):
         """One tool-call position per slot: silent audio, text forced to PAD. Returns the function tokens."""
         b = slots.shape[0]
         audio = self.silence.expand(b, -1)
-        return self.thinker.step(audio, slots, self._pad(b, slots.device), force_func).func_token
+        return self.thinker.step_rows(audio, slots, self._pad(b, slots.device), force_func).func_token
 
     @torch.inference_mode()
     def prefill_result(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
@@ -196,6 +195,6 @@ class Pipeline(nn.Module):
         response is kept: it is a control token, not speech)."""
         emb = self.perception.step(audio, active)
         pad = self._pad(slots.shape[0], slots.device)
-        out = self.thinker.step(emb.index_select(0, slots.clamp_min(0)), slots, pad, pad)  # -1: padding
+        out = self.thinker.step_rows(emb.index_select(0, slots.clamp_min(0)), slots, pad, pad)  # -1: padding
         end = self.tok.response_end
-        self.thinker.set_func(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))
+        self.thinker.set_func_rows(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))

@@ -1,5 +1,6 @@
 """The talker (EAR-TTS): per slot and frame, the thinker's text token and the previous frame's 31 codes ->
-a Gemma3 step over a per-slot ring KV cache -> 31 new RVQ codes by iterative MoG unmasking.
+a Gemma3 step over a per-slot ring KV cache (engine/model/talker_backbone.py) -> 31 new RVQ codes by
+iterative MoG unmasking.
 
 Knows the release's tensor names (prefix `tts_model.tts_model.`), the speaker warm-up and the sampling
 schedule; knows nothing about audio, the thinker's internals, sessions or the clock.
@@ -15,21 +16,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config import TalkerConfig
-from engine.kernels.decode_attention import decode_attention
-from engine.model.slot_state import SlotState, ring_write
+from engine.model.slot_state import SlotState, keep_rows, register_slot_state
+from engine.model.talker_backbone import Attention, TalkerBackbone
 from engine.model.talker_heads import (
     CharAwareSubwordEncoder,
     GatedMLP,
     GatedProjectedSumRMSNorm,
     GemmaRMSNorm,
     MoGHead,
-    apply_rope,
-    apply_rope_fast,
     gumbel_from_uniform,
     normal_from_uniform,
-    rope_cos_sin,
-    rope_inv_freq,
-    rotate_half_tables,
     row_keys,
     token_chars_and_flags,
     top_p_filter,
@@ -53,47 +49,6 @@ IGNORED = (
     re.compile(re.escape(PREFIX) + r"lm_head\.weight"),
     re.compile(r"tts_model\.audio_prompt_latents\..+"),
 )
-
-
-class _Attention(nn.Module):
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
-        self.q_norm = GemmaRMSNorm(d, cfg.rms_eps)
-        self.k_norm = GemmaRMSNorm(d, cfg.rms_eps)
-        self.split = (cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d)
-        # q, k, v stacked into one matmul; rebuilt by `fuse()` whenever the weights change
-        self.register_buffer("qkv", torch.zeros(sum(self.split), h), persistent=False)
-
-    @torch.no_grad()
-    def fuse(self) -> None:
-        self.qkv.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
-
-    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return F.linear(x, self.qkv).split(self.split, dim=-1)
-
-
-class _Layer(nn.Module):
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        h = cfg.hidden_size
-        self.self_attn = _Attention(cfg)
-        self.mlp = GatedMLP(h, cfg.intermediate_size)
-        self.input_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(h, cfg.rms_eps)
-
-
-class _Backbone(nn.Module):
-    def __init__(self, cfg: TalkerConfig) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_eps)
 
 
 class Talker(SlotState, nn.Module):
@@ -122,7 +77,9 @@ class Talker(SlotState, nn.Module):
         super().__init__()
         self.cfg, self.num_slots, self.dtype = cfg, num_slots, dtype
         h, q, v, d = cfg.hidden_size, cfg.num_codebooks, cfg.codebook_size, cfg.latent_dim
-        self.backbone = _Backbone(cfg)
+        w, streams = cfg.warmup_positions, 2 if cfg.use_cfg else 1
+        self.streams = streams
+        self.backbone = TalkerBackbone(cfg, num_slots, streams, dtype, kv_dtype or dtype)
         self.bos_emb = nn.Parameter(torch.randn(h))
         self.null_emb = nn.Parameter(torch.randn(h))
         self.register_buffer("rvq_embs", torch.randn(q, v, d) * d**-0.5)
@@ -130,7 +87,6 @@ class Talker(SlotState, nn.Module):
         self.embed_subword = CharAwareSubwordEncoder(cfg, h)
         self.gated_fusion_audio_text = GatedProjectedSumRMSNorm(h, q, cfg.rms_eps)
         self.mog_head = MoGHead(cfg)
-        self.backbone.to(dtype)
         self.mog_head.mlp_stack.to(dtype)
         for mod in self.modules():  # `1 + w` of every norm stays float32: the norms compute in float32
             if isinstance(mod, GemmaRMSNorm):
@@ -141,8 +97,6 @@ class Talker(SlotState, nn.Module):
         def buf(name: str, t: Tensor) -> None:
             self.register_buffer(name, t, persistent=False)
 
-        w, streams = cfg.warmup_positions, 2 if cfg.use_cfg else 1
-        self.streams = streams
         buf("speaker_latent", torch.randn(w, h) * 0.5)
         buf("silence_codes", torch.zeros(q, dtype=torch.long))
         buf("control_codes", torch.tensor([v + 2, v + 1, v]))
@@ -151,24 +105,12 @@ class Talker(SlotState, nn.Module):
         buf("rvq_sq", torch.zeros(q, v))
         buf("rvq_neg2t", torch.zeros(q, d, v))
         buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
-        self.rings = [cfg.sliding_window if t == "sliding" else cfg.attention_window for t in cfg.layer_types]
-        kv, hd, kvd = cfg.num_kv_heads, cfg.head_dim, kv_dtype or dtype
-        for i, ring in enumerate(self.rings):
-            buf(f"k_cache{i}", torch.zeros(num_slots, streams, kv, ring, hd, dtype=kvd))
-            buf(f"v_cache{i}", torch.zeros(num_slots, streams, kv, ring, hd, dtype=kvd))
-            # warm-up KV: one template for every slot, not per-slot state
-            buf(f"warm_k{i}", torch.zeros(streams, kv, w, hd, dtype=kvd))
-            buf(f"warm_v{i}", torch.zeros(streams, kv, w, hd, dtype=kvd))
-        for t in set(cfg.layer_types):
-            theta = cfg.rope_local_theta if t == "sliding" else cfg.rope_theta
-            buf(f"inv_freq_{t}", rope_inv_freq(hd, theta))
-        perm, sign = rotate_half_tables(hd)
-        buf("rope_perm", perm)
-        buf("rope_sign", sign)
-        buf("pos", torch.zeros(num_slots, streams, dtype=torch.long))
-        buf("prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
-        buf("seeds", torch.zeros(num_slots, dtype=torch.long))
-        buf("frames", torch.zeros(num_slots, dtype=torch.long))
+        # per-slot state beside the backbone's KV rings: positions per stream, the codes fed back, the sampling
+        # seed and the frame counter that key each slot's noise
+        register_slot_state(self, "pos", torch.zeros(num_slots, streams, dtype=torch.long))
+        register_slot_state(self, "prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
+        register_slot_state(self, "seeds", torch.zeros(num_slots, dtype=torch.long))
+        register_slot_state(self, "frames", torch.zeros(num_slots, dtype=torch.long))
         if self.rvq_embs.device.type != "meta":
             self.refresh()
             self.reset(torch.ones(num_slots, dtype=torch.bool))
@@ -216,7 +158,7 @@ class Talker(SlotState, nn.Module):
             )
         cfg = self.cfg
         for mod in self.modules():
-            if isinstance(mod, GatedMLP | _Attention | GemmaRMSNorm):
+            if isinstance(mod, GatedMLP | Attention | GemmaRMSNorm):
                 mod.fuse()
         self.embed_subword.table(self._token_chars, out=self.subword_table)
         self.rvq_padded.zero_()
@@ -250,66 +192,24 @@ class Talker(SlotState, nn.Module):
         )
         conds = [cond] + ([self.null_emb.expand(w, -1)] if cfg.use_cfg else [])
         x = torch.stack([self.gated_fusion_audio_text(audio, c) for c in conds])  # [streams, w, h]
-        self._prefill(x.to(self.dtype))
-
-    def _prefill(self, x: Tensor) -> None:
-        """Causal multi-position pass over `x` `[S, T, h]` (T <= every ring) into the warm-up KV templates."""
-        cfg = self.cfg
-        s, t, _ = x.shape
-        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pos = torch.arange(t, device=x.device)
-        causal = pos[None, :] <= pos[:, None]
-        kvd = self.warm_k0.dtype
-        for i, layer in enumerate(self.backbone.layers):
-            a = layer.self_attn
-            cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{cfg.layer_types[i]}"))
-            q, k, v = a.project(layer.input_layernorm(x))
-            # attention in the KV dtype, as the step runs it over these cached entries
-            q = apply_rope(a.q_norm(q.reshape(s, t, hq, d)).transpose(1, 2), cos, sin).to(kvd)
-            k = apply_rope(a.k_norm(k.reshape(s, t, hk, d)).transpose(1, 2), cos, sin).to(kvd)
-            v = v.reshape(s, t, hk, d).transpose(1, 2).to(kvd)
-            getattr(self, f"warm_k{i}").copy_(k)
-            getattr(self, f"warm_v{i}").copy_(v)
-            kk = k.repeat_interleave(hq // hk, dim=1)
-            vv = v.repeat_interleave(hq // hk, dim=1)
-            sc = torch.matmul(q, kk.transpose(2, 3)).float() * cfg.query_pre_attn_scalar**-0.5
-            p = torch.softmax(sc.masked_fill(~causal, float("-inf")), dim=-1).to(kvd)
-            o = torch.matmul(p, vv).transpose(1, 2).reshape(s, t, hq * d).to(x.dtype)
-            x = x + layer.post_attention_layernorm(a.o_proj(o))
-            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        self.backbone.prefill_warmup(x.to(self.dtype))
 
     # ------------------------------------------------------------------ per-slot state
-
-    def slot_state(self) -> list[Tensor]:
-        """Every per-slot state buffer (slots on dim 0, then the streams for the KV rings and positions)."""
-        kv = [getattr(self, f"{kind}_cache{i}") for i in range(len(self.rings)) for kind in ("k", "v")]
-        return [*kv, self.pos, self.prev_codes, self.seeds, self.frames]
 
     def _rows(self, per_slot: Tensor) -> Tensor:
         """A per-slot tensor [num_slots, ...] repeated for each stream: [num_slots * streams, ...], slot-major."""
         return per_slot.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_slot
 
     @torch.inference_mode()
-    def reset(self, mask: Tensor, seeds: Tensor | None = None) -> None:
+    def reset(self, mask: Tensor) -> None:
         """Return the masked slots to the fresh state: speaker warm-up done, the rest of the rings zero, frame
-        counter 0, sampling seed `seeds` (default 0, a fresh talker's).
-
-        Runs between steps, never inside one: it reads the mask once (a host sync) so that only the reset
-        slots' rings are written, not every slot's (gigabytes at the release windows)."""
+        counter and sampling seed 0 (a fresh talker's; `set_seed` gives other seeds). No host sync."""
         self.check_mask(mask)
-        w = self.cfg.warmup_positions
-        idx = mask.nonzero().squeeze(1)
-        for i in range(len(self.rings)):
-            for kind in ("k", "v"):
-                cache = getattr(self, f"{kind}_cache{i}")
-                cache.index_fill_(0, idx, 0)
-                warm = getattr(self, f"warm_{kind}{i}")
-                cache[:, :, :, :w].index_copy_(0, idx, warm.expand(idx.numel(), *warm.shape))
-        self.pos.copy_(torch.where(mask[:, None], w, self.pos))
-        self.prev_codes.copy_(torch.where(mask[:, None], self.cfg.codebook_size, self.prev_codes))
-        self.frames.copy_(torch.where(mask, 0, self.frames))
-        fresh = torch.zeros_like(self.seeds) if seeds is None else seeds.to(self.seeds)
-        self.set_seed(torch.where(mask, fresh, self.seeds))
+        self.backbone.reset(mask)
+        self.pos.masked_fill_(mask[:, None], self.cfg.warmup_positions)
+        self.prev_codes.masked_fill_(mask[:, None], self.cfg.codebook_size)
+        self.frames.masked_fill_(mask, 0)
+        self.seeds.masked_fill_(mask, 0)
 
     @torch.inference_mode()
     def set_seed(self, slot_seeds: Tensor) -> None:
@@ -340,45 +240,14 @@ class Talker(SlotState, nn.Module):
             code_emb = self._rows(code_emb)
             cond = torch.stack([cond, self.null_emb.expand(n, -1)], dim=1).view(2 * n, -1)
         x = self.gated_fusion_audio_text(code_emb, cond)
-        hidden = self._backbone_step(x.to(self.dtype), self._rows(exec_mask))
+        rows = self._rows(exec_mask)
+        pos = self.pos.view(-1)
+        hidden = self.backbone.step(x.to(self.dtype), pos, rows)
+        keep_rows(pos, pos + 1, rows)
         codes = self._sample(hidden)
-        self.prev_codes.copy_(torch.where(exec_mask[:, None], codes, self.prev_codes))
-        self.frames.add_(exec_mask.long())
+        keep_rows(self.prev_codes, codes, exec_mask)
+        keep_rows(self.frames, self.frames + 1, exec_mask)
         return codes
-
-    def _backbone_step(self, x: Tensor, rows_kept: Tensor) -> Tensor:
-        cfg = self.cfg
-        r = x.shape[0]
-        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pos = self.pos.view(r)
-        rope = {}
-        for t in set(cfg.layer_types):
-            cos, sin = rope_cos_sin(pos, getattr(self, f"inv_freq_{t}"))
-            rope[t] = cos[:, None, :], (sin * self.rope_sign)[:, None, :]
-        scale = cfg.query_pre_attn_scalar**-0.5
-        keep = rows_kept.view(r, 1, 1, 1)
-        # per ring size: the ring index written this step and how many entries hold a position (incl. it)
-        slot = {ring: (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d) for ring in set(self.rings)}
-        filled = {ring: (pos + 1).clamp_max(ring) for ring in set(self.rings)}
-        for i, layer in enumerate(self.backbone.layers):
-            a, ring = layer.self_attn, self.rings[i]
-            cos, sin = rope[cfg.layer_types[i]]
-            q, k, v = a.project(layer.input_layernorm(x))
-            q = apply_rope_fast(a.q_norm(q.reshape(r, hq, d)), cos, sin, self.rope_perm)
-            k = apply_rope_fast(a.k_norm(k.reshape(r, hk, d)), cos, sin, self.rope_perm)
-            v = v.reshape(r, hk, d)
-            idx = slot[ring]
-            kc = getattr(self, f"k_cache{i}").view(r, hk, ring, d)
-            vc = getattr(self, f"v_cache{i}").view(r, hk, ring, d)
-            # attention runs in the KV dtype: no copy of the ring in another dtype (no-ops when they agree)
-            ring_write(kc, idx, k, keep)
-            ring_write(vc, idx, v, keep)
-            qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
-            o = decode_attention(qg, kc, vc, filled[ring], scale).reshape(r, hq * d).to(x.dtype)
-            x = x + layer.post_attention_layernorm(a.o_proj(o))
-            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-        self.pos.view(r).add_(rows_kept.long())
-        return self.backbone.norm(x)
 
     def _sample(self, hidden: Tensor) -> Tensor:
         """Iterative unmasking: per working pass the MoG head predicts the residual latent of the still

@@ -1,9 +1,9 @@
 """The thinker: a NemotronH hybrid backbone (Mamba2 / attention / MLP blocks) with a text and a function head.
 
-Steps a batch of slots one frame at a time, or prefills many positions per slot in one chunked forward;
-all per-slot state (Mamba conv and SSM state, a bounded ring KV cache per attention layer, positions,
-previous tokens) is preallocated as `[num_slots + 1, ...]` buffers, the extra row being the scratch row
-that padding rows write to. Knows tensors and slot indices; knows nothing of time, sessions or tokenizers.
+Steps the live batch (or, for slack work, a batch of slot indices) one frame at a time, or prefills many
+positions per slot in one chunked forward; all per-slot state (Mamba conv and SSM state, a ring KV cache per
+attention layer, positions, previous tokens) is `[num_slots + 1, ...]` buffers, the extra row the scratch row
+of padding rows. Knows tensors and slot indices; knows nothing of time, sessions or tokenizers.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from engine.config import ThinkerConfig
-from engine.kernels.decode_attention import decode_attention
 from engine.model.mamba import Mamba2Mixer, _normal
-from engine.model.slot_state import SlotState
+from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
+from engine.model.thinker_attention import Attention
 
 
 class RMSNorm(nn.Module):
@@ -44,100 +44,6 @@ class MLP(nn.Module):
         return self.down_proj(torch.relu(self.up_proj(x)).square())
 
 
-RING_SLICE = 1024  # ring entries a prefill's attention holds at once (per row and KV head)
-
-
-class Attention(nn.Module):
-    """Grouped-query attention without positional encoding, over a per-slot ring KV cache of `window` entries.
-
-    With no RoPE the order of cached entries is irrelevant, so position p lives at ring index p % window
-    and a conversation never reaches a context limit: it attends to its last `window` positions.
-    """
-
-    def __init__(
-        self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
-    ) -> None:
-        super().__init__()
-        self.nq, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.window = cfg.attention_window
-        self.scale = self.d**-0.5
-        self.q_proj = nn.Linear(cfg.hidden_size, self.nq * self.d, bias=False, dtype=dtype)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
-        self.o_proj = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False, dtype=dtype)
-        shape = (state_rows, self.nkv, self.window, self.d)
-        kv_dtype = kv_dtype or dtype
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=kv_dtype), persistent=False)
-
-    def step(self, x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
-        """x [b, hidden]; rows [b]; pos [b] position of this token. dense: rows[i] is i or the scratch row."""
-        b = x.shape[0]
-        g = self.nq // self.nkv
-        kv = self.k_cache.dtype  # attention runs in the cache's dtype (casts are no-ops when it is x's)
-        q = self.q_proj(x).view(b, self.nkv, g, self.d).to(kv)
-        ring = pos % self.window
-        self.k_cache[rows, :, ring] = self.k_proj(x).view(b, self.nkv, self.d).to(kv)
-        self.v_cache[rows, :, ring] = self.v_proj(x).view(b, self.nkv, self.d).to(kv)
-        # the ring's first min(pos + 1, window) entries hold this row's positions: on CUDA the kernel reads
-        # only those (a gathered batch through its row index, with no copy of the rings), elsewhere the masked
-        # reference over the whole ring
-        lengths = (pos + 1).clamp_max(self.window)
-        if dense:
-            out = decode_attention(q, self.k_cache[:b], self.v_cache[:b], lengths, self.scale)
-        else:
-            out = decode_attention(q, self.k_cache, self.v_cache, lengths, self.scale, rows=rows)
-        return self.o_proj(out.reshape(b, self.nq * self.d).to(x.dtype))
-
-    def prefill(self, x: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
-        """x [b, T, hidden] (T <= window) at positions pos0[b] .. pos0 + T - 1; rows distinct.
-
-        Attention runs flash-style: over the ring in slices of `RING_SLICE` entries, then the chunk's own
-        keys, with an online softmax in float32. A forward holds one slice of the rows' rings and its scores
-        at a time, never the gathered rings or a [T, window] score matrix per head (gigabytes at 11B)."""
-        b, T, _ = x.shape
-        g, W = self.nq // self.nkv, self.window
-        kv = self.k_cache.dtype  # as in `step`: attention in the cache's dtype, the new keys as it holds them
-        q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4).to(kv)  # [b, kv, g, T, d]
-        k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)  # [b, kv, T, d]
-        v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)
-        t = torch.arange(T, device=x.device)
-        query_pos = pos0[:, None] + t  # [b, T]
-        m = torch.full((b, self.nkv, g, T, 1), -torch.inf, device=x.device)
-        l_sum = torch.zeros(b, self.nkv, g, T, 1, device=x.device)
-        acc = torch.zeros(b, self.nkv, g, T, self.d, device=x.device)
-
-        def attend(keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor) -> None:
-            nonlocal m, l_sum, acc
-            s = torch.matmul(q, keys[:, :, None].transpose(-1, -2)).float() * self.scale  # [b, kv, g, T, n]
-            s = s.masked_fill(~visible[:, None, None], -torch.inf)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            base = torch.where(m_new == -torch.inf, 0.0, m_new)  # nothing visible yet: no NaN from inf - inf
-            p = torch.exp(s - base)
-            alpha = torch.exp(m - base)
-            l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
-            acc = acc * alpha + torch.matmul(p.to(values.dtype), values[:, :, None]).float()
-            m = m_new
-
-        for j0 in range(0, W, RING_SLICE):
-            j = torch.arange(j0, min(j0 + RING_SLICE, W), device=x.device)
-            # position held by ring entry j before this chunk, and whether query t may see it
-            held = pos0[:, None] - 1 - torch.remainder(pos0[:, None] - 1 - j, W)  # [b, n]
-            see = (held[:, None, :] >= 0) & (held[:, None, :] > query_pos[:, :, None] - W)  # [b, T, n]
-            ring = slice(j0, j0 + j.numel())
-            attend(
-                self.k_cache[:, :, ring].index_select(0, rows),
-                self.v_cache[:, :, ring].index_select(0, rows),
-                see,
-            )
-        attend(k, v, (t[None, :, None] >= t[None, None, :]).expand(b, T, T))  # the chunk itself, causal
-        out = (acc / l_sum).to(v.dtype)
-        write = torch.remainder(query_pos, W)  # [b, T]
-        self.k_cache[rows[:, None], :, write] = k.transpose(1, 2)
-        self.v_cache[rows[:, None], :, write] = v.transpose(1, 2)
-        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(b, T, self.nq * self.d).to(x.dtype))
-
-
 class Block(nn.Module):
     """Pre-norm residual block around one mixer (`M` Mamba2, `*` attention, `-` MLP)."""
 
@@ -154,12 +60,23 @@ class Block(nn.Module):
         else:
             self.mixer = MLP(cfg, dtype)
 
-    def step(self, h: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, dense: bool) -> torch.Tensor:
+    def step(
+        self, h: torch.Tensor, pos: torch.Tensor, exec_mask: torch.Tensor, live: torch.Tensor
+    ) -> torch.Tensor:
+        """The live form; `live` is `exec_mask` as the kernels' slot indices (`live_rows`)."""
         x = self.norm(h)
         if self.kind == "M":
-            return h + self.mixer.step(x, rows, rows < rows.shape[0] if dense else None)
+            return h + self.mixer.step(x, live)
         if self.kind == "*":
-            return h + self.mixer.step(x, rows, pos, dense)
+            return h + self.mixer.step(x, pos, exec_mask)
+        return h + self.mixer(x)
+
+    def step_rows(self, h: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        x = self.norm(h)
+        if self.kind == "M":
+            return h + self.mixer.step(x, rows)
+        if self.kind == "*":
+            return h + self.mixer.step_rows(x, rows, pos)
         return h + self.mixer(x)
 
     def prefill(self, h: torch.Tensor, rows: torch.Tensor, pos0: torch.Tensor) -> torch.Tensor:
@@ -199,8 +116,9 @@ class Thinker(SlotState, nn.Module):
     `dtype`: weights, activations and the Mamba conv state; `kv_dtype` (default `dtype`): the attention
     KV rings. The SSM state is float32 and the logits come out float32 whatever the dtypes.
 
-    Follows the slot contract (engine/model/slot_state.py) with one scratch row after the slots: the rows
-    of a batch that are padding (slot -1) are computed there, so any batch size runs at fixed shapes.
+    Follows the slot contract (engine/model/slot_state.py): `step` is the live form, `step_rows` the
+    slot-index form of slack work, with one scratch row after the slots where the padding rows of such a
+    batch (slot -1) are computed, so any batch size runs at fixed shapes.
     """
 
     scratch_rows = 1
@@ -220,9 +138,9 @@ class Thinker(SlotState, nn.Module):
         self.llm = Backbone(cfg, rows, dtype, kv_dtype or dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.function_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
-        self.register_buffer("pos", torch.zeros(rows, dtype=torch.long), persistent=False)
-        self.register_buffer("prev_text", torch.full((rows,), pad_id, dtype=torch.long), persistent=False)
-        self.register_buffer("prev_func", torch.full((rows,), pad_id, dtype=torch.long), persistent=False)
+        register_slot_state(self, "pos", torch.zeros(rows, dtype=torch.long))
+        register_slot_state(self, "prev_text", torch.full((rows,), pad_id, dtype=torch.long))
+        register_slot_state(self, "prev_func", torch.full((rows,), pad_id, dtype=torch.long))
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -251,7 +169,7 @@ class Thinker(SlotState, nn.Module):
 
     def reset(self, mask: torch.Tensor) -> None:
         """Return the masked slots ([num_slots] bool) to the state of a fresh pool."""
-        self._check(mask, (self.num_slots,), torch.bool, "mask")
+        self.check_mask(mask)
         rows = torch.cat([mask, mask.new_zeros(1)])
         for block in self.llm.layers:
             if block.kind == "M":
@@ -263,17 +181,6 @@ class Thinker(SlotState, nn.Module):
         self.prev_text.masked_fill_(rows, self.pad_id)
         self.prev_func.masked_fill_(rows, self.pad_id)
 
-    def slot_state(self) -> list[torch.Tensor]:
-        """Every per-slot state buffer (first dimension: slots + the scratch row)."""
-        out = [self.pos, self.prev_text, self.prev_func]
-        for block in self.llm.layers:
-            m = block.mixer
-            if block.kind == "M":
-                out += [m.conv_state, m.ssm_state]
-            elif block.kind == "*":
-                out += [m.k_cache, m.v_cache]
-        return out
-
     # -- maths ----------------------------------------------------------------------------------------
 
     def embed(self, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor) -> torch.Tensor:
@@ -284,16 +191,6 @@ class Thinker(SlotState, nn.Module):
 
     def heads(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.lm_head(hidden).float(), self.function_head(hidden).float()
-
-    def step_embeds(self, x: torch.Tensor, slots: torch.Tensor, dense: bool = False) -> torch.Tensor:
-        """One position per row from fused inputs x [b, hidden]; advances each slot. Returns the final hidden."""
-        rows = self._rows(slots)
-        pos = self.pos.index_select(0, rows)
-        h = x
-        for block in self.llm.layers:
-            h = block.step(h, rows, pos, dense)
-        self.pos.index_copy_(0, rows, pos + 1)
-        return self.llm.norm_f(h)
 
     def prefill_embeds(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """T positions per row in one chunked forward (T <= attention window); slots must be distinct
@@ -309,33 +206,45 @@ class Thinker(SlotState, nn.Module):
         self.pos.index_copy_(0, rows, pos0 + T)
         return self.llm.norm_f(h)
 
-    # -- the public step ------------------------------------------------------------------------------
+    # -- the live form --------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def step(
         self,
         audio: torch.Tensor,
-        slots: torch.Tensor,
+        exec_mask: torch.Tensor,
         force_text: torch.Tensor | None = None,
         force_func: torch.Tensor | None = None,
-        dense: bool = False,
     ) -> ThinkerOutput:
-        """One frame for a batch of slots.
+        """One frame for every slot, row i on slot i.
 
-        audio [b, hidden] (this frame's audio embedding); slots [b] int64, the slot of each row or -1 for a
-        padding row (computed, state untouched). The tokens fed are each slot's previous outputs. force_text
-        / force_func [b] int64: a token >= 0 replaces that row's greedy output (teacher forcing), -1 keeps it.
-        dense=True promises b == num_slots and slots[i] in {i, -1} (the live batch, the contract's
-        `exec_mask` form: slots = where(exec_mask, arange, -1)), which skips gathers.
+        audio [num_slots, hidden] (this frame's audio embedding); exec_mask [num_slots] bool: every row is
+        computed, only the masked rows advance their state. The tokens fed are each slot's previous outputs.
+        force_text / force_func [num_slots] int64: a token >= 0 replaces that row's greedy output (teacher
+        forcing), -1 keeps it.
         """
-        b = slots.shape[0]
-        self._check(slots, (b,), torch.long, "slots")
-        self._check(audio, (b, self.cfg.hidden_size), None, "audio")
-        if dense and b != self.num_slots:
-            raise ValueError(f"slots: a dense step takes all {self.num_slots} slots, got {b} rows")
-        rows = self._rows(slots)
-        x = self.embed(audio, self.prev_text.index_select(0, rows), self.prev_func.index_select(0, rows))
-        hidden = self.step_embeds(x, slots, dense)
+        s = self.num_slots
+        self.check_mask(exec_mask, "exec_mask")
+        self._check(audio, (s, self.cfg.hidden_size), None, "audio")
+        pos = self.pos[:s]
+        live = live_rows(exec_mask)
+        h = self.embed(audio, self.prev_text[:s], self.prev_func[:s])
+        for block in self.llm.layers:
+            h = block.step(h, pos, exec_mask, live)
+        keep_rows(pos, pos + 1, exec_mask)
+        out = self._tokens(self.llm.norm_f(h), force_text, force_func)
+        keep_rows(self.prev_text[:s], out.text_token, exec_mask)
+        keep_rows(self.prev_func[:s], out.func_token, exec_mask)
+        return out
+
+    def set_func(self, exec_mask: torch.Tensor, func: torch.Tensor) -> None:
+        """Replace the function token the masked slots are fed next with `func` [num_slots]."""
+        keep_rows(self.prev_func[: self.num_slots], func, exec_mask)
+
+    def _tokens(
+        self, hidden: torch.Tensor, force_text: torch.Tensor | None, force_func: torch.Tensor | None
+    ) -> ThinkerOutput:
+        b = hidden.shape[0]
         text_logits, func_logits = self.heads(hidden)
         text = text_logits.argmax(-1)
         func = func_logits.argmax(-1)
@@ -345,9 +254,39 @@ class Thinker(SlotState, nn.Module):
         if force_func is not None:
             self._check(force_func, (b,), torch.long, "force_func")
             func = torch.where(force_func >= 0, force_func, func)
-        self.prev_text.index_copy_(0, rows, text)
-        self.prev_func.index_copy_(0, rows, func)
         return ThinkerOutput(hidden, text_logits, func_logits, text, func)
+
+    # -- the slot-index form: slack work only (tool-call tokens, replay, prefill) ---------------------
+
+    @torch.inference_mode()
+    def step_rows(
+        self,
+        audio: torch.Tensor,
+        slots: torch.Tensor,
+        force_text: torch.Tensor | None = None,
+        force_func: torch.Tensor | None = None,
+    ) -> ThinkerOutput:
+        """One frame for a batch of slots: audio [b, hidden]; slots [b] int64, the slot of each row or -1 for
+        a padding row (computed on the scratch row, no slot's state touched). Tokens and forcing as `step`."""
+        b = slots.shape[0]
+        self._check(slots, (b,), torch.long, "slots")
+        self._check(audio, (b, self.cfg.hidden_size), None, "audio")
+        rows = self._rows(slots)
+        x = self.embed(audio, self.prev_text.index_select(0, rows), self.prev_func.index_select(0, rows))
+        out = self._tokens(self.step_rows_embeds(x, slots), force_text, force_func)
+        self.prev_text.index_copy_(0, rows, out.text_token)
+        self.prev_func.index_copy_(0, rows, out.func_token)
+        return out
+
+    def step_rows_embeds(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """`step_rows` from fused inputs x [b, hidden]: one position per row. Returns the final hidden."""
+        rows = self._rows(slots)
+        pos = self.pos.index_select(0, rows)
+        h = x
+        for block in self.llm.layers:
+            h = block.step_rows(h, rows, pos)
+        self.pos.index_copy_(0, rows, pos + 1)
+        return self.llm.norm_f(h)
 
     def prefill_tokens(
         self, slots: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, func: torch.Tensor
@@ -362,7 +301,7 @@ class Thinker(SlotState, nn.Module):
         self.prev_text.index_copy_(0, rows, text[:, -1])
         self.prev_func.index_copy_(0, rows, func[:, -1])
 
-    def set_func(self, slots: torch.Tensor, func: torch.Tensor) -> None:
+    def set_func_rows(self, slots: torch.Tensor, func: torch.Tensor) -> None:
         """Replace the function token each slot of `slots` [b] (-1: padding) is fed next with `func` [b]."""
         self.prev_func.index_copy_(0, self._rows(slots), func)
 
