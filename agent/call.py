@@ -238,6 +238,10 @@ async def _start_in_room(
             sample_rate=clock.input_rate, num_channels=1, frame_size_ms=clock.frame_ms
         ),
         audio_output=False,
+        # the model's words go out as it says them: each text piece leaves with its own 80 ms frame, so they
+        # are already in step with the audio (a playout buffer ahead of it), and the framework's synchroniser
+        # would only add a speaking-rate analysis of every frame on the room's event loop
+        text_output=room_io.TextOutputOptions(sync_transcription=False),
         participant_identity=participant or NOT_SET,
         participant_kinds=[
             rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,

@@ -81,6 +81,7 @@ class RoomSink:
         self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
         self._spoken = 0.0  # when the last audio written (not filled) has played
         self._filler: asyncio.Task | None = None
+        self._one_at_a_time = asyncio.Lock()  # the filler's silence and the speech never capture at once
 
     async def start(self, room: rtc.Room) -> None:
         track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
@@ -89,8 +90,10 @@ class RoomSink:
         self._filler = asyncio.create_task(self._fill())
 
     async def _capture(self, samples: np.ndarray) -> None:
-        self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
-        await self.source.capture_frame(rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size))
+        async with self._one_at_a_time:
+            self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
+            frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
+            await self.source.capture_frame(frame)
 
     async def _fill(self) -> None:
         silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)

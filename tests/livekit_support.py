@@ -218,6 +218,10 @@ class Heard:
     def audio(self) -> np.ndarray:
         return np.concatenate(self.frames) if self.frames else np.zeros(0, np.int16)
 
+    def audible_s(self) -> float:
+        """Seconds of the received audio in frames that are not silence (speech, through WebRTC)."""
+        return sum(f.size for f in self.frames if np.abs(f).max(initial=0) > SPEECH_PEAK) / RATE
+
     def longest_gap(self) -> float:
         """The longest wait between two received frames after the first (seconds)."""
         return float(np.diff(self.times).max()) if len(self.times) > 1 else 0.0

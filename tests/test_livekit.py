@@ -9,6 +9,7 @@ scripted. The audio, the transcription stream, the tools and the database rows a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -39,9 +40,10 @@ pytestmark = pytest.mark.livekit
 
 FRAMES_PER_S = 12.5  # the engine's 80 ms frames
 GAP_S = 0.2  # the longest silence in the agent's track a caller may meet after its first frame
-# Callers in calls at once on one worker. The 2-core CI machine also runs the server and every caller's WebRTC
-# stack, so the suite runs 8 (CHORUS_E2E_CALLERS=16 runs 16), and benchmarks/livekit_load.py measures 16.
-CALLERS_AT_ONCE = int(os.environ.get("CHORUS_E2E_CALLERS", "8"))
+# Callers in calls at once on one worker (CHORUS_E2E_CALLERS to change it). On the 2-core CI machine that also
+# runs the server and every caller's WebRTC stack the tick falls behind at 16 (its figures are printed;
+# benchmarks/livekit_load.py measures them): what the test holds is that every caller is served and heard.
+CALLERS_AT_ONCE = int(os.environ.get("CHORUS_E2E_CALLERS", "16"))
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +199,30 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
             await asyncio.sleep(0.25)
         # every agent greets once its session is live (the prompt's prefill comes first, for all of them at once);
         # the callers answer the greeting, as callers do (one who talks over it is barge-in, tested apart)
-        await await_until(
-            lambda: all(c.first_speech.is_set() for c in callers), 120, what="every agent's speech"
-        )
+        try:
+            await await_until(
+                lambda: all(c.first_speech.is_set() for c in callers), 120, what="every agent's speech"
+            )
+        except AssertionError as e:
+            rows = sessions_by_label(worker.snapshot())
+            silent = {
+                c.room_name: (rows.get(c.room_name), [t for _, t, _ in c.heard.transcripts])
+                for c in callers
+                if not c.first_speech.is_set()
+            }
+            await asyncio.gather(*(c.leave() for c in callers))  # the calls end and log their counters
+            with contextlib.suppress(AssertionError):
+                await await_until(lambda: worker.log.read_text().count("call ended") >= n, 20)
+            ended = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
+            raise AssertionError(f"{e}: {silent}; {ended}") from None
         await asyncio.gather(*(c.speak(pcm, seconds=6.0) for c in callers))
         await await_until(
             lambda: all(c.heard.transcripts for c in callers), 90, what="every agent's transcript"
+        )
+        # the greeting alone is some 3.6 s of speech, and a reply follows every 6 s: a playout that stalls after
+        # its first second (two writers on one audio source once did) never gets there
+        await await_until(
+            lambda: all(c.heard.audible_s() >= 3.0 for c in callers), 90, what="3 s of every agent's speech"
         )
         snap = worker.snapshot()
         info = worker.info()
