@@ -19,6 +19,7 @@ from engine.kernels.causal_conv1d_update import (  # noqa: E402
     causal_conv1d_update_ref,
     causal_conv1d_update_triton,
 )
+from engine.kernels.reset_rows import reset_rows, reset_rows_ref, reset_rows_triton  # noqa: E402
 from engine.kernels.selective_state_update import (  # noqa: E402
     selective_state_update,
     selective_state_update_ref,
@@ -392,6 +393,46 @@ def test_padding_on_a_scratch_row_writes_the_real_slots_as_padding_by_minus_one(
     assert torch.equal(o1[real], o2[real]) and torch.equal(c1[: S - 1], c2[: S - 1])
 
 
+# ---------------------------------------------------------------- resetting slots' rows
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("head", [True, False], ids=["warm-up head", "zeros"])
+def test_reset_rows_triton_matches_reference_and_touches_the_masked_slots_alone(
+    dtype: str, head: bool
+) -> None:
+    """Rings [S, A, R, D] (R not a multiple of the kernel's block, rows past one block), slot rows in a larger
+    buffer (a slot stride beyond the row): the masked slots become the fresh row, a template in their first
+    entries and zeros after, bit for bit as the reference makes them; every other element is untouched."""
+    gen = torch.Generator().manual_seed(15)
+    S, A, R, D, H = 5, 3, 700, 8, 37
+    buffer = torch.randn(S, 2, A, R, D, generator=gen).to(DTYPES[dtype])
+    template = torch.randn(A, H, D, generator=gen).to(DTYPES[dtype]) if head else None
+    mask = torch.tensor([False, True, False, True, True])
+    want = buffer.clone()
+    reset_rows_ref(want[:, 0], mask, template)
+    got = buffer.clone()
+    reset_rows_triton(got[:, 0], mask, template)  # rows contiguous, slot stride 2 rows
+    _equal(f"reset rows {dtype} head={head}", got, want)
+    assert torch.equal(got[~mask], buffer[~mask]) and torch.equal(got[:, 1], buffer[:, 1])
+    fresh = torch.zeros(A, R, D, dtype=DTYPES[dtype])
+    if head:
+        fresh[:, :H] = template
+    assert all(torch.equal(got[i, 0], fresh) for i in torch.nonzero(mask).flatten())
+
+
+def test_reset_rows_zeroes_any_slot_first_buffer_and_no_mask_changes_nothing() -> None:
+    """Without a template the row is flat: an int64 counter and a 3-d state; an all-false mask is a no-op."""
+    counters = torch.arange(12).view(4, 3)
+    conv = torch.randn(4, 6, 3)
+    for fn in (reset_rows_ref, reset_rows_triton, reset_rows):
+        c, v = counters.clone(), conv.clone()
+        fn(c, torch.tensor([True, False, False, True]))
+        fn(v, torch.zeros(4, dtype=torch.bool))
+        assert torch.equal(c, torch.tensor([[0, 0, 0], [3, 4, 5], [6, 7, 8], [0, 0, 0]])), fn.__name__
+        assert torch.equal(v, conv), fn.__name__
+
+
 # ---------------------------------------------------------------- dispatch
 
 
@@ -453,6 +494,7 @@ CUDA_CHECK = """
 import json, torch
 from engine.kernels.selective_state_update import selective_state_update, selective_state_update_ref
 from engine.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_ref
+from engine.kernels.reset_rows import reset_rows, reset_rows_ref
 from engine.model.slot_state import live_rows
 
 dev = "cuda"
@@ -537,6 +579,16 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
         pad_zero=bool((got[~active] == 0).all()),
         untouched=bool(torch.equal(b[live_untouched], live_conv[live_untouched])),
     )
+    ring, warm = r(S, 4, 7500, 128).to(dtype), r(4, 37, 128).to(dtype)  # a talker ring, its warm-up
+    a, b = ring.clone(), ring.clone()
+    reset_rows_ref(a, ~active, warm)
+    reset_rows(b, ~active, warm)
+    result[f"reset_{name}"] = dict(
+        y_excess=0.0,
+        state_equal=bool(torch.equal(a, b)),
+        pad_zero=bool((b[~active][:, :, 37:] == 0).all()),
+        untouched=bool(torch.equal(b[active], ring[active])),
+    )
 print(json.dumps(result))
 """
 
@@ -544,7 +596,7 @@ print(json.dumps(result))
 @pytest.mark.gpu
 def test_triton_matches_reference_on_cuda_at_model_sizes() -> None:
     """Compiled kernels at model sizes: 128 heads x 80, d_state 128, 8 groups; conv 12288 x 4; 64 rows;
-    a gathered batch and the live one (its exec mask as indices)."""
+    a gathered batch and the live one (its exec mask as indices); resetting slots' rows of a talker ring."""
     result = json.loads(run_compiled(CUDA_CHECK).strip().splitlines()[-1])
     for name, r in result.items():
         print(name, r)

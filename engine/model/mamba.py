@@ -16,6 +16,7 @@ from torch import nn
 
 from engine.config import ThinkerConfig
 from engine.kernels.causal_conv1d_update import causal_conv1d_update
+from engine.kernels.reset_rows import reset_rows
 from engine.kernels.selective_state_update import selective_state_update
 from engine.model.slot_state import register_slot_state
 
@@ -79,8 +80,8 @@ class Mamba2Mixer(nn.Module):
 
     def reset(self, rows: torch.Tensor) -> None:
         """Zero the state of the given rows (a bool mask over state rows)."""
-        self.conv_state.masked_fill_(rows[:, None, None], 0)
-        self.ssm_state.masked_fill_(rows[:, None, None, None], 0)
+        reset_rows(self.conv_state, rows)
+        reset_rows(self.ssm_state, rows)
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg = self.cfg

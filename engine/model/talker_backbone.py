@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from engine.config import TalkerConfig
 from engine.kernels.decode_attention import decode_attention
-from engine.model.slot_state import keep_rows, register_slot_state, ring_write
+from engine.kernels.reset_rows import reset_rows
+from engine.model.slot_state import register_slot_state, ring_write
 from engine.model.talker_heads import (
     GatedMLP,
     GemmaRMSNorm,
@@ -99,12 +100,11 @@ class TalkerBackbone(nn.Module):
 
     def reset(self, mask: Tensor) -> None:
         """The rings of the masked slots ([num_slots] bool) as a fresh slot's: the warm-up, then zeros. No host
-        sync: every ring is passed over, only the masked slots' rows change."""
-        w = self.cfg.warmup_positions
+        sync, and on CUDA only the masked slots' rings are written (`reset_rows`)."""
         for i in range(len(self.rings)):
             for kind, cache in zip(("k", "v"), self.caches(i), strict=True):
-                cache.masked_fill_(mask.view(-1, 1, 1, 1, 1), 0)
-                keep_rows(cache[:, :, :, :w], getattr(self, f"warm_{kind}{i}"), mask)
+                warm = getattr(self, f"warm_{kind}{i}")
+                reset_rows(cache.flatten(1, 2), mask, warm.flatten(0, 1))
 
     def prefill_warmup(self, x: Tensor) -> None:
         """Causal multi-position pass over `x` `[S, T, h]` (T <= every ring) into the warm-up KV templates."""

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.config import ThinkerConfig
+from engine.kernels.reset_rows import reset_rows
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
 from engine.model.thinker_attention import Attention
@@ -175,8 +176,8 @@ class Thinker(SlotState, nn.Module):
             if block.kind == "M":
                 block.mixer.reset(rows)
             elif block.kind == "*":
-                block.mixer.k_cache.masked_fill_(rows[:, None, None, None], 0)
-                block.mixer.v_cache.masked_fill_(rows[:, None, None, None], 0)
+                reset_rows(block.mixer.k_cache, rows)
+                reset_rows(block.mixer.v_cache, rows)
         self.pos.masked_fill_(rows, 0)
         self.prev_text.masked_fill_(rows, self.pad_id)
         self.prev_func.masked_fill_(rows, self.pad_id)
