@@ -16,6 +16,7 @@ def write_rows(state: torch.Tensor, state_indices: torch.Tensor, rows: torch.Ten
     owner.scatter_reduce_(
         0, state_indices.clamp(min=0), torch.where(state_indices >= 0, row_ids, -1), reduce="amax"
     )
-    picked = rows.index_select(0, owner.clamp(min=0)).to(state.dtype)
+    picked = rows.index_select(0, owner.clamp(min=0))
+    picked = picked if picked.dtype == state.dtype else picked.to(state.dtype)
     mask = (owner >= 0).view(-1, *([1] * (state.dim() - 1)))
     torch.where(mask, picked, state, out=state)

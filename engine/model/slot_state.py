@@ -116,8 +116,8 @@ def keep_rows(state: torch.Tensor, new: torch.Tensor, exec_mask: torch.Tensor) -
     """The live form's write: state[i] = new[i] where exec_mask[i], in place; other rows keep theirs.
 
     state [r, ...]; new broadcastable to it; exec_mask [r] bool. No host sync, fixed shapes."""
-    keep = exec_mask.view(-1, *([1] * (state.dim() - 1)))
-    torch.where(keep, new.to(state.dtype), state, out=state)
+    keep = exec_mask.view(-1, *([1] * (state.dim() - 1))) if state.dim() > 1 else exec_mask
+    torch.where(keep, new if new.dtype == state.dtype else new.to(state.dtype), state, out=state)
 
 
 def ring_write(
@@ -128,5 +128,5 @@ def ring_write(
 
     cache [r, h, n, d]; index [r, h, 1, d] int64, the ring entry of each row (expanded); value [r, h, d];
     exec_mask [r] bool."""
-    keep = exec_mask.view(-1, 1, 1, 1)
-    cache.scatter_(2, index, torch.where(keep, value[:, :, None].to(cache.dtype), cache.gather(2, index)))
+    value = value[:, :, None] if value.dtype == cache.dtype else value[:, :, None].to(cache.dtype)
+    cache.scatter_(2, index, torch.where(exec_mask.view(-1, 1, 1, 1), value, cache.gather(2, index)))
