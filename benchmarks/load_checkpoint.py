@@ -113,8 +113,12 @@ def main() -> int:
         print(json.dumps(measure(folder)))
         return 0
     for step in ("write", "measure"):  # separate processes: the writer's memory is not the loader's
-        out = subprocess.run([sys.executable, __file__, "--out", str(folder), "--step", step],
-                             check=True, capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--out", str(folder), "--step", step],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for k, v in result.items():
         print(f"{k:>28}: {v:,}" if isinstance(v, int) else f"{k:>28}: {v}")

@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU memory to size for, in GB (10**9 bytes; H200: 141, H100: 80)",
     )
     info.add_argument(
-        "--slots", type=int, default=None,
+        "--slots",
+        type=int,
+        default=None,
         help="also predict the peak device memory with this many slots (traced on the meta device: seconds)",
-    )  # fmt: skip
+    )
     add_window_arguments(info)
     demo = sub.add_parser("demo", help="step the model for many slots and print timings")
     demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))

@@ -20,8 +20,16 @@ from engine.engine import Engine, EngineConfig
 from engine.metrics import pct
 from engine.presets import load_preset
 
-TOOLS = [{"name": "check_availability", "description": "Rooms free on given dates.",
-          "parameters": {"type": "object", "properties": {"note": {"type": "string", "description": "Free text"}}}}]  # fmt: skip
+TOOLS = [
+    {
+        "name": "check_availability",
+        "description": "Rooms free on given dates.",
+        "parameters": {
+            "type": "object",
+            "properties": {"note": {"type": "string", "description": "Free text"}},
+        },
+    }
+]
 PROMPT = "You are the concierge of a small hotel. Answer briefly."
 
 
@@ -53,8 +61,16 @@ def _result_of_length(engine: Engine, n: int) -> str:
 class _Workload:
     """Feeds audio in real time and answers tool calls after a latency; counts what comes back."""
 
-    def __init__(self, engine: Engine, sessions: int, tool_sessions: int, call_tokens: int, result_tokens: int,
-                 tool_latency_s: float, call_every_s: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        sessions: int,
+        tool_sessions: int,
+        call_tokens: int,
+        result_tokens: int,
+        tool_latency_s: float,
+        call_every_s: float,
+    ) -> None:
         self.e = engine
         self.call_ids = _call_of_length(engine, call_tokens)
         self.result = _result_of_length(engine, result_tokens)
@@ -111,8 +127,17 @@ class _Workload:
             self.stop.wait(max(0.0, t0 + k * period_s - time.monotonic()))
 
 
-def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: float, call_tokens: int,
-                 result_tokens: int, tool_latency_s: float, call_every_s: float, progress: bool = True) -> dict:  # fmt: skip
+def run_workload(
+    cfg: EngineConfig,
+    sessions: int,
+    tool_sessions: int,
+    seconds: float,
+    call_tokens: int,
+    result_tokens: int,
+    tool_latency_s: float,
+    call_every_s: float,
+    progress: bool = True,
+) -> dict:
     with Engine(cfg) as engine:
         w = _Workload(
             engine, sessions, tool_sessions, call_tokens, result_tokens, tool_latency_s, call_every_s
@@ -126,9 +151,12 @@ def run_workload(cfg: EngineConfig, sessions: int, tool_sessions: int, seconds: 
                 raise RuntimeError("the tick thread failed") from engine.failure
             if progress:
                 s = engine.snapshot()
-                print(f"  t={seconds - (t_end - time.monotonic()):5.1f}s ticks {s.ticks:5d}  tick p50 "
-                      f"{s.live_ms_p50:6.2f} p99 {s.live_ms_p99:6.2f} ms  missed {s.missed_deadlines}  "
-                      f"tool calls {s.tool_calls}  phases {s.phases}", flush=True)  # fmt: skip
+                print(
+                    f"  t={seconds - (t_end - time.monotonic()):5.1f}s ticks {s.ticks:5d}  tick p50 "
+                    f"{s.live_ms_p50:6.2f} p99 {s.live_ms_p99:6.2f} ms  missed {s.missed_deadlines}  "
+                    f"tool calls {s.tool_calls}  phases {s.phases}",
+                    flush=True,
+                )
         w.stop.set()
         snap = engine.snapshot()
         a = engine.acct
@@ -193,57 +221,99 @@ def plot(series: list[float], path: str, title: str, frame_ms: int) -> None:
 
 
 def serve(args) -> dict:
-    base = EngineConfig(preset=args.preset, num_slots=args.sessions, device=args.device, threads=args.threads,
-                        checkpoint=args.checkpoint, tokenizer=args.tokenizer, speaker=args.speaker,
-                        dtype=getattr(args, "dtype", "auto"), talker_window=args.talker_window,
-                        thinker_window=args.thinker_window, capacity_mode=args.capacity, start=True)  # fmt: skip
-    common = dict(call_tokens=args.call_tokens,
-                  result_tokens=-args.result_chars if args.result_chars else args.result_tokens,
-                  tool_latency_s=args.tool_latency_ms / 1000, call_every_s=args.call_every_s)  # fmt: skip
+    base = EngineConfig(
+        preset=args.preset,
+        num_slots=args.sessions,
+        device=args.device,
+        threads=args.threads,
+        checkpoint=args.checkpoint,
+        tokenizer=args.tokenizer,
+        speaker=args.speaker,
+        dtype=getattr(args, "dtype", "auto"),
+        talker_window=args.talker_window,
+        thinker_window=args.thinker_window,
+        capacity_mode=args.capacity,
+        start=True,
+    )
+    common = dict(
+        call_tokens=args.call_tokens,
+        result_tokens=-args.result_chars if args.result_chars else args.result_tokens,
+        tool_latency_s=args.tool_latency_ms / 1000,
+        call_every_s=args.call_every_s,
+    )
     if args.sweep:
         return sweep(base, args, common)
-    print(f"serve: {args.sessions} sessions ({args.tool_sessions} calling tools), {args.seconds:g} s, "
-          f"preset {args.preset}", flush=True)  # fmt: skip
+    print(
+        f"serve: {args.sessions} sessions ({args.tool_sessions} calling tools), {args.seconds:g} s, "
+        f"preset {args.preset}",
+        flush=True,
+    )
     main = run_workload(base, args.sessions, args.tool_sessions, args.seconds, **common)
-    cadence: dict = {"tool_call_ticks_p50": None, "tool_call_ms_p50": None, "result_prefill_ms_p50": None,
-                     "missed_deadlines": None}  # fmt: skip
+    cadence: dict = {
+        "tool_call_ticks_p50": None,
+        "tool_call_ms_p50": None,
+        "result_prefill_ms_p50": None,
+        "missed_deadlines": None,
+    }
     naive = None
     if args.baseline_seconds > 0:  # the baselines: tools at the cadence, and one session per forward
         print(f"cadence-locked baseline ({args.baseline_seconds:g} s)...", flush=True)
-        cadence = run_workload(base.model_copy(update={"cadence_locked_tools": True}), args.sessions,
-                               args.tool_sessions, args.baseline_seconds, progress=False, **common)  # fmt: skip
+        cadence = run_workload(
+            base.model_copy(update={"cadence_locked_tools": True}),
+            args.sessions,
+            args.tool_sessions,
+            args.baseline_seconds,
+            progress=False,
+            **common,
+        )
         print("naive per-session baseline...", flush=True)
         naive = naive_live_ms(base, args.sessions)
     if args.plot:
         title = f"{args.sessions} sessions, {args.tool_sessions} with tools"
         plot(main["live_series_ms"], args.plot, title, load_preset(args.preset).clock.frame_ms)
     series = main.pop("live_series_ms")
-    print(f"ticks {main['ticks']}, live step p50 {main['live_ms_p50']} ms p99 {main['live_ms_p99']} ms, "
-          f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}")  # fmt: skip
-    print(f"tool call: {main['tool_call_ticks_p50']} ticks p50 ({main['tool_call_ms_p50']} ms) vs "
-          f"{cadence['tool_call_ticks_p50']} ticks cadence-locked; naive per-session tick {naive} ms")  # fmt: skip
+    print(
+        f"ticks {main['ticks']}, live step p50 {main['live_ms_p50']} ms p99 {main['live_ms_p99']} ms, "
+        f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}"
+    )
+    print(
+        f"tool call: {main['tool_call_ticks_p50']} ticks p50 ({main['tool_call_ms_p50']} ms) vs "
+        f"{cadence['tool_call_ticks_p50']} ticks cadence-locked; naive per-session tick {naive} ms"
+    )
     return {
-        "bench": "serve", "preset": args.preset, "sessions": args.sessions, "tool_sessions": args.tool_sessions,
-        "seconds": args.seconds, "result_chars": args.result_chars, **main, "tick_series_len": len(series),
+        "bench": "serve",
+        "preset": args.preset,
+        "sessions": args.sessions,
+        "tool_sessions": args.tool_sessions,
+        "seconds": args.seconds,
+        "result_chars": args.result_chars,
+        **main,
+        "tick_series_len": len(series),
         "cadence_tool_call_ticks_p50": cadence["tool_call_ticks_p50"],
         "cadence_tool_call_ms_p50": cadence["tool_call_ms_p50"],
         "cadence_result_prefill_ms_p50": cadence["result_prefill_ms_p50"],
         "cadence_missed_deadlines": cadence["missed_deadlines"],
         "naive_live_ms_p50": naive,
-    }  # fmt: skip
+    }
 
 
 def sweep(base: EngineConfig, args, common: dict) -> dict:
-    """The most sessions (a quarter calling tools) with zero missed deadlines, by doubling then bisecting, up to
-    `--sweep-max` sessions and within `--sweep-budget-s` seconds (then the best found so far; a size that runs
-    out of device memory counts as a failure)."""
+    """The most sessions (a quarter calling tools) with zero missed deadlines, by doubling then bisecting, up
+    to `--sweep-max` sessions and within `--sweep-budget-s` seconds (then the best found so far; a size that
+    runs out of device memory counts as a failure)."""
     t0 = time.monotonic()
     tried: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
         try:
-            r = run_workload(base.model_copy(update={"num_slots": n}), n, n // 4, args.sweep_seconds,
-                             progress=False, **common)  # fmt: skip
+            r = run_workload(
+                base.model_copy(update={"num_slots": n}),
+                n,
+                n // 4,
+                args.sweep_seconds,
+                progress=False,
+                **common,
+            )
         except torch.OutOfMemoryError:
             tried[n] = {"oom": True}
             print(f"  {n:5d} sessions: out of device memory", flush=True)

@@ -1,11 +1,11 @@
 """Sizing of a preset under a dtype policy: parameters per stage, weight bytes per dtype, per-session state,
 sessions per GPU.
 
-The stages are built as the pipeline builds them (`build_stages`), on the `meta` device, so the full 11B preset
-is sized in a second with no memory. State is what each stage allocates as per-slot state: by the slot contract
-(engine/model/slot_state.py) its `slot_state()` buffers are slot-first, so one row of each is a session's, and
-the scratch rows (the thinker's one) are fixed. Knows the stages and their state contract; knows nothing of sessions
-or time.
+The stages are built as the pipeline builds them (`build_stages`), on the `meta` device, so the full 11B
+preset is sized in a second with no memory. State is what each stage allocates as per-slot state: by the slot
+contract (engine/model/slot_state.py) its `slot_state()` buffers are slot-first, so one row of each is a
+session's, and the scratch rows (the thinker's one) are fixed. Knows the stages and their state contract;
+knows nothing of sessions or time.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def components(cfg: ModelConfig, dtypes: DtypePolicy) -> list[Component]:
     return out
 
 
-def needed_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, workspace: bool = True
-                 ) -> tuple[int, dict[str, int]]:  # fmt: skip
+def needed_bytes(
+    cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, workspace: bool = True
+) -> tuple[int, dict[str, int]]:
     """Device memory the model needs with `num_slots` slots: weights, derived buffers, per-slot state and
     (on a GPU) the workspace. Returns (total, parts)."""
     comps = components(cfg, dtypes)
@@ -77,8 +78,9 @@ def needed_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, workspac
     return sum(parts.values()), parts
 
 
-def check_memory(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, device: torch.device,
-                 free_bytes: int | None = None) -> int:  # fmt: skip
+def check_memory(
+    cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, device: torch.device, free_bytes: int | None = None
+) -> int:
     """CheckpointError when `device` has less free memory than the model with `num_slots` slots needs (the
     sizing of `python -m engine info`). Returns the bytes needed."""
     need, parts = needed_bytes(cfg, dtypes, num_slots, workspace=device.type == "cuda")
@@ -106,8 +108,8 @@ NOT_LOADED = "the codec's encoder (~0.092 B) and the RNNT user-transcript branch
 
 
 def report(cfg: ModelConfig, gpu_mem_gb: float, dtypes: DtypePolicyName | DtypePolicy = "gpu") -> dict:
-    """The sizing of `cfg` on a GPU with `gpu_mem_gb` GB (10**9 bytes, as GPU makers state it: an H200 has 141 GB,
-    131.3 GiB) under the dtype policy (default: the GPU's)."""
+    """The sizing of `cfg` on a GPU with `gpu_mem_gb` GB (10**9 bytes, as GPU makers state it: an H200 has
+    141 GB, 131.3 GiB) under the dtype policy (default: the GPU's)."""
     policy = dtype_policy(dtypes, "cuda")
     comps = components(cfg, policy)
     weight_bytes: dict[str, int] = {}
@@ -144,8 +146,10 @@ def _human(n: float, unit: str = "") -> str:
 
 
 def print_report(r: dict) -> None:
-    print(f"preset {r['preset']}: {_human(r['params_total'])} parameters (checkpoint tensors the engine loads; "
-          f"not loaded: {NOT_LOADED})")  # fmt: skip
+    print(
+        f"preset {r['preset']}: {_human(r['params_total'])} parameters (checkpoint tensors the engine loads; "
+        f"not loaded: {NOT_LOADED})"
+    )
     for name, parts in r["params_detail"].items():
         print(f"  {name:<12} {_human(sum(parts.values())):>10}")
         for part, n in parts.items():
@@ -157,12 +161,17 @@ def print_report(r: dict) -> None:
     for dtype, b in r["weight_bytes"].items():
         print(f"weights in {dtype}: {b / 2**30:.2f} GiB")
     derived = r["derived_bytes"]
-    print(f"derived buffers (fused weights, tables, constants): {sum(derived.values()) / 2**30:.2f} GiB "
-          f"({', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in derived.items())})")  # fmt: skip
-    print(f"state per session: {r['state_bytes_per_session'] / 2**20:.2f} MiB "
-          f"(plus {r['state_bytes_fixed'] / 2**20:.2f} MiB for the scratch row)")  # fmt: skip
+    print(
+        f"derived buffers (fused weights, tables, constants): {sum(derived.values()) / 2**30:.2f} GiB "
+        f"({', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in derived.items())})"
+    )
+    print(
+        f"state per session: {r['state_bytes_per_session'] / 2**20:.2f} MiB "
+        f"(plus {r['state_bytes_fixed'] / 2**20:.2f} MiB for the scratch row)"
+    )
     for name, b in r["state_bytes_detail"].items():
         print(f"  {name:<12} {b / 2**20:10.2f} MiB")
     print(
-        f"sessions that fit in {r['gpu_mem_gb']:g} GB (keeping {r['workspace_gb']:g} GiB workspace): {r['sessions_fit']}"
+        f"sessions that fit in {r['gpu_mem_gb']:g} GB (keeping {r['workspace_gb']:g} GiB workspace): "
+        f"{r['sessions_fit']}"
     )

@@ -70,8 +70,13 @@ def transient_bytes(
     return tracker.peak
 
 
-def step_peaks(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, granule: int = ALLOCATION_GRANULE,
-               live_only: bool = False) -> dict[str, int]:  # fmt: skip
+def step_peaks(
+    cfg: ModelConfig,
+    dtypes: DtypePolicy,
+    num_slots: int,
+    granule: int = ALLOCATION_GRANULE,
+    live_only: bool = False,
+) -> dict[str, int]:
     """Transient bytes of each kind of step the engine runs, traced on meta tensors at the preset's shape: the
     live step over `num_slots` slots, and the slack work's largest buckets as the runner pads and splits
     them (engine/runner.py): tool-call steps and replay over every slot, and for each power-of-two number
@@ -111,8 +116,9 @@ def step_peaks(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, granule: i
     return out
 
 
-def predict_peak_bytes(cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, live_only: bool = False
-                       ) -> tuple[int, dict[str, int]]:  # fmt: skip
+def predict_peak_bytes(
+    cfg: ModelConfig, dtypes: DtypePolicy, num_slots: int, live_only: bool = False
+) -> tuple[int, dict[str, int]]:
     """Peak device memory of a pipeline with `num_slots` slots that has run its steps (`live_only`: the live
     step alone, as the benches run it): weights, derived buffers, state, and the largest step's transient
     memory. Returns (bytes, parts)."""
@@ -145,6 +151,8 @@ def peak_report(cfg: ModelConfig, info: dict, num_slots: int) -> dict:
 def print_peak(r: dict) -> None:
     detail = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in r["parts"].items())
     steps = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in r["step_transient_bytes"].items())
-    print(f"predicted peak device memory with {r['slots']} slots (torch.cuda.max_memory_allocated): "
-          f"{r['bytes'] / 2**30:.2f} GiB ({detail})")  # fmt: skip
+    print(
+        f"predicted peak device memory with {r['slots']} slots (torch.cuda.max_memory_allocated): "
+        f"{r['bytes'] / 2**30:.2f} GiB ({detail})"
+    )
     print(f"  transient memory per step: {steps}")

@@ -67,18 +67,29 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
         p = Pipeline(cfg, slots, Tokens(cfg.tokens), dtypes).eval()
     p.prepare()
     static = live_inputs(cfg, slots, device)
-    out: dict = {"bench": "profile_step", "preset": preset, "slots": slots, "device": str(device),
-                 "dtype": dtypes.name}  # fmt: skip
+    out: dict = {
+        "bench": "profile_step",
+        "preset": preset,
+        "slots": slots,
+        "device": str(device),
+        "dtype": dtypes.name,
+    }
     for _ in range(3):  # warm-up: lazy initialisation, autotuning
         p.live_step(*static)
-    audit = audit_step(p.live_step, static, lambda: [t for ts in p.slot_state().values() for t in ts.values()])
+
+    def state_tensors() -> list[torch.Tensor]:
+        return [t for ts in p.slot_state().values() for t in ts.values()]
+
+    audit = audit_step(p.live_step, static, state_tensors)
     out["operators_per_step"] = audit.ops
     out["capture_problems"] = audit.problems
     eager = _timed(lambda: p.live_step(*static), device, steps)
     out["eager_ms_p50"] = round(eager[len(eager) // 2], 3)
     if device.type != "cuda":
-        print(f"{slots} slots on {device}: {audit.ops} operators per live step, eager {out['eager_ms_p50']} ms "
-              f"p50; capture problems: {audit.problems or 'none'}")  # fmt: skip
+        print(
+            f"{slots} slots on {device}: {audit.ops} operators per live step, eager {out['eager_ms_p50']} ms "
+            f"p50; capture problems: {audit.problems or 'none'}"
+        )
         return out
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -110,9 +121,12 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
         (e.key, round(e.device_time_total / 1e3, 3))
         for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]
     ]
-    print(f"{slots} slots: eager {out['eager_ms_p50']} ms ({out['eager_kernels']} kernels, GPU busy "
-          f"{out['eager_busy_ms']:.1f} ms); graph {out['graph_ms_p50']} ms (busy {out['graph_busy_ms']:.1f} ms); "
-          f"peak {out['peak_gb']} GiB, predicted {out['predicted_gb']} GiB")  # fmt: skip
+    print(
+        f"{slots} slots: eager {out['eager_ms_p50']} ms ({out['eager_kernels']} kernels, GPU busy "
+        f"{out['eager_busy_ms']:.1f} ms); "
+        f"graph {out['graph_ms_p50']} ms (busy {out['graph_busy_ms']:.1f} ms); "
+        f"peak {out['peak_gb']} GiB, predicted {out['predicted_gb']} GiB"
+    )
     return out
 
 

@@ -50,7 +50,8 @@ def pipeline(cfg=TINY) -> Pipeline:
 
 
 def test_nemo_s_own_config_of_the_tiny_model_fits_the_tiny_preset():
-    """The config NemotronVoiceChat was built from for the whole-model fixture (meta.json), read as a release."""
+    """The config NemotronVoiceChat was built from for the whole-model fixture (meta.json), read
+    as a release."""
     raw = json.loads((FIXTURES / "model" / "meta.json").read_text())["nemo_config"]
     derived = check_release_config(raw, TINY)
     assert derived["perception.num_layers"] == 2 and derived["talker.num_layers"] == 2
@@ -111,14 +112,20 @@ def test_the_whole_11b_release_lands_where_it_belongs_on_the_meta_device(tmp_pat
     assert cfg == r["cfg"]
     report = load_checkpoint(p, tmp_path)
     names = set(r["shapes"])
-    print(f"{len(names)} tensors, {len(report.consumed)} read, {len(report.ignored)} unused, "
-          f"{r['size'] / 2**30:.1f} GiB")  # fmt: skip
+    print(
+        f"{len(names)} tensors, {len(report.consumed)} read, {len(report.ignored)} unused, "
+        f"{r['size'] / 2**30:.1f} GiB"
+    )
     assert report.consumed | report.ignored == names and not report.consumed & report.ignored
     assert all(weights.is_ignored(n) or n.startswith(weights.SPEAKER_PREFIX) for n in report.ignored)
     assert report.speakers == ["Aria", "Bella"]
     # each release name lands on our tensor of the same name, less the stage prefix
-    prefixes = {"thinker": "stt_model.", "perception": "stt_model.perception.", "talker": "tts_model.tts_model.",
-                "codec": "tts_model.audio_codec."}  # fmt: skip
+    prefixes = {
+        "thinker": "stt_model.",
+        "perception": "stt_model.perception.",
+        "talker": "tts_model.tts_model.",
+        "codec": "tts_model.audio_codec.",
+    }
     for rel, ours in report.placed.items():
         stage, local = ours.split(".", 1)
         assert rel == prefixes[stage] + local or rel.startswith("tts_model.") and stage == "talker", (
@@ -130,8 +137,11 @@ def test_the_whole_11b_release_lands_where_it_belongs_on_the_meta_device(tmp_pat
         == "thinker.llm.layers.55.mixer.down_proj.weight"
     )
     assert report.placed["tts_model.audio_prompt_latents.Aria"] == "talker.speaker_latent"
-    read = sum(r["shapes"][n][0].numel() if hasattr(r["shapes"][n][0], "numel") else
-               torch.Size(r["shapes"][n][0]).numel() for n in report.consumed)  # fmt: skip
+
+    def numel(shape) -> int:
+        return shape.numel() if hasattr(shape, "numel") else torch.Size(shape).numel()
+
+    read = sum(numel(r["shapes"][n][0]) for n in report.consumed)
     assert 10.9e9 < read < 11.1e9, read
 
 
@@ -209,8 +219,8 @@ def test_tokenizer_derived_talker_tensors_match_the_checkpoint(release, tmp_path
     # a tokenizer with fewer characters than the checkpoint's char embedding has rows (here: the talker's
     # embedding as a 255-character tokenizer sizes it): named, with both shapes
     p.talker.embed_subword.embed_tokens = torch.nn.Embedding(256, 128)
-    with pytest.raises(CheckpointError, match=r"embed_subword.embed_tokens.weight \[257, 128\] \(the talker "
-                                              r"expects \[256, 128\]\)"):  # fmt: skip
+    expected = r"embed_subword.embed_tokens.weight \[257, 128\] \(the talker expects \[256, 128\]\)"
+    with pytest.raises(CheckpointError, match=expected):
         weights.plan(p, {k: tuple(v.shape) for k, v in release.items()})
 
 
@@ -234,8 +244,9 @@ def test_the_engine_takes_checkpoint_tokenizer_and_speaker(release, tmp_path):
     tok = tmp_path / "nano"  # the tokenizer download: a folder with tokenizer.json
     tok.mkdir()
     (tok / "tokenizer.json").write_text(Path(TOKENIZER).read_text())
-    config = EngineConfig(preset="tiny", num_slots=2, checkpoint=str(folder), tokenizer=str(tok), speaker="Bella",
-                          start=False)  # fmt: skip
+    config = EngineConfig(
+        preset="tiny", num_slots=2, checkpoint=str(folder), tokenizer=str(tok), speaker="Bella", start=False
+    )
     with Engine(config) as e:
         assert e.model_cfg.tokens.tokenizer == str(tok / "tokenizer.json")
         latent = release["tts_model.audio_prompt_latents.Bella"][0]
@@ -280,8 +291,13 @@ def test_progress_shows_tensors_bytes_rate_and_time_left():
 
 @pytest.mark.slow
 def test_peak_resident_memory_of_a_1gb_load_stays_below_one_and_a_half_times_its_size(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "load_checkpoint.py"), "--out",
-                          str(tmp_path)], check=True, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "load_checkpoint.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print(r)
     assert r["checkpoint_bytes"] > 0.9e9

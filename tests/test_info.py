@@ -87,8 +87,10 @@ def test_full_preset_state_follows_the_dtype_policy():
 def test_cli_prints_json_last():
     out = subprocess.run(
         [sys.executable, "-m", "engine", "info", "--preset", "tiny", "--gpu-mem-gb", "80"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"params_total", "params", "state_bytes_per_session"} <= set(last)
     assert last["params_total"] == sum(last["params"].values())
@@ -97,8 +99,10 @@ def test_cli_prints_json_last():
 def test_thinker_bench_reports_each_batch_size():
     out = subprocess.run(
         [sys.executable, "-m", "engine.bench", "thinker", "--slots", "1,4", "--steps", "5", "--warmup", "1"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     last = json.loads(out.stdout.strip().splitlines()[-1])
     for b in (1, 4):
         assert 0 < last[f"step_ms_p50_{b}"] <= last[f"step_ms_p99_{b}"]
@@ -109,8 +113,11 @@ def test_kv_layout_benchmark_agrees_with_engine_info():
     fits fewer sessions than rings, and a call old enough to fill every window gains nothing from it."""
     out = subprocess.run(
         [sys.executable, "benchmarks/kv_layout.py", "--minutes", "3", "30"],
-        capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     last = json.loads(out.stdout.strip().splitlines()[-1])
     full = load_preset("nemotron-voicechat-11b")
     ring = report(full, 141.0)["sessions_fit"]  # 141 GB = 131.3 GiB

@@ -1,10 +1,11 @@
 """The peak-memory prediction (engine/memory.py): transient memory traced on the meta device, checked against
-what the C allocator really hands out when the same steps run on CPU, and the bounds it shows at the 11B shape.
+what the C allocator really hands out when the same steps run on CPU, and the bounds it shows at
+the 11B shape.
 
-The CPU check reads glibc's `mallinfo2` after every operator of a real step (a dispatch mode): the most bytes in
-use beyond what was in use before the step. That is the allocator's own count, independent of the storages the
-trace follows. It counts the whole process, so it runs in a fresh interpreter (this file run as a script), with
-no other test's threads allocating meanwhile. Linux (glibc) only.
+The CPU check reads glibc's `mallinfo2` after every operator of a real step (a dispatch mode): the most bytes
+in use beyond what was in use before the step. That is the allocator's own count, independent of the storages
+the trace follows. It counts the whole process, so it runs in a fresh interpreter (this file run as a script),
+with no other test's threads allocating meanwhile. Linux (glibc) only.
 """
 
 from __future__ import annotations
@@ -31,8 +32,21 @@ CFG = load_preset("tiny")
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _in_use() -> int:
@@ -109,8 +123,12 @@ def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, ste
     place, where the CPU's references gather them."""
     run = subprocess.run(
         [sys.executable, __file__, policy, str(slots), step],
-        capture_output=True, text=True, check=True, timeout=300, cwd=Path(__file__).parent.parent,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+    )
     traced, measured = json.loads(run.stdout.strip().splitlines()[-1])
     print(f"{policy} {step} at {slots} slots: traced {traced:,} bytes, allocator peak {measured:,}")
     assert traced > 2_000_000

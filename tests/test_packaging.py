@@ -44,9 +44,18 @@ sys.exit(main(sys.argv[2:]))
 """
 # pip settings that would change what is resolved: the project's files must not depend on them
 PIP_RESOLVE_VARS = (
-    "PIP_CONSTRAINT", "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX",
-    "PIP_REQUIRE_VIRTUALENV", "PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_ONLY_BINARY", "PIP_NO_BINARY",
-)  # fmt: skip
+    "PIP_CONSTRAINT",
+    "PIP_FIND_LINKS",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_NO_INDEX",
+    "PIP_REQUIRE_VIRTUALENV",
+    "PIP_TARGET",
+    "PIP_PREFIX",
+    "PIP_USER",
+    "PIP_ONLY_BINARY",
+    "PIP_NO_BINARY",
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +115,12 @@ def test_the_dependencies_and_the_lock_resolve(python, platform, tmp_path, pypi)
     env = {k: v for k, v in os.environ.items() if k not in PIP_RESOLVE_VARS}
     env["PIP_CONFIG_FILE"] = os.devnull  # no global, user or site pip configuration
     markers = {**MARKERS[platform], "python_version": python, "python_full_version": f"{python}.0"}
-    cmd = [
-        sys.executable, "-c", PIP_AS_TARGET, json.dumps(markers), "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
-        "--quiet", "--index-url", "https://pypi.org/simple", "--python-version", python,
-        *(arg for tag in PLATFORMS[platform] for arg in ("--platform", tag)),
-        "--target", str(tmp_path / "target"), "--report", str(tmp_path / "report.json"),
-        "-r", str(tmp_path / "requirements.txt"), "-c", str(ROOT / "constraints.txt"),
-    ]  # fmt: skip
+    cmd = [sys.executable, "-c", PIP_AS_TARGET, json.dumps(markers)]
+    cmd += ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:", "--quiet"]
+    cmd += ["--index-url", "https://pypi.org/simple", "--python-version", python]
+    cmd += [arg for tag in PLATFORMS[platform] for arg in ("--platform", tag)]
+    cmd += ["--target", str(tmp_path / "target"), "--report", str(tmp_path / "report.json")]
+    cmd += ["-r", str(tmp_path / "requirements.txt"), "-c", str(ROOT / "constraints.txt")]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"Python {python} on {platform} does not resolve:\n{proc.stderr[-3000:]}"
     installed = {

@@ -32,8 +32,12 @@ def test_every_tensor_of_a_release_file_is_accounted_for(release):
     p = pipeline()
     consumed = load_into(p, release)
     ignored = set(release) - consumed
-    assert all(k.startswith(("tts_model.audio_codec.encoder.", "tts_model.audio_codec.prvq._variance")) or
-               "audio_prompt" in k or k.endswith("lm_head.weight") for k in ignored), sorted(ignored)[:5]  # fmt: skip
+    assert all(
+        k.startswith(("tts_model.audio_codec.encoder.", "tts_model.audio_codec.prvq._variance"))
+        or "audio_prompt" in k
+        or k.endswith("lm_head.weight")
+        for k in ignored
+    ), sorted(ignored)[:5]
     w = release["stt_model.llm.layers.0.mixer.in_proj.weight"].float()
     assert torch.equal(p.thinker.llm.layers[0].mixer.in_proj.weight, w)
 

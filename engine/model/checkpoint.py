@@ -79,8 +79,8 @@ class SafetensorsFile:
             (n,) = struct.unpack("<Q", head)
             if n > min(size - 8, 100 * 2**20):
                 raise CheckpointError(
-                    f"checkpoint: cannot read {self.path}: not a safetensors file, or truncated in its header "
-                    f"(header of {n} bytes, file of {size})"
+                    f"checkpoint: cannot read {self.path}: not a safetensors file, or truncated "
+                    f"in its header (header of {n} bytes, file of {size})"
                 )
             try:
                 header = json.loads(f.read(n))
@@ -113,8 +113,8 @@ class SafetensorsFile:
             data_end = max(data_end, base + b)
         if size < data_end:
             raise CheckpointError(
-                f"checkpoint: {self.path} is truncated: its header describes {data_end:,} bytes, the file has "
-                f"{size:,} ({(data_end - size) / 2**30:.2f} GiB missing; download it again)"
+                f"checkpoint: {self.path} is truncated: its header describes {data_end:,} bytes, "
+                f"the file has {size:,} ({(data_end - size) / 2**30:.2f} GiB missing; download it again)"
             )
         self.size = size
         self._file = open(self.path, "rb")  # noqa: SIM115 (closed by close())
@@ -127,12 +127,14 @@ class SafetensorsFile:
             return torch.empty(info.shape, dtype=info.dtype)
         with warnings.catch_warnings():  # the map is read-only; the views are only ever read from
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(self._map, dtype=info.dtype, count=info.nbytes // info.dtype.itemsize,
-                                    offset=info.start)  # fmt: skip
+            flat = torch.frombuffer(
+                self._map, dtype=info.dtype, count=info.nbytes // info.dtype.itemsize, offset=info.start
+            )
         return flat.view(info.shape)
 
     def drop(self, start: int, end: int) -> None:
-        """Let the kernel reclaim the mapped pages of [start, end) (they stay in the page cache, not in us)."""
+        """Let the kernel reclaim the mapped pages of
+        [start, end) (they stay in the page cache, not in us)."""
         if self._map is None or end <= start:
             return
         a = start // _PAGE * _PAGE

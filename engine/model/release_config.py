@@ -1,8 +1,9 @@
 """The release's NeMo `config.json`, beside its weights: read, mapped onto `ModelConfig` fields, checked.
 
 `derive_dims` turns every dimension the config states into the field it sets, `check_release_config` compares
-them with a preset and `release_config` writes one for synthetic checkpoints. Knows config keys and the preset's
-fields; knows nothing of tensors, the weights file's format (engine/model/checkpoint.py), modules or devices.
+them with a preset and `release_config` writes one for synthetic checkpoints. Knows config keys and the
+preset's fields; knows nothing of tensors, the weights file's format (engine/model/checkpoint.py),
+modules or devices.
 """
 
 from __future__ import annotations
@@ -99,25 +100,35 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
         and pre.get("features") is not None
         and enc["feat_in"] != pre["features"]
     ):
-        bad.append(f"perception.encoder.feat_in = {enc['feat_in']} contradicts preprocessor.features = "
-                   f"{pre['features']}")  # fmt: skip
+        bad.append(
+            f"perception.encoder.feat_in = {enc['feat_in']} contradicts preprocessor.features = "
+            f"{pre['features']}"
+        )
     for ours, theirs in (
-        ("num_layers", "n_layers"), ("d_model", "d_model"), ("num_heads", "n_heads"),
-        ("ff_expansion", "ff_expansion_factor"), ("conv_kernel", "conv_kernel_size"),
-        ("subsampling_factor", "subsampling_factor"), ("subsampling_channels", "subsampling_conv_channels"),
+        ("num_layers", "n_layers"),
+        ("d_model", "d_model"),
+        ("num_heads", "n_heads"),
+        ("ff_expansion", "ff_expansion_factor"),
+        ("conv_kernel", "conv_kernel_size"),
+        ("subsampling_factor", "subsampling_factor"),
+        ("subsampling_channels", "subsampling_conv_channels"),
         ("pos_emb_max_len", "pos_emb_max_len"),
-    ):  # fmt: skip
+    ):
         put(f"perception.{ours}", enc.get(theirs))
     ctx = enc.get("att_context_size")
     if ctx is not None:
         pairs = ctx if ctx and isinstance(ctx[0], list | tuple) else [ctx]
         out["perception.att_context"] = [tuple(int(v) for v in p) for p in pairs]
     for key, allowed in (
-        ("subsampling", ("dw_striding",)), ("self_attention_model", ("rel_pos",)),
-        ("att_context_style", ("chunked_limited",)), ("conv_norm_type", ("layer_norm",)),
-        ("conv_context_size", ("causal",)), ("causal_downsampling", (True,)), ("xscaling", (False,)),
+        ("subsampling", ("dw_striding",)),
+        ("self_attention_model", ("rel_pos",)),
+        ("att_context_style", ("chunked_limited",)),
+        ("conv_norm_type", ("layer_norm",)),
+        ("conv_context_size", ("causal",)),
+        ("causal_downsampling", (True,)),
+        ("xscaling", (False,)),
         ("use_bias", (False,)),
-    ):  # fmt: skip
+    ):
         _require(bad, f"perception.encoder.{key}", enc.get(key), allowed)
     put("perception.output_dim", per.get("output_dim"))
 
@@ -126,13 +137,21 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
     _require(bad, "tts_config.backbone_type", tts.get("backbone_type"), ("gemma3_text",))
     bb = tts.get("backbone_config") or {}
     for ours, theirs in (
-        ("hidden_size", "hidden_size"), ("intermediate_size", "intermediate_size"),
-        ("num_layers", "num_hidden_layers"), ("num_heads", "num_attention_heads"),
-        ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim"), ("sliding_window", "sliding_window"),
-    ):  # fmt: skip
+        ("hidden_size", "hidden_size"),
+        ("intermediate_size", "intermediate_size"),
+        ("num_layers", "num_hidden_layers"),
+        ("num_heads", "num_attention_heads"),
+        ("num_kv_heads", "num_key_value_heads"),
+        ("head_dim", "head_dim"),
+        ("sliding_window", "sliding_window"),
+    ):
         put(f"talker.{ours}", bb.get(theirs))
-    for ours, theirs in (("query_pre_attn_scalar", "query_pre_attn_scalar"), ("rope_theta", "rope_theta"),
-                         ("rope_local_theta", "rope_local_base_freq"), ("rms_eps", "rms_norm_eps")):  # fmt: skip
+    for ours, theirs in (
+        ("query_pre_attn_scalar", "query_pre_attn_scalar"),
+        ("rope_theta", "rope_theta"),
+        ("rope_local_theta", "rope_local_base_freq"),
+        ("rms_eps", "rms_norm_eps"),
+    ):
         put(f"talker.{ours}", bb.get(theirs), float)
     if bb.get("layer_types") is not None:
         out["talker.layer_types"] = tuple(
@@ -147,14 +166,21 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
         bad, "tts_config.cas_config.backbone_type", _get(tts, "cas_config", "backbone_type"), ("t5gemma",)
     )
     for ours, theirs in (
-        ("char_hidden_size", "hidden_size"), ("char_intermediate_size", "intermediate_size"),
-        ("char_layers", "num_hidden_layers"), ("char_heads", "num_attention_heads"),
-        ("char_kv_heads", "num_key_value_heads"), ("char_head_dim", "head_dim"),
-    ):  # fmt: skip
+        ("char_hidden_size", "hidden_size"),
+        ("char_intermediate_size", "intermediate_size"),
+        ("char_layers", "num_hidden_layers"),
+        ("char_heads", "num_attention_heads"),
+        ("char_kv_heads", "num_key_value_heads"),
+        ("char_head_dim", "head_dim"),
+    ):
         put(f"talker.{ours}", cas.get(theirs))
     mog = tts.get("mog_head_config") or {}
-    for ours, theirs in (("mog_intermediate_size", "intermediate_size"), ("mog_layers", "num_layers"),
-                         ("mog_components", "num_predictions"), ("mog_rank", "low_rank")):  # fmt: skip
+    for ours, theirs in (
+        ("mog_intermediate_size", "intermediate_size"),
+        ("mog_layers", "num_layers"),
+        ("mog_components", "num_predictions"),
+        ("mog_rank", "low_rank"),
+    ):
         put(f"talker.{ours}", mog.get(theirs))
     put("talker.log_std_min", mog.get("min_log_std"), float)
     for key in ("use_subword_flag_emb", "use_bos_eos_emb", "use_gated_fusion_for_text_audio"):
@@ -175,8 +201,11 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
         ]
     if codec.get("rates") is not None:
         out["codec.upsample"] = tuple(int(r) for r in codec["rates"])[::-1]
-    for a, b in (("talker.num_codebooks", "codec.num_codebooks"), ("talker.codebook_size", "codec.codebook_size"),
-                 ("talker.latent_dim", "codec.latent_dim")):  # fmt: skip
+    for a, b in (
+        ("talker.num_codebooks", "codec.num_codebooks"),
+        ("talker.codebook_size", "codec.codebook_size"),
+        ("talker.latent_dim", "codec.latent_dim"),
+    ):
         if a in out and b in out and out[a] != out[b]:
             bad.append(f"{a} = {out[a]} contradicts {b} = {out[b]} within the config")
     return out, bad
@@ -220,62 +249,132 @@ def release_config(cfg: ModelConfig) -> dict:
     """A NeMo config.json in the release's layout stating every dimension of `cfg` (synthetic checkpoints)."""
     p, t, c = cfg.perception, cfg.talker, cfg.codec
     rate = cfg.clock.input_rate
-    data = {"source_sample_rate": rate, "target_sample_rate": cfg.clock.output_rate,
-            "frame_length": cfg.clock.frame_ms / 1000}  # fmt: skip
+    data = {
+        "source_sample_rate": rate,
+        "target_sample_rate": cfg.clock.output_rate,
+        "frame_length": cfg.clock.frame_ms / 1000,
+    }
     base = c.channels[-1]
     stt = {
         "pretrained_llm": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
         "base_model_name": "backbone",
         "embed_tokens_name": "embeddings",
-        "bos_token": cfg.tokens.bos, "eos_token": cfg.tokens.eos, "pad_token": cfg.tokens.pad,
-        "fuse_method": "add", "predict_user_text": False, "use_function_head": True,
+        "bos_token": cfg.tokens.bos,
+        "eos_token": cfg.tokens.eos,
+        "pad_token": cfg.tokens.pad,
+        "fuse_method": "add",
+        "predict_user_text": False,
+        "use_function_head": True,
         "duplex_text_channel_weight": cfg.thinker.text_weight,
         "duplex_user_channel_weight": cfg.thinker.audio_weight,
         "duplex_function_channel_weight": cfg.thinker.function_weight,
         "perception": {
             "output_dim": p.output_dim or cfg.thinker.hidden_size,
-            "preprocessor": {"sample_rate": rate, "normalize": "NA", "window_size": p.win_length / rate,
-                             "window_stride": p.hop_length / rate, "window": "hann", "features": p.n_mels,
-                             "n_fft": p.n_fft, "dither": 0.0, "preemph": p.preemph},
-            "encoder": {"feat_in": p.n_mels, "n_layers": p.num_layers, "d_model": p.d_model,
-                        "subsampling": "dw_striding", "subsampling_factor": p.subsampling_factor,
-                        "subsampling_conv_channels": p.subsampling_channels, "causal_downsampling": True,
-                        "ff_expansion_factor": p.ff_expansion, "self_attention_model": "rel_pos",
-                        "n_heads": p.num_heads, "att_context_size": [p.att_context_left, p.att_context_right],
-                        "att_context_style": "chunked_limited", "xscaling": False,
-                        "pos_emb_max_len": p.pos_emb_max_len, "conv_kernel_size": p.conv_kernel,
-                        "conv_norm_type": "layer_norm", "conv_context_size": "causal", "use_bias": False},
+            "preprocessor": {
+                "sample_rate": rate,
+                "normalize": "NA",
+                "window_size": p.win_length / rate,
+                "window_stride": p.hop_length / rate,
+                "window": "hann",
+                "features": p.n_mels,
+                "n_fft": p.n_fft,
+                "dither": 0.0,
+                "preemph": p.preemph,
+            },
+            "encoder": {
+                "feat_in": p.n_mels,
+                "n_layers": p.num_layers,
+                "d_model": p.d_model,
+                "subsampling": "dw_striding",
+                "subsampling_factor": p.subsampling_factor,
+                "subsampling_conv_channels": p.subsampling_channels,
+                "causal_downsampling": True,
+                "ff_expansion_factor": p.ff_expansion,
+                "self_attention_model": "rel_pos",
+                "n_heads": p.num_heads,
+                "att_context_size": [p.att_context_left, p.att_context_right],
+                "att_context_style": "chunked_limited",
+                "xscaling": False,
+                "pos_emb_max_len": p.pos_emb_max_len,
+                "conv_kernel_size": p.conv_kernel,
+                "conv_norm_type": "layer_norm",
+                "conv_context_size": "causal",
+                "use_bias": False,
+            },
         },
-    }  # fmt: skip
+    }
     layer_types = ["full_attention" if k == "global" else "sliding_attention" for k in t.layer_types]
     tts = {
         "backbone_type": "gemma3_text",
-        "backbone_config": {"hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
-                            "num_hidden_layers": t.num_layers, "num_attention_heads": t.num_heads,
-                            "num_key_value_heads": t.num_kv_heads, "head_dim": t.head_dim,
-                            "query_pre_attn_scalar": t.query_pre_attn_scalar, "sliding_window": t.sliding_window,
-                            "layer_types": layer_types, "rope_theta": t.rope_theta,
-                            "rope_local_base_freq": t.rope_local_theta, "rms_norm_eps": t.rms_eps},
-        "latent_size": t.latent_dim, "num_quantizers": t.num_codebooks, "codebook_size": t.codebook_size,
+        "backbone_config": {
+            "hidden_size": t.hidden_size,
+            "intermediate_size": t.intermediate_size,
+            "num_hidden_layers": t.num_layers,
+            "num_attention_heads": t.num_heads,
+            "num_key_value_heads": t.num_kv_heads,
+            "head_dim": t.head_dim,
+            "query_pre_attn_scalar": t.query_pre_attn_scalar,
+            "sliding_window": t.sliding_window,
+            "layer_types": layer_types,
+            "rope_theta": t.rope_theta,
+            "rope_local_base_freq": t.rope_local_theta,
+            "rms_norm_eps": t.rms_eps,
+        },
+        "latent_size": t.latent_dim,
+        "num_quantizers": t.num_codebooks,
+        "codebook_size": t.codebook_size,
         "exponent": t.schedule_exponent,
-        "cas_config": {"backbone_type": "t5gemma", "backbone_config": {"is_encoder_decoder": False, "encoder": {
-            "hidden_size": t.char_hidden_size, "intermediate_size": t.char_intermediate_size,
-            "num_hidden_layers": t.char_layers, "num_attention_heads": t.char_heads,
-            "num_key_value_heads": t.char_kv_heads, "head_dim": t.char_head_dim}}},
-        "use_subword_flag_emb": True, "use_bos_eos_emb": True, "use_gated_fusion_for_text_audio": True,
+        "cas_config": {
+            "backbone_type": "t5gemma",
+            "backbone_config": {
+                "is_encoder_decoder": False,
+                "encoder": {
+                    "hidden_size": t.char_hidden_size,
+                    "intermediate_size": t.char_intermediate_size,
+                    "num_hidden_layers": t.char_layers,
+                    "num_attention_heads": t.char_heads,
+                    "num_key_value_heads": t.char_kv_heads,
+                    "head_dim": t.char_head_dim,
+                },
+            },
+        },
+        "use_subword_flag_emb": True,
+        "use_bos_eos_emb": True,
+        "use_gated_fusion_for_text_audio": True,
         "use_audio_prompt_frozen_projection": True,
-        "mog_head_config": {"intermediate_size": t.mog_intermediate_size, "num_layers": t.mog_layers,
-                            "num_predictions": t.mog_components, "low_rank": t.mog_rank,
-                            "min_log_std": t.log_std_min},
-    }  # fmt: skip
-    codec = {"latent_size": c.latent_dim, "n_fft": c.n_fft, "hop_length": c.hop_length, "base_hidden_size": base,
-             "channel_mult": [ch // base for ch in c.channels[::-1]], "rates": list(c.upsample[::-1]),
-             "num_blocks": c.blocks_per_stage, "kernel_size": c.block_kernel, "groups": 1,
-             "codebook_size": c.codebook_size, "num_quantizers": c.num_codebooks,
-             "wav_to_token_ratio": c.samples_per_frame}  # fmt: skip
-    gen = {"data": data, "model": {"pretrained_lm_name": stt["pretrained_llm"], "bos_token": cfg.tokens.bos,
-                                   "eos_token": cfg.tokens.eos, "pad_token": cfg.tokens.pad,
-                                   "tts_config": tts, "codec_config": codec}}  # fmt: skip
+        "mog_head_config": {
+            "intermediate_size": t.mog_intermediate_size,
+            "num_layers": t.mog_layers,
+            "num_predictions": t.mog_components,
+            "low_rank": t.mog_rank,
+            "min_log_std": t.log_std_min,
+        },
+    }
+    codec = {
+        "latent_size": c.latent_dim,
+        "n_fft": c.n_fft,
+        "hop_length": c.hop_length,
+        "base_hidden_size": base,
+        "channel_mult": [ch // base for ch in c.channels[::-1]],
+        "rates": list(c.upsample[::-1]),
+        "num_blocks": c.blocks_per_stage,
+        "kernel_size": c.block_kernel,
+        "groups": 1,
+        "codebook_size": c.codebook_size,
+        "num_quantizers": c.num_codebooks,
+        "wav_to_token_ratio": c.samples_per_frame,
+    }
+    gen = {
+        "data": data,
+        "model": {
+            "pretrained_lm_name": stt["pretrained_llm"],
+            "bos_token": cfg.tokens.bos,
+            "eos_token": cfg.tokens.eos,
+            "pad_token": cfg.tokens.pad,
+            "tts_config": tts,
+            "codec_config": codec,
+        },
+    }
     return {
         "data": data,
         "trainer": {},

@@ -35,9 +35,13 @@ SPEAKER_PREFIX = "tts_model.audio_prompt_latents."
 # Talker tensors the tokenizer determines (built from it by the talker, compared with the checkpoint's).
 TOKENIZER_DERIVED = tuple(
     talker.PREFIX + "embed_subword." + n
-    for n in ("subword_flag_emb.is_continuation", "subword_flag_emb.pad_tensor",
-              "bos_eos_emb.special_flags", "bos_eos_emb.pad_tensor")
-)  # fmt: skip
+    for n in (
+        "subword_flag_emb.is_continuation",
+        "subword_flag_emb.pad_tensor",
+        "bos_eos_emb.special_flags",
+        "bos_eos_emb.pad_tensor",
+    )
+)
 FRONT_END = tuple(perception.RELEASE_PREFIX + n for n in perception._FRONT_END_BUFFERS)
 CHUNK_BYTES = 64 * 2**20  # mapped bytes resident at once while copying a large tensor
 
@@ -92,6 +96,11 @@ def _expected_shape(name: str, ours: torch.Tensor) -> tuple[int, ...]:
     return (1, *ours.shape) if name.startswith(SPEAKER_PREFIX) else tuple(ours.shape)
 
 
+def _first(items: list[str], n: int, sep: str) -> str:
+    """The first `n` of `items` joined by `sep`, and " ..." when there are more."""
+    return sep.join(items[:n]) + (" ..." if len(items) > n else "")
+
+
 def plan(pipeline: Any, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, torch.Tensor]]:
     """Check a checkpoint's names and shapes against the stages; the map to load by. CheckpointError names
     every missing tensor (by stage), the first misshapen ones with both shapes, and the unexpected ones."""
@@ -108,20 +117,17 @@ def plan(pipeline: Any, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tupl
         if name not in shapes and not (name == latent and problems):
             missing.setdefault(stage_of(name), []).append(name)
     for stage, names in missing.items():
-        problems.append(f"missing {len(names)} tensors the {stage} needs: {', '.join(names[:8])}"
-                        + (" ..." if len(names) > 8 else ""))  # fmt: skip
+        problems.append(f"missing {len(names)} tensors the {stage} needs: {_first(names, 8, ', ')}")
     wrong = [
         f"{name} {list(shapes[name])} (the {stage_of(name)} expects {list(_expected_shape(name, t))})"
         for name, (_, t) in table.items()
         if name in shapes and tuple(shapes[name]) != _expected_shape(name, t)
     ]
     if wrong:
-        problems.append(f"{len(wrong)} tensors of the wrong shape: {'; '.join(wrong[:5])}"
-                        + (" ..." if len(wrong) > 5 else ""))  # fmt: skip
+        problems.append(f"{len(wrong)} tensors of the wrong shape: {_first(wrong, 5, '; ')}")
     unknown = sorted(n for n in shapes if n not in table and not is_ignored(n))
     if unknown:
-        problems.append(f"{len(unknown)} tensors no stage knows: {', '.join(unknown[:8])}"
-                        + (" ..." if len(unknown) > 8 else ""))  # fmt: skip
+        problems.append(f"{len(unknown)} tensors no stage knows: {_first(unknown, 8, ', ')}")
     if problems:
         raise CheckpointError("checkpoint does not fit the model: " + "; ".join(problems))
     return table
@@ -134,8 +140,14 @@ class Progress:
     """Tensors and bytes done, rate and time left: a line rewritten in place on a terminal, else a log line
     every ~10% (or `log_every_s`)."""
 
-    def __init__(self, tensors: int, total_bytes: int, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic, log_every_s: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tensors: int,
+        total_bytes: int,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log_every_s: float = 10.0,
+    ) -> None:
         self.tensors, self.total = tensors, max(1, total_bytes)
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -149,8 +161,11 @@ class Progress:
         rate = self.done_bytes / dt
         left = (self.total - self.done_bytes) / rate if rate > 0 else float("inf")
         eta = f"{left:.0f} s" if left != float("inf") else "?"
-        return (f"loading weights: {self.done_tensors}/{self.tensors} tensors, "
-                f"{self.done_bytes / 2**30:.2f}/{self.total / 2**30:.2f} GiB, {rate / 2**20:.0f} MiB/s, {eta} left")  # fmt: skip
+        return (
+            f"loading weights: {self.done_tensors}/{self.tensors} tensors, "
+            f"{self.done_bytes / 2**30:.2f}/{self.total / 2**30:.2f} GiB, "
+            f"{rate / 2**20:.0f} MiB/s, {eta} left"
+        )
 
     def advance(self, tensors: int, nbytes: int) -> None:
         self.done_tensors += tensors
@@ -190,8 +205,10 @@ class _Tensors:
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self._t = tensors
-        self.tensors = {k: TensorInfo(v.dtype, tuple(v.shape), 0, v.numel() * v.element_size())
-                        for k, v in tensors.items()}  # fmt: skip
+        self.tensors = {
+            k: TensorInfo(v.dtype, tuple(v.shape), 0, v.numel() * v.element_size())
+            for k, v in tensors.items()
+        }
 
     def view(self, name: str) -> torch.Tensor:
         return self._t[name]
@@ -249,8 +266,11 @@ def _load(pipeline: Any, source: Any, progress: Progress | None = None) -> LoadR
         progress.advance(1, nbytes)
     progress.finish()
     if flag_mismatch:
-        log.warning("the tokenizer's subword flags differ from the checkpoint's (a different tokenizer than the "
-                    "one the model was trained with?): %s; using the tokenizer's", "; ".join(flag_mismatch))  # fmt: skip
+        log.warning(
+            "the tokenizer's subword flags differ from the checkpoint's (a different tokenizer than the "
+            "one the model was trained with?): %s; using the tokenizer's",
+            "; ".join(flag_mismatch),
+        )
     if not meta:
         _finish(pipeline)
     return report
@@ -285,8 +305,14 @@ def load_checkpoint(pipeline: Any, path: str | Path, progress: Progress | None =
     """Stream `model.safetensors` into the stages (dry run when they are on the meta device)."""
     with SafetensorsFile(path) as f:
         report = _load(pipeline, f, progress)
-    log.info("loaded %d tensors (%.2f GiB) from %s; %d not used; speakers: %s", len(report.consumed),
-             report.nbytes / 2**30, f.path, len(report.ignored), ", ".join(report.speakers) or "none")  # fmt: skip
+    log.info(
+        "loaded %d tensors (%.2f GiB) from %s; %d not used; speakers: %s",
+        len(report.consumed),
+        report.nbytes / 2**30,
+        f.path,
+        len(report.ignored),
+        ", ".join(report.speakers) or "none",
+    )
     return report
 
 
@@ -333,8 +359,9 @@ def model_config(
         tk = tk.model_copy(update={"char_vocab_size": sum(len(s) == 1 for s in vocab)})
     if speaker:
         tk = tk.model_copy(update={"speaker": speaker})
-    cfg = ModelConfig.model_validate({**preset.model_dump(), "tokens": tokens.model_dump(),
-                                      "talker": tk.model_dump()})  # fmt: skip
+    cfg = ModelConfig.model_validate(
+        {**preset.model_dump(), "tokens": tokens.model_dump(), "talker": tk.model_dump()}
+    )
     if checkpoint is not None:
         raw = read_release_config(checkpoint)
         if raw is not None:
