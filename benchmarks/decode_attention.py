@@ -104,7 +104,8 @@ def main() -> None:
         print(
             f"{name:>10}: ref p50 {ref['p50_ms']:.3f} ms, kernel p50 {tri['p50_ms']:.3f} ms "
             f"(p99 {tri['p99_ms']:.3f}), x{results[name]['speedup_p50']:.2f}, "
-            f"{results[name]['kernel_gb_per_s']:.1f} GB/s of K/V, max diff {results[name]['max_abs_diff']:.2e}"
+            f"{results[name]['kernel_gb_per_s']:.1f} GB/s of K/V, "
+            f"max diff {results[name]['max_abs_diff']:.2e}"
         )
     summary = {
         "bench": "decode_attention",

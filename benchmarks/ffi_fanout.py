@@ -2,9 +2,9 @@
 
 `python -m benchmarks.ffi_fanout --rooms 8 16 64` runs N event loops in threads, each holding the
 subscriptions one job's loop holds (its room's queue, its audio stream's, a request waiter), and puts, at real
-pace for `--seconds`, the events a live room produces, at the rates measured on a worker with 8 rooms through a
-real LiveKit server (per room and second: 16 capture callbacks, 12.5 received audio frames, 2 room events). It
-does so once through the SDK's own FfiQueue and once through RoutedQueue, and reports per N the deliveries
+pace for `--seconds`, the events a live room produces, at the rates measured on a worker with 8 rooms through
+a real LiveKit server (per room and second: 16 capture callbacks, 12.5 received audio frames, 2 room events).
+It does so once through the SDK's own FfiQueue and once through RoutedQueue, and reports per N the deliveries
 (cross-thread wake-ups) per second and the CPU the process spent, as a share of one core. The last line is one
 JSON object.
 """

@@ -1,9 +1,9 @@
-"""Sessions per GPU with the attention KV in fixed per-slot rings (what the engine does) against block-allocated
-(paged) KV, for the full 11B preset; no GPU, no weights, a few seconds.
+"""Sessions per GPU with the attention KV in fixed per-slot rings (what the engine does) against
+block-allocated (paged) KV, for the full 11B preset; no GPU, no weights, a few seconds.
 
 Each slot of the engine reserves its whole context window up front: the thinker's attention ring
-(`cfg.thinker.attention_window` positions) and the talker's rings (`TalkerBackbone.rings`: `sliding_window` for the
-sliding layers, `attention_window` for the global ones). A paged layout would hold only the blocks of
+(`cfg.thinker.attention_window` positions) and the talker's rings (`TalkerBackbone.rings`: `sliding_window`
+for the sliding layers, `attention_window` for the global ones). A paged layout would hold only the blocks of
 positions a session has filled. Both stages with attention write one position per frame (12.5 per second at
 80 ms, 750 per minute); the talker's rings also start with `warmup_positions` warm-up positions written at
 reset. So a call of m minutes fills min(R, 750 m) positions of a thinker ring of R and min(R, warm-up + 750 m)
@@ -188,7 +188,8 @@ def print_setting(s: dict, block: int) -> None:
     for g in s["rings"]:
         print(
             f"  {g['stage']:<8} {g['kind']:<9} {g['layers']:>2} layers x {g['positions']:>5} positions, "
-            f"{g['bytes_per_position'] / 1024:7.1f} KiB/position, full after {g['full_after_minutes']:.2f} min"
+            f"{g['bytes_per_position'] / 1024:7.1f} KiB/position, "
+            f"full after {g['full_after_minutes']:.2f} min"
         )
     print("state per session, fixed vs KV growing with filled positions:")
     print(f"  {'stage':<12} {'fixed MiB':>10} {'KV full MiB':>12} {'KV MiB/min':>11}")

@@ -1,11 +1,12 @@
 """The latency Chorus adds between a caller and the engine, through a real LiveKit server, in echo mode.
 
-`python -m benchmarks.livekit_latency --callers 16 --seconds 20` starts the worker as a user does (`python -m agent
-start`, tiny preset, CPU, one slot per caller) with CHORUS_ECHO=true (engine/echo.py, a measurement tool): the
-tick runs as always, but each live session's output frame is its own input frame of that tick, resampled to
-22.05 kHz, so every caller hears itself back through the whole path: WebRTC to the server and on to the
-worker, livekit-agents' room input (80 ms frames at 16 kHz), the engine's inbox and tick, the duplex adapter and
-its turn gate, the 160 ms playout buffer, the agent's track, back through the server to the caller.
+`python -m benchmarks.livekit_latency --callers 16 --seconds 20` starts the worker as a user does
+(`python -m agent start`, tiny preset, CPU, one slot per caller) with CHORUS_ECHO=true (engine/echo.py, a
+measurement tool): the tick runs as always, but each live session's output frame is its own input frame of
+that tick, resampled to 22.05 kHz, so every caller hears itself back through the whole path: WebRTC to the
+server and on to the worker, livekit-agents' room input (80 ms frames at 16 kHz), the engine's inbox and tick,
+the duplex adapter and its turn gate, the 160 ms playout buffer, the agent's track, back through the server
+to the caller.
 
 Each caller is a real participant (the `livekit` rtc SDK) publishing a 48 kHz tone of its own frequency with a
 20 ms burst (a 1 kHz tone at 0.7 full scale) about every 0.5 s. A burst's onset is timed four times:
@@ -58,8 +59,8 @@ RATE = 48_000  # the callers' tracks, both ways
 TONE = 0.05  # each caller's own tone (full scale 1.0): well below the mark, never silence to the engine
 BURST = 0.7  # the bursts' level, well above it
 BURST_HZ = 1000.0
-# a burst's length names it among four (burst i has LENGTHS_S[i % 4]), so that a burst is matched to its own echo
-# even when the latency grows past the time between bursts
+# a burst's length names it among four (burst i has LENGTHS_S[i % 4]), so that a burst is matched to its own
+# echo even when the latency grows past the time between bursts
 LENGTHS_S = (0.015, 0.030, 0.045, 0.060)
 PERIOD_S = 0.5  # a burst every 0.45 to 0.55 s: its onset falls anywhere in the engine's 80 ms frames
 WITHIN_S = 1.5  # a burst's echo is looked for this long after it (its name repeats every 2 s)
@@ -78,8 +79,9 @@ def server_from_env() -> Server:
     secret = os.environ.get("CHORUS_TEST_LIVEKIT_API_SECRET") or os.environ.get("LIVEKIT_API_SECRET")
     if not (url and key and secret):
         raise SystemExit(
-            "livekit_latency: no LiveKit server: set CHORUS_TEST_LIVEKIT_URL/_API_KEY/_API_SECRET (scripts/"
-            "livekit.sh's start_livekit, inside a namespace made by netns_up) or LIVEKIT_URL/_API_KEY/_API_SECRET"
+            "livekit_latency: no LiveKit server: set CHORUS_TEST_LIVEKIT_URL/_API_KEY/_API_SECRET "
+            "(scripts/livekit.sh's start_livekit, inside a namespace made by netns_up) "
+            "or LIVEKIT_URL/_API_KEY/_API_SECRET"
         )
     leaks = interfaces() - ALLOWED_INTERFACES
     if leaks:
@@ -243,9 +245,9 @@ class Caller:
         )
 
     def heard_onsets(self, mark: float) -> tuple[np.ndarray, np.ndarray]:
-        """When each burst's onset reached this caller, and which burst it is. The SDK hands over RECV_MS frames
-        assembled from 10 ms pulls of the jitter buffer, so a frame's first sample arrived RECV_MS - 10 ms
-        before the frame."""
+        """When each burst's onset reached this caller, and which burst it is. The SDK hands over RECV_MS
+        frames assembled from 10 ms pulls of the jitter buffer, so a frame's first sample arrived
+        RECV_MS - 10 ms before the frame."""
         if not self.heard:
             return np.zeros(0), np.zeros(0, np.int64)
         audio = np.concatenate(self.heard).astype(np.float32) / 32768
@@ -458,8 +460,8 @@ async def session(
         if len(callers) < len(everyone):
             missing = [(c.room, c.agent_joined.is_set()) for c in everyone if not c.first_audio.is_set()]
             print(
-                f"livekit_latency: no agent audio within {AGENT_WAIT_S:.0f} s in (room, agent joined): {missing}; "
-                f"measuring the other {len(callers)}",
+                f"livekit_latency: no agent audio within {AGENT_WAIT_S:.0f} s in (room, agent joined): "
+                f"{missing}; measuring the other {len(callers)}",
                 file=sys.stderr,
             )
         if not callers:
@@ -570,7 +572,8 @@ def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | 
         "tone": tone,
         "bursts_sent": sent,
         "bursts_timed": len(rows),
-        "bursts": counts,  # sent; marked bursts the engine saw; onsets the callers heard; sent bursts found in the engine
+        # sent; marked bursts the engine saw; onsets the callers heard; sent bursts found in the engine
+        "bursts": counts,
         "figures_ms": fig,
         "algorithmic_ms": {
             "input_framing": k["frame_ms"],  # framing_in + framing_out of every sample
@@ -602,7 +605,8 @@ def report(res: dict) -> None:
         return f"  {name:<54} p50 {v['p50']:>7} ms   p99 {v['p99']:>7} ms   max {v['max']:>7} ms"
 
     print(
-        f"{res['callers']} caller(s), {res['seconds']:g} s: {res['bursts_timed']} of {res['bursts_sent']} bursts timed"
+        f"{res['callers']} caller(s), {res['seconds']:g} s: "
+        f"{res['bursts_timed']} of {res['bursts_sent']} bursts timed"
     )
     print(line("(a) leaving the caller -> the tick that consumed it", "a"))
     print(line("    input framing (rest of its 80 ms frame)", "framing_in"))
@@ -619,24 +623,27 @@ def report(res: dict) -> None:
         )
     )
     print(
-        f"  algorithmic parts: input framing {a['input_framing']} ms (in a + b), tick wait 0-{a['tick_wait_max']:g} ms"
-        f" (inbox wait), perception lag {a['perception_lag']} ms, codec {a['codec_delay']} ms (the model's; not "
-        f"in echo), playout buffer up to {a['playout_buffer_max']:g} ms (a turn's first frame "
+        f"  algorithmic parts: input framing {a['input_framing']} ms (in a + b), "
+        f"tick wait 0-{a['tick_wait_max']:g} ms (inbox wait), perception lag {a['perception_lag']} ms, "
+        f"codec {a['codec_delay']} ms (the model's; not in echo), "
+        f"playout buffer up to {a['playout_buffer_max']:g} ms (a turn's first frame "
         f"{a['playout_start_delay']:g} ms; in b)"
     )
     print(
         f"  engine: live step p50 {eng['live_ms_p50']} ms p99 {eng['live_ms_p99']} ms, missed deadlines "
-        f"{eng['missed_deadlines']}, slipped ticks {eng['slipped_ticks']}, underruns {eng['underruns']}, skipped "
-        f"{eng['skipped_frames']}, dropped {eng['dropped_frames']}"
+        f"{eng['missed_deadlines']}, slipped ticks {eng['slipped_ticks']}, underruns {eng['underruns']}, "
+        f"skipped {eng['skipped_frames']}, dropped {eng['dropped_frames']}"
     )
     print(
-        f"  echo flow: {res['own_tone_heard']} of {res['callers']} callers hear their own tone; 10 ms blocks without "
-        f"it {res['quiet_blocks']} of {res['blocks']} (longest {res['longest_quiet_ms']} ms)"
+        f"  echo flow: {res['own_tone_heard']} of {res['callers']} callers hear their own tone; "
+        f"10 ms blocks without it {res['quiet_blocks']} of {res['blocks']} "
+        f"(longest {res['longest_quiet_ms']} ms)"
     )
     print(
         f"  machine: {eng['cpus']} CPUs {eng['cpu_busy'] * 100:.0f}% busy, load average {eng['loadavg_1m']}, "
         f"other workers {eng['other_workers']}; "
-        f"callers' frames captured late p50 {res['sender_late_ms']['p50']} p99 {res['sender_late_ms']['p99']} ms"
+        f"callers' frames captured late p50 {res['sender_late_ms']['p50']} "
+        f"p99 {res['sender_late_ms']['p99']} ms"
         f" (skipped ahead {res['sender_skipped_ahead']} times)"
     )
     b = res["bursts"]

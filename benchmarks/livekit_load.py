@@ -4,14 +4,14 @@
 start`, tiny preset, one slot per room) and runs LiveKit's agent load tester (scripts/agent-load-test: the
 livekit-cli module's loadtester, the code of `lk perf agent-load-test`) with `--rooms N --agent-name ...
 --echo-speech-delay ... --duration ...`. For each room the tester joins as `echo-participant`, dispatches the
-agent and waits for it to join before it opens the next room; it plays the agent's own audio back after the echo
-delay, so the agent must speak first: the worker runs with CHORUS_TEACHER_FORCING=true (the greeting and
-replies are forced on the model's text channel; dummy weights decide nothing). Its table reports dispatch, join
-and subscription only. Beside it this prints the worker's own figures for the same run: the live step's p50 and
-p99, missed deadlines, and per room the caller frames the engine received and consumed.
+agent and waits for it to join before it opens the next room; it plays the agent's own audio back after the
+echo delay, so the agent must speak first: the worker runs with CHORUS_TEACHER_FORCING=true (the greeting and
+replies are forced on the model's text channel; dummy weights decide nothing). Its table reports dispatch,
+join and subscription only. Beside it this prints the worker's own figures for the same run: the live step's
+p50 and p99, missed deadlines, and per room the caller frames the engine received and consumed.
 
-Needs the server of scripts/livekit.sh (start_livekit, inside a namespace made by netns_up) and the load tester
-built by ensure_livekit. The last line is one JSON object.
+Needs the server of scripts/livekit.sh (start_livekit, inside a namespace made by netns_up) and the load
+tester built by ensure_livekit. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def main() -> int:
     )
     for r in result["per_room"]:
         print(
-            f"  {r['room']}: frames in {r['frames_in']}, consumed {r['frames_consumed']}, age {r['age_s']:.0f} s"
+            f"  {r['room']}: frames in {r['frames_in']}, consumed {r['frames_consumed']}, "
+            f"age {r['age_s']:.0f} s"
         )
     summary = {k: v for k, v in result.items() if k != "load_tester_output"}
     print(json.dumps(summary))

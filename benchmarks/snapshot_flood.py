@@ -1,14 +1,15 @@
 """What a flood of `/snapshot` requests costs the live calls: the same simulation run quiet and flooded.
 
 `python -m benchmarks.snapshot_flood [--rooms 4] [--seconds 60] [--clients 20] [--flood-seconds 20]` runs
-`python -m agent simulate --rooms N --seconds S --metrics-port 0` twice, as a user does (its own process, which sets
-its allocator itself). The first run is left alone. In the second, once the talk has begun, `--clients`
-threads of this process each request `/snapshot` in a tight loop (a new connection per request, no pause) for
-`--flood-seconds`, in the middle of the talk. Each run reports the simulation's own figures for its talk window
-(live step p50/p99/max, missed deadlines, slipped ticks, skipped caller frames), what the engine counted during
-the flood's window (read from `/metrics` at its start and end, by a client of its own address, 127.0.0.2), the
-clients' answers by status, and the load average before and after (the machine may be shared: a run whose load
-average moved a lot was disturbed). Progress goes to stderr; the last line of stdout is one JSON object.
+`python -m agent simulate --rooms N --seconds S --metrics-port 0` twice, as a user does (its own process,
+which sets its allocator itself). The first run is left alone. In the second, once the talk has begun,
+`--clients` threads of this process each request `/snapshot` in a tight loop (a new connection per request, no
+pause) for `--flood-seconds`, in the middle of the talk. Each run reports the simulation's own figures for its
+talk window (live step p50/p99/max, missed deadlines, slipped ticks, skipped caller frames), what the engine
+counted during the flood's window (read from `/metrics` at its start and end, by a client of its own address,
+127.0.0.2), the clients' answers by status, and the load average before and after (the machine may be shared:
+a run whose load average moved a lot was disturbed).
+Progress goes to stderr; the last line of stdout is one JSON object.
 """
 
 from __future__ import annotations

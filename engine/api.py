@@ -1,4 +1,5 @@
-"""The engine contract as `agent/` and `ui/` see it: errors, per-tick outputs, session events and the snapshot.
+"""The engine contract as `agent/` and `ui/` see it: errors, per-tick outputs, session events
+and the snapshot.
 
 Plain data only: no tensors, no threads. Everything a session receives from the tick thread is one of the
 types below, delivered in tick order on the session's own event loop (or to its sink). `EngineSnapshot` is the

@@ -191,8 +191,8 @@ def demo(preset: str, sessions: int, seconds: float, device_name: str | None) ->
 
     cfg = EngineConfig(preset=preset, num_slots=sessions, device=device_name)
     print(
-        f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, preset {preset}, "
-        "dummy weights",
+        f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, "
+        f"preset {preset}, dummy weights",
         flush=True,
     )
     r = run_workload(

@@ -3,9 +3,10 @@ its way, and the tick thread's full collections, about once a minute in a tick's
 
 The objects of a turn or a tool call live for seconds, long enough to reach the collector's oldest generation,
 whose own passes are rare (`freeze_long_lived`), so their reference cycles would otherwise never be freed.
-The model and other long-lived objects are frozen (`gc.freeze` at engine start), so a pass walks only what came
-since; still, on a busy CPU it can outlast a tick, and one that finds no room for FORCE_AFTER of its periods
-runs anyway: bounded memory is worth one late tick. Knows the collector and the clock; nothing of the model.
+The model and other long-lived objects are frozen (`gc.freeze` at engine start), so a pass walks only what
+came since; still, on a busy CPU it can outlast a tick, and one that finds no room for FORCE_AFTER of its
+periods runs anyway: bounded memory is worth one late tick.
+Knows the collector and the clock; nothing of the model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """In which dtype each stage of the model runs: `DtypePolicy`, the named policies and `dtype_policy(name)`.
 
-A policy is chosen beside the preset (by the engine and the benchmarks), not by it: it knows the stages by name
-and nothing of their dimensions, of devices beyond their type, or of the environment.
+A policy is chosen beside the preset (by the engine and the benchmarks), not by it: it knows the stages by
+name and nothing of their dimensions, of devices beyond their type, or of the environment.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Echo mode (`EngineConfig(echo=True)`, the worker's CHORUS_ECHO=true): a measurement tool, never for callers.
+"""Echo mode (`EngineConfig(echo=True)`, the worker's CHORUS_ECHO=true): a measurement tool,
+never for callers.
 
-The tick runs as always (the live step over every live slot, on the real model or dummy weights), but each live
-slot's output frame is replaced by its own input frame of the same tick: 1280 samples at 16 kHz resampled
-(linearly) to the output's 1764 at 22.05 kHz, so a sample at position p of the input frame is heard at position
-p * 1764 / 1280 of the output frame. The text channel reads start-of-turn on every live row (no text piece: the
-turn never ends, so the agent's turn gate passes the echoed audio without a break) and the function channel
-reads PAD (no tool call ever starts). The model's own state moves on with its own tokens; only what leaves
-the tick is replaced.
+The tick runs as always (the live step over every live slot, on the real model or dummy weights), but each
+live slot's output frame is replaced by its own input frame of the same tick: 1280 samples at 16 kHz resampled
+(linearly) to the output's 1764 at 22.05 kHz, so a sample at position p of the input frame is heard at
+position p * 1764 / 1280 of the output frame. The text channel reads start-of-turn on every live row (no text
+piece: the turn never ends, so the agent's turn gate passes the echoed audio without a break) and the function
+channel reads PAD (no tool call ever starts). The model's own state moves on with its own tokens; only what
+leaves the tick is replaced.
 
 Timing for benchmarks/livekit_latency.py: an input frame with a sample above `MARK` (full scale 1.0) is
 *marked*; for each marked frame the snapshot's `echo` list keeps (newest `KEEP`) when it was pushed into the

@@ -114,9 +114,9 @@ class Engine:
         """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
         is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
         `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
-        `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot shows
-        them (at most 80 characters each; a number in the label by its last four digits), the engine neither
-        reads nor logs them."""
+        `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot
+        shows them (at most 80 characters each; a number in the label by its last four digits), the engine
+        neither reads nor logs them."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -166,7 +166,8 @@ class Engine:
         """Admission of a caller the worker is about to accept: the engine is up and has headroom, and a slot
         is reserved for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise). The session
         opened with it (`open_session(admission=...)`) gets that slot: the decision is made once, before the
-        caller is taken on, so no accepted caller is refused afterwards. `release` gives an unused one back."""
+        caller is taken on, so no accepted caller is refused afterwards.
+        `release` gives an unused one back."""
         self._check_up()
         self._check_headroom()
         return self.pool.reserve(ttl_s)
@@ -269,8 +270,8 @@ class Engine:
 
     def run_tick(self, k: int, deadline: float) -> None:
         """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
-        the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever the
-        time: the progress guarantee. Work past the deadline is counted (`overruns`)."""
+        the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever
+        the time: the progress guarantee. Work past the deadline is counted (`overruns`)."""
         clock, sch = self.clock, self.scheduler
         t_start = clock()
         self.tick = k
@@ -323,8 +324,8 @@ class Engine:
     # -- observation and shutdown -----------------------------------------------------------------------
 
     def snapshot(self) -> EngineSnapshot:
-        """The engine's state for the monitoring page and the benchmarks (engine/snapshot.py): from any thread,
-        never waited on by the tick; no transcript in clear."""
+        """The engine's state for the monitoring page and the benchmarks (engine/snapshot.py): from any
+        thread, never waited on by the tick; no transcript in clear."""
         return snapshot.build(self)
 
     def close(self) -> None:

@@ -68,15 +68,16 @@ class SessionHandle:
         self._s.inbox.push(pcm16k)
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
-        """The result of a FunctionCall; results for unknown or already answered calls are ignored. The personal
-        values of the call's arguments and of its result (when that is a JSON object) are kept private from now
-        on: names, contacts, codes (`privacy.private_values`)."""
+        """The result of a FunctionCall; results for unknown or already answered calls are ignored. The
+        personal values of the call's arguments and of its result (when that is a JSON object) are kept
+        private from now on: names, contacts, codes (`privacy.private_values`)."""
         if self._s.closed:
             return
         call = self._s.pending.get(call_id)
         if call is not None:
             self.keep_private(*private_values(call.arguments), *private_values(_json_object(output)))
-        # every character is prefilled on the tick: a longer result is cut, and the model reads a note saying so
+        # every character is prefilled on the tick: a longer result is cut, and the model reads a
+        # note saying so
         output, cap = str(output), self._engine.config.max_result_chars
         if len(output) > cap:
             output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
@@ -90,9 +91,9 @@ class SessionHandle:
         )
 
     def keep_private(self, *terms: str) -> None:
-        """Words this conversation must never show in clear: a guest's name (each of its words too), a contact,
-        a code. The snapshot's `last_words` replace them with "[name]" from now on (engine/privacy.py). Callable
-        from any thread; the terms live as long as the session."""
+        """Words this conversation must never show in clear: a guest's name (each of its words too), a
+        contact, a code. The snapshot's `last_words` replace them with "[name]" from now on
+        (engine/privacy.py). Callable from any thread; the terms live as long as the session."""
         fresh = tuple(t.strip()[:200] for t in terms if isinstance(t, str) and t.strip())
         with self._private_lock:
             self._s.private = tuple(dict.fromkeys(self._s.private + fresh))

@@ -55,5 +55,6 @@ class Headroom:
             raise self.refuse(
                 f"no headroom: the live step's recent p95 is {self.recent_p95():.0f} ms of the "
                 f"{self.tick_ms:g} ms tick, {sum(self.acct.recent_missed)} of the last "
-                f"{len(self.acct.recent_missed)} ticks late; route the caller to another worker or retry later"
+                f"{len(self.acct.recent_missed)} ticks late; "
+                "route the caller to another worker or retry later"
             )

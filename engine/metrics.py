@@ -1,9 +1,10 @@
-"""Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and the snapshot's endpoint.
+"""Engine accounting: tick times, deadlines, frames, tool latencies; Prometheus metrics and
+the snapshot's endpoint.
 
-The snapshot's model, `EngineSnapshot`, is in `engine/api.py` (the page reads it without this module). The HTTP
-endpoint (`SnapshotServer`) serves it at `/snapshot`, Prometheus text at `/metrics` and `/healthz`, on
-127.0.0.1 by default, from a process of its own; each is built here at most twice a second whatever the requests.
-Knows numbers and sessions' public counters; knows nothing of the model.
+The snapshot's model, `EngineSnapshot`, is in `engine/api.py` (the page reads it without this module). The
+HTTP endpoint (`SnapshotServer`) serves it at `/snapshot`, Prometheus text at `/metrics` and `/healthz`, on
+127.0.0.1 by default, from a process of its own; each is built here at most twice a second whatever the
+requests. Knows numbers and sessions' public counters; knows nothing of the model.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def pct(values, q: float) -> float:
 
 
 def history(values, per: int) -> tuple[list[float], list[float]]:
-    """The max and the median of each run of `per` values (oldest first; an incomplete oldest run is left out)."""
+    """The max and the median of each run of `per` values (oldest first; an incomplete oldest run
+    is left out)."""
     v = np.fromiter(values, dtype=np.float64)
     n = v.size // per * per
     if n == 0:
@@ -140,8 +142,8 @@ class SnapshotServer:
     from the tick many times (its parsing, its snapshot, its serialisation, each of its socket calls; the tick
     wants it back after every tensor op). So the HTTP side runs in a small process of its own
     (engine/snapshot_serve.py), at a lower CPU priority, which asks this one for the bytes of an answer over a
-    pipe at most once per `interval_s` for each kind. Here one thread ("chorus-metrics") waits on that pipe and
-    builds what is asked for: `snapshot()` holds no lock the tick waits on, and nothing else of a request
+    pipe at most once per `interval_s` for each kind. Here one thread ("chorus-metrics") waits on that pipe
+    and builds what is asked for: `snapshot()` holds no lock the tick waits on, and nothing else of a request
     reaches this process. The other process answers exact paths only (anything else 404), GET and HEAD, one
     request per connection; it closes a connection that has not sent its request within `timeout_s`, keeps at
     most `max_connections` open, accepts at most `max_rate` a second (the others wait in the kernel's listen

@@ -301,7 +301,8 @@ _PERSONAL_KEY = re.compile(r"name|contact|mail|phone|number|code", re.IGNORECASE
 
 def private_values(arguments: Mapping[str, object]) -> list[str]:
     """The strings of a tool call's arguments that name or reach a person (keys naming a name, a contact, an
-    e-mail, a phone, a number or a code: guest_name, last_name, contact, confirmation_code), nested ones too."""
+    e-mail, a phone, a number or a code: guest_name, last_name, contact, confirmation_code),
+    nested ones too."""
     found: list[str] = []
     if not isinstance(arguments, Mapping):
         return found

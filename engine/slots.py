@@ -29,7 +29,8 @@ class Phase(enum.Enum):
     WAITING = "waiting"  # paused; function calls emitted, waiting for results
     PREFILL = "prefill"  # paused; results being prefilled in chunks (guaranteed share + slack)
     REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent; live
-    # again by a tick fixed on entry (`Session.live_by`): held audio that cannot be caught up by then is skipped
+    # again by a tick fixed on entry (`Session.live_by`): held audio that cannot be caught up by
+    # then is skipped
 
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)

@@ -1,10 +1,12 @@
-"""The snapshot endpoint's own process: HTTP for `/snapshot`, `/metrics` and `/healthz`, away from the engine's GIL.
+"""The snapshot endpoint's own process: HTTP for `/snapshot`, `/metrics` and `/healthz`, away from
+the engine's GIL.
 
 `engine.metrics.SnapshotServer` starts it as `python engine/snapshot_serve.py LIMITS HOST PORT` (LIMITS: the
 JSON of `ServeLimits`). It prints the port it listens on, then asks its parent for the bytes of an answer over
 the pipe (one byte on stdout: "s" the snapshot, "m" the Prometheus text) at most once per `interval_s` each,
 and gives every request meanwhile the bytes it has. It exits when the parent closes the pipe. Standard library
-only: it starts in a few tens of milliseconds, at a lower CPU priority than the engine, and knows nothing of it.
+only: it starts in a few tens of milliseconds, at a lower CPU priority than the engine, and knows
+nothing of it.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ class Endpoint:
             accept.cancel()
 
     async def answer_bytes(self, kind: bytes) -> bytes | None:
-        """The bytes of `kind`: those at hand while fresh, else the parent's next ones (one question at a time,
-        whoever else waits); None if the parent could not make them or did not answer in time."""
+        """The bytes of `kind`: those at hand while fresh, else the parent's next ones (one question at a
+        time, whoever else waits); None if the parent could not make them or did not answer in time."""
         loop = asyncio.get_running_loop()
         if kind in self.bytes and loop.time() - self.at[kind] < self.limits.interval_s:
             return self.bytes[kind]

@@ -75,7 +75,8 @@ class Tokens:
     # -- prompts and tools ----------------------------------------------------------------------------
 
     def prompt_ids(self, system_prompt: str, tools: list[dict]) -> list[int]:
-        """`[<s>] + tok(system_prompt + tool block) + [</s>]`, prefilled on the audio channel at session start."""
+        """`[<s>] + tok(system_prompt + tool block) + [</s>]`, prefilled on the audio channel
+        at session start."""
         from engine.prompt import system_prompt_text
 
         if len(tools) > MAX_TOOLS:
@@ -87,12 +88,14 @@ class Tokens:
         return [self.call_start, *self.encode(CALL_OPEN + json.dumps(calls) + CALL_CLOSE), self.call_end]
 
     def response_ids(self, results: list[dict]) -> list[int]:
-        """`<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` tokens (no special tokens added), forced on the function channel."""
+        """`<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` tokens (no special tokens added), forced on
+        the function channel."""
         return self.encode(RESPONSE_OPEN + json.dumps(results, ensure_ascii=False) + RESPONSE_CLOSE)
 
 
 def parse_tool_call(text: str) -> list[ParsedCall]:
-    """Parse `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`; raise ToolCallError if malformed."""
+    """Parse `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`; raise
+    ToolCallError if malformed."""
     body = text.strip()
     if not (body.startswith(CALL_OPEN) and body.endswith(CALL_CLOSE)):
         raise ToolCallError(f"a tool call must be wrapped in {CALL_OPEN}...{CALL_CLOSE}")

@@ -1,4 +1,5 @@
-"""Context windows as settings: the talker's KV rings and the thinker's attention window, and the capacity mode.
+"""Context windows as settings: the talker's KV rings and the thinker's attention window, and
+the capacity mode.
 
 The presets carry the release's windows; `with_windows` shortens (or lengthens) them for a run, and
 `engine info`, the benches and the engine all size and build from the result.
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 
-# The capacity mode: a talker window of 1,000 positions (80 s of agent speech at 12.5 Hz) in every talker layer
-# instead of the release's 7,500 (sliding) and 8,192 (global), and (on CUDA, dtype "auto") the talker's KV in
-# bf16 (DTYPE_POLICIES["capacity"]): about a fifteenth of the talker's KV per session. The talker's replies stay
-# conditioned on its last 80 s of speech only: a documented departure from the release, to serve more rooms.
+# The capacity mode: a talker window of 1,000 positions (80 s of agent speech at 12.5 Hz) in every talker
+# layer instead of the release's 7,500 (sliding) and 8,192 (global), and (on CUDA, dtype "auto") the talker's
+# KV in bf16 (DTYPE_POLICIES["capacity"]): about a fifteenth of the talker's KV per session. The talker's
+# replies stay conditioned on its last 80 s of speech only: a documented departure from the release, to
+# serve more rooms.
 CAPACITY_TALKER_WINDOW = 1000
 
 

@@ -104,7 +104,8 @@ class ConvModule(nn.Module):
         return self._tail(y.transpose(1, 2))
 
     def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, d], cache [B, d, k - 1] (the last k - 1 GLU outputs, oldest first) -> (y [B, d], new cache)."""
+        """x [B, d], cache [B, d, k - 1] (the last k - 1 GLU outputs, oldest first)
+        -> (y [B, d], new cache)."""
         window = torch.cat([cache, self._glu(x)[:, :, None]], dim=-1)
         y = (window * self.depthwise_conv.weight[:, 0, :]).sum(-1)
         return self._tail(y), window[:, :, 1:]
@@ -157,10 +158,10 @@ class RelPositionAttention(nn.Module):
         """One query per row against its ring of W cached keys plus itself.
 
         x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
-        of each ring entry to the current frame (1..W); hidden [B, 1, 1 + W] additive score bias for the current
-        frame (first, 0) and the ring entries: -10000 (NeMo's fill) where an entry holds no frame, else 0.
-        Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - k, v in the caches' dtype: the caller writes them
-        into the ring.
+        of each ring entry to the current frame (1..W); hidden [B, 1, 1 + W] additive score bias for the
+        current frame (first, 0) and the ring entries: -10000 (NeMo's fill) where an entry holds no frame,
+        else 0. Returns (out [B, d], k [B, H, dk], v [B, H, dk]) - k, v in the caches' dtype: the caller
+        writes them into the ring.
         """
         b, w, dk = x.shape[0], k_cache.shape[2], self.d_k
         bh = b * self.h
