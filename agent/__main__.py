@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if command == "console" and not any(a.split("=")[0] == "--connect-addr" for a in argv[1:]):
         print(
-            "console: run `lk agent console` on agent/worker.py (the LiveKit CLI owns the microphone and speaker)",
+            "console: run `lk agent console` on agent/worker.py "
+            "(the LiveKit CLI owns the microphone and speaker)",
             file=sys.stderr,
         )
         return 2

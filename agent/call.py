@@ -1,8 +1,8 @@
 """One call: an `AgentSession` running the hotel agent on the shared engine, its playout and its caller audio.
 
-`start_call` is used by the worker's entrypoint (room audio in, a published track out; under `lk agent console`
-the console's microphone in, its speaker out) and by the simulation and tests (a WAV or scripted input, a WAV
-file out); all get the same model, playout and clips.
+`start_call` is used by the worker's entrypoint (room audio in, a published track out; under
+`lk agent console` the console's microphone in, its speaker out) and by the simulation and tests (a WAV or
+scripted input, a WAV file out); all get the same model, playout and clips.
 Knows livekit-agents sessions and the pieces of `agent/`; nothing of tensors.
 """
 
@@ -37,9 +37,9 @@ log = logging.getLogger("chorus.agent.call")
 
 
 class PcmInput(io.AudioInput):
-    """Caller audio from memory, played in real time: `push` int16 mono at `sample_rate` (default: the engine's
-    input rate), `end` to hang up. Frames last one engine frame (`clock.frame_ms`). Between pushes it yields
-    silence, as a room's microphone track does."""
+    """Caller audio from memory, played in real time: `push` int16 mono at `sample_rate` (default: the
+    engine's input rate), `end` to hang up. Frames last one engine frame (`clock.frame_ms`). Between pushes it
+    yields silence, as a room's microphone track does."""
 
     def __init__(self, clock: ClockConfig, sample_rate: int | None = None, *, silence: bool = True) -> None:
         super().__init__(label="chorus-pcm")
@@ -91,9 +91,9 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
 
 
 class ConsoleSink:
-    """The console's speaker (`lk agent console`), fed by the playout as a room's track is. The console puts its
-    own audio output on the session when the session starts; `start_call` then plays into that output through
-    this sink and puts the playout back in front, so a developer hears what a caller hears."""
+    """The console's speaker (`lk agent console`), fed by the playout as a room's track is. The console puts
+    its own audio output on the session when the session starts; `start_call` then plays into that output
+    through this sink and puts the playout back in front, so a developer hears what a caller hears."""
 
     def __init__(self, sample_rate: int = CONSOLE_SAMPLE_RATE) -> None:
         self.sample_rate = sample_rate
@@ -193,8 +193,9 @@ async def start_call(
     admission: object | None = None,
 ) -> Call:
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
-    `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP participant,
-    else "web"). `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
+    `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP
+    participant, else "web").
+    `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
     clock = engine.model_cfg.clock
     output = PlayoutOutput(sink, clock=clock, acks=AckClips(sink.sample_rate) if acks else None)
     room_label, room_caller = describe_caller(room, participant)

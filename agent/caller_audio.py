@@ -1,4 +1,5 @@
-"""Caller audio as the engine hears it: frames of any rate and channel count cut into the engine's input frames.
+"""Caller audio as the engine hears it: frames of any rate and channel count cut into the
+engine's input frames.
 
 Knows rtc audio frames, downmixing and resampling; nothing of sessions or the engine beyond the rate and frame
 size it is given (the engine's clock, read by agent/duplex.py).

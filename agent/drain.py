@@ -1,9 +1,9 @@
 """Draining a worker (SIGTERM, or `AgentServer.drain`): no new jobs, and every call in progress ends properly.
 
-livekit-agents stops taking jobs and waits up to the drain timeout for the jobs in progress, then cuts them off.
-Chorus lets a call go on while there is time, and ends one still going GOODBYE_LEAD_S before that deadline
-with the agent saying goodbye in its own voice (the words forced on the model's text channel, which the talker
-speaks as it speaks any turn), then hangs up. So no caller is cut off mid-sentence by a deploy.
+livekit-agents stops taking jobs and waits up to the drain timeout for the jobs in progress, then cuts them
+off. Chorus lets a call go on while there is time, and ends one still going GOODBYE_LEAD_S before that
+deadline with the agent saying goodbye in its own voice (the words forced on the model's text channel, which
+the talker speaks as it speaks any turn), then hangs up. So no caller is cut off mid-sentence by a deploy.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""The shared engine as a livekit-agents duplex model: one `ChorusModel` per call, one engine slot per session.
+"""The shared engine as a livekit-agents duplex model: one `ChorusModel` per call, one engine
+slot per session.
 
 Caller audio of any rate and channel count goes in as mono at the engine's input rate; the engine's output
 frames come out on `audio_stream` (its silence included), the text channel as transcript deltas, the model's
 tool calls as `function_call` events, and tool outputs go back as engine tool results. Every caller frame goes
-to the engine, which holds what arrives while the session is paused and replays it faster than real time; frames
-that arrive before the engine slot is open are held here (bounded, counted) and handed over when it opens.
-Rates and frame sizes are the engine's clock. Knows livekit-agents and the engine contract (`engine.api`);
-nothing of tensors, rooms or hotels.
+to the engine, which holds what arrives while the session is paused and replays it faster than real time;
+frames that arrive before the engine slot is open are held here (bounded, counted) and handed over when it
+opens. Rates and frame sizes are the engine's clock. Knows livekit-agents and the engine contract
+(`engine.api`); nothing of tensors, rooms or hotels.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
 
 
 class ChorusModel(llm.DuplexModel):
-    """The process-wide engine seen as one call's duplex model. The engine is shared and outlives the model."""
+    """The process-wide engine seen as one call's duplex model.
+    The engine is shared and outlives the model."""
 
     def __init__(
         self,

@@ -7,9 +7,9 @@ counted and reported as scripted; nothing here pretends to be the model's own ch
 
 `Forcing` is the per-slot queue (`simulate` and the worker share it). `run_script` is the worker's: with
 `CHORUS_TEACHER_FORCING=true` a room's agent greets the caller, answers at a fixed cadence, and makes the tool
-calls that the job's dispatch metadata lists (`{"script": {"calls": [{"at_s": 3, "name": ..., "arguments": {...}}]}}`).
-It is for dummy weights (tests, demos, LiveKit's load tester, which needs an agent that speaks first); a real
-checkpoint is never forced.
+calls that the job's dispatch metadata lists
+(`{"script": {"calls": [{"at_s": 3, "name": ..., "arguments": {...}}]}}`). It is for dummy weights (tests,
+demos, LiveKit's load tester, which needs an agent that speaks first); a real checkpoint is never forced.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ class Forcing:
 
 @dataclass
 class Script:
-    """What a room's agent is made to do: greet, reply every `reply_every_s`, and make `calls` (each a dict with
-    `at_s`, seconds after the greeting, `name` and `arguments`)."""
+    """What a room's agent is made to do: greet, reply every `reply_every_s`, and make `calls` (each a dict
+    with `at_s`, seconds after the greeting, `name` and `arguments`)."""
 
     greet: bool = True
     reply_every_s: float = REPLY_EVERY_S

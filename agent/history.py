@@ -1,5 +1,5 @@
-"""A call's memory stays bounded however long the call lasts: the one place Chorus reaches into livekit-agents'
-private state.
+"""A call's memory stays bounded however long the call lasts: the one place Chorus reaches into
+livekit-agents' private state.
 
 livekit-agents keeps, for every session, the whole conversation three times over (the session's history,
 the agent's chat context, the duplex adapter's copy of what the model has been told) and every event it
@@ -34,7 +34,8 @@ _TRIMMED = ("message", "function_call", "function_call_output")
 PRIVATE = {
     "AgentSession._recorded_events": "the list AgentSession.emit appends every event to, and the one "
     "JobContext.make_session_report reads; replaced by a bounded list",
-    "Agent._chat_ctx": "the agent's own context, of which Agent.chat_ctx is a read-only view; trimmed in place",
+    "Agent._chat_ctx": "the agent's own context, of which Agent.chat_ctx is a read-only view; "
+    "trimmed in place",
     "_DuplexRealtimeSession._chat_ctx": "the duplex adapter's context, which its update_chat_ctx diffs the "
     "agent's against; trimmed in place, in step with the agent's",
 }
@@ -104,7 +105,8 @@ def recorded_events(session: AgentSession) -> list[Any] | None:
 
 def bound_call_memory(session: AgentSession, *, keep: int | None = None, events: int | None = None) -> bool:
     """Keeps a started session's history and event record bounded for the rest of the call (by default to
-    `HISTORY_ITEMS` and `EVENTS_KEPT`). False (and a warning) when this livekit-agents keeps them elsewhere."""
+    `HISTORY_ITEMS` and `EVENTS_KEPT`).
+    False (and a warning) when this livekit-agents keeps them elsewhere."""
     keep = HISTORY_ITEMS if keep is None else keep
     events = EVENTS_KEPT if events is None else events
     recorded = recorded_events(session)

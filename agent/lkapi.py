@@ -2,11 +2,11 @@
 `sip` commands; a phone call's hang-up, transfer and room).
 
 livekit-api sends a request without a timeout of its own, so a server that takes the connection and never
-answers would hold the caller for ever. Here each try of a call is bounded by CHORUS_LIVEKIT_API_TIMEOUT_S, and
-a call that rings a phone (an outbound call waiting to be answered, a transfer) by CHORUS_SIP_RING_TIMEOUT_S
-more. `POLICIES` says which calls are sent again when no answer came (those that change nothing, or leave the
-same state however often they run) and which are sent once. A failure is one `LiveKitFailure`, whose message
-is a line for an operator without the request (which can hold a phone number).
+answers would hold the caller for ever. Here each try of a call is bounded by CHORUS_LIVEKIT_API_TIMEOUT_S,
+and a call that rings a phone (an outbound call waiting to be answered, a transfer) by
+CHORUS_SIP_RING_TIMEOUT_S more. `POLICIES` says which calls are sent again when no answer came (those that
+change nothing, or leave the same state however often they run) and which are sent once. A failure is one
+`LiveKitFailure`, whose message is a line for an operator without the request (which can hold a phone number).
 Knows livekit-api and aiohttp; nothing of the hotel or of the calls' meaning.
 """
 
@@ -67,8 +67,8 @@ POLICIES: dict[str, Policy] = {
 
 class LiveKitFailure(Exception):
     """A LiveKit API call that failed. The message is one line for an operator, without the request;
-    `operation` is the call (the SDK method's name); `error` the server's own answer when it gave one (None: no
-    answer in time, or no connection)."""
+    `operation` is the call (the SDK method's name); `error` the server's own answer when it gave one (None:
+    no answer in time, or no connection)."""
 
     def __init__(self, operation: str, message: str, error: api.ServerError | None = None) -> None:
         super().__init__(message)

@@ -1,4 +1,5 @@
-"""Phone callers: the concierge they get, and the live call's controls (transfer, hang-up) through LiveKit's API.
+"""Phone callers: the concierge they get, and the live call's controls (transfer, hang-up)
+through LiveKit's API.
 
 LiveKit's SIP bridge puts a caller in a room as a participant of kind SIP, with their number in the attribute
 `sip.phoneNumber` (absent when withheld). `PhoneConcierge` is their agent. The model takes at most five tools

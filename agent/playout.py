@@ -2,8 +2,8 @@
 
 `PlayoutOutput` takes the framework's frames of the model's turns into the buffer (agent/playout_buffer.py),
 reports their playback back to the framework, cuts them when the caller barges in, fills a tool pause with an
-acknowledgement clip that never overlaps the model's speech, and waits for a turn to have played before a phone
-line is handed over. Knows livekit-agents' output contract and the duplex session's observer; nothing of
+acknowledgement clip that never overlaps the model's speech, and waits for a turn to have played before a
+phone line is handed over. Knows livekit-agents' output contract and the duplex session's observer; nothing of
 models, tensors or how the buffer keeps time.
 """
 

@@ -136,8 +136,8 @@ class PlayoutBuffer:
             self.stop_clip()
 
     async def write(self, pcm: np.ndarray) -> None:
-        """Queue int16 mono samples of the open segment, waiting while the buffer is full; the rest of a segment
-        the caller interrupted is dropped (and counted)."""
+        """Queue int16 mono samples of the open segment, waiting while the buffer is full; the rest of a
+        segment the caller interrupted is dropped (and counted)."""
         seg = self._seg
         if seg is None:
             raise RuntimeError("playout: write outside a segment (begin_segment first)")

@@ -60,7 +60,8 @@ async def _settle(ctx: JobContext, task: asyncio.Future, late_s: float) -> None:
 
 
 def _forget_room_queue(ctx: JobContext) -> None:
-    """A cancelled `Room.connect` leaves the room's FFI subscription behind, on a loop that is about to close."""
+    """A cancelled `Room.connect` leaves the room's FFI subscription behind, on a loop that is
+    about to close."""
     from livekit.rtc._ffi_client import FfiClient
 
     queue = getattr(ctx.room, "_ffi_queue", None)

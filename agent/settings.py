@@ -1,6 +1,6 @@
 """Worker settings from the environment (and `.env` in the working directory): the LiveKit server, its
-credentials and how long its API may take, engine preset, checkpoint, slots, device, agent name and ports. Read
-once with `AgentSettings.from_env()`, passed explicitly; a bad value is a one-line `SettingsError`
+credentials and how long its API may take, engine preset, checkpoint, slots, device, agent name and ports.
+Read once with `AgentSettings.from_env()`, passed explicitly; a bad value is a one-line `SettingsError`
 (envsettings). Secrets have no defaults and are never logged.
 """
 
@@ -129,8 +129,8 @@ class AgentSettings(EnvSettings):
     drain_timeout_s: float = Field(
         600.0, gt=0, validation_alias="CHORUS_DRAIN_TIMEOUT_S", description="a number of seconds above 0"
     )
-    # dummy weights decide nothing: script each room's agent by teacher forcing (agent/forcing.py); never for a
-    # real checkpoint
+    # dummy weights decide nothing: script each room's agent by teacher forcing (agent/forcing.py); never for
+    # a real checkpoint
     teacher_forcing: bool = Field(
         False, validation_alias="CHORUS_TEACHER_FORCING", description="true or false"
     )
@@ -147,8 +147,9 @@ class AgentSettings(EnvSettings):
     )
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
-        """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and the
-        simulation's); `overrides` are `EngineConfig` fields given another way (the simulation's flags)."""
+        """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and
+        the simulation's); `overrides` are `EngineConfig` fields given another way
+        (the simulation's flags)."""
         from engine.engine import EngineConfig
 
         fields = {

@@ -79,7 +79,8 @@ def print_summary(m: dict, budget_ms: int) -> None:
         ("run", m["ended"]),
         (
             "rooms live / refused / failed",
-            f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} ({m['redials']} waits for headroom)",
+            f"{m['rooms_live']} / {m['rooms_refused']} / {m['room_errors']} "
+            f"({m['redials']} waits for headroom)",
         ),
         (
             "join (slots + prompt prefill)",
@@ -88,7 +89,8 @@ def print_summary(m: dict, budget_ms: int) -> None:
         ("measured window", f"{m['seconds']:.0f} s, {m['ticks']} ticks"),
         (
             "live step p50 / p99 / max",
-            f"{m['live_ms_p50']:.1f} / {m['live_ms_p99']:.1f} / {m['live_ms_max']:.1f} ms (budget {budget_ms})",
+            f"{m['live_ms_p50']:.1f} / {m['live_ms_p99']:.1f} / {m['live_ms_max']:.1f} ms "
+            f"(budget {budget_ms})",
         ),
         (
             "missed deadlines",
@@ -104,7 +106,8 @@ def print_summary(m: dict, budget_ms: int) -> None:
         ),
         (
             "tool calls (scripted, forced)",
-            f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, {m['resumes']} resumed",
+            f"{m['scripted_calls']} forced, {m['function_calls']} run, {m['tool_results']} answered, "
+            f"{m['resumes']} resumed",
         ),
         ("bookings made by the tools", str(m["bookings_made"])),
         ("tool call / resume p50", f"{m['tool_call_ms_p50']:.0f} / {m['resume_ms_p50']:.0f} ms"),

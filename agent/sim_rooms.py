@@ -1,9 +1,9 @@
 """The simulation's workload: its virtual rooms, their callers and what each room's agent is scripted to do.
 
-A room joins the engine as LiveKit's dispatcher would send a caller (waiting while the engine has no headroom),
-then plays caller utterances in real time while its model is teacher-forced to reply and, in a tool room, to
-call the hotel's tools. Knows calls, forcing and the engine's admission answers; nothing of the run's phases,
-its deadlines beyond a room's own, or its report (agent/sim_run.py, agent/sim_report.py).
+A room joins the engine as LiveKit's dispatcher would send a caller (waiting while the engine has no
+headroom), then plays caller utterances in real time while its model is teacher-forced to reply and, in a tool
+room, to call the hotel's tools. Knows calls, forcing and the engine's admission answers; nothing of the run's
+phases, its deadlines beyond a room's own, or its report (agent/sim_run.py, agent/sim_report.py).
 """
 
 from __future__ import annotations
@@ -242,8 +242,8 @@ async def _go_live(room: Room, stage: Stage) -> bool:
 
 
 async def _talk(room: Room, stage: Stage, force: Forcing, clips: list[np.ndarray]) -> None:
-    """The room's script from `go` until the end of the window: utterances answered by scripted replies, and in
-    a tool room scripted tool calls, each followed by a scripted thanks once it has paused the model."""
+    """The room's script from `go` until the end of the window: utterances answered by scripted replies, and
+    in a tool room scripted tool calls, each followed by a scripted thanks once it has paused the model."""
     loop = asyncio.get_running_loop()
     rng = random.Random(room.index)
     tok = stage.engine.tokens

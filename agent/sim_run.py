@@ -1,5 +1,5 @@
-"""The simulation's run: one engine, the hotel's database, the rooms joining over a ramp, the measured talk, the
-wind-down, and the figures it leaves in metrics.json.
+"""The simulation's run: one engine, the hotel's database, the rooms joining over a ramp, the measured talk,
+the wind-down, and the figures it leaves in metrics.json.
 
 It always ends: the whole run has a hard deadline, SIGTERM and Ctrl-C stop it with the figures so far, and the
 engine, the rooms and the database are closed in every case. Knows the engine's snapshot and the rooms'
@@ -148,7 +148,8 @@ class Run:
         return "completed"
 
     async def _join(self) -> None:
-        """Every room takes a slot and its prompt is prefilled, or is refused, or fails by the join deadline."""
+        """Every room takes a slot and its prompt is prefilled, or is refused, or fails by
+        the join deadline."""
         loop = asyncio.get_running_loop()
         while not all(r.live_at is not None or r.error or r.refused for r in self.rooms):
             await asyncio.wait(self.tasks, timeout=SHOW_EVERY_S)
@@ -177,7 +178,8 @@ class Run:
         return window_figures(self.engine, self.snap0.ticks, self.snap0.missed_deadlines)
 
     async def wind_down(self, ended: str) -> tuple[EngineSnapshot, float]:
-        """Stop the rooms and end their calls; the engine's figures of the run and the slots still in use after."""
+        """Stop the rooms and end their calls; the engine's figures of the run and the slots still
+        in use after."""
         self.stage.stop.set()
         self.stage.go.set()
         if self.tty:
@@ -204,7 +206,8 @@ def progress(engine: Engine, rooms: list[Room], phase: str, elapsed: float, tota
     return (
         f"[{phase} {elapsed:5.1f}/{total:.0f} s] rooms live {live:3d}/{len(rooms)}"
         + (f" ({refused} refused)" if refused else "")
-        + f"  live step p50 {snap.live_ms_p50:5.1f} p99 {snap.live_ms_p99:5.1f} ms  missed {snap.missed_deadlines}"
+        + f"  live step p50 {snap.live_ms_p50:5.1f} p99 {snap.live_ms_p99:5.1f} ms"
+        f"  missed {snap.missed_deadlines}"
         f"  tool calls {calls}"
         + (f"  engine refusals {snap.refused_sessions}" if snap.refused_sessions else "")
         + ("  (overloaded)" if snap.overloaded else "")
@@ -282,7 +285,8 @@ def _metrics(
 
 
 async def simulate(args: argparse.Namespace) -> dict:
-    """Run the simulation `args` describe (checked by `check_arguments`); its summary, also in metrics.json."""
+    """Run the simulation `args` describe (checked by `check_arguments`); its summary,
+    also in metrics.json."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     store, hotel, today = _open_hotel(args.store)

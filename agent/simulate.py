@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--phone-rooms",
         type=int,
         default=None,
-        help="rooms whose callers are on the phone: 8 kHz mu-law audio, the phone concierge (default: a quarter)",
+        help="rooms whose callers are on the phone: 8 kHz mu-law audio, the phone concierge "
+        "(default: a quarter)",
     )
     p.add_argument("--seconds", type=float, default=60.0, help="how long each room's call lasts (default 60)")
     p.add_argument("--preset", help="engine preset (default: CHORUS_PRESET, else tiny)")

@@ -169,8 +169,9 @@ async def list_line(lk: LiveKit, settings: AgentSettings, args: argparse.Namespa
         kind = r.rule.WhichOneof("rule") or "-"
         prefix = r.rule.dispatch_rule_individual.room_prefix if kind == "dispatch_rule_individual" else ""
         agents = ", ".join(a.agent_name for a in r.room_config.agents) or "-"
+        trunk_ids = ", ".join(r.trunk_ids) or "any"
         lines.append(
-            f"  {r.sip_dispatch_rule_id}  {r.name or '-'}  {kind} {prefix}  trunks {', '.join(r.trunk_ids) or 'any'}"
+            f"  {r.sip_dispatch_rule_id}  {r.name or '-'}  {kind} {prefix}  trunks {trunk_ids}"
             f"  agents {agents}{mark}"
         )
     return lines

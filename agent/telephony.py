@@ -1,5 +1,5 @@
-"""What a telephone line does to a caller's voice: 8 kHz, coded with G.711 mu-law. LiveKit's SIP bridge decodes
-real calls; this reproduces the line for the simulation's phone callers and for tests.
+"""What a telephone line does to a caller's voice: 8 kHz, coded with G.711 mu-law. LiveKit's SIP bridge
+decodes real calls; this reproduces the line for the simulation's phone callers and for tests.
 """
 
 from __future__ import annotations

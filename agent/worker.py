@@ -6,9 +6,9 @@ object). Building it reads the settings and sizes the startup timeout; the engin
 worker runs (`setup_fnc`, or the first load poll), and LiveKit credentials are needed only to connect.
 It has the THREAD executor, and reports the engine's load scaled to the LiveKit server's target load
 (`CHORUS_LOAD_TARGET`, the server's `agents.target_load`, 0.7 by default) with that as its threshold, so
-LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left. `run_job` is the entrypoint:
-connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves; a phone caller gets
-the phone concierge (agent/phone.py), which can also transfer the call or hang up.
+LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left. `run_job` is
+the entrypoint: connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves; a
+phone caller gets the phone concierge (agent/phone.py), which can also transfer the call or hang up.
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def startup_timeout_s(settings: AgentSettings) -> float:
 
 
 class RoomNumberMask(logging.Filter):
-    """A phone call's room is named after the caller's number (the SIP dispatch rule: `call-_+14155550123_AbCd`),
-    and livekit-agents logs the room's name as a field of its records: it leaves the worker by its last four
-    digits (`call-_•••• 0123_AbCd`)."""
+    """A phone call's room is named after the caller's number (the SIP dispatch rule:
+    `call-_+14155550123_AbCd`), and livekit-agents logs the room's name as a field of its records: it leaves
+    the worker by its last four digits (`call-_•••• 0123_AbCd`)."""
 
     FIELDS = ("room", "room_name")
 

@@ -91,6 +91,7 @@ def answer(topic: str, known: Sequence[FaqEntry]) -> dict[str, Any]:
         return {
             "topic": None,
             "answer": None,
-            "message": f"I don't have that information; the front desk can help. I can tell you about {topics}.",
+            "message": "I don't have that information; the front desk can help. "
+            f"I can tell you about {topics}.",
         }
     return {"topic": best.topic, "answer": best.answer, "message": best.answer}

@@ -298,7 +298,8 @@ class Hotel:
             what = "This booking was made earlier and has since been cancelled"
         view["message"] = (
             f"{what}: {view['room_type']} for {reservation.guest_name}, {view['dates']}, "
-            f"{reservation.guests} guest{'s' if reservation.guests != 1 else ''}, {view['total']} including tax. "
+            f"{reservation.guests} guest{'s' if reservation.guests != 1 else ''}, "
+            f"{view['total']} including tax. "
             f"The confirmation code is {view['confirmation_code_spoken']}."
         )
         if not repeated:
@@ -373,8 +374,8 @@ class Hotel:
             view["cancellation_fee"] = money(fee, policy.currency)
             view["message"] = (
                 f"Not cancelled yet: cancelling within {policy.free_cancel_days} days of arrival costs "
-                f"{money(fee, policy.currency)}. Ask the caller whether to go ahead; if they agree, call again "
-                "with accept_fee true."
+                f"{money(fee, policy.currency)}. Ask the caller whether to go ahead; "
+                "if they agree, call again with accept_fee true."
             )
             return view
         tx.add_booked(r.room_type, r.check_in, r.check_out, -1)

@@ -53,7 +53,8 @@ def too_many_guests(room: RoomType, guests: int, rooms: dict[str, RoomType]) -> 
         text += f" For {guests} guests, the {bigger[0].name} sleeps {bigger[0].max_guests}."
     else:
         largest = max(rooms.values(), key=lambda r: r.max_guests)
-        text += f" Our largest room, the {largest.name}, sleeps {largest.max_guests}; {guests} guests need two rooms."
+        text += f" Our largest room, the {largest.name}, sleeps {largest.max_guests};"
+        text += f" {guests} guests need two rooms."
     return InvalidRequest(text)
 
 

@@ -184,8 +184,8 @@ def resolve_stay(
         by_nights = start + timedelta(days=nights)
         if end is not None and end != by_nights:
             raise InvalidRequest(
-                f"{nights} night{'s' if nights != 1 else ''} from {spoken_date(start, today)} ends on {spoken_date(by_nights, today)}, "
-                f"not {spoken_date(end, today)}; which one is right?"
+                f"{nights} night{'s' if nights != 1 else ''} from {spoken_date(start, today)} "
+                f"ends on {spoken_date(by_nights, today)}, not {spoken_date(end, today)}; which one is right?"
             )
         end = by_nights
     assert end is not None

@@ -298,7 +298,8 @@ def explain(model: type[_Args], exc: ValidationError) -> str:
             sentences.append(sentence)
     if unknown:
         sentences.append(
-            f"This tool does not take {', '.join(unknown[:3])}; its fields are {', '.join(model.model_fields)}."
+            f"This tool does not take {', '.join(unknown[:3])}; "
+            f"its fields are {', '.join(model.model_fields)}."
         )
     more = len(sentences) - 3
     text = " ".join(sentences[:3])

@@ -96,7 +96,8 @@ DEFAULT_HOTEL = HotelSeed(
         FaqEntry(
             "restaurant",
             "restaurant dinner lunch bar food dining hours",
-            "The Larkspur Grill serves lunch from 11:30 to 2:30 and dinner from 5:30 to 10; the bar is open until midnight.",
+            "The Larkspur Grill serves lunch from 11:30 to 2:30 and dinner from 5:30 to 10; "
+            "the bar is open until midnight.",
         ),
         FaqEntry(
             "airport shuttle",

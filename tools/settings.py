@@ -1,9 +1,9 @@
 """Where bookings live, from the environment: `StoreSettings`.
 
 `DATABASE_URL` (PostgreSQL) or a SQLite file under `CHORUS_DATA_DIR` (default ./data), the PostgreSQL schema,
-the pool size and how long a call waits for a free connection; read with `StoreSettings.from_env()`, a bad value
-is a one-line `SettingsError` (envsettings). Knows the store's variables; nothing of the agent's or the page's.
-Nothing happens at import.
+the pool size and how long a call waits for a free connection; read with `StoreSettings.from_env()`, a bad
+value is a one-line `SettingsError` (envsettings). Knows the store's variables; nothing of the agent's or the
+page's. Nothing happens at import.
 """
 
 from __future__ import annotations

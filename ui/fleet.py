@@ -180,8 +180,8 @@ def tool_log_rows(workers: list[Worker], limit: int = TOOL_LOG_ROWS) -> list[dic
 
 
 def tick_series(workers: list[Worker]) -> dict[str, list[tuple[float, float]]]:
-    """The live step over the last minutes, per series name: (seconds ago, ms) points, oldest first. One worker
-    gives its per-second max and median; several give each worker's max."""
+    """The live step over the last minutes, per series name: (seconds ago, ms) points, oldest first. One
+    worker gives its per-second max and median; several give each worker's max."""
     series: dict[str, list[tuple[float, float]]] = {}
     many = len(workers) > 1
     for w in workers:

@@ -40,8 +40,8 @@ def mask_code(code: str) -> str:
 
 
 def shorten(text: str, chars: int) -> str:
-    """At most the last `chars` characters of a transcript (its end is what was said last), from a word's start,
-    "…" in front when cut."""
+    """At most the last `chars` characters of a transcript (its end is what was said last), from a word's
+    start, "…" in front when cut."""
     text = " ".join(text.split())
     if len(text) <= chars:
         return text

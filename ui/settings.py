@@ -1,8 +1,8 @@
 """The monitoring page's settings from the environment (and `.env`), read with `MonitorSettings.from_env()`.
 
 `CHORUS_MONITOR_URLS`: the workers' snapshot URLs, comma-separated (one worker per GPU); a URL without a path
-gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>` (`PageAccess`, read
-and checked before the other settings).
+gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>` (`PageAccess`,
+read and checked before the other settings).
 `CHORUS_MONITOR_REFRESH_S`, `CHORUS_MONITOR_TIMEOUT_S`, `CHORUS_MONITOR_BOOKINGS`. The bookings database is
 the tools' own setting (`DATABASE_URL` or `CHORUS_DATA_DIR`, tools/settings.py).
 """
@@ -29,8 +29,8 @@ def snapshot_url(url: str) -> str:
 
 
 def parse_urls(text: str) -> list[str]:
-    """Snapshot URLs from a comma- or line-separated list (duplicates dropped, order kept); ValueError on a bad
-    one."""
+    """Snapshot URLs from a comma- or line-separated list (duplicates dropped, order kept); ValueError on a
+    bad one."""
     out: list[str] = []
     for item in text.replace("\n", ",").split(","):
         if item.strip() and (url := snapshot_url(item)) not in out:
