@@ -1,8 +1,9 @@
-"""Headless Chromium (Debian's `chromium` package) driven over the DevTools protocol, for the page's browser test.
+"""Headless Chromium (Debian's `chromium` package) driven over the DevTools protocol, for the
+page's browser test.
 
 A plain module beside the tests. Streamlit draws its page from a websocket after load, so `--dump-dom` sees an
-empty shell; instead the test opens the page, waits for what it expects to be on screen (an event, bounded by a
-timeout only against a hang) and reads the rendered text and a screenshot. Needs only `websockets`, which
+empty shell; instead the test opens the page, waits for what it expects to be on screen (an event, bounded by
+a timeout only against a hang) and reads the rendered text and a screenshot. Needs only `websockets`, which
 Streamlit itself depends on.
 """
 
@@ -44,7 +45,8 @@ class Browser:
     def __init__(
         self, width: int = 1400, height: int = 1600, timeout: float = 120.0, flags: list[str] | None = None
     ) -> None:
-        """`flags` replace the headless defaults (DevTools, the profile and the blank page are always added)."""
+        """`flags` replace the headless defaults (DevTools, the profile and the blank page
+        are always added)."""
         self._profile = tempfile.mkdtemp(prefix="chorus-chromium-")  # removed by close()
         flags = flags or [
             "--headless",
@@ -134,7 +136,8 @@ class Browser:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        # a helper that outlived the group's signal may still write a file into the profile: retry, then leave it
+        # a helper that outlived the group's signal may still write a file into the profile: retry,
+        # then leave it
         for _ in range(20):
             shutil.rmtree(self._profile, ignore_errors=True)
             if not Path(self._profile).exists():

@@ -45,7 +45,8 @@ def seeded_env(tmp_path, monkeypatch):
 
 @pytest.fixture
 def sqlite_hotel(tmp_path, monkeypatch):
-    """The hotel the agent books in: a seeded SQLite store in tmp_path (also the process's CHORUS_DATA_DIR)."""
+    """The hotel the agent books in: a seeded SQLite store in tmp_path (also
+    the process's CHORUS_DATA_DIR)."""
     from hotel_support import hotel, seeded_store
 
     monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
@@ -55,8 +56,8 @@ def sqlite_hotel(tmp_path, monkeypatch):
 
 @pytest.fixture
 def livekit(monkeypatch):
-    """A protocol fake of LiveKit's server API (tests/twirp_fake.py) as the process's LIVEKIT_URL, with its key
-    and secret, and CHORUS_FRONT_DESK_NUMBER set to FRONT_DESK."""
+    """A protocol fake of LiveKit's server API (tests/twirp_fake.py) as the process's LIVEKIT_URL, with its
+    key and secret, and CHORUS_FRONT_DESK_NUMBER set to FRONT_DESK."""
     from twirp_fake import FRONT_DESK, KEY, SECRET, LiveKitFake
 
     fake = LiveKitFake()
@@ -72,8 +73,8 @@ def livekit(monkeypatch):
 
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch):
-    """A seeded SQLite hotel in tmp_path, as `python -m tools seed` leaves it, for a worker started as a subprocess
-    (CHORUS_DATA_DIR points at it)."""
+    """A seeded SQLite hotel in tmp_path, as `python -m tools seed` leaves it, for a worker started as a
+    subprocess (CHORUS_DATA_DIR points at it)."""
     import datetime as dt
 
     from tools.seed import seed

@@ -1,5 +1,5 @@
-"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a session's queued outputs, and
-code run with the kernels compiled."""
+"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a session's queued outputs,
+and code run with the kernels compiled."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def drain(handle) -> list:
 
 
 def run_compiled(script: str) -> str:
-    """`script` in a fresh interpreter without TRITON_INTERPRET (Triton compiles for the device, or the kernels
-    fall back to their references where there is none); its stdout. A non-zero exit fails the test."""
+    """`script` in a fresh interpreter without TRITON_INTERPRET (Triton compiles for the device, or the
+    kernels fall back to their references where there is none); its stdout. A non-zero exit fails the test."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
-"""The tiny NeMo-built model's weights, one file for every stage (tests/fixtures/model/model.safetensors, made by
-scripts/fixtures/make_model_fixtures.py): a stage's tests take its own tensors from it, by the loader's routing
-of release names to stages."""
+"""The tiny NeMo-built model's weights, one file for every stage (tests/fixtures/model/model.safetensors, made
+by scripts/fixtures/make_model_fixtures.py): a stage's tests take its own tensors from it, by the loader's
+routing of release names to stages."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A real LiveKit server for the end-to-end tests: the server `scripts/livekit.sh` started, the worker run as a user
-runs it (`python -m agent start`, a subprocess), and callers that are real WebRTC participants (the `livekit` rtc
-SDK) publishing a caller WAV as a 48 kHz microphone track and recording what the agent sends back.
+"""A real LiveKit server for the end-to-end tests: the server `scripts/livekit.sh` started, the worker run as
+a user runs it (`python -m agent start`, a subprocess), and callers that are real WebRTC participants (the
+`livekit` rtc SDK) publishing a caller WAV as a 48 kHz microphone track and recording what the
+agent sends back.
 
 The server and every participant run in a network namespace with no way out (scripts/livekit.sh, `netns_up`):
 `require_livekit()` checks that first. Without a server the tests skip; under CI=true they fail.
@@ -58,8 +59,8 @@ def interfaces() -> set[str]:
 
 
 def require_livekit() -> Server:
-    """The test server from scripts/livekit.sh's start_livekit, in a namespace with no way out; else skip (fail
-    under CI=true)."""
+    """The test server from scripts/livekit.sh's start_livekit, in a namespace with no way out; else skip
+    (fail under CI=true)."""
     miss = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
     leaks = interfaces() - ALLOWED_INTERFACES
     if leaks:
@@ -102,8 +103,9 @@ def token(server: Server, room: str, identity: str, agent_name: str | None = Non
 
 
 class Worker:
-    """`python -m agent start` against the test server: tiny preset, its own agent name, SQLite store and ports.
-    Its output goes to `log`; `snapshot()` reads the engine's /snapshot and `info()` the worker's /worker."""
+    """`python -m agent start` against the test server: tiny preset, its own agent name, SQLite store and
+    ports. Its output goes to `log`; `snapshot()` reads the engine's /snapshot and `info()`
+    the worker's /worker."""
 
     def __init__(self, server: Server, tmp: Path, *, slots: int = 4, name: str | None = None, **env: str):
         self.server, self.slots = server, slots
@@ -123,8 +125,8 @@ class Worker:
             "CHORUS_HTTP_PORT": str(self.http_port),
             "CHORUS_DATA_DIR": str(tmp),
             "CHORUS_TEACHER_FORCING": "true",
-            # these tests are of behaviour on a shared 2-core machine that also runs the server and the callers;
-            # capacity is the benchmark's to measure
+            # these tests are of behaviour on a shared 2-core machine that also runs the server and the
+            # callers; capacity is the benchmark's to measure
             "CHORUS_REFUSE_WHEN_OVERLOADED": "false",
             **env,
         }
@@ -206,7 +208,8 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 
 @dataclass
 class Heard:
-    """What a caller received from the agent: audio frames with their arrival times, and transcription text."""
+    """What a caller received from the agent: audio frames with their arrival times,
+    and transcription text."""
 
     frames: list[np.ndarray] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # loop.time() at each frame's arrival

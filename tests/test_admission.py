@@ -1,5 +1,6 @@
-"""Admission: a worker accepts a LiveKit job only with an engine slot reserved for it, and the session that job
-opens takes that slot without being judged again (engine.admit, SlotPool.reserve, agent.worker.on_request)."""
+"""Admission: a worker accepts a LiveKit job only with an engine slot reserved for it, and the session that
+job opens takes that slot without being judged again
+(engine.admit, SlotPool.reserve, agent.worker.on_request)."""
 
 from __future__ import annotations
 

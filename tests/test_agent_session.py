@@ -39,8 +39,8 @@ TIMEOUT_S = 90.0  # generous: the machine is shared; waits end on events, never 
 
 @pytest.fixture(scope="module")
 def engine():
-    # calls, not admission, are tested here: a slow shared machine must not turn them away (tests/test_overload.py
-    # tests the refusal)
+    # calls, not admission, are tested here: a slow shared machine must not turn them away
+    # (tests/test_overload.py tests the refusal)
     e = Engine(preset="tiny", num_slots=8, refuse_when_overloaded=False)
     yield e
     e.close()
@@ -248,7 +248,8 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
     k, stats, out = asyncio.run(main())
     print(stats, out)
     assert stats["barge_ins"] == 1 and out["cuts"] == 1
-    # what was queued or still on its way when the turn ended is dropped, never played: at least the last frame
+    # what was queued or still on its way when the turn ended is dropped, never played: at least
+    # the last frame
     assert out["model_s"] + out["flushed_s"] + out["dropped_s"] == pytest.approx(k * FRAME_S, abs=2e-3)
     assert out["flushed_s"] + out["dropped_s"] >= FRAME_S - 1e-3
 
@@ -514,8 +515,8 @@ def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp
     print(stats, out)
     said = stats["speech_frames"] * FRAME_S
     assert said > 0.5 and abs(out["model_s"] - said) < 2e-3, (said, out["model_s"])
-    # nothing it said was cut: the wind-down waited for the last chunk to end (under a millisecond is a rounding
-    # of the play clock, not a sound)
+    # nothing it said was cut: the wind-down waited for the last chunk to end (under a millisecond is a
+    # rounding of the play clock, not a sound)
     assert out["flushed_s"] + out["dropped_s"] < 1e-3, out
     with wave.open(str(tmp_path / "out.wav"), "rb") as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)

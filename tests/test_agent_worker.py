@@ -1,5 +1,5 @@
-"""The worker under livekit-agents' offline harness (no LiveKit server): jobs run as threads of this process on
-one shared engine, and the worker's load is the engine's occupancy, so four calls fill a four-slot worker.
+"""The worker under livekit-agents' offline harness (no LiveKit server): jobs run as threads of this process
+on one shared engine, and the worker's load is the engine's occupancy, so four calls fill a four-slot worker.
 Also the join token and the simulation, the README's main command (`make run`), on a short run.
 """
 
@@ -105,8 +105,8 @@ def test_token_carries_the_room_and_the_agent_dispatch():
 
 
 def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
-    """The README's main command, short: 4 rooms (2 with scripted tool calls, 1 on the phone) for 10 s on a fresh
-    data dir.
+    """The README's main command, short: 4 rooms (2 with scripted tool calls, 1 on the phone) for 10 s on a
+    fresh data dir.
     The calls are forced (teacher forcing); what they did is read back from the database."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DATA_DIR")}
     out = tmp_path / "sim"
@@ -142,8 +142,8 @@ def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
         booked = Hotel(store).reservations()
     assert last["bookings_made"] == len(booked) >= 1
     assert {r.guest_name for r in booked} == {"Sim Birch"}
-    # room 1 is the run's phone room (a quarter of 4): its caller came in on 8 kHz mu-law, its concierge was the
-    # phone one, and the booking took the caller's number as its contact
+    # room 1 is the run's phone room (a quarter of 4): its caller came in on 8 kHz mu-law, its concierge was
+    # the phone one, and the booking took the caller's number as its contact
     assert last["phone_rooms"] == 1
     rooms = json.loads((out / "metrics.json").read_text())["rooms"]
     assert [r["room"] for r in rooms if r["phone"]] == ["room_001"]

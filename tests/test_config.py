@@ -61,6 +61,7 @@ def test_the_named_presets_and_policies_cannot_be_changed_at_run_time():
         DTYPE_POLICIES["gpu"] = DTYPE_POLICIES["fp32"]
     with pytest.raises(ValidationError, match="frozen"):
         DTYPE_POLICIES["gpu"].thinker = "float32"
-    # capacity mode's policy is the gpu one with the talker's KV rings in bf16, and the gpu one is left as it was
+    # capacity mode's policy is the gpu one with the talker's KV rings in bf16, and the gpu one is left
+    # as it was
     capacity = dtype_policy("auto", "cuda", capacity=True)
     assert capacity.talker_kv == "bfloat16" != dtype_policy("gpu").talker_kv

@@ -1,7 +1,7 @@
-"""Echo mode (engine/echo.py), a measurement tool: the engine at the tiny preset, ticks driven by hand. With echo on
-a live session's output frame is its own input frame of that tick, resampled to the output clock, inside one
-turn that never ends and with no tool call; marked frames' timings reach the snapshot. With echo off the same
-pushes give the model's own output, and nothing of echo mode is there."""
+"""Echo mode (engine/echo.py), a measurement tool: the engine at the tiny preset, ticks driven by hand. With
+echo on a live session's output frame is its own input frame of that tick, resampled to the output clock,
+inside one turn that never ends and with no tool call; marked frames' timings reach the snapshot. With echo
+off the same pushes give the model's own output, and nothing of echo mode is there."""
 
 import numpy as np
 import pytest
@@ -33,7 +33,8 @@ def tick(engine: Engine, k: int) -> None:
 
 
 def until_live(engine: Engine, handle, k: int = 0) -> int:
-    """Ticks (caller audio silent meanwhile) until the session is live with nothing held; returns the next tick."""
+    """Ticks (caller audio silent meanwhile) until the session is live with nothing held; returns
+    the next tick."""
     while handle.phase != "live":
         handle.push_audio(np.zeros(N_IN, np.float32))
         tick(engine, k)

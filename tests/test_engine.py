@@ -33,8 +33,8 @@ def caller_audio(seed: int, seconds: float) -> np.ndarray:
 
 
 class ManualClock:
-    """The engine's clock in these tests: time moves only when the test says so. Ticks are driven by hand with a
-    deadline far away, so all pending paused work (prompt and result prefill, call tokens, replay) completes
+    """The engine's clock in these tests: time moves only when the test says so. Ticks are driven by hand with
+    a deadline far away, so all pending paused work (prompt and result prefill, call tokens, replay) completes
     within the tick, no step ever looks slow, and the test is deterministic whatever the machine's load.
     Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
 

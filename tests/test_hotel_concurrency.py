@@ -95,8 +95,9 @@ _WORKER = textwrap.dedent(
         time.sleep(max(0.0, start_at - time.time()))
         contact = "+15550000000" if key else f"+1555000{worker:02d}{i:02d}"
         try:
-            view = hotel.book_room({"guest_name": "Ada Lovelace", "contact": contact, "check_in": "2030-03-12",
-                                    "nights": 2, "guests": 2, "room_type": "deluxe"}, idempotency_key=key)
+            booking = {"guest_name": "Ada Lovelace", "contact": contact, "check_in": "2030-03-12",
+                       "nights": 2, "guests": 2, "room_type": "deluxe"}
+            view = hotel.book_room(booking, idempotency_key=key)
             outcomes.append(view["confirmation_code"] if key else "booked")
         except SoldOut:
             outcomes.append("sold_out")

@@ -1,9 +1,9 @@
 """Chorus through a real LiveKit server (scripts/livekit.sh): the worker started as a user starts it
 (`python -m agent start`), dispatched by name, and heard over WebRTC by callers that are real participants.
 
-With dummy weights the model decides nothing, so the worker runs with CHORUS_TEACHER_FORCING=true: each agent's
-greeting, replies and tool calls are forced on the model's own channels (agent/forcing.py) and reported as
-scripted. The audio, the transcription stream, the tools and the database rows are real.
+With dummy weights the model decides nothing, so the worker runs with CHORUS_TEACHER_FORCING=true: each
+agent's greeting, replies and tool calls are forced on the model's own channels (agent/forcing.py) and
+reported as scripted. The audio, the transcription stream, the tools and the database rows are real.
 """
 
 from __future__ import annotations
@@ -111,8 +111,9 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         # the job logs its end just after the engine freed its slot
         wait_until(lambda: "call ended" in worker.log.read_text(), 5.0, what="the job's end")
         print(
-            f"frames in {caller.session_snapshot['frames_in']}, heard {len(heard.frames)} frames, longest gap "
-            f"{heard.longest_gap() * 1000:.0f} ms, slot freed {caller.freed_after:.2f} s after leaving"
+            f"frames in {caller.session_snapshot['frames_in']}, heard {len(heard.frames)} frames, "
+            f"longest gap {heard.longest_gap() * 1000:.0f} ms, "
+            f"slot freed {caller.freed_after:.2f} s after leaving"
         )
 
 
@@ -197,8 +198,9 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         for c in callers:  # in calls at once, joining a quarter second apart as callers do
             await c.join()
             await asyncio.sleep(0.25)
-        # every agent greets once its session is live (the prompt's prefill comes first, for all of them at once);
-        # the callers answer the greeting, as callers do (one who talks over it is barge-in, tested apart)
+        # every agent greets once its session is live (the prompt's prefill comes first, for all of them at
+        # once); the callers answer the greeting, as callers do (one who talks over it is
+        # barge-in, tested apart)
         try:
             await await_until(
                 lambda: all(c.first_speech.is_set() for c in callers), 120, what="every agent's speech"
@@ -219,8 +221,8 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         await await_until(
             lambda: all(c.heard.transcripts for c in callers), 90, what="every agent's transcript"
         )
-        # the greeting alone is some 3.6 s of speech, and a reply follows every 6 s: a playout that stalls after
-        # its first second (two writers on one audio source once did) never gets there
+        # the greeting alone is some 3.6 s of speech, and a reply follows every 6 s: a playout that stalls
+        # after its first second (two writers on one audio source once did) never gets there
         await await_until(
             lambda: all(c.heard.audible_s() >= 3.0 for c in callers), 90, what="3 s of every agent's speech"
         )
@@ -241,13 +243,14 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
     snap = callers[0].snap
     print(
         f"{n} callers: longest gap in a caller's agent audio, median {gaps[n // 2] * 1000:.0f} ms, worst "
-        f"{gaps[-1] * 1000:.0f} ms; live step p50 {snap['live_ms_p50']:.0f} ms, p99 {snap['live_ms_p99']:.0f} ms, missed "
-        f"deadlines {snap['missed_deadlines']}"
+        f"{gaps[-1] * 1000:.0f} ms; live step p50 {snap['live_ms_p50']:.0f} ms, "
+        f"p99 {snap['live_ms_p99']:.0f} ms, missed deadlines {snap['missed_deadlines']}"
     )
     for c in callers:
         assert c.session_snapshot is not None, c.room_name  # one engine, one session per room
         assert c.session_snapshot["frames_in"] >= FRAMES_PER_S * 4.0
-        # what each caller heard came from the agent of its own room (and from no one else), and was not silence
+        # what each caller heard came from the agent of its own room (and from no one else), and
+        # was not silence
         assert c.heard.sources == {c.heard.agent_identity}, (c.heard.sources, c.heard.agent_identity)
         audio = c.heard.audio().astype(np.float64)
         assert np.sqrt(np.mean(audio**2)) > 30.0, (
@@ -258,8 +261,8 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
             c.session_snapshot,
             [line for line in worker.log.read_text().splitlines() if "call ended" in line],
         )
-        # (its words are checked with one caller: under this load the framework's audio-synchronised transcript
-        # of a turn can arrive cut short)
+        # (its words are checked with one caller: under this load the framework's audio-synchronised
+        # transcript of a turn can arrive cut short)
         assert {s for s, _, _ in c.heard.transcripts} == {c.heard.agent_identity}, c.heard.transcripts
 
 

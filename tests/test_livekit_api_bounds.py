@@ -1,8 +1,8 @@
 """Every LiveKit API call is bounded: against a server that takes the connection, reads the request and never
 answers, `python -m agent sip ...` exits non-zero within its bound with one line on stderr, and a phone call's
-hang-up and transfer fail within theirs (logged without the caller's number, the job's end not held up). A call
-that can be sent again (list, delete) is retried once and succeeds when the second try is answered; one that
-cannot (a dispatch, a dial, a transfer) is sent once. A malformed LIVEKIT_URL is refused in one line.
+hang-up and transfer fail within theirs (logged without the caller's number, the job's end not held up). A
+call that can be sent again (list, delete) is retried once and succeeds when the second try is answered; one
+that cannot (a dispatch, a dial, a transfer) is sent once. A malformed LIVEKIT_URL is refused in one line.
 
 The server is `StandIn`, a real socket server on 127.0.0.1. Each try here may take 1 s
 (CHORUS_LIVEKIT_API_TIMEOUT_S) and a phone rings 1 s (CHORUS_SIP_RING_TIMEOUT_S); the bounds below are those
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S, RING_S = "1", "1"  # the settings every test here runs with
 SLACK_S = 8.0  # beyond a bound: a shared, busy machine (process start not included; see `sip`)
 CLI_LIMIT_S = 45.0  # a command still running this long has no bound at all
-# hand-worked bounds: a retried call is two tries of 1 s and a 0.5 s pause; one sent once, one try; a dial rings
-# 1 s on top of its try
+# hand-worked bounds: a retried call is two tries of 1 s and a 0.5 s pause; one sent once, one try; a dial
+# rings 1 s on top of its try
 RETRIED_S, ONCE_S, DIAL_S = 2.5, 1.0, 2.0
 
 Reply = tuple[int, bytes, str]  # HTTP status, body, content type
@@ -284,7 +284,8 @@ def test_a_hang_up_the_server_never_answers_fails_within_its_bound_and_logs_no_n
         took = asyncio.run(acted(line, "end", RETRIED_S + SLACK_S))
     print(line.outcome, f"({took:.1f} s)")
     assert line.outcome == (
-        f"end failed: the LiveKit server at {server.url} did not answer remove_participant within 1 s (2 tries)"
+        f"end failed: the LiveKit server at {server.url} did not answer remove_participant "
+        "within 1 s (2 tries)"
     )
     assert line.action is None and not line.acting  # as for a refusal: the model may ask again
     assert server.methods() == ["RemoveParticipant"] * 2  # no answer: the room is not asked for as well
@@ -302,7 +303,8 @@ def test_a_transfer_the_server_never_answers_is_sent_once_and_fails_within_its_r
         took = asyncio.run(acted(line, "transfer", DIAL_S + SLACK_S))
     print(line.outcome, f"({took:.1f} s)")
     assert line.outcome == (
-        f"transfer failed: the LiveKit server at {server.url} did not answer transfer_sip_participant within 2 s"
+        f"transfer failed: the LiveKit server at {server.url} did not answer transfer_sip_participant "
+        "within 2 s"
     )
     assert line.action is None  # the caller stays with the agent, who may try again
     (sent,) = server.bodies("TransferSIPParticipant")  # a second REFER could transfer twice: sent once

@@ -1,12 +1,13 @@
-"""A real browser calls Chorus: headless Debian Chromium opens tests/browser/caller.html (npm `livekit-client`, its
-UMD build), joins a room of the LiveKit server of scripts/livekit.sh with a token that dispatches the worker's
-agent by name, publishes a fake microphone that plays a caller WAV, and plays the agent's audio. Real WebRTC from a
-real browser: the page's signalling goes to ws://127.0.0.1, its media over the namespace's veth pair.
+"""A real browser calls Chorus: headless Debian Chromium opens tests/browser/caller.html (npm
+`livekit-client`, its UMD build), joins a room of the LiveKit server of scripts/livekit.sh with a token that
+dispatches the worker's agent by name, publishes a fake microphone that plays a caller WAV, and plays the
+agent's audio. Real WebRTC from a real browser: the page's signalling goes to ws://127.0.0.1, its media over
+the namespace's veth pair.
 
-The page measures the agent's track with a WebAudio AnalyserNode and collects the `lk.transcription` text stream
-(room.registerTextStreamHandler); the test reads both back over DevTools (window.caller). The worker runs with
-CHORUS_TEACHER_FORCING=true (dummy weights decide nothing), so the agent's greeting is forced: its transcription
-says " Hello, thank you for calling the Grand Hotel...", which is what the test looks for.
+The page measures the agent's track with a WebAudio AnalyserNode and collects the `lk.transcription` text
+stream (room.registerTextStreamHandler); the test reads both back over DevTools (window.caller). The worker
+runs with CHORUS_TEACHER_FORCING=true (dummy weights decide nothing), so the agent's greeting is forced: its
+transcription says " Hello, thank you for calling the Grand Hotel...", which is what the test looks for.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ CHROMIUM_FLAGS = [
 
 
 def require_page() -> None:
-    """livekit-client in tests/browser/node_modules, or skip (fail under CI=true, where .ci/run installs it)."""
+    """livekit-client in tests/browser/node_modules, or skip (fail under CI=true, where
+    .ci/run installs it)."""
     if not UMD.is_file():
         miss = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
         miss(
-            "no livekit-client in tests/browser: run `npm ci` there (scripts/chromium.sh ensure_browser_client)"
+            "no livekit-client in tests/browser: run `npm ci` there "
+            "(scripts/chromium.sh ensure_browser_client)"
         )
 
 
@@ -101,7 +104,8 @@ def serve(directory: Path):
 
 
 def caller_wav(path: Path) -> np.ndarray:
-    """Two committed callers, half a second apart, as a 48 kHz mono 16-bit WAV at `path`; returns the samples."""
+    """Two committed callers, half a second apart, as a 48 kHz mono 16-bit WAV at `path`;
+    returns the samples."""
     gap = np.zeros(RATE // 2, np.int16)
     pcm = np.concatenate(
         [caller_pcm("caller_booking.wav", RATE), gap, caller_pcm("caller_question.wav", RATE)]
@@ -115,7 +119,8 @@ def caller_wav(path: Path) -> np.ndarray:
 
 
 def envelope(pcm: np.ndarray, times_ms: np.ndarray, window: int = 2048) -> np.ndarray:
-    """The RMS (full scale 1.0) of the `window` samples of `pcm` before each time, as the page's analyser sees."""
+    """The RMS (full scale 1.0) of the `window` samples of `pcm` before each time, as the
+    page's analyser sees."""
     x = pcm.astype(np.float64) / 32768.0
     c = np.concatenate([[0.0], np.cumsum(x**2)])
     end = np.clip((times_ms * RATE / 1000).astype(int), 0, x.size)
@@ -126,9 +131,9 @@ def envelope(pcm: np.ndarray, times_ms: np.ndarray, window: int = 2048) -> np.nd
 def best_match(
     heard_ms: np.ndarray, heard: np.ndarray, sent: np.ndarray, within_ms: int = 1000
 ) -> tuple[float, int]:
-    """The highest Pearson correlation of the page's microphone level `heard` (at times `heard_ms` since it was
-    published) with `sent`'s level at those times shifted by -within_ms..within_ms in 10 ms steps, and that shift
-    (positive: the file had been playing that long when the track was published)."""
+    """The highest Pearson correlation of the page's microphone level `heard` (at times `heard_ms` since it
+    was published) with `sent`'s level at those times shifted by -within_ms..within_ms in 10 ms steps, and
+    that shift (positive: the file had been playing that long when the track was published)."""
     best = (-1.0, 0)
     for shift in range(-within_ms, within_ms + 1, 10):
         expected = envelope(sent, heard_ms + shift)

@@ -1,6 +1,7 @@
-"""`python -m agent sip ...` against a real LiveKit server with Redis (scripts/livekit.sh): the server's own SIP
-API keeps the trunk and dispatch rule that `setup` makes, `list` reads them back, `teardown` removes exactly
-those, and an outbound call that no SIP bridge can place is one line, a non-zero exit and no room left behind.
+"""`python -m agent sip ...` against a real LiveKit server with Redis (scripts/livekit.sh): the server's own
+SIP API keeps the trunk and dispatch rule that `setup` makes, `list` reads them back, `teardown` removes
+exactly those, and an outbound call that no SIP bridge can place is one line, a non-zero exit and no
+room left behind.
 
 LiveKit's SIP bridge itself (github.com/livekit/sip) is not served by the Go module proxy at any version, so
 no INVITE reaches the agent here; tests/test_sip.py covers the calls against a protocol fake.

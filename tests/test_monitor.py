@@ -1,6 +1,7 @@
 """The monitoring page (ui/monitor.py) rendered by Streamlit's AppTest from snapshots of the real engine (tiny
 preset, dummy weights, ticks driven by hand) served over HTTP by its own SnapshotServer, and bookings made by
-the real hotel tools in a SQLite file. Turns and tool calls are teacher-forced; the rest is the engine's work."""
+the real hotel tools in a SQLite file.
+Turns and tool calls are teacher-forced; the rest is the engine's work."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ class Worker:
 @pytest.fixture(scope="module")
 def busy():
     """Three sessions on four slots: room_a answered one tool call and said SAID, the phone caller waits on a
-    tool, room_c is in a turn (talking). Pad tokens hold the dummy model to silence around the forced turns."""
+    tool, room_c is in a turn (talking).
+    Pad tokens hold the dummy model to silence around the forced turns."""
     w = Worker(slots=4, sessions=3)
     a, phone, c = w.handles
     tok = w.engine.tokens
@@ -234,8 +236,8 @@ def test_with_a_token_the_page_shows_only_a_refusal_without_it(busy, store_env, 
 
 
 def test_without_the_token_the_page_shows_its_refusal_before_any_settings_error(store_env, monkeypatch):
-    """A refused setting (here the bookings database's) is the operator's to read, not a visitor's: the token is
-    checked first."""
+    """A refused setting (here the bookings database's) is the operator's to read, not a visitor's: the token
+    is checked first."""
     monkeypatch.setenv("CHORUS_MONITOR_TOKEN", "s3cret-token")
     monkeypatch.setenv("DATABASE_URL", "mysql://admin:hunter22@db.internal/hotel")
     for token in (None, "wrong-token"):

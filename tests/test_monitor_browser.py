@@ -1,6 +1,6 @@
-"""The monitoring page in a real browser: a short simulation serves its engine's snapshot, `python -m ui` serves
-the page, and headless Chromium (Debian's package; `.ci/run` installs it) renders it. The rendered page must
-show the simulation's live session count; the screenshot is kept in out/monitor/ as the test's artifact.
+"""The monitoring page in a real browser: a short simulation serves its engine's snapshot, `python -m ui`
+serves the page, and headless Chromium (Debian's package; `.ci/run` installs it) renders it. The rendered page
+must show the simulation's live session count; the screenshot is kept in out/monitor/ as the test's artifact.
 
 Every wait is for an event (a line printed, a snapshot with every room in it, the figure on screen), bounded
 by a timeout only against a hang: the machine may be busy."""

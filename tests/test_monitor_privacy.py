@@ -1,5 +1,5 @@
-"""Nothing personal leaves the worker: the real engine (tiny preset, ticks driven by hand) is made to say what an
-agent may say of a guest (teacher-forced turns, one per session), and neither its snapshot's JSON, as the
+"""Nothing personal leaves the worker: the real engine (tiny preset, ticks driven by hand) is made to say what
+an agent may say of a guest (teacher-forced turns, one per session), and neither its snapshot's JSON, as the
 endpoint serves it, nor the monitoring page's rendered text (Streamlit's AppTest) holds any of it in clear."""
 
 from __future__ import annotations

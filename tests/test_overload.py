@@ -1,8 +1,8 @@
-"""The engine when the live step fills the tick: admission and catch-up within their bounds, counted skipping of
-held audio that cannot be caught up, refusal of new sessions, and every live session keeping its cadence.
+"""The engine when the live step fills the tick: admission and catch-up within their bounds, counted skipping
+of held audio that cannot be caught up, refusal of new sessions, and every live session keeping its cadence.
 
-The tick is filled without waiting for it: the engine's clock is the real one plus an offset, and a hook on the
-live step adds a whole tick to the offset, so every tick ends past its deadline and no slack is ever left.
+The tick is filled without waiting for it: the engine's clock is the real one plus an offset, and a hook on
+the live step adds a whole tick to the offset, so every tick ends past its deadline and no slack is ever left.
 Ticks are driven by hand; bounds are asserted in ticks, never in wall-clock time. Tool calls are produced by
 teacher forcing the function channel with real tokens (dummy weights decide nothing).
 """
@@ -35,7 +35,8 @@ CALL = [{"name": "hotel_info", "arguments": {"topic": "parking"}}]
 
 
 class OffsetClock:
-    """Real time plus whatever the slow hook added: work still costs what it costs, and the tick looks full."""
+    """Real time plus whatever the slow hook added: work still costs what it costs, and the
+    tick looks full."""
 
     def __init__(self) -> None:
         self.offset = 0.0

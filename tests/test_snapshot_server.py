@@ -119,7 +119,8 @@ def test_a_tight_loop_client_gets_429s_and_the_snapshot_is_built_once_per_interv
 
 
 def until(predicate, what: str):
-    """The first truthy value of `predicate()`, asked again and again; HANG_S bounds a wait that would hang."""
+    """The first truthy value of `predicate()`, asked again and again; HANG_S bounds a wait
+    that would hang."""
     deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         if value := predicate():
@@ -140,8 +141,8 @@ def test_the_snapshot_is_built_again_after_the_interval():
 
 
 def test_the_tick_keeps_its_counts_while_a_client_floods_the_endpoint():
-    """A client in a tight loop is refused (429) while the tick runs by hand; the engine counted every tick and
-    no missed deadline, and the next interval's snapshot says so."""
+    """A client in a tight loop is refused (429) while the tick runs by hand; the engine counted every tick
+    and no missed deadline, and the next interval's snapshot says so."""
     engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False))
     server = SnapshotServer(
         engine.snapshot, limits=ServeLimits(client_rate=20.0, client_burst=3, interval_s=0.2)

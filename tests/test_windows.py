@@ -1,5 +1,6 @@
-"""Context windows as settings, and the capacity mode: the talker's KV rings and the thinker's attention window
-shrink as asked, `engine info` sizes what the engine allocates, and an engine with short windows still talks."""
+"""Context windows as settings, and the capacity mode: the talker's KV rings and the thinker's attention
+window shrink as asked, `engine info` sizes what the engine allocates, and an engine with short
+windows still talks."""
 
 from __future__ import annotations
 

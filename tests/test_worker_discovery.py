@@ -1,7 +1,7 @@
-"""The worker as livekit-agents' own CLI finds it: `python -m livekit.agents start|console agent/worker.py` (and
-`lk agent dev|start|console`, which run that) import agent/worker.py and take its AgentServer. Importing it
-builds no engine and needs no LiveKit credentials. Under the console, the agent's voice reaches the console's
-speaker through the playout, as it reaches a caller.
+"""The worker as livekit-agents' own CLI finds it: `python -m livekit.agents start|console agent/worker.py`
+(and `lk agent dev|start|console`, which run that) import agent/worker.py and take its AgentServer. Importing
+it builds no engine and needs no LiveKit credentials. Under the console, the agent's voice reaches the
+console's speaker through the playout, as it reaches a caller.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def clean_env(tmp_path, monkeypatch):
 
 
 def discover(monkeypatch) -> tuple[str, AgentServer, object]:
-    """What `python -m livekit.agents start agent/worker.py` does: livekit-agents' discovery, on a fresh import."""
+    """What `python -m livekit.agents start agent/worker.py` does: livekit-agents' discovery, on
+    a fresh import."""
     import agent
 
     # the fresh module is this test's only: afterwards both the module table and the package's attribute name
