@@ -237,9 +237,14 @@ class StepGraphs:
             if self.capture and self._pool is None and {t.device.type for t in inputs} == {"cuda"}:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = StepGraph(
-                fn, inputs, capture=self.capture, warmup=self.warmup, prepare_warmup=prepare,
-                pool=self._pool, name=f"slack step {key}",
-            )  # fmt: skip
+                fn,
+                inputs,
+                capture=self.capture,
+                warmup=self.warmup,
+                prepare_warmup=prepare,
+                pool=self._pool,
+                name=f"slack step {key}",
+            )
             self.graphs[key] = graph
         return graph
 

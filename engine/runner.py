@@ -37,13 +37,13 @@ class _LiveStep(torch.nn.Module):
 
 
 def traced_live_step(pipeline: Pipeline, inputs: tuple[torch.Tensor, ...]) -> Callable[..., LiveOutput]:
-    """The live step traced into one TorchScript graph (CPU). Eager, every tensor op gives the GIL up and waits
-    to get it back behind the rooms' event loops: with 16 rooms in the process the tick thread held the GIL in
-    8% of samples, and a 20 ms step took hundreds. The traced graph runs all its ops in one call that gives the
-    GIL up once. It is the same ops on the same state (the step has no host syncs or data-dependent branches:
-    `engine.graph.audit_step`), bit for bit; tests/test_runner_trace.py checks it through resets, loads, masks and
-    replaying rows. Traced and warmed up on steps that change nothing (every slot inactive); the inputs are
-    restored."""
+    """The live step traced into one TorchScript graph (CPU). Eager, every tensor op gives the GIL up and
+    waits to get it back behind the rooms' event loops: with 16 rooms in the process the tick thread held the
+    GIL in 8% of samples, and a 20 ms step took hundreds. The traced graph runs all its ops in one call that
+    gives the GIL up once. It is the same ops on the same state (the step has no host syncs or data-dependent
+    branches: `engine.graph.audit_step`), bit for bit; tests/test_runner_trace.py checks it through resets,
+    loads, masks and replaying rows. Traced and warmed up on steps that change nothing (every slot inactive);
+    the inputs are restored."""
     saved = [t.clone() for t in inputs]
     all_inactive(inputs)
     with torch.no_grad(), warnings.catch_warnings():
@@ -121,9 +121,9 @@ class Runner:
     # -- slack work: one step per bucket (engine/graph.py), captured on CUDA, eager elsewhere ----------
 
     def slack_buckets(self, max_chunk: int) -> list[tuple[str, int, int]]:
-        """Every bucket `tool` can run, for prefill chunks of at most `max_chunk` positions: tool-call and replay
-        steps for each power-of-two number of rows up to the slots, and for each power-of-two group of prefill
-        rows every power-of-two piece up to its bound."""
+        """Every bucket `tool` can run, for prefill chunks of at most `max_chunk` positions: tool-call and
+        replay steps for each power-of-two number of rows up to the slots, and for each power-of-two group of
+        prefill rows every power-of-two piece up to its bound."""
         most = pow2_at_least(self.p.num_slots)
         rows = [1 << i for i in range(most.bit_length())]
         keys = [(kind, r, 1) for kind in ("call", "replay") for r in rows]
@@ -211,7 +211,8 @@ def prefill_pieces(positions: int, rows: int, max_positions: int = MAX_PREFILL_P
 
 
 def longest_prefill_piece(rows: int, max_chunk: int) -> int:
-    """The most positions one prefill forward of `rows` padded rows takes, for chunks of at most `max_chunk`."""
+    """The most positions one prefill forward of `rows` padded rows takes, for chunks of at most
+    `max_chunk`."""
     return max(prefill_pieces(max_chunk, rows))
 
 

@@ -172,9 +172,9 @@ def test_meta_built_codec_loads_and_decodes_like_a_normal_one(cfg, release, case
     )
 
 
-# The ConvNeXt decoder in bf16 (codebooks, iSTFT head and overlap state stay fp32) against NeMo's fp32 streaming
-# decode: measured SNR 24.9 dB, max abs error 0.89 on samples in [-1, 1] (fp32: 115 dB, 2.7e-5). The spectral
-# magnitudes (up to 100) amplify the decoder's rounding, hence fp32 in every named dtype policy.
+# The ConvNeXt decoder in bf16 (codebooks, iSTFT head and overlap state stay fp32) against NeMo's fp32
+# streaming decode: measured SNR 24.9 dB, max abs error 0.89 on samples in [-1, 1] (fp32: 115 dB, 2.7e-5). The
+# spectral magnitudes (up to 100) amplify the decoder's rounding, hence fp32 in every named dtype policy.
 SNR_BF16_DB = 15.0
 
 

@@ -241,8 +241,8 @@ def test_talker_codes_through_the_kernel_equal_nemo(release, monkeypatch) -> Non
 @pytest.mark.parametrize("kv", list(DTYPES))
 def test_thinker_steps_through_the_kernel_match_the_masked_reference(kv, monkeypatch) -> None:
     """The thinker's attention layers through the kernel: a small thinker (window 48) with rings filled to
-    ragged depths (a fresh row, partly filled rows, a wrapped one), the live batch (an exec mask) and a gathered
-    slack batch with a padding row: logits and every KV ring, kernel path vs reference path."""
+    ragged depths (a fresh row, partly filled rows, a wrapped one), the live batch (an exec mask) and a
+    gathered slack batch with a padding row: logits and every KV ring, kernel path vs reference path."""
     cfg = load_preset("tiny").thinker.model_copy(update={"attention_window": 48})
     gen = torch.Generator().manual_seed(12)
     ref = thinker_module.Thinker(cfg, 4, pad_id=0, kv_dtype=DTYPES[kv])

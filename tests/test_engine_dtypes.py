@@ -1,5 +1,5 @@
-"""The engine under the GPU's dtype policy on CPU, against the same engine in fp32; and a closed engine lets its
-model go, so the next engine in the process gets the memory."""
+"""The engine under the GPU's dtype policy on CPU, against the same engine in fp32; and a closed engine lets
+its model go, so the next engine in the process gets the memory."""
 
 import gc
 import weakref
@@ -17,8 +17,8 @@ PROMPT = "You are the concierge of a small hotel."
 SLOTS, TICKS = 4, 24
 SCRIPT = "Good evening, the deluxe room is free on those dates and costs one hundred and twenty euros."
 # Both channels are teacher-forced with the same tokens in both engines, so their thinkers see the same inputs
-# every frame and their text logits can be compared. Measured (4 sessions x 23 live frames): logits within 0.24
-# of fp32's (their std ~2), greedy choices agree on 0.92 of the frames (this random-weight model has many
+# every frame and their text logits can be compared. Measured (4 sessions x 23 live frames): logits within
+# 0.24 of fp32's (their std ~2), greedy choices agree on 0.92 of the frames (this random-weight model has many
 # near-ties); the audio is identical, the talker and the codec being fp32 under both policies.
 GREEDY_FLOOR = 0.85
 LOGIT_ABS = 0.3

@@ -1,4 +1,5 @@
-"""The live step as one CUDA graph (engine/graph.py): the capture audit on any device, and the wrapper's outputs.
+"""The live step as one CUDA graph (engine/graph.py): the capture audit on any device, and the wrapper's
+outputs.
 
 On CPU the wrapper runs the step eagerly over its static buffers; these tests prove that plumbing changes
 nothing, and that the step has none of what a capture refuses (host syncs, data-dependent shapes, tensors made
@@ -104,8 +105,9 @@ def test_a_step_with_every_slot_inactive_changes_no_slots_state():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_graphed_step_gives_the_outputs_of_eager_steps(device):
-    """Twelve busy ticks through `StepGraph` (captured on CUDA, eager on CPU) and through `live_step` directly,
-    on two pipelines with the same seeded weights: the same tokens and audio, bit for bit, and the same state."""
+    """Twelve busy ticks through `StepGraph` (captured on CUDA, eager on CPU) and through `live_step`
+    directly, on two pipelines with the same seeded weights: the same tokens and audio, bit for bit, and the
+    same state."""
     graphed, eager = pipeline(device), pipeline(device)
     static = inputs(device)
     step = StepGraph(graphed.live_step, static, capture=True, prepare_warmup=all_inactive)

@@ -25,9 +25,9 @@ DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"
 FRAME = 1280
 TOL_NEMO = 1e-4  # fp32, per embedding element, vs NeMo's cache_aware_stream_step
 TOL_SELF = 1e-5  # fp32, our streaming vs our offline / batched vs alone (different matmul shapes)
-# Narrower dtypes vs NeMo's fp32 streaming step, 2 streams x 80 frames (relative: L2 of the error over L2 of the
-# reference; absolute: max per element). Measured: bf16 throughout (the "gpu" policy) 1.3e-2 / 6.3e-2; fp32
-# with bf16 attention caches (attention then runs in bf16) 1.7e-3 / 9.4e-3.
+# Narrower dtypes vs NeMo's fp32 streaming step, 2 streams x 80 frames (relative: L2 of the error over L2 of
+# the reference; absolute: max per element). Measured: bf16 throughout (the "gpu" policy) 1.3e-2 / 6.3e-2;
+# fp32 with bf16 attention caches (attention then runs in bf16) 1.7e-3 / 9.4e-3.
 TOL_BF16 = {"bf16": (3e-2, 0.15), "bf16 caches": (5e-3, 3e-2)}
 
 
@@ -100,15 +100,17 @@ def test_front_end_buffers_equal_nemo(weights):
     assert torch.equal(torch.hann_window(400, periodic=False), window)
 
 
-# Log-mel columns are log(P + guard): where a bin's power P is near the guard (2^-24), fp32 rounding of the FFT and
-# filterbank, which is relative to the column's largest bin, is magnified in the log. So the mel is compared in
-# units of that rounding: |difference| x (P + guard) / (the column's largest P + guard), in fp32 epsilons (2^-23).
-# Against our own float64 computation NeMo's fp32 fixture is 8.1 eps off, and ours 6.3 eps from NeMo's, on an AMD
-# EPYC. On an Intel Xeon the plain log-domain difference reached 2.9e-4, at a bin with P + guard = 7.1e-8 in a
-# column whose largest is 0.11: 1.5 eps (NeMo's own rounding there, against float64, is the same 2.9e-4). Two fp32
-# computations each within 8.1 eps of exact differ by at most 16.2: the bound leaves half again of that.
+# Log-mel columns are log(P + guard): where a bin's power P is near the guard (2^-24), fp32 rounding of the
+# FFT and filterbank, which is relative to the column's largest bin, is magnified in the log. So the mel is
+# compared in units of that rounding: |difference| x (P + guard) / (the column's largest P + guard), in fp32
+# epsilons (2^-23). Against our own float64 computation NeMo's fp32 fixture is 8.1 eps off, and ours 6.3 eps
+# from NeMo's, on an AMD EPYC. On an Intel Xeon the plain log-domain difference reached 2.9e-4, at a bin with
+# P + guard = 7.1e-8 in a column whose largest is 0.11: 1.5 eps (NeMo's own rounding there, against float64,
+# is the same 2.9e-4). Two fp32 computations each within 8.1 eps of exact differ by at most 16.2: the bound
+# leaves half again of that.
 MEL_EPS = 24
-# Within 30 dB of the column's largest bin the log is not magnified: the log-domain difference there (1.9e-6 seen).
+# Within 30 dB of the column's largest bin the log is not magnified: the log-domain difference there
+# (1.9e-6 seen).
 MEL_ABS = 1e-5
 
 

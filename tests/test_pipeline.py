@@ -165,19 +165,19 @@ def callers(slots: int, frames: int) -> torch.Tensor:
 
 
 # The GPU policy against fp32 on the same weights (the NeMo-built tiny model of tests/fixtures/model: random
-# but structured, unlike the dummy weights' near-uniform logits), the thinker teacher-forced to fp32's tokens so
-# both see the same inputs. Measured over 40 frames of 4 callers on five kernel paths (AMD EPYC with oneDNN's
-# AVX-512 bf16, ATen's default/AVX2/AVX-512 kernels, and oneDNN held to AVX2 as on CPUs without bf16 instructions:
-# scripts/kernel_paths.sh), and on an Intel Xeon: embeddings 1.47-1.49e-2 relative (L2, worst frame), text logits
-# 2.02-2.09e-2 relative, either channel's logits 0.19-0.22 at most absolute (their std ~2); the talker and codec,
-# fp32 under both policies, give the same audio. Greedy agreement is where the paths differ most: 0.944 (the
-# Xeon) to 0.969 of 160 decisions per channel, because a flip needs a near-tie and bf16 rounding decides which
-# near-ties flip. Every flip seen was at an fp32 top-two gap of 0.103 or less.
+# but structured, unlike the dummy weights' near-uniform logits), the thinker teacher-forced to fp32's tokens
+# so both see the same inputs. Measured over 40 frames of 4 callers on five kernel paths (AMD EPYC with
+# oneDNN's AVX-512 bf16, ATen's default/AVX2/AVX-512 kernels, and oneDNN held to AVX2 as on CPUs without bf16
+# instructions: scripts/kernel_paths.sh), and on an Intel Xeon: embeddings 1.47-1.49e-2 relative (L2, worst
+# frame), text logits 2.02-2.09e-2 relative, either channel's logits 0.19-0.22 at most absolute (their std
+# ~2); the talker and codec, fp32 under both policies, give the same audio. Greedy agreement is where the
+# paths differ most: 0.944 (the Xeon) to 0.969 of 160 decisions per channel, because a flip needs a near-tie
+# and bf16 rounding decides which near-ties flip. Every flip seen was at an fp32 top-two gap of 0.103 or less.
 REL_EMBEDDING = 3e-2
 REL_LOGITS = 4e-2
 ABS_LOGITS = 0.3
-# A flip at a wider gap than this means a logit moved further than bf16 rounding moves them (the abs bound alone
-# would allow 2 x 0.3): 2.5 x the widest flip seen.
+# A flip at a wider gap than this means a logit moved further than bf16 rounding moves them (the abs bound
+# alone would allow 2 x 0.3): 2.5 x the widest flip seen.
 FLIP_GAP = 0.25
 # 160 draws at a flip rate near 5% spread by about 1.7% (binomial); the floor is 3 of those below the lowest
 # agreement seen on any path (0.944).
@@ -220,7 +220,8 @@ def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
     agreement = {c: sum(v) / len(v) for c, v in agree.items()}
     print(
         f"gpu vs fp32: embeddings rel {max(emb_err):.3e}, text logits rel {max(logit_err):.3e}, logits abs "
-        f"{max(logit_abs):.3f}, greedy agreement {agreement}, audio {max(audio_err):.2e}, widest flip gap {max(flip_gaps, default=0):.3f}"
+        f"{max(logit_abs):.3f}, greedy agreement {agreement}, audio {max(audio_err):.2e}, "
+        f"widest flip gap {max(flip_gaps, default=0):.3f}"
     )
     assert max(emb_err) < REL_EMBEDDING
     assert max(logit_err) < REL_LOGITS and max(logit_abs) < ABS_LOGITS
@@ -229,11 +230,11 @@ def test_the_gpu_policy_on_cpu_stays_within_tolerance_of_fp32():
     assert max(audio_err) < 1e-5  # the talker and the codec run fp32 under both policies
 
 
-# The capacity policy against the gpu policy: the same weights (the NeMo-built tiny model) and inputs, the only
-# difference the talker's KV rings in bf16. Both talkers get the thinker's text and, every frame, the same
-# history of codes (teacher forcing), so the figure is the KV's rounding alone. Measured over 40 frames of 4
-# callers: 96.4% of the 31 codes per frame agree (the worst frame 75%); decoded, the audio where codes differ is
-# other audio (SNR 18 dB median). It is capacity mode's price, stated in docs/memory.md.
+# The capacity policy against the gpu policy: the same weights (the NeMo-built tiny model) and inputs, the
+# only difference the talker's KV rings in bf16. Both talkers get the thinker's text and, every frame, the
+# same history of codes (teacher forcing), so the figure is the KV's rounding alone. Measured over 40 frames
+# of 4 callers: 96.4% of the 31 codes per frame agree (the worst frame 75%); decoded, the audio where codes
+# differ is other audio (SNR 18 dB median). It is capacity mode's price, stated in docs/memory.md.
 CAPACITY_CODE_AGREEMENT = 0.9
 
 

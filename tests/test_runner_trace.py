@@ -1,7 +1,8 @@
 """The CPU live step as one traced graph (engine/runner.py `traced_live_step`) is the eager live step, bit for
-bit: the same tokens and audio of the live rows and the same state of every slot, step after step, through slot resets, a prompt state loaded into another slot,
-slots going inactive and back, and rows replaying held audio. Tiny preset, seeded dummy weights: two pipelines
-built from the same seed, one stepped eagerly and one through the trace."""
+bit: the same tokens and audio of the live rows and the same state of every slot, step after step, through
+slot resets, a prompt state loaded into another slot, slots going inactive and back, and rows replaying held
+audio. Tiny preset, seeded dummy weights: two pipelines built from the same seed, one stepped eagerly and one
+through the trace."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Every stage follows one slot-state contract (engine/model/slot_state.py), checked the same way for all four:
-named slot-first buffers, a reset slot equals a fresh one, a saved slot loaded elsewhere continues exactly as
-the original, loading touches that slot alone, a saved dict of another layout is refused by name, rows outside
-`exec_mask` keep their state bit for bit, and the bytes `engine info` counts per session are the bytes the
-built stages hold and the bytes the config's dimensions call for. The pipeline shares a prompt through the
-same calls.
+"""Every stage follows one slot-state contract (engine/model/slot_state.py), checked the same way for all
+four: named slot-first buffers, a reset slot equals a fresh one, a saved slot loaded elsewhere continues
+exactly as the original, loading touches that slot alone, a saved dict of another layout is refused by name,
+rows outside `exec_mask` keep their state bit for bit, and the bytes `engine info` counts per session are the
+bytes the built stages hold and the bytes the config's dimensions call for. The pipeline shares a prompt
+through the same calls.
 
 Tiny preset, seeded dummy weights (the contract is about state, not what the weights say), float32 and the
 GPU's dtype policy.
@@ -237,8 +237,8 @@ def test_engine_info_counts_the_bytes_the_dimensions_call_for(policy):
 
 
 def held_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
-    """Every tensor a module tree holds, by storage: parameters, buffers and plain tensor attributes (alone or in
-    lists, tuples and dicts), whatever the stage lists as its slot state."""
+    """Every tensor a module tree holds, by storage: parameters, buffers and plain tensor attributes (alone or
+    in lists, tuples and dicts), whatever the stage lists as its slot state."""
     found: dict[int, torch.Tensor] = {}
 
     def add(value) -> None:
@@ -259,8 +259,10 @@ def held_tensors(module: torch.nn.Module) -> dict[int, torch.Tensor]:
 
 
 def stage_bytes(p: Pipeline) -> dict[str, int]:
-    return {name: sum(t.untyped_storage().nbytes() for t in held_tensors(getattr(p, name)).values())
-            for name in STAGES}  # fmt: skip
+    return {
+        name: sum(t.untyped_storage().nbytes() for t in held_tensors(getattr(p, name)).values())
+        for name in STAGES
+    }
 
 
 @pytest.mark.parametrize("policy", ["fp32", "gpu", "capacity"])

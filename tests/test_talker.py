@@ -82,9 +82,9 @@ def test_codes_identical_to_nemo_with_guidance(release, cases):
 
 # Narrower dtypes vs NeMo's fp32 codes. Codes are discrete and fed back, so free-running they part from the
 # reference at the first flipped code (with only the KV ring in bf16, at frame 0 of every stream); here the
-# previous frame's codes are the reference's (teacher forcing) so each frame is judged on its own. Measured over
-# the first 96 frames: identical codes 0.95 with bf16 KV rings (fp32 compute), 0.75 with bf16 throughout; fp32
-# is exact. The "gpu" policy therefore keeps the talker fp32, KV included.
+# previous frame's codes are the reference's (teacher forcing) so each frame is judged on its own. Measured
+# over the first 96 frames: identical codes 0.95 with bf16 KV rings (fp32 compute), 0.75 with bf16 throughout;
+# fp32 is exact. The "gpu" policy therefore keeps the talker fp32, KV included.
 TALKER_CODE_FLOOR = {"bf16 kv": 0.9, "bf16": 0.6}
 
 
@@ -224,7 +224,8 @@ def test_loader_names_missing_misshapen_and_unknown_tensors(release):
 
 
 def test_full_size_counts_match_the_release():
-    """MODEL_SPEC 6 (every tensor, buffers included): backbone 0.595 B, MoG head 0.159 B, char encoder 0.023 B."""
+    """MODEL_SPEC 6 (every tensor, buffers included): backbone 0.595 B, MoG head 0.159 B,
+    char encoder 0.023 B."""
     cfg = load_preset("nemotron-voicechat-11b").talker
     with torch.device("meta"):
         talker = Talker(cfg, TOKENIZER, 1)

@@ -1,4 +1,5 @@
-"""The thinker against transformers' nemotron_h (frozen fixtures) and against itself (batching, prefill, reset)."""
+"""The thinker against transformers' nemotron_h (frozen fixtures) and against itself (batching, prefill,
+reset)."""
 
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def cases():
 
 def run_steps(th: Thinker, cases, live: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The `steps` case, teacher-forced: (hidden, text logits, function logits), each [3, 32, ...]. Through
-    the slot-index form on slots 4, 0, 2 of five, or (`live`) through the live form of a three-slot thinker."""
+    the slot-index form on slots 4, 0, 2 of five, or (`live`) through the live form of a three-slot
+    thinker."""
     audio, text, func = cases["steps.audio"], cases["steps.text"], cases["steps.func"]
     T = audio.shape[1]
     slots = torch.arange(3) if live else torch.tensor([4, 0, 2])
@@ -274,10 +276,18 @@ def test_dummy_weights_keep_56_layers_finite():
     full = load_preset("nemotron-voicechat-11b").thinker
     narrow = full.model_copy(
         update=dict(
-            hidden_size=64, vocab_size=64, mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=8,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128, attention_window=16,
+            hidden_size=64,
+            vocab_size=64,
+            mamba_num_heads=8,
+            mamba_head_dim=8,
+            ssm_state_size=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            attention_window=16,
         )
-    )  # fmt: skip
+    )
     th = dummy(2, narrow)
     assert len(th.llm.layers) == 56
     for _ in range(40):

@@ -1,10 +1,11 @@
-"""Reset of the masked slots' rows of a slot-first state buffer: each masked slot's row becomes a fresh one (an
-optional template in the first entries along its ring axis, zeros elsewhere); no other slot's row is touched.
+"""Reset of the masked slots' rows of a slot-first state buffer: each masked slot's row becomes a fresh one
+(an optional template in the first entries along its ring axis, zeros elsewhere); no other slot's row is
+touched.
 
 Knows tensors only. `reset_rows` dispatches to the Triton kernel (`reset_rows_triton`) on CUDA and to the
 plain-torch `reset_rows_ref` elsewhere. The kernel reads the mask on the device: a fixed grid of (slot, split)
-programs, of which those of an unmasked slot return at once, so a reset writes the reset slots' bytes only, with
-no host sync and no pass over the other slots' rows (gigabytes of KV rings at the release windows).
+programs, of which those of an unmasked slot return at once, so a reset writes the reset slots' bytes only,
+with no host sync and no pass over the other slots' rows (gigabytes of KV rings at the release windows).
 """
 
 from __future__ import annotations

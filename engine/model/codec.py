@@ -1,11 +1,12 @@
 """RVQ-VAE codec decoder: one frame of RVQ codes per slot -> 1764 samples at 22.05 kHz, streamed per slot.
 
 Sum of the selected codebook centroids -> causal ConvNeXt decoder (channel-major: [C, slots, time]) -> iSTFT
-head, with each slot's causal-conv inputs and iSTFT overlap kept in preallocated buffers. Reproduces the release's streaming
-decode (NeMo `RVQVAEModel.decode` with a per-session `CausalConv1dCache`, as vllm-omni's duplex path runs it):
-that is NeMo's offline decode delayed by `output_delay` samples (8). Knows tensors and the release's tensor
-names; knows nothing of the talker, the clock or slot lifetimes. The ConvNeXt decoder may run in a narrower
-dtype (`Codec(dtype=...)`); the codebooks, the iSTFT head and its overlap state are float32 only.
+head, with each slot's causal-conv inputs and iSTFT overlap kept in preallocated buffers. Reproduces the
+release's streaming decode (NeMo `RVQVAEModel.decode` with a per-session `CausalConv1dCache`, as vllm-omni's
+duplex path runs it): that is NeMo's offline decode delayed by `output_delay` samples (8). Knows tensors and
+the release's tensor names; knows nothing of the talker, the clock or slot lifetimes. The ConvNeXt decoder may
+run in a narrower dtype (`Codec(dtype=...)`); the codebooks, the iSTFT head and its overlap state are float32
+only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class _Codebooks(nn.Module):
         )
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [..., num_codebooks] int64 -> latent [..., latent_dim]: per row, the sum over levels in order."""
+        """codes [..., num_codebooks] int64 -> latent [..., latent_dim]: per row, the sum over levels in
+        order."""
         depth, size = len(self.mus_list), self.mus_list[0].shape[0]
         table = torch.stack(tuple(self.mus_list)).view(depth * size, -1)
         offsets = torch.arange(0, depth * size, size, device=codes.device)
@@ -135,7 +137,8 @@ class _Decoder(nn.Module):
     def forward(
         self, z: torch.Tensor, contexts: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """z [B, T, latent_dim], contexts [C, B, K - 1] per block -> ([n_fft + 2, B, T * columns], contexts)."""
+        """z [B, T, latent_dim], contexts [C, B, K - 1] per block
+        -> ([n_fft + 2, B, T * columns], contexts)."""
         b = z.shape[0]
         x = z.reshape(-1, z.shape[-1])
         new: list[torch.Tensor] = []
@@ -257,10 +260,10 @@ class Codec(SlotState, nn.Module):
     def step(self, codes: torch.Tensor, exec_mask: torch.Tensor, *, check_range: bool = True) -> torch.Tensor:
         """Decode one frame for every slot.
 
-        codes LongTensor [num_slots, num_codebooks]; exec_mask BoolTensor [num_slots]. Returns [num_slots, 1764]
-        fp32; rows not executed are computed (fixed shapes) but return zeros and leave their state untouched,
-        and their codes may hold anything. Out-of-range codes of an active row raise ValueError; that check
-        reads values (a host sync), so a captured step passes `check_range=False`.
+        codes LongTensor [num_slots, num_codebooks]; exec_mask BoolTensor [num_slots]. Returns
+        [num_slots, 1764] fp32; rows not executed are computed (fixed shapes) but return zeros and leave their
+        state untouched, and their codes may hold anything. Out-of-range codes of an active row raise
+        ValueError; that check reads values (a host sync), so a captured step passes `check_range=False`.
         """
         s, q = self.num_slots, self.cfg.num_codebooks
         self.check_mask(exec_mask, "exec_mask")

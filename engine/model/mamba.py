@@ -39,7 +39,8 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """Mamba2 selective-state-space mixer. State rows: conv `[rows, conv_dim, k-1]`, SSM `[rows, h, p, n]` fp32."""
+    """Mamba2 selective-state-space mixer. State rows: conv `[rows, conv_dim, k-1]`, SSM `[rows, h, p, n]`
+    fp32."""
 
     def __init__(self, cfg: ThinkerConfig, state_rows: int, dtype: torch.dtype) -> None:
         super().__init__()

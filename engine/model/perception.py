@@ -1,22 +1,23 @@
-"""Perception: 80 ms of 16 kHz audio per slot -> one audio embedding per slot (log-mel, streaming FastConformer, proj).
+"""Perception: 80 ms of 16 kHz audio per slot -> one audio embedding per slot (log-mel, streaming
+FastConformer, proj).
 
 Knows the mel front end, the per-slot streaming state and the release names under `stt_model.perception.`;
 it knows nothing of tokens, the thinker or time beyond "one frame per call".
 
 Streaming contract: NeMo 3.0.0's `cache_aware_stream_step` driven by its cache-manager geometry, as the
-deployed duplex path (vllm-omni's NemotronVoiceChat thinker) drives it; scripts/fixtures/make_perception_fixtures.py
-freezes that reference. Mel column c is the STFT frame centred on sample 160c of the stream after
-pre-emphasis, `torch.stft(center=True, pad_mode="constant")`: at the stream's start the centred padding is
-zeros (NeMo 3.0.0 pads with zeros, not by reflection). Frame 0 feeds column 0 alone; frame k >= 1 feeds
-columns 8k-7 .. 8k after a 9-column cache (zero columns where the stream has none) and keeps the last of 3
-subsampled outputs. The encoder thus runs 7 columns behind the audio: column 8k needs samples up to
-1280k + 256, which frame k has delivered, so every column is computed once from real samples and the
-centred padding never reaches the live edge of the stream. (NeMo's other streaming front end,
+deployed duplex path (vllm-omni's NemotronVoiceChat thinker) drives it;
+scripts/fixtures/make_perception_fixtures.py freezes that reference. Mel column c is the STFT frame centred on
+sample 160c of the stream after pre-emphasis, `torch.stft(center=True, pad_mode="constant")`: at the stream's
+start the centred padding is zeros (NeMo 3.0.0 pads with zeros, not by reflection). Frame 0 feeds column 0
+alone; frame k >= 1 feeds columns 8k-7 .. 8k after a 9-column cache (zero columns where the stream has none)
+and keeps the last of 3 subsampled outputs. The encoder thus runs 7 columns behind the audio: column 8k needs
+samples up to 1280k + 256, which frame k has delivered, so every column is computed once from real samples and
+the centred padding never reaches the live edge of the stream. (NeMo's other streaming front end,
 `CacheFeatureBufferer`, recomputes each chunk from 160 + 1280 samples and lets the chunk's edge columns see
 zero padding; the duplex path does not use it.) The kept output sees only the last 15 of the 17 columns, so
-per slot we keep 7 mel columns, 1377 samples, the keys/values of the last 70 frames and the last 8 conv
-inputs per layer. (Caching each subsampling stage's rows instead of 7 columns measured slower on CPU: more,
-smaller convolutions.)
+per slot we keep 7 mel columns, 1377 samples, the keys/values of the last 70 frames and the last 8 conv inputs
+per layer. (Caching each subsampling stage's rows instead of 7 columns measured slower on CPU: more, smaller
+convolutions.)
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0
 RELEASE_PREFIX = "stt_model.perception."
 # Release tensors under the prefix that inference does not need (none are known for this stage).
 IGNORED_RELEASE_NAMES: frozenset[str] = frozenset()
-# Front-end buffers are fixed functions of the config: a release copy must match ours (else the config is wrong).
+# Front-end buffers are fixed functions of the config: a release copy must match ours (else the config is
+# wrong).
 _FRONT_END_BUFFERS = ("preprocessor.featurizer.window", "preprocessor.featurizer.fb")
 
 
 def slaney_mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> torch.Tensor:
-    """librosa.filters.mel(sr, n_fft, n_mels, fmin=0, fmax=sr/2, htk=False, norm="slaney"): [n_mels, n_fft//2+1]."""
+    """librosa.filters.mel(sr, n_fft, n_mels, fmin=0, fmax=sr/2, htk=False, norm="slaney"):
+    [n_mels, n_fft//2+1]."""
     f_sp, min_log_hz, min_log_mel, logstep = 200.0 / 3, 1000.0, 15.0, math.log(6.4) / 27.0
 
     def hz_to_mel(f: float) -> float:
@@ -71,7 +74,8 @@ class _Featurizer(nn.Module):
 
 
 class MelFrontEnd(nn.Module):
-    """Pre-emphasised samples -> log-mel columns (power spectrum, Slaney mel, log(x + guard), no normalisation)."""
+    """Pre-emphasised samples -> log-mel columns (power spectrum, Slaney mel, log(x + guard), no
+    normalisation)."""
 
     def __init__(self, cfg: PerceptionConfig, sample_rate: int = 16_000) -> None:
         super().__init__()
@@ -169,7 +173,8 @@ class Perception(SlotState, nn.Module):
     # ------------------------------------------------------------------ streaming
     @torch.inference_mode()
     def step(self, audio: torch.Tensor, exec_mask: torch.Tensor) -> torch.Tensor:
-        """audio [num_slots, 1280] float (one 80 ms frame per slot), exec_mask [num_slots] bool -> [num_slots, out_dim].
+        """audio [num_slots, 1280] float (one 80 ms frame per slot), exec_mask [num_slots] bool
+        -> [num_slots, out_dim].
 
         Every row is computed; only the rows in `exec_mask` advance their state. Non-finite samples count
         into `nonfinite_samples` (executed rows) and are replaced by 0.
@@ -203,7 +208,8 @@ class Perception(SlotState, nn.Module):
         for i, layer in enumerate(self.encoder.layers):
             kc, vc, cc = (getattr(self, f"{kind}_cache{i}") for kind in ("k", "v", "conv"))
             x, k, v, conv = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden)
-            # commit the state of the executed rows only (after the layer has read it): ring write at frame % w
+            # commit the state of the executed rows only (after the layer has read it): ring write at
+            # frame % w
             ring_write(kc, write, k, exec_mask)
             ring_write(vc, write, v, exec_mask)
             keep_rows(cc, conv, exec_mask)
@@ -225,7 +231,8 @@ class Perception(SlotState, nn.Module):
     # ------------------------------------------------------------------ whole utterance
     @torch.inference_mode()
     def log_mel(self, audio: torch.Tensor) -> torch.Tensor:
-        """audio [B, N] -> [B, 8 (T - 1) + 1, n_mels], T = N // 1280: the mel columns 0 .. 8(T-1) the encoder consumes.
+        """audio [B, N] -> [B, 8 (T - 1) + 1, n_mels], T = N // 1280: the mel columns 0 .. 8(T-1) the encoder
+        consumes.
 
         Trailing samples short of a whole frame are ignored; non-finite samples become 0 (not counted).
         """

@@ -57,8 +57,8 @@ def live_inputs(cfg: ModelConfig, slots: int, device, *, active: bool = True) ->
 
 
 def all_inactive(inputs: tuple[torch.Tensor, ...]) -> None:
-    """`live_step` inputs (as `live_inputs` orders them) made a step that changes no slot's state: no slot active,
-    none replaying. The step graph warms up and captures on such a step."""
+    """`live_step` inputs (as `live_inputs` orders them) made a step that changes no slot's state: no slot
+    active, none replaying. The step graph warms up and captures on such a step."""
     inputs[1].zero_()
     inputs[4].zero_()
 
@@ -78,7 +78,8 @@ class Pipeline(nn.Module):
         super().__init__()
         if tokens.vocab_size > cfg.thinker.vocab_size:
             raise ValueError(
-                f"tokens.tokenizer: {tokens.vocab_size} tokens but thinker.vocab_size is {cfg.thinker.vocab_size}"
+                f"tokens.tokenizer: {tokens.vocab_size} tokens "
+                f"but thinker.vocab_size is {cfg.thinker.vocab_size}"
             )
         self.cfg, self.num_slots, self.tok = cfg, num_slots, tokens
         self.dtypes = dtypes or DTYPE_POLICIES["fp32"]
@@ -176,7 +177,8 @@ class Pipeline(nn.Module):
 
     @torch.inference_mode()
     def prefill_result(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
-        """Force `ids` [b, T] onto the function channel (text PAD, silent audio), T positions in one forward."""
+        """Force `ids` [b, T] onto the function channel (text PAD, silent audio), T positions in one
+        forward."""
         b, T = ids.shape
         self.thinker.prefill_tokens(
             slots, self.silence.expand(b, T, -1), torch.full_like(ids, self.tok.pad), ids

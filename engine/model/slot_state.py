@@ -32,8 +32,8 @@ _NAMES = "_slot_state_names"  # per module: the names of its buffers that are pe
 
 
 def register_slot_state(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """Register `tensor` (slot-first) as the non-persistent buffer `name` of `module`, declared per-slot state:
-    it never reaches a checkpoint, and the stage's `slot_state()` lists it."""
+    """Register `tensor` (slot-first) as the non-persistent buffer `name` of `module`, declared per-slot
+    state: it never reaches a checkpoint, and the stage's `slot_state()` lists it."""
     module.register_buffer(name, tensor, persistent=False)
     vars(module).setdefault(_NAMES, []).append(name)
 

@@ -105,8 +105,8 @@ class Talker(SlotState, nn.Module):
         buf("rvq_sq", torch.zeros(q, v))
         buf("rvq_neg2t", torch.zeros(q, d, v))
         buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
-        # per-slot state beside the backbone's KV rings: positions per stream, the codes fed back, the sampling
-        # seed and the frame counter that key each slot's noise
+        # per-slot state beside the backbone's KV rings: positions per stream, the codes fed back, the
+        # sampling seed and the frame counter that key each slot's noise
         register_slot_state(self, "pos", torch.zeros(num_slots, streams, dtype=torch.long))
         register_slot_state(self, "prev_codes", torch.full((num_slots, q), v, dtype=torch.long))
         register_slot_state(self, "seeds", torch.zeros(num_slots, dtype=torch.long))
@@ -197,7 +197,8 @@ class Talker(SlotState, nn.Module):
     # ------------------------------------------------------------------ per-slot state
 
     def _rows(self, per_slot: Tensor) -> Tensor:
-        """A per-slot tensor [num_slots, ...] repeated for each stream: [num_slots * streams, ...], slot-major."""
+        """A per-slot tensor [num_slots, ...] repeated for each stream: [num_slots * streams, ...],
+        slot-major."""
         return per_slot.repeat_interleave(self.streams, dim=0) if self.streams > 1 else per_slot
 
     @torch.inference_mode()

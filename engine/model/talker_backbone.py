@@ -1,5 +1,5 @@
-"""The talker's backbone: a Gemma3 stack over per-slot ring KV caches (a sliding or a full ring per layer), one
-position per row of the live batch, and the causal pass that fills the speaker warm-up's KV templates.
+"""The talker's backbone: a Gemma3 stack over per-slot ring KV caches (a sliding or a full ring per layer),
+one position per row of the live batch, and the causal pass that fills the speaker warm-up's KV templates.
 
 Knows its layers, RoPE and rings, and the slot contract's live form (engine/model/slot_state.py); knows
 nothing of text, codes, sampling, sessions or time.
@@ -61,8 +61,8 @@ class Layer(nn.Module):
 
 
 class TalkerBackbone(nn.Module):
-    """`tts_model.tts_model.backbone`: the layers and the final norm, in `dtype`, with each layer's per-slot KV
-    ring `[num_slots, streams, kv_heads, ring, head_dim]` in `kv_dtype` and its warm-up template
+    """`tts_model.tts_model.backbone`: the layers and the final norm, in `dtype`, with each layer's per-slot
+    KV ring `[num_slots, streams, kv_heads, ring, head_dim]` in `kv_dtype` and its warm-up template
     `[streams, kv_heads, warmup_positions, head_dim]` (one for every slot, not per-slot state)."""
 
     def __init__(
@@ -99,8 +99,8 @@ class TalkerBackbone(nn.Module):
         return getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
 
     def reset(self, mask: Tensor) -> None:
-        """The rings of the masked slots ([num_slots] bool) as a fresh slot's: the warm-up, then zeros. No host
-        sync, and on CUDA only the masked slots' rings are written (`reset_rows`)."""
+        """The rings of the masked slots ([num_slots] bool) as a fresh slot's: the warm-up, then zeros. No
+        host sync, and on CUDA only the masked slots' rings are written (`reset_rows`)."""
         for i in range(len(self.rings)):
             for kind, cache in zip(("k", "v"), self.caches(i), strict=True):
                 warm = getattr(self, f"warm_{kind}{i}")

@@ -309,7 +309,8 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
 
 
 def unmasking_schedule(num_levels: int, num_iterations: int, exponent: float) -> list[int]:
-    """Levels newly unmasked per iteration: `ceil(31 * (1 - r^e)^(1/e))` differences (NeMo's generate_step)."""
+    """Levels newly unmasked per iteration: `ceil(31 * (1 - r^e)^(1/e))` differences (NeMo's
+    generate_step)."""
     rates = torch.linspace(0.0, 1.0, num_iterations + 1, device="cpu")[:-1]  # host ints, even under meta
     masking = (1 - rates.pow(exponent)).pow(1 / exponent)
     n = torch.ceil(masking * num_levels).long()

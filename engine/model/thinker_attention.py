@@ -41,8 +41,8 @@ class Attention(nn.Module):
         register_slot_state(self, "v_cache", torch.zeros(shape, dtype=kv_dtype))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [b, hidden] -> q [b, kv, g, d], k and v [b, kv, d], in the cache's dtype (in which attention runs;
-        the casts are no-ops when it is x's)."""
+        """x [b, hidden] -> q [b, kv, g, d], k and v [b, kv, d], in the cache's dtype (in which attention
+        runs; the casts are no-ops when it is x's)."""
         b, kv = x.shape[0], self.k_cache.dtype
         q = self.q_proj(x).view(b, self.nkv, self.nq // self.nkv, self.d).to(kv)
         k = self.k_proj(x).view(b, self.nkv, self.d).to(kv)
