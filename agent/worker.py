@@ -229,26 +229,14 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
     # never cancelled (agent/room_connect.py)
     await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
-    try:
-        async with asyncio.timeout(CALLER_WAIT_S):
-            caller = await ctx.wait_for_participant(kind=CALLER_KINDS)
-    except TimeoutError:
-        log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
-        ctx.shutdown("no caller")
+    caller = await _wait_for_caller(ctx)
+    if caller is None:
         return
     console = cli.AgentsConsole.get_instance().enabled
     kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
     kind = "console" if console else kind
     log.info("job %s: %s caller joined", ctx.job.id, kind)
-
-    left = asyncio.Event()
-
-    def on_left(p: rtc.RemoteParticipant) -> None:
-        if p.identity == caller.identity:
-            left.set()
-
-    ctx.room.on("participant_disconnected", on_left)
-    ctx.room.on("disconnected", lambda *_: left.set())
+    left = _left_event(ctx, caller)
     hotel = await asyncio.to_thread(shared_hotel)
     agent, line = concierge_for(
         settings,
@@ -260,11 +248,10 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         job_id=ctx.job.id,
         job_metadata=ctx.job.metadata,
     )
-    sink = ConsoleSink() if console else RoomSink()
     call = await start_call(
         engine,
         agent,
-        sink=sink,
+        sink=ConsoleSink() if console else RoomSink(),
         room=ctx.room,
         participant=caller.identity,
         admission=take_admission(ctx.job.id),
@@ -274,6 +261,42 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
+    _run_alongside(ctx, call, engine, line, settings, left)
+    try:
+        await left.wait()
+    finally:
+        await call.aclose()
+        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
+    ctx.shutdown("the caller left")
+
+
+async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
+    """The room's caller, or None (and the job shut down) when none comes within CALLER_WAIT_S."""
+    try:
+        async with asyncio.timeout(CALLER_WAIT_S):
+            return await ctx.wait_for_participant(kind=CALLER_KINDS)
+    except TimeoutError:
+        log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
+        ctx.shutdown("no caller")
+        return None
+
+
+def _left_event(ctx: JobContext, caller: rtc.RemoteParticipant) -> asyncio.Event:
+    """Set when the caller leaves the room or the room is gone."""
+    left = asyncio.Event()
+
+    def on_left(p: rtc.RemoteParticipant) -> None:
+        if p.identity == caller.identity:
+            left.set()
+
+    ctx.room.on("participant_disconnected", on_left)
+    ctx.room.on("disconnected", lambda *_: left.set())
+    return left
+
+
+def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings, left: asyncio.Event) -> None:
+    """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
+    a draining worker speaks, and the shutdown callbacks that stop them and end the wait on `left`."""
     script: asyncio.Task | None = None
     if settings.teacher_forcing:
         from agent.forcing import Script, run_script
@@ -294,18 +317,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             if task is not None:
                 task.cancel()
 
-    ctx.add_shutdown_callback(stop_tasks)
-
     async def on_shutdown(_reason: str = "") -> None:
         left.set()
 
+    ctx.add_shutdown_callback(stop_tasks)
     ctx.add_shutdown_callback(on_shutdown)
-    try:
-        await left.wait()
-    finally:
-        await call.aclose()
-        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
-    ctx.shutdown("the caller left")
 
 
 def call_figures(call) -> str:
