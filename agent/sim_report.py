@@ -18,35 +18,12 @@ def rss_mb() -> float:
 
 
 def heap_mb() -> float | None:
-    """Bytes the C heap has handed out and not had back, in MiB (glibc's `mallinfo2`; None elsewhere). Beside
-    the resident size it tells live memory from memory freed but kept: with the trim threshold raised (see the
-    Makefile), glibc keeps what a burst used, so resident memory is a high-water mark."""
-    try:
-        import ctypes
+    """Bytes the C heap has handed out and not had back, in MiB (`engine.malloc.heap_bytes`; None where the
+    C library is not glibc)."""
+    from engine.malloc import heap_bytes
 
-        class _MallInfo2(ctypes.Structure):
-            _fields_ = [
-                (name, ctypes.c_size_t)
-                for name in (
-                    "arena",
-                    "ordblks",
-                    "smblks",
-                    "hblks",
-                    "hblkhd",
-                    "usmblks",
-                    "fsmblks",
-                    "uordblks",
-                    "fordblks",
-                    "keepcost",
-                )
-            ]
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return None
-    return round((info.uordblks + info.hblkhd) / 2**20, 1)
+    used = heap_bytes()
+    return None if used is None else round(used / 2**20, 1)
 
 
 def exit_code(m: dict) -> int:

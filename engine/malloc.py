@@ -1,4 +1,4 @@
-"""glibc's allocator, set for the tick at engine start.
+"""glibc's allocator, set for the tick at engine start, and what its heap holds (`heap_bytes`).
 
 Every tick allocates and frees the same large temporaries (the codec's and the talker's activations: several
 MiB each on CPU). glibc serves a block above its mmap threshold (at most 32 MiB, adjusted as it goes) with a
@@ -32,3 +32,40 @@ def tune_malloc(threshold: int = THRESHOLD) -> bool:
     if not ok:
         log.warning("the C library refused the allocator settings: ticks may fault their temporaries in anew")
     return ok
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+_mallinfo2 = None
+
+
+def heap_bytes() -> int | None:
+    """Bytes the C heap has handed out and not had back (glibc's `mallinfo2`: in use in the heap and in its
+    own mappings); None where the C library is not glibc. Beside the resident size it tells live memory from
+    memory freed but kept: with the thresholds `tune_malloc` raises, glibc keeps what a burst used."""
+    global _mallinfo2
+    if _mallinfo2 is None:
+        try:
+            fn = ctypes.CDLL("libc.so.6").mallinfo2
+        except (OSError, AttributeError):
+            return None
+        fn.restype = _MallInfo2
+        _mallinfo2 = fn
+    info = _mallinfo2()
+    return info.uordblks + info.hblkhd

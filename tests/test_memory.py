@@ -10,7 +10,6 @@ with no other test's threads allocating meanwhile. Linux (glibc) only.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.dtype_policy import dtype_policy
 from engine.info import needed_bytes
+from engine.malloc import heap_bytes
 from engine.memory import predict_peak_bytes, step_peaks, transient_bytes
 from engine.model.pipeline import Pipeline, live_inputs
 from engine.presets import load_preset
@@ -31,29 +31,10 @@ from engine.windows import with_windows
 CFG = load_preset("tiny")
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
 def _in_use() -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
+    used = heap_bytes()
+    assert used is not None, "glibc's mallinfo2 is not there"
+    return used
 
 
 class _AllocatorPeak(TorchDispatchMode):
