@@ -93,6 +93,12 @@ class RoutedQueue:
         self._by_room: dict[int, asyncio.AbstractEventLoop] = {}
         self._has_async_id: dict[str, bool] = {}
 
+    @property
+    def subscriber_count(self) -> int:
+        """Subscribers now (one whose loop closed is dropped at the first event that reaches it)."""
+        with self._lock:
+            return len(self._subscribers)
+
     # the SDK's FfiQueue interface
 
     def subscribe(self, loop: asyncio.AbstractEventLoop | None = None, filter_fn: Any = None) -> Any:

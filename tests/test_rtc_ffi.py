@@ -135,7 +135,7 @@ def test_room_events_still_reach_every_room_and_a_closed_loops_subscriber_is_dro
     loops[0] = LoopThread()  # the fixture closes the replacement
     q.put(room_event(5))
     q.put(audio_event(999))
-    assert len(q._subscribers) == 6  # the closed loop's three are gone once an event reached each...
+    assert q.subscriber_count == 6  # the closed loop's three are gone once an event reached each...
     for lt, s in zip(loops[1:], subs[1:], strict=True):  # ... and the others still get theirs
         assert [len(lt.drain(s[k])) for k in ("room", "audio", "waiter")] == [
             1,

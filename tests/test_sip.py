@@ -77,7 +77,7 @@ def test_setup_makes_one_trunk_and_one_rule_and_running_it_again_creates_nothing
 
 
 def test_list_shows_the_line_and_teardown_removes_only_what_setup_made(livekit, capsys):
-    foreign = livekit._create_trunk(
+    foreign = livekit.add_trunk(
         api.CreateSIPInboundTrunkRequest(
             trunk=api.SIPInboundTrunkInfo(name="front-office", numbers=["+15550001"])
         )

@@ -61,6 +61,11 @@ class LiveKitFake:
 
     # -- the API --------------------------------------------------------------------------------------------
 
+    def add_trunk(self, req: proto_sip.CreateSIPInboundTrunkRequest) -> Message:
+        """A trunk the server already holds, made by someone else (not a request Chorus sent)."""
+        with self._lock:
+            return self._create_trunk(req)
+
     def _id(self, prefix: str) -> str:
         return f"{prefix}_{next(self._ids):06d}"
 
