@@ -21,7 +21,7 @@ from livekit.agents import io
 
 from agent.acks import AckClips
 from agent.duplex import CallObserver
-from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES, PlayoutBuffer, Sink
+from agent.playout_buffer import PlayoutBuffer, Sink
 from agent.sinks import RoomSink, WavSink
 from engine.config import ClockConfig
 
@@ -196,12 +196,3 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._paused = False
         self._cancel_ack()
         await self.buffer.aclose()
-
-
-def __getattr__(name: str) -> float:
-    """`BUFFER_S` and `START_DELAY_S`, the playout's depths in seconds at the engine's standard clock, for
-    readers that ask for them by those names (benchmarks/livekit_latency.py)."""
-    frames = {"BUFFER_S": BUFFER_FRAMES, "START_DELAY_S": START_DELAY_FRAMES}.get(name)
-    if frames is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return frames * ClockConfig().frame_ms / 1000

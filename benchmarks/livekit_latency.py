@@ -94,7 +94,7 @@ def server_from_env() -> Server:
 
 def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
-    from agent.playout import BUFFER_S, START_DELAY_S
+    from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
     from engine.echo import MARK
     from engine.model.codec_ops import cached_columns
     from engine.presets import load_preset
@@ -114,12 +114,12 @@ def constants() -> dict:
         "input_samples": clock.input_samples,
         "output_rate": clock.output_rate,
         "output_samples": clock.output_samples,
-        "tick_ms": 80.0,  # EngineConfig.tick_ms
+        "tick_ms": clock.frame_ms,  # the tick is the model's frame
         # the encoder runs (chunk_mel - 1) mel columns behind the audio (engine/model/perception.py)
         "perception_lag_ms": (per.chunk_mel - 1) * per.hop_length * 1000 / clock.input_rate,
         "codec_delay_ms": codec_delay * 1000 / clock.output_rate,
-        "playout_buffer_ms": BUFFER_S * 1000,
-        "playout_start_delay_ms": START_DELAY_S * 1000,
+        "playout_buffer_ms": BUFFER_FRAMES * clock.frame_ms,
+        "playout_start_delay_ms": START_DELAY_FRAMES * clock.frame_ms,
         "mark": MARK,
     }
 

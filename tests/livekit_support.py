@@ -217,13 +217,14 @@ class Heard:
     sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
     agent_identity: str | None = None
     agent_joined_at: float | None = None
+    audible_samples: int = 0  # samples received in frames that are not silence
 
     def audio(self) -> np.ndarray:
         return np.concatenate(self.frames) if self.frames else np.zeros(0, np.int16)
 
     def audible_s(self) -> float:
         """Seconds of the received audio in frames that are not silence (speech, through WebRTC)."""
-        return sum(f.size for f in self.frames if np.abs(f).max(initial=0) > SPEECH_PEAK) / RATE
+        return self.audible_samples / RATE
 
     def longest_gap(self) -> float:
         """The longest wait between two received frames after the first (seconds)."""
@@ -298,7 +299,8 @@ class Caller:
             self.heard.frames.append(samples)
             self.heard.times.append(loop.time())
             self.first_audio.set()
-            if not self.first_speech.is_set() and np.abs(samples).max(initial=0) > SPEECH_PEAK:
+            if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives
+                self.heard.audible_samples += samples.size
                 self.first_speech.set()
 
     async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:
