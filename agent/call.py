@@ -27,7 +27,7 @@ from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import RoomSink, WavSink
-from engine.privacy import mask_numbers
+from engine.privacy import pseudonym
 
 if TYPE_CHECKING:
     from engine.config import ClockConfig
@@ -193,8 +193,8 @@ async def start_call(
     admission: object | None = None,
 ) -> Call:
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
-    `caller` name the call on the monitoring page (default: the room's name, and "phone" for a SIP
-    participant, else "web").
+    `caller` name the call on the monitoring page (default: the room's label, `room_label`, and "phone" for a
+    SIP participant, else "web").
     `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
     clock = engine.model_cfg.clock
     output = PlayoutOutput(sink, clock=clock, acks=AckClips(sink.sample_rate) if acks else None)
@@ -235,8 +235,13 @@ async def _start_in_room(
     on its own track, or under `lk agent console` on the console's speaker."""
     session, output = call.session, call.output
     opts = room_io.RoomOptions(
+        # no automatic gain control: the model's front end normalises what it hears, and the framework's AGC
+        # ran WebRTC's audio processing on every caller frame on the room's loop
         audio_input=room_io.AudioInputOptions(
-            sample_rate=clock.input_rate, num_channels=1, frame_size_ms=clock.frame_ms
+            sample_rate=clock.input_rate,
+            num_channels=1,
+            frame_size_ms=clock.frame_ms,
+            auto_gain_control=False,
         ),
         audio_output=False,
         # the model's words go out as it says them: each text piece leaves with its own 80 ms frame, so they
@@ -263,13 +268,19 @@ async def _start_in_room(
         log.info("console: the agent's audio goes through the playout to the console's speaker")
 
 
+def room_label(room: str) -> str:
+    """The name a room goes by outside LiveKit (the monitoring page, the worker's log): `room-kqzvbxdt`, a
+    pseudonym of its name (engine/privacy.py). A room's name is its caller's choice, or their number (a SIP
+    dispatch rule names a call's room after it: `call-_+14155550123_AbCd`), so none of it is shown; the label
+    is the same for the whole call, on every worker, and distinct between rooms. "" for no name."""
+    return pseudonym("room", room) if room else ""
+
+
 def describe_caller(room: rtc.Room | None, participant: str | None) -> tuple[str, str]:
-    """(the room's name, "phone" for a SIP participant else "web"); ("", "") without a room. A number in the
-    name (a SIP dispatch rule names a call's room after its caller: `call-_+14155550123_AbCd`) is cut to its
-    last four digits (`call-_•••• 0123_AbCd`): the label reaches the page and logs."""
+    """(the room's label, `room_label`; "phone" for a SIP participant else "web"); ("", "") without a room."""
     if room is None:
         return "", ""
-    name = mask_numbers(str(getattr(room, "name", "") or ""))
+    name = room_label(str(getattr(room, "name", "") or ""))
     remote = getattr(room, "remote_participants", None) or {}
     who = remote.get(participant) if participant and isinstance(remote, Mapping) else None
     sip = who is not None and getattr(who, "kind", None) == rtc.ParticipantKind.PARTICIPANT_KIND_SIP

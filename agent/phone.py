@@ -23,9 +23,9 @@ from livekit import api
 from livekit.agents import RunContext, ToolError, function_tool
 from pydantic import Field, ValidationError
 
+from agent.call import room_label
 from agent.hotel import Concierge, concierge_instructions
 from agent.lkapi import LiveKit, LiveKitFailure, bound_s
-from engine.privacy import mask_numbers
 from prompts import load_prompt
 from tools import schemas
 from tools.hotel import Hotel
@@ -163,11 +163,11 @@ class PhoneLine:
             else:
                 await self.hang_up()
                 self.outcome = "ended"
-            log.info("phone call in room %s: %s", mask_numbers(self.room), self.outcome)
+            log.info("phone call in room %s: %s", room_label(self.room), self.outcome)
         except LiveKitFailure as e:
             self.outcome = f"{action} failed: {e}"
             self.action, self.acting = None, False  # the model may try again
-            log.warning("phone call in room %s: %s", mask_numbers(self.room), self.outcome)
+            log.warning("phone call in room %s: %s", room_label(self.room), self.outcome)
 
     async def aclose(self) -> None:
         """At the job's end: a hand-over still waiting for the agent's words is dropped; one already under way

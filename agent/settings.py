@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
@@ -89,6 +89,11 @@ class AgentSettings(EnvSettings):
     prometheus_port: Port | None = Field(None, validation_alias="CHORUS_PROMETHEUS_PORT", description=PORT)
     # the engine's /snapshot for the monitoring page
     metrics_port: Port | None = Field(None, validation_alias="CHORUS_METRICS_PORT", description=PORT)
+    # the agent's words on the snapshot (and so on the monitoring page): off, only counts (turns, words);
+    # redacted, the end of its turn with personal data replaced, which misses some (docs/monitoring.md)
+    show_words: Literal["off", "redacted"] = Field(
+        "off", validation_alias="CHORUS_SHOW_WORDS", description="off or redacted"
+    )
     # the worker's health and /worker endpoint (livekit-agents' default if unset)
     http_port: Port | None = Field(None, validation_alias="CHORUS_HTTP_PORT", description=PORT)
     # how long a job runner may take to start (unset: sized from the weights, see agent/worker.py)
@@ -137,6 +142,14 @@ class AgentSettings(EnvSettings):
     # a measurement tool, never for callers (engine/echo.py, benchmarks/livekit_latency.py): each caller
     # hears their own audio back through the whole path, the engine's tick included; the model runs unheard
     echo: bool = Field(False, validation_alias="CHORUS_ECHO", description="true or false")
+    # the engine and its tick always run in a process of their own (engine/serve.py); the rooms are threads of
+    # the worker's process (one rtc runtime for all, the fewest cores per room), or with true each room's
+    # call in a process of its own (livekit-agents' process executor): for hosts with cores to spare
+    room_processes: bool = Field(False, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
+    # how much lower than the worker's a room process's CPU priority is (nice): the tick comes first
+    room_nice: int = Field(
+        5, ge=0, le=19, validation_alias="CHORUS_ROOM_NICE", description="a whole number from 0 to 19"
+    )
     # phone calls (agent/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule makes
     front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)
     sip_room_prefix: str = Field(
@@ -150,7 +163,7 @@ class AgentSettings(EnvSettings):
         """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and
         the simulation's); `overrides` are `EngineConfig` fields given another way
         (the simulation's flags)."""
-        from engine.engine import EngineConfig
+        from engine.engine_config import EngineConfig
 
         fields = {
             "preset": self.preset,
@@ -165,6 +178,7 @@ class AgentSettings(EnvSettings):
             "echo": self.echo,
             "device": self.device,
             "metrics_port": self.metrics_port,
+            "show_words": self.show_words,
         }
         return EngineConfig(**(fields | {k: v for k, v in overrides.items() if v is not None}))
 

@@ -167,9 +167,12 @@ class Room:
 @dataclass
 class Stage:
     """What every room shares: the engine, the hotel, where the WAVs go, the agent's settings, and the run's
-    clock (`join_by` on the loop's clock; `go` starts the talk, `end[0]` ends it, `stop` ends everything)."""
+    clock (`join_by` on the loop's clock; `go` starts the talk, `end[0]` ends it, `stop` ends everything).
+    The rooms reach the engine as a worker's rooms do, through its door (`remote`: engine/host.py's socket
+    and shared memory); the join decisions read the engine's own load, as the worker's load function does."""
 
     engine: Engine
+    remote: Any
     hotel: Hotel
     out: Path
     settings: Any
@@ -208,7 +211,12 @@ async def join(room: Room, stage: Stage) -> Any:
             sink = WavSink(stage.out / f"{room.name}.wav", engine.model_cfg.clock.output_rate)
             caller = "phone" if room.phone else "web"
             room.call = call = await start_call(
-                engine, _agent(room, stage), sink=sink, audio_input=room.input, label=room.name, caller=caller
+                stage.remote,
+                _agent(room, stage),
+                sink=sink,
+                audio_input=room.input,
+                label=room.name,
+                caller=caller,
             )
             try:
                 return await call.wait_open(timeout=max(0.1, stage.join_by - loop.time()))
@@ -246,7 +254,7 @@ async def _talk(room: Room, stage: Stage, force: Forcing, clips: list[np.ndarray
     in a tool room scripted tool calls, each followed by a scripted thanks once it has paused the model."""
     loop = asyncio.get_running_loop()
     rng = random.Random(room.index)
-    tok = stage.engine.tokens
+    tok = stage.remote.tokens
     script = tool_script(stage.today, room.index, room.phone)
     t0 = loop.time()
     next_utt = t0 + 0.5 + rng.random() * 2
@@ -290,7 +298,7 @@ async def run_room(room: Room, stage: Stage, start_at: float, clips: list[np.nda
         handle = await join(room, stage)
         if handle is None or not await _go_live(room, stage):
             return
-        force = Forcing(handle, stage.engine.tokens, room.call.duplex)
+        force = Forcing(handle, stage.remote.tokens, room.call.duplex)
         await _hold(force, lambda: stage.go.is_set() or stop.is_set())  # joined: silence until the talk
         await _talk(room, stage, force, clips)
         duplex = room.call.duplex

@@ -24,6 +24,8 @@ from agent.sim_report import heap_mb, rss_mb, write_metrics
 from agent.sim_rooms import Room, Stage, caller_clips, phone_rooms, run_room
 from agent.telephony import telephone_band
 from engine.collector import freeze_long_lived, thaw
+from engine.host import EngineHost
+from engine.remote import RemoteEngine
 
 if TYPE_CHECKING:
     from engine.api import EngineSnapshot
@@ -103,7 +105,13 @@ class Run:
     """The rooms on one engine, from their ramp to their wind-down (see the module docstring)."""
 
     def __init__(
-        self, args: argparse.Namespace, engine: Engine, hotel: Hotel, today: dt.date, out: Path
+        self,
+        args: argparse.Namespace,
+        engine: Engine,
+        remote: Any,
+        hotel: Hotel,
+        today: dt.date,
+        out: Path,
     ) -> None:
         self.args, self.engine = args, engine
         loop = asyncio.get_running_loop()
@@ -116,7 +124,7 @@ class Run:
         self.ramp = min(JOIN_EVERY_S * len(self.rooms), MAX_RAMP_S, args.seconds / 4)
         self.t_start = loop.time()
         join_by = self.t_start + self.ramp + args.join_timeout
-        self.stage = Stage(engine, hotel, out, args.settings, today, join_by)
+        self.stage = Stage(engine, remote, hotel, out, args.settings, today, join_by)
         starts = [self.t_start + self.ramp * i / len(self.rooms) for i in range(len(self.rooms))]
         self.tasks = [
             asyncio.create_task(run_room(r, self.stage, at, phone_clips if r.phone else clips))
@@ -298,13 +306,18 @@ async def simulate(args: argparse.Namespace) -> dict:
         raise
     _announce(engine, args.store)
     _cancel_on_signals()
-    run = Run(args, engine, hotel, today, out)
+    # the rooms reach the engine through its door, as a worker's rooms in their own processes do
+    host = EngineHost(engine).start()
+    remote = await asyncio.to_thread(RemoteEngine, host.address)
+    _ = await asyncio.to_thread(lambda: remote.tokens)
+    run = Run(args, engine, remote, hotel, today, out)
     ended = "completed"
     try:
         ended = await run.phases()
     finally:
         window = run.window()
         snap, occupancy_after = await run.wind_down(ended)
+        host.close()
         engine.close()
         bookings = len(hotel.reservations()) - bookings_before
         store.close()

@@ -1,96 +1,85 @@
-"""The LiveKit worker: every room is a job thread of this one process, and all of them share one engine.
+"""The LiveKit worker: the process that registers with LiveKit, holds the one engine and its tick, and runs
+each room's call in a process of its own (agent/room.py) that reaches the engine through its door
+(engine/host.py: a socket and shared memory per session).
 
 `server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
 agent/worker.py`, `lk agent dev`, `lk agent console`; `python -m agent dev|start|console` runs the same
-object). Building it reads the settings and sizes the startup timeout; the engine itself is built when the
-worker runs (`setup_fnc`, or the first load poll), and LiveKit credentials are needed only to connect.
-It has the THREAD executor, and reports the engine's load scaled to the LiveKit server's target load
+object). Building it reads the settings and sizes the startup timeout; the engine is built when the worker
+runs, before the first room's process starts, and LiveKit credentials are needed only to connect. Rooms run
+in livekit-agents' process executor (threads of this process with `CHORUS_ROOM_PROCESSES=false`, and under
+the console). The worker reports the engine's load scaled to the LiveKit server's target load
 (`CHORUS_LOAD_TARGET`, the server's `agents.target_load`, 0.7 by default) with that as its threshold, so
-LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left. `run_job` is
-the entrypoint: connect, wait for a caller (standard or SIP), run the hotel agent until the caller leaves; a
-phone caller gets the phone concierge (agent/phone.py), which can also transfer the call or hang up.
+LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left; a job is
+accepted only with a slot reserved for it (`on_request`), which its room's session takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from livekit import rtc
-from livekit.agents import AgentServer, JobContext, JobExecutorType, JobProcess, JobRequest, cli
+from livekit.agents import AgentServer, JobExecutorType, JobRequest
+from livekit.agents.types import NOT_GIVEN, NotGivenOr
 
-from agent import room_connect, rtc_ffi
-from agent.call import ConsoleSink, start_call
-from agent.drain import DrainingServer, goodbye_on_drain
-from agent.playout import RoomSink
+from agent.drain import DrainingServer
+from agent.log_privacy import mask_log_handlers
+from agent.room import close_room, entrypoint, prewarm
 from agent.settings import AgentSettings
-from engine.collector import freeze_long_lived
-from engine.privacy import mask_numbers
 
 if TYPE_CHECKING:
-    from livekit.agents import Agent
-
-    from agent.phone import PhoneLine
-    from engine.engine import Engine
+    from engine.remote import RemoteEngine
+    from engine.serve import EngineProcess
 
 log = logging.getLogger("chorus.agent.worker")
 
-CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
-
-# How long livekit-agents waits for a job runner's `setup_fnc`, which builds the engine, before it gives up on
-# that runner: a base for imports, the device and the engine's warm-up, plus the time to read the weights.
-CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
-CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
+# How long livekit-agents waits for a job runner's `setup_fnc` before it gives up on that runner: a base for
+# imports, the device and the engine's warm-up, plus the time to read the weights (the worker's own start).
 STARTUP_BASE_S = 120.0
 STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 
+ROOM_MODULES = ["agent.room", "agent.hotel", "agent.phone", "agent.forcing", "tools.hotel", "tools.store"]
+
 _lock = threading.Lock()
-_engine: Engine | None = None
-_hotel: Any = None
-_admissions: dict[str, object] = {}  # job id -> the engine slot reserved when the job was accepted
+_engine: RemoteEngine | None = None
+_process: EngineProcess | None = None
 
 
-def shared_engine(settings: AgentSettings) -> Engine:
-    """The process's one engine, built on first use by whichever thread asks first."""
-    global _engine
+def shared_engine(settings: AgentSettings) -> RemoteEngine:
+    """The worker's engine: its process (`python -m engine.serve`), started on first use by whichever thread
+    asks first and waited for until its door is open; what is returned is the worker's end of that door
+    (admission, load). Its address goes into this process's environment, where the rooms find it (a room's
+    own process inherits it)."""
+    global _engine, _process
     if _engine is None:
         with _lock:
             if _engine is None:
-                from engine.engine import Engine
+                from engine.host import ADDRESS_ENV
+                from engine.remote import RemoteEngine
+                from engine.serve import EngineProcess
 
-                _engine = Engine(settings.engine_config())
-                atexit.register(close_shared)  # its tick thread stops before the interpreter does
+                config = settings.engine_config().model_dump_json()
+                _process = EngineProcess(config, timeout=startup_timeout_s(settings)).start()
+                os.environ[ADDRESS_ENV] = _process.address
+                _engine = RemoteEngine(_process.address)
+                atexit.register(close_shared)  # the engine's process ends with the worker
+                log.info("engine ready for rooms (%d slots)", settings.slots)
     return _engine
 
 
-def shared_hotel() -> Any:
-    """The process's one booking store (its own connection pool), opened on first use."""
-    global _hotel
-    if _hotel is None:
-        with _lock:
-            if _hotel is None:
-                from tools.hotel import Hotel
-                from tools.store import open_store
-
-                _hotel = Hotel(open_store())
-    return _hotel
-
-
 def close_shared() -> None:
-    """Stop the process's engine and close its store (at worker exit, or between tests)."""
-    global _engine, _hotel
+    """Stop the engine's process and close the rooms' store (at worker exit, between tests)."""
+    global _engine, _process
     with _lock:
-        if _engine is not None:
-            _engine.close()
-        if _hotel is not None:
-            _hotel.store.close()
-        _engine = _hotel = None
+        if _process is not None:
+            _process.stop()
+        _engine = _process = None
+    close_room()
 
 
 def engine_load(settings: AgentSettings) -> float:
@@ -122,40 +111,27 @@ def startup_timeout_s(settings: AgentSettings) -> float:
     return STARTUP_BASE_S + STARTUP_S_PER_GB * weight_bytes(settings) / 1e9
 
 
-class RoomNumberMask(logging.Filter):
-    """A phone call's room is named after the caller's number (the SIP dispatch rule:
-    `call-_+14155550123_AbCd`), and livekit-agents logs the room's name as a field of its records: it leaves
-    the worker by its last four digits (`call-_•••• 0123_AbCd`)."""
-
-    FIELDS = ("room", "room_name")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        for name in self.FIELDS:
-            value = getattr(record, name, None)
-            if isinstance(value, str):
-                setattr(record, name, mask_numbers(value))
-        return True
-
-
-ROOM_NUMBER_MASK = RoomNumberMask()
-
-
 def build_server(settings: AgentSettings) -> AgentServer:
-    """The worker for these settings (`server` below is the one for the environment's)."""
-    logging.getLogger("livekit.agents").addFilter(ROOM_NUMBER_MASK)  # the framework's own records
+    """The worker for these settings (`server` below is the one for the environment's). Its log handlers,
+    livekit-agents' CLI's once the worker starts, carry no caller's data (agent/log_privacy.py)."""
+    mask_log_handlers()
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port
-    server = DrainingServer(
-        job_executor_type=JobExecutorType.THREAD,
+    server = ChorusServer(
+        settings,
+        job_executor_type=JobExecutorType.PROCESS if settings.room_processes else JobExecutorType.THREAD,
         drain_timeout=int(settings.drain_timeout_s),
-        # One warm job runner (a thread) per slot. livekit-agents also sizes the load of a job it accepted but
-        # has not launched yet as 1 / num_idle_processes: with its default (the cores, at most 4) callers who
-        # arrive together are turned away as soon as two or three are in flight, whatever the free slots.
+        # One warm job runner per slot. livekit-agents also sizes the load of a job it accepted but has not
+        # launched yet as 1 / num_idle_processes: with its default (the cores, at most 4) callers who arrive
+        # together are turned away as soon as two or three are in flight, whatever the free slots.
         num_idle_processes=settings.slots,
         load_fnc=lambda: engine_load(settings),
         load_threshold=settings.load_target,  # full: every slot in use, or no headroom
-        setup_fnc=lambda proc: _setup(proc, settings),
+        setup_fnc=prewarm,  # in each room's process: by reference (a process executor pickles it)
+        # imported once in the forkserver that forks the rooms' processes: a room's process starts with the
+        # framework and the call's code already loaded (copy-on-write), in milliseconds
+        preload_modules=ROOM_MODULES if settings.room_processes else [],
         initialize_process_timeout=startup_timeout_s(settings),
         prometheus_port=settings.prometheus_port,
         ws_url=settings.livekit_url or None,
@@ -164,10 +140,12 @@ def build_server(settings: AgentSettings) -> AgentServer:
         **kwargs,
     )
 
-    @server.rtc_session(agent_name=settings.agent_name, on_request=lambda req: on_request(req, settings))
-    async def entrypoint(ctx: JobContext) -> None:
-        await run_job(ctx, settings)
+    # by reference, as the setup: a process executor pickles both for each room's process
+    server.rtc_session(agent_name=settings.agent_name, on_request=lambda req: on_request(req, settings))(
+        entrypoint
+    )
 
+    server.on("worker_started", mask_log_handlers)  # the CLI's handler is in place by then
     return server
 
 
@@ -182,190 +160,38 @@ async def on_request(request: JobRequest, settings: AgentSettings) -> None:
         log.info("job %s turned away: the worker is draining", request.id)
         await request.reject()
         return
+    engine = shared_engine(settings)
     try:
-        ticket = shared_engine(settings).admit()
+        await asyncio.to_thread(engine.admit, request.id)
     except EngineError as e:
         log.info("job %s turned away: %s", request.id, e)
         await request.reject()
         return
-    with _lock:
-        _admissions[request.id] = ticket
     try:
         await request.accept()
     except BaseException:
-        release_admission(request.id, settings)
+        await asyncio.to_thread(engine.release, request.id)
         raise
 
 
-def take_admission(job_id: str) -> object | None:
-    """The slot reserved when this job was accepted (None if it lapsed or was never made)."""
-    with _lock:
-        return _admissions.pop(job_id, None)
+class ChorusServer(DrainingServer):
+    """The worker: its engine's process is started (and waited for) when the worker runs, before it registers
+    with LiveKit and before the first room's process starts; a drain is passed on to rooms in other
+    processes through the engine's door."""
 
+    def __init__(self, settings: AgentSettings, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings
 
-def release_admission(job_id: str, settings: AgentSettings) -> None:
-    ticket = take_admission(job_id)
-    if ticket is not None:
-        shared_engine(settings).release(ticket)
+    async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
+        await asyncio.to_thread(shared_engine, self.settings)
+        await super().run(devmode=devmode, unregistered=unregistered)
 
-
-def _setup(proc: JobProcess, settings: AgentSettings) -> None:
-    # runs once per job thread; the engine itself is built once per process
-    rtc_ffi.install()  # before any job of this process can touch the rtc SDK
-    proc.userdata["engine"] = shared_engine(settings)
-    freeze_long_lived()  # the job process's own objects, once
-
-
-async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
-    """One room: the caller talks to the hotel agent until they leave; then the slot is freed. Under the
-    console (`lk agent console`) the caller is this machine's microphone and speaker, and the agent's voice
-    reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
-    engine = shared_engine(settings)
-
-    async def release(_reason: str = "") -> None:
-        release_admission(ctx.job.id, settings)  # a job that ended before its call opened
-
-    ctx.add_shutdown_callback(release)
-    # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
-    # never cancelled (agent/room_connect.py)
-    await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
-    caller = await _wait_for_caller(ctx)
-    if caller is None:
-        return
-    console = cli.AgentsConsole.get_instance().enabled
-    kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
-    kind = "console" if console else kind
-    log.info("job %s: %s caller joined", ctx.job.id, kind)
-    left = _left_event(ctx, caller)
-    hotel = await asyncio.to_thread(shared_hotel)
-    agent, line = concierge_for(
-        settings,
-        hotel,
-        phone=kind == "sip",
-        room=ctx.room.name,
-        identity=caller.identity,
-        attributes=dict(caller.attributes),
-        job_id=ctx.job.id,
-        job_metadata=ctx.job.metadata,
-    )
-    call = await start_call(
-        engine,
-        agent,
-        sink=ConsoleSink() if console else RoomSink(),
-        room=ctx.room,
-        participant=caller.identity,
-        admission=take_admission(ctx.job.id),
-    )
-    call.session.on("close", lambda _ev: left.set())
-    if line is not None:
-        line.attach(call.output)
-        ctx.add_shutdown_callback(line.aclose)
-    ctx.add_shutdown_callback(call.aclose)
-    _run_alongside(ctx, call, engine, line, settings, left)
-    try:
-        await left.wait()
-    finally:
-        await call.aclose()
-        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
-    ctx.shutdown("the caller left")
-
-
-async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
-    """The room's caller, or None (and the job shut down) when none comes within CALLER_WAIT_S."""
-    try:
-        async with asyncio.timeout(CALLER_WAIT_S):
-            return await ctx.wait_for_participant(kind=CALLER_KINDS)
-    except TimeoutError:
-        log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
-        ctx.shutdown("no caller")
-        return None
-
-
-def _left_event(ctx: JobContext, caller: rtc.RemoteParticipant) -> asyncio.Event:
-    """Set when the caller leaves the room or the room is gone."""
-    left = asyncio.Event()
-
-    def on_left(p: rtc.RemoteParticipant) -> None:
-        if p.identity == caller.identity:
-            left.set()
-
-    ctx.room.on("participant_disconnected", on_left)
-    ctx.room.on("disconnected", lambda *_: left.set())
-    return left
-
-
-def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings, left: asyncio.Event) -> None:
-    """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
-    a draining worker speaks, and the shutdown callbacks that stop them and end the wait on `left`."""
-    script: asyncio.Task | None = None
-    if settings.teacher_forcing:
-        from agent.forcing import Script, run_script
-
-        script = asyncio.create_task(run_script(call, engine, Script.from_metadata(ctx.job.metadata)))
-
-    async def hang_up() -> None:
-        if line is not None:
-            await line.act("end")  # the phone call ends (the SIP bridge sends BYE); a failure is logged
-        left.set()
-
-    goodbye = asyncio.create_task(
-        goodbye_on_drain(call, engine, hang_up, before=script.cancel if script else None)
-    )
-
-    async def stop_tasks(_reason: str = "") -> None:
-        for task in (script, goodbye):
-            if task is not None:
-                task.cancel()
-
-    async def on_shutdown(_reason: str = "") -> None:
-        left.set()
-
-    ctx.add_shutdown_callback(stop_tasks)
-    ctx.add_shutdown_callback(on_shutdown)
-
-
-def call_figures(call) -> str:
-    """A finished call's counters for the log: frames, turns, barge-ins, what played (no words, no numbers
-    of the caller's)."""
-    d = call.duplex.stats if call.duplex is not None else {}
-    p = call.output.stats
-    keys = ("frames_pushed", "frames_out", "speech_frames", "turns", "barge_ins", "function_calls")
-    parts = [f"{k} {d[k]}" for k in keys if k in d]
-    parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
-    return ", ".join(parts)
-
-
-def concierge_for(
-    settings: AgentSettings,
-    hotel: Any,
-    *,
-    phone: bool,
-    room: str,
-    identity: str,
-    attributes: dict[str, str],
-    job_id: str,
-    job_metadata: str | None = None,
-) -> tuple[Agent, PhoneLine | None]:
-    """The caller's agent: a web caller's `HotelAgent`, or for a phone caller (a SIP participant) the
-    `PhoneConcierge` with its `PhoneLine` (transfer, hang-up, their number for bookings)."""
-    from agent.hotel import HotelAgent
-    from agent.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
-
-    if not phone:
-        return HotelAgent(hotel, session_key=job_id), None
-    line = PhoneLine(settings, room=room, identity=identity, number=attributes.get(PHONE_NUMBER_ATTRIBUTE))
-    return PhoneConcierge(hotel, line, purpose=call_purpose(job_metadata), session_key=job_id), line
-
-
-def call_purpose(metadata: str | None) -> str:
-    """Why the hotel placed this call: the `reason` that `python -m agent sip call` put in the job's metadata
-    ("" for an incoming call, or metadata that is not ours)."""
-    try:
-        meta = json.loads(metadata or "{}")
-    except ValueError:
-        return ""
-    reason = meta.get("reason") if isinstance(meta, dict) else None
-    return reason.strip()[:500] if isinstance(reason, str) else ""
+    async def drain(self, timeout: NotGivenOr[int | None] = NOT_GIVEN) -> None:
+        seconds = float(timeout) if isinstance(timeout, int | float) and timeout else self.drain_s
+        if _engine is not None:
+            await asyncio.to_thread(_engine.drain, seconds)
+        await super().drain(timeout)
 
 
 def _server_from_env() -> AgentServer:

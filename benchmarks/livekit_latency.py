@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from engine.privacy import mask_numbers  # noqa: E402
+from agent.call import room_label  # noqa: E402
 from livekit_support import ALLOWED_INTERFACES, Server, Worker, interfaces, token  # noqa: E402
 
 RATE = 48_000  # the callers' tracks, both ways
@@ -310,7 +310,7 @@ def burst_name(loud: int, peak: float, rate: int, mark: float) -> int:
 def engine_onsets(frames: list[dict], label: str, rate: int, mark: float) -> list[dict]:
     """The engine's marked frames of one room as bursts: the first frame of each run of consecutive ticks (a
     burst can straddle two frames), with the burst's name from the whole run."""
-    shown = mask_numbers(label)  # the engine shows a number in a room's name by its last four digits
+    shown = room_label(label)  # the worker shows a room by its label, a pseudonym of its name
     mine = sorted((r for r in frames if r["label"] == shown), key=lambda r: r["tick"])
     runs: list[list[dict]] = []
     for r in mine:
@@ -468,7 +468,7 @@ async def session(
             raise SystemExit("livekit_latency: no caller heard its agent")
         senders = [asyncio.ensure_future(c.send(measure, stop)) for c in callers]
         rooms = {c.room for c in callers}
-        shown = {mask_numbers(r) for r in rooms}  # as the engine names them: a number by its last four digits
+        shown = {room_label(r) for r in rooms}  # as the worker names them: by their labels
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         # every session live in the engine (prompt prefilled, held audio replayed)

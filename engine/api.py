@@ -43,7 +43,9 @@ class AudioFrame:
 
     tick: int
     samples: np.ndarray  # [1764] float32
-    text: str = ""  # the text channel's piece for this frame ("" when silent or a control token)
+    # what the text channel's token adds to the transcript, in whole characters ("" when silent, for a control
+    # token, and for the first bytes of a character split over several tokens: it comes whole with its last)
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,11 @@ class SessionSnapshot(BaseModel):
     caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
     speaking: bool = False  # the agent is in a turn of its own
     calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
-    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS characters
+    turns: int = 0  # the agent's turns so far
+    # the words of the agent's current or last turn (of its last SAID_PIECES text pieces, engine/slots.py)
+    turn_words: int = 0
+    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS
+    # characters; "" unless the engine shows words (`EngineSnapshot.show_words`)
     last_words: str = ""
 
 
@@ -169,6 +175,8 @@ class EngineSnapshot(BaseModel):
     phases: dict[str, int]
     sessions: list[SessionSnapshot]
     recent_tick_ms: list[float]
+    # what the sessions' `last_words` carry: "off" (nothing: counts only) or "redacted" (EngineConfig)
+    show_words: str = "off"
     at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
     tick_budget_ms: float = 80.0
     # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median

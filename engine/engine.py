@@ -110,13 +110,16 @@ class Engine:
         label: str = "",
         caller: str = "",
         admission: object | None = None,
+        source: Callable[[FrameInbox], None] | None = None,
     ) -> SessionHandle:
         """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
         is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
         `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
         `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot
         shows them (at most 80 characters each; a number in the label by its last four digits), the engine
-        neither reads nor logs them."""
+        neither reads nor logs them. `source` feeds the session's inbox besides `push_audio`, on the tick
+        thread once a tick: a room in another process writes its caller frames to shared memory
+        (engine/host.py)."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -142,11 +145,13 @@ class Engine:
         inbox = partial(TimedInbox, clock=self.clock) if self.echo is not None else FrameInbox
 
         def make(session_id: str, slot: int) -> Session:
+            box = inbox(frame, self._max_backlog)
+            box.source = source
             return Session(
                 session_id,
                 slot,
                 frozenset(names),
-                inbox(frame, self._max_backlog),
+                box,
                 self._accounted(deliver),
                 prefill_ids=prompt_ids,
                 prompt_key=key,

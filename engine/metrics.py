@@ -146,8 +146,9 @@ class SnapshotServer:
     and builds what is asked for: `snapshot()` holds no lock the tick waits on, and nothing else of a request
     reaches this process. The other process answers exact paths only (anything else 404), GET and HEAD, one
     request per connection; it closes a connection that has not sent its request within `timeout_s`, keeps at
-    most `max_connections` open, accepts at most `max_rate` a second (the others wait in the kernel's listen
-    backlog), and gives each client address `client_rate` requests a second (429 beyond)."""
+    most `client_connections` open per client address and `max_connections` in all (one more is closed as
+    soon as it is accepted), serves at most `max_rate` a second, and gives each client address `client_rate`
+    requests a second (429 beyond)."""
 
     def __init__(
         self,

@@ -1,22 +1,46 @@
-"""What of a conversation may leave the worker: the agent's words with personal data replaced, and names
-(a phone call's room) with their numbers cut to the last four digits.
+"""What of a conversation may leave the worker: names that stand for a person's (a room's, a participant's)
+by a pseudonym, numbers by their last four digits, and the agent's words, where an operator asks for them,
+with personal data replaced.
 
-`redact` replaces e-mail addresses (written or spoken), numbers (digits in any grouping, or said as words),
-codes spelled out one letter or digit at a time (also in the phonetic alphabet), the session's private terms
-(guests' names, registered by the agent or taken from its tool calls' arguments) and capitalised words inside
-a sentence (names nobody registered). `mask_numbers` keeps the last four digits of a number. Plain functions
-on strings; knows nothing of sessions, HTTP or the page.
+`pseudonym` is a short stable name made from a hash (`room-kqzvbxdt`). `mask_numbers` keeps the last four
+digits of a number. `redact` replaces e-mail addresses (written or spoken), numbers (digits in any grouping,
+or said as words), codes (written, spelled out one letter or digit at a time, in the phonetic alphabet, or
+said after the word "code"), the session's private terms (guests' names, registered by the agent or taken
+from its tool calls' arguments), words after a title (Mr., Dr.) and capitalised words inside a sentence (names
+nobody registered). Plain functions on strings; knows nothing of sessions, HTTP or the page.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 
 DOTS = "••••"
 EMAIL, NUMBER, CODE, NAME = "[email]", "[number]", "[code]", "[name]"
 MIN_MASKED_DIGITS = 5  # a number with more digits than the four kept is shown by its last four only
+
+# --- names that stand for a person's ----------------------------------------------------------------------
+
+# consonants only: no pseudonym spells a word or a name, and none holds a digit for a number mask to cut
+_PSEUDONYM_LETTERS = "bcdfghjkmnpqrstvwxz"
+PSEUDONYM_CHARS = 8  # 19^8, about 1.7e10: distinct between the rooms of a fleet, stable for a name
+
+
+def pseudonym(kind: str, name: str) -> str:
+    """`name` (a room's, a participant's: free text its owner chose, a caller's number in it) as
+    "<kind>-<eight consonants>", from a hash of it: the same name gives the same pseudonym in every process
+    and on every day, two names almost surely two. Nothing of the name can be read from it; only someone who
+    has (or guesses) the exact name can tell which pseudonym is its."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8, person=b"chorus-name")
+    n = int.from_bytes(digest.digest(), "big")
+    letters = []
+    for _ in range(PSEUDONYM_CHARS):
+        n, i = divmod(n, len(_PSEUDONYM_LETTERS))
+        letters.append(_PSEUDONYM_LETTERS[i])
+    return f"{kind}-{''.join(letters)}"
+
 
 # --- numbers in names and contacts --------------------------------------------------------------------
 
@@ -26,18 +50,19 @@ _DIGIT_RUN = re.compile(r"(?<![\d+])\+?\d[\d\s().-]*\d(?!\d)")
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-def _mask_run(m: re.Match[str]) -> str:
+def _mask_run(m: re.Match[str], min_digits: int) -> str:
     text = m.group(0)
     digits = re.sub(r"\D", "", text)
-    if len(digits) < MIN_MASKED_DIGITS or _ISO_DATE.fullmatch(text.strip()):
+    if len(digits) < max(min_digits, MIN_MASKED_DIGITS) or _ISO_DATE.fullmatch(text.strip()):
         return text
     return f"{DOTS} {digits[-4:]}"
 
 
-def mask_numbers(text: str) -> str:
-    """Every number of five digits or more in `text` (a phone number in any grouping, with or without its +)
-    as "•••• 0100": its last four digits only. Dates (2030-03-12) and shorter numbers stay. Idempotent."""
-    return _DIGIT_RUN.sub(_mask_run, text)
+def mask_numbers(text: str, min_digits: int = MIN_MASKED_DIGITS) -> str:
+    """Every number of `min_digits` digits or more in `text` (a phone number in any grouping, with or without
+    its +) as "•••• 0100": its last four digits only. Dates (2030-03-12) and shorter numbers stay.
+    Idempotent."""
+    return _DIGIT_RUN.sub(functools.partial(_mask_run, min_digits=min_digits), text)
 
 
 # --- the agent's words ----------------------------------------------------------------------------------
@@ -166,6 +191,27 @@ _NOT_NAMES = {
     "december",
 }
 _SENTENCE_END = re.compile(r"[.!?…:;\"“”]\s*$|^\s*$")
+# a title (its period ends no sentence): the word after it is a name, in any case ("Mr. Hopper", "dr grace")
+_AFTER_TITLE = re.compile(r"(?<![^\W_])(?:mr|mrs|ms|mx|dr|prof|mister)\.?\s+$", re.IGNORECASE)
+_NOT_TITLED = {"and", "or"}  # "Mr. and Mrs. Hopper"
+# a written code of six letters or more, in lower case too: a q without its u, or five consonants in a row,
+# which English words hardly have ("strengths" does)
+_CODED = re.compile(r"q(?!u)|[bcdfghjklmnpqrstvwxz]{5}")
+# a word said after one of these, then a link (and fillers), is a code however it reads ("code is mentaruy")
+_CODE_CUES = {
+    "code",
+    "codes",
+    "passcode",
+    "password",
+    "pin",
+    "reference",
+    "confirmation",
+    "locator",
+    "voucher",
+}
+_CUE_LINKS = {"is", "was", "reads", "remains", "it's", "that's", "here's"}  # or a colon: "reference: ..."
+_CUE_FILLERS = {"it", "still", "number", "your", "the", "a", "of", "for", "booking", "now", "just"}
+CUED_CODE_CHARS = 5  # shorter words after a cue ("in", "sent") are left to the other rules
 
 
 def _kind(token: str) -> str | None:
@@ -179,13 +225,40 @@ def _kind(token: str) -> str | None:
         return "word-letter" if low in _WORD_LETTERS else "letter"
     if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
         return "mixed"
-    if len(token) >= 6 and token.isalpha() and token.isupper():
-        return "mixed"  # a written code of letters only (KQAMXYTR)
+    if len(token) >= 6 and token.isalpha() and (token.isupper() or _CODED.search(low)):
+        return "mixed"  # a written code of letters only (KQAMXYTR, kqamxytr)
     if low in _DIGIT_WORDS or low in _PHONETIC:
         return "spoken"
     if low in _JOINERS:
         return "joiner"
     return None
+
+
+def _mask_cued_codes(text: str) -> str:
+    """A word of CUED_CODE_CHARS or more said after a code cue and a link ("is", a colon), with only fillers
+    between, in one sentence, as CODE: "your confirmation code is mentaruy" -> "your confirmation code is
+    [code]" (and "your code is valid" -> "your code is [code]": no list of words tells the two apart)."""
+    tokens = list(_TOKEN.finditer(text))
+    out, at = [], 0
+    for i, cue in enumerate(tokens):
+        if cue.group(0).lower() not in _CODE_CUES or cue.start() < at:
+            continue
+        prev, linked = cue, False
+        for m in tokens[i + 1 : i + 6]:
+            gap = text[prev.end() : m.start()]
+            if re.search(r"[.!?\[]", gap):
+                break  # another sentence, or a placeholder already
+            word = m.group(0).lower()
+            linked = linked or ":" in gap
+            if word in _CUE_LINKS or word in _CUE_FILLERS or word in _CODE_CUES:
+                linked, prev = linked or word in _CUE_LINKS, m
+                continue
+            if linked and len(word) >= CUED_CODE_CHARS:
+                out += [text[at : m.start()], CODE]
+                at = m.end()
+            break
+    out.append(text[at:])
+    return "".join(out)
 
 
 def _mask_runs(text: str) -> str:
@@ -242,12 +315,17 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 def _mask_capitalised(text: str) -> str:
-    """A capitalised word that does not start a sentence (a name, most likely) as NAME; weekdays, months, "I"
-    and titles stay."""
+    """A word after a title, in any case, and a capitalised word that does not start a sentence (a name, most
+    likely) as NAME; weekdays, months, "I" and titles stay."""
 
     def one(m: re.Match[str]) -> str:
-        word = m.group(0)
-        if not word[0].isupper() or word.lower() in _NOT_NAMES or _SENTENCE_END.search(text[: m.start()]):
+        word, before = m.group(0), text[: m.start()]
+        low = word.lower()
+        if low in _NOT_NAMES or low in _NOT_TITLED:
+            return word
+        if _AFTER_TITLE.search(before):
+            return NAME
+        if not word[0].isupper() or _SENTENCE_END.search(before):
             return word
         return NAME
 
@@ -255,17 +333,18 @@ def _mask_capitalised(text: str) -> str:
 
 
 def redact(text: str, private: Iterable[str] = ()) -> str:
-    """`text` (what the agent said) with nothing personal left in clear: e-mail addresses as EMAIL, the
-    `private` terms (and each of their words) as NAME, numbers as NUMBER and codes as CODE (see `_mask_runs`),
-    and capitalised words inside a sentence as NAME.
+    """`text` (what the agent said) with personal data replaced: e-mail addresses as EMAIL, the `private`
+    terms (and each of their words) as NAME, numbers as NUMBER and codes as CODE (see `_mask_cued_codes` and
+    `_mask_runs`), and words after a title and capitalised words inside a sentence as NAME.
 
-    Not caught: a name nobody registered when it starts a sentence or is written in lower case, and personal
-    data that is neither a number, a code, an address nor a name (an address in words, say)."""
+    Not caught (tests/test_privacy.py, LIMITS): a name nobody registered when it starts a sentence or is
+    written in lower case, a street address in lower-case words, a spoken e-mail address whose local part is
+    two words ("john smith at gmail dot com" keeps "john"), and one not yet finished ("hopper at gmail")."""
     text = _EMAIL_PART.sub(EMAIL, _EMAIL.sub(EMAIL, text))
     pattern = _terms_pattern(tuple(sorted({t.strip() for t in private if t and t.strip()})))
     if pattern is not None:
         text = pattern.sub(NAME, text)
-    return _mask_capitalised(_mask_runs(text))
+    return _mask_capitalised(_mask_runs(_mask_cued_codes(text)))
 
 
 def last_words(

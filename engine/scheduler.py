@@ -128,6 +128,7 @@ class Scheduler:
         for s in sessions:
             if s.closed:
                 continue
+            s.inbox.pull()  # a room in another process: its frames since the last tick
             if s.live_by is None:  # first seen: opened since the last tick
                 s.live_by = tick + lim.admission_ticks
             if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self._cached:
@@ -180,13 +181,14 @@ class Scheduler:
                 continue
             out: list[Output] = []
             text, func = int(result.text[s.slot]), int(result.func[s.slot])
-            piece = self.tok.piece(text)
+            piece = self.tok.text(s.text, text)  # whole characters only: a split one waits for its last byte
             if text == self.tok.bos and not s.speaking:
                 s.speaking = True
+                s.turns += 1
                 s.said.clear()
                 out.append(TurnStarted(plan.tick))
             if piece and s.speaking:
-                s.said.append(piece)  # the vocabulary's own string: nothing is copied
+                s.said.append(piece)  # mostly the vocabulary's own string: nothing is copied
             out.append(AudioFrame(plan.tick, result.audio[s.slot], piece))
             if text == self.tok.eos and s.speaking:
                 s.speaking = False

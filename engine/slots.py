@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import EngineFull, Output
-from engine.tokens import ParsedCall
+from engine.tokens import ParsedCall, TextStream
 
 
 class Phase(enum.Enum):
@@ -53,6 +53,9 @@ class FrameInbox:
         self._tail = np.zeros(0, dtype=np.float32)
         self._frames: deque[tuple[np.ndarray, bool]] = deque()  # (samples, silent)
         self.frames_in = 0
+        # where frames come from besides `push`: a room's ring in shared memory (engine/host.py), read by the
+        # tick thread once a tick through `pull`
+        self.source: Callable[[FrameInbox], None] | None = None
         self.dropped = 0  # oldest frames pushed out of a full inbox
         self.skipped = 0  # frames skipped by the catch-up policy
         self.nonfinite = 0
@@ -83,6 +86,11 @@ class FrameInbox:
             while len(self._frames) > self.max_frames:
                 self._frames.popleft()
                 self.dropped += 1
+
+    def pull(self) -> None:
+        """Take in what the source has written since the last pull (the tick thread, once a tick)."""
+        if self.source is not None:
+            self.source(self)
 
     def pop(self) -> np.ndarray | None:
         with self._lock:
@@ -156,7 +164,10 @@ class Session:
     underruns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    turns: int = 0  # the agent's turns so far
     speaking: bool = False
+    # the text channel between tokens (the bytes of a character not yet whole): the tick thread's only
+    text: TextStream = field(default_factory=TextStream)
     # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined and
     # redacted (engine/privacy.py) only when a snapshot is taken
     said: deque[str] = field(default_factory=lambda: deque(maxlen=SAID_PIECES))

@@ -1,9 +1,10 @@
 """The engine's snapshot: `EngineSnapshot` (engine/api.py) built from what the tick thread keeps.
 
 Computed on the caller's thread from counters and references the tick thread keeps (no per-tick copies, no
-lock the tick waits on held). No transcript leaves in clear: each session's `last_words` are redacted
-(engine/privacy.py) before they are cut to LAST_WORDS characters. Knows sessions' public counters and the
-accounting; knows nothing of the model.
+lock the tick waits on held). No transcript leaves by default: a session shows how many turns the agent took
+and how many words its current or last one holds; only with `EngineConfig.show_words` "redacted" do its
+`last_words` carry the turn's end, redacted (engine/privacy.py) before it is cut to LAST_WORDS characters.
+Knows sessions' public counters and the accounting; knows nothing of the model.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ HISTORY_POINTS = 200  # whole ticks in `recent_tick_ms`
 CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
 
 
-def session_row(s: Session, now: float) -> SessionSnapshot:
+def session_row(s: Session, now: float, show_words: str = "off") -> SessionSnapshot:
+    pieces = list(s.said)
     return SessionSnapshot(
         id=s.id,
         slot=s.slot,
@@ -45,9 +47,13 @@ def session_row(s: Session, now: float) -> SessionSnapshot:
         caller=s.caller,
         speaking=s.speaking,
         calling=list(s.call_names) if s.phase in CALLING else [],
+        turns=s.turns,
+        turn_words=len("".join(pieces).split()),
         last_words=last_words(
-            list(s.said), s.private, LAST_WORDS, truncated=len(s.said) == SAID_PIECES, going=s.speaking
-        ),
+            pieces, s.private, LAST_WORDS, truncated=len(pieces) == SAID_PIECES, going=s.speaking
+        )
+        if show_words == "redacted"
+        else "",
     )
 
 
@@ -55,7 +61,7 @@ def build(engine: Engine) -> EngineSnapshot:
     cfg, a, sch = engine.config, engine.acct, engine.scheduler
     sessions = list(engine.pool.sessions.values())
     now = engine.clock()
-    rows = [session_row(s, now) for s in sessions]
+    rows = [session_row(s, now, cfg.show_words) for s in sessions]
     phases: dict[str, int] = {}
     for row in rows:
         phases[row.phase] = phases.get(row.phase, 0) + 1
@@ -99,6 +105,7 @@ def build(engine: Engine) -> EngineSnapshot:
         phases=phases,
         sessions=rows,
         recent_tick_ms=[round(x, 2) for x in list(a.tick_ms)[-HISTORY_POINTS:]],
+        show_words=cfg.show_words,
         at=time.time(),  # wall-clock time for the page, not the engine's clock
         tick_budget_ms=engine.tick_ms,
         history_step_s=per * engine.tick_ms / 1000,

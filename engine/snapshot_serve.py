@@ -31,8 +31,9 @@ class ServeLimits:
     timeout_s: float = 3.0  # a connection has this long to send its request and take the answer
     client_rate: float = 20.0  # requests per second one client address may make; 429 beyond
     client_burst: int = 40
-    max_rate: float = 50.0  # connections accepted per second in all; the rest wait in the listen backlog
-    max_connections: int = 32  # connections open at once; the rest wait in the listen backlog
+    max_rate: float = 50.0  # connections served per second in all; the rest wait their turn, within timeout_s
+    max_connections: int = 32  # connections open at once; one more is closed as soon as it is accepted
+    client_connections: int = 4  # connections open at once from one address; one more is closed at once
     max_clients: int = 1024  # client addresses whose rate is remembered (the least recent forgotten)
     nice: int = 10  # added to this process's nice value: the engine's threads come first on a busy machine
 
@@ -78,6 +79,20 @@ class ClientRate:
         return ok
 
 
+class TurnRate:
+    """Turns `rate` a second, `burst` at once: `wait(now)` takes the next turn and says how long until it is
+    due (a token bucket that lends: every caller gets a turn, the later ones later)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self._rate, self._burst = rate, float(burst)
+        self._tokens, self._at = float(burst), 0.0
+
+    def wait(self, now: float) -> float:
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate) - 1.0
+        self._at = now
+        return max(0.0, -self._tokens / self._rate)
+
+
 class Endpoint:
     """The listening socket, the connections and the bytes of the answers, on one asyncio loop."""
 
@@ -88,8 +103,9 @@ class Endpoint:
         self.bytes: dict[bytes, bytes] = {}  # kind -> the latest answer
         self.at: dict[bytes, float] = {}  # kind -> when it came
         self.pending: dict[bytes, asyncio.Future] = {}  # kind -> the parent's answer being waited for
-        self.open = 0
-        self.room = asyncio.Event()  # set whenever a connection closes
+        self.open: dict[str, int] = {}  # client address -> its connections open now
+        self.total = 0  # connections open now
+        self.turns = TurnRate(limits.max_rate, limits.max_connections)
 
     async def run(self) -> None:
         """Serve until the parent closes the pipe."""
@@ -127,27 +143,37 @@ class Endpoint:
             future.set_result(body if ok else None)
 
     async def accept(self) -> None:
-        """Accept while there is room, at most `max_rate` a second (a token bucket as deep as the room)."""
+        """Accept every connection as it comes, so that the listen backlog never fills and shuts out the
+        clients behind it; one whose address already has `client_connections` open, or that finds
+        `max_connections` open in all, is closed at once, unanswered. Idle connections from one address thus
+        keep nobody else out."""
         loop, lim = asyncio.get_running_loop(), self.limits
-        allowance, last = float(lim.max_connections), loop.time()
         while True:
-            while self.open >= lim.max_connections:
-                self.room.clear()
-                await self.room.wait()
-            now = loop.time()
-            allowance, last = min(float(lim.max_connections), allowance + (now - last) * lim.max_rate), now
-            if allowance < 1.0:
-                await asyncio.sleep((1.0 - allowance) / lim.max_rate)
+            try:
+                conn, addr = await loop.sock_accept(self.sock)
+            except OSError:  # gone before it was accepted, or no file left for it: the next one
+                await asyncio.sleep(0.01)
                 continue
-            conn, addr = await loop.sock_accept(self.sock)
-            allowance -= 1.0
-            self.open += 1
-            loop.create_task(self.serve(conn, addr[0]))
+            client = addr[0]
+            held = self.open.get(client, 0)
+            if held >= lim.client_connections or self.total >= lim.max_connections:
+                conn.close()
+                continue
+            self.open[client], self.total = held + 1, self.total + 1
+            loop.create_task(self.serve(conn, client))
+
+    def closed(self, client: str) -> None:
+        """A connection of `client` is closed."""
+        self.total -= 1
+        held = self.open.pop(client) - 1
+        if held:
+            self.open[client] = held
 
     async def serve(self, conn: socket.socket, client: str) -> None:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.limits.timeout_s):
+                await asyncio.sleep(self.turns.wait(loop.time()))
                 head = b""
                 while b"\r\n\r\n" not in head and b"\n\n" not in head:
                     if len(head) > MAX_HEAD:
@@ -162,8 +188,7 @@ class Endpoint:
             pass  # an idle or vanished client: nothing to answer
         finally:
             conn.close()
-            self.open -= 1
-            self.room.set()
+            self.closed(client)
 
     async def answer(self, head: bytes, client: str) -> bytes:
         if not self.rate.allow(client, asyncio.get_running_loop().time()):

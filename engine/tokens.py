@@ -1,11 +1,14 @@
-"""Token-level protocol of the model: special tokens by name, prompt ids, tool-call text and tool responses.
+"""Token-level protocol of the model: special tokens by name, prompt ids, the text channel as text, tool-call
+text and tool responses.
 
 Knows the tokenizer and the model's text formats (MODEL_SPEC 3); knows nothing of slots, tensors or time.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
@@ -48,11 +51,17 @@ class Tokens:
         self.call_start, self.call_end = resolve("tool_call_start"), resolve("tool_call_end")
         self.response_end = resolve("tool_response_end")
         self._special = {self.bos, self.eos, self.pad, self.call_start, self.call_end, self.response_end}
-        # the text channel's piece per token id, computed once ("" for control tokens)
-        self._pieces = [
-            "" if i in self._special or self._is_control(i) else self.tok.decode([i])
-            for i in range(self.vocab_size)
-        ]
+        # the text channel's piece per token id, computed once: "" for control tokens, None for a token that
+        # is not whole text on its own (a byte of a character split over several tokens), whose bytes are in
+        # `_bytes`; a token whose bytes cannot be read keeps its decoded piece
+        self._pieces: list[str | None] = []
+        self._bytes: dict[int, bytes] = {}
+        for i in range(self.vocab_size):
+            piece = "" if i in self._special or self._is_control(i) else self.tok.decode([i])
+            raw = _token_bytes(self.tok.id_to_token(i)) if "\ufffd" in piece else None
+            if raw is not None:
+                self._bytes[i] = raw
+            self._pieces.append(None if raw is not None else piece)
 
     def _is_control(self, i: int) -> bool:
         t = self.tok.id_to_token(i)
@@ -68,9 +77,25 @@ class Tokens:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
-    def piece(self, token: int) -> str:
-        """The text a token adds to the transcript ("" for control tokens and ids beyond the vocabulary)."""
-        return self._pieces[token] if 0 <= token < self.vocab_size else ""
+    def text(self, stream: TextStream, token: int) -> str:
+        """The text `token` adds to the transcript of the session whose text channel `stream` is: "" for
+        control tokens and ids beyond the vocabulary, and while a character split over several tokens is not
+        whole yet; the whole character with the token that completes it.
+
+        One list lookup for a token that is whole text with nothing held (the vocabulary's own string, not
+        copied); the bytes of split characters go through the session's UTF-8 decoder. Control tokens inside
+        a character leave it held (a pad between its bytes), a turn's start or end drops it (a turn that ended
+        mid-character shows no half of it), and bytes that no character can continue come out as U+FFFD."""
+        piece = self._pieces[token] if 0 <= token < self.vocab_size else ""
+        if piece is not None and not stream.held:
+            return piece
+        if piece is None:
+            return stream.decode(self._bytes[token])
+        if piece:
+            return stream.decode(piece.encode())
+        if token == self.bos or token == self.eos:
+            stream.drop()
+        return ""
 
     # -- prompts and tools ----------------------------------------------------------------------------
 
@@ -91,6 +116,55 @@ class Tokens:
         """`<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` tokens (no special tokens added), forced on
         the function channel."""
         return self.encode(RESPONSE_OPEN + json.dumps(results, ensure_ascii=False) + RESPONSE_CLOSE)
+
+
+class TextStream:
+    """One session's text channel between its tokens: the bytes of a character whose tokens have not all come
+    yet. Made with each session, so a session never continues a character of the one before it.
+
+    At most 3 bytes are held (UTF-8's incremental decoder keeps no more than an unfinished character's), so a
+    byte sequence that is no UTF-8 costs one U+FFFD, never a stalled transcript."""
+
+    __slots__ = ("_utf8", "held")
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.held = False  # bytes of an unfinished character are waiting
+
+    def decode(self, data: bytes) -> str:
+        """The text `data` completes, given what was held; keeps the bytes of a character not yet whole."""
+        text = self._utf8.decode(data)
+        self.held = bool(self._utf8.getstate()[0])
+        return text
+
+    def drop(self) -> None:
+        """Forget the bytes of an unfinished character."""
+        self._utf8.reset()
+        self.held = False
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte each character of a byte-level BPE's tokens stands for (GPT-2's table: printable Latin-1
+    bytes as themselves, the others as the characters from U+0100 on, in byte order)."""
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    hidden = [b for b in range(256) if b not in shown]
+    return {chr(b): b for b in shown} | {chr(256 + n): b for n, b in enumerate(hidden)}
+
+
+_BYTE_OF = _byte_level_alphabet()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_bytes(token: str | None) -> bytes | None:
+    """The bytes a token stands for, when its text is written in bytes: a byte-fallback token (`<0xC3>`) or
+    a byte-level BPE's token (`Ã`, `ĠÃ`); None otherwise."""
+    if token is None:
+        return None
+    if m := _BYTE_FALLBACK.fullmatch(token):
+        return bytes([int(m[1], 16)])
+    if token and all(c in _BYTE_OF for c in token):
+        return bytes(_BYTE_OF[c] for c in token)
+    return None
 
 
 def parse_tool_call(text: str) -> list[ParsedCall]:

@@ -89,7 +89,7 @@ class ToolCalls:
             call_id = "call_" + uuid.uuid4().hex[:12]
             s.pending[call_id] = call
             if call.name not in s.tools:
-                s.results[call_id] = _error(call.name, f"there is no tool named {call.name!r}")
+                s.results[call_id] = _error(call.name, _no_such_tool(call.name))
                 s.tool_errors += 1
                 out.append(ToolCallRejected(tick, f"unknown tool {call.name!r}"))
             else:
@@ -156,19 +156,34 @@ class ToolCalls:
         if not s.t_last_result:
             s.t_last_result = self.clock()
         if self.encode_pool is None:
-            self._prefill_response(s, tick, self.tok.response_ids(results))
+            try:
+                ids = self._encode(results)
+            except Exception as e:
+                ids = self._unread(s, e)
+            self._prefill_response(s, tick, ids)
             return
         s.phase = Phase.WAITING
-        s.response = self.encode_pool.submit(self.tok.response_ids, results)
+        s.response = self.encode_pool.submit(self._encode, results)
+
+    def _encode(self, results: list[dict]) -> list[int]:
+        """The tokens of `results`, their text made encodable first (on `encode_pool`)."""
+        return self.tok.response_ids([{k: _encodable(v) for k, v in r.items()} for r in results])
 
     def _response_ids(self, s: Session) -> list[int]:
         """The encoded results of a finished `s.response`."""
         response, s.response = s.response, None
         try:
             return response.result()
-        except Exception as e:  # the model still hears that its call came back
-            log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
-            return self.tok.response_ids([{"error": "the tool results could not be read"}])
+        except Exception as e:
+            return self._unread(s, e)
+
+    def _unread(self, s: Session, e: Exception) -> list[int]:
+        """The results could not be encoded: the model still hears that its call came back, and the call
+        counts as failed."""
+        log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
+        s.tool_errors += 1
+        s.call_failed = True
+        return self.tok.response_ids([{"error": "the tool results could not be read"}])
 
     def _prefill_response(self, s: Session, tick: int, ids: list[int]) -> None:
         s.phase = Phase.PREFILL
@@ -177,6 +192,32 @@ class ToolCalls:
         s.prefill_by = tick + max(self.limits.result_ticks, math.ceil(len(ids) / self.limits.result_chunk))
         s.prefill_ids = ids
         s.prefill_pos = 0
+
+
+def _encodable(value: object) -> object:
+    """Text as UTF-8 can carry it: a lone surrogate (half of a pair, which no encoder takes) becomes U+FFFD,
+    and two halves in order become the character they make. Anything but text is left as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return value
+
+
+def _no_such_tool(name: str) -> str:
+    """What the model hears for a call of a tool it was not given: a name with a character that does not
+    print (a control or an invisible one) is answered by naming the character, which a quote cannot show."""
+    shown = "".join(ch for ch in name if ch.isprintable())
+    shown = shown if len(shown) <= 40 else shown[:39] + "…"
+    hidden = next((ch for ch in name if not ch.isprintable()), None)
+    if hidden is None:
+        return f"there is no tool named {shown!r}"
+    return (
+        f"the tool name {shown!r} contains an invisible character, U+{ord(hidden):04X}; "
+        "send the name without it"
+    )
 
 
 def _error(name: str, message: str) -> dict:

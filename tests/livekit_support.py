@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.privacy import mask_numbers
+from agent.call import room_label
 
 ROOT = Path(__file__).resolve().parent.parent
 CALLERS = ROOT / "prompts" / "callers"
@@ -348,17 +348,17 @@ async def await_until(predicate, timeout: float, every: float = 0.1, what: str =
 
 
 class SessionsByRoom(dict):
-    """A snapshot's sessions by their label, looked up by room name: the engine shows a room's name with any
-    number in it by its last four digits (engine/privacy.py), so a name is masked the same way to find it."""
+    """A snapshot's sessions by their label, looked up by room name: the worker shows a room by its label, a
+    pseudonym of its name (agent/call.py, `room_label`), so a name is looked up by its label."""
 
     def __getitem__(self, room: str) -> dict:
-        return super().__getitem__(mask_numbers(room))
+        return super().__getitem__(room_label(room))
 
     def get(self, room: str, default=None):
-        return super().get(mask_numbers(room), default)
+        return super().get(room_label(room), default)
 
     def __contains__(self, room: object) -> bool:
-        return super().__contains__(mask_numbers(room) if isinstance(room, str) else room)
+        return super().__contains__(room_label(room) if isinstance(room, str) else room)
 
 
 def sessions_by_label(snapshot: dict) -> SessionsByRoom:

@@ -92,8 +92,22 @@ def test_the_request_function_turns_away_jobs_beyond_the_free_slots(seeded_env):
 
     asyncio.run(offer())
     assert [r.answer for r in requests] == ["accept", "accept", "reject"]
-    engine = worker.shared_engine(settings)
-    assert engine.pool.available == 0  # both accepted jobs hold their slot before they open a session
-    worker.release_admission("AJ_0", settings)  # a job that ended before its call opened
-    assert engine.pool.available == 1
-    assert worker.take_admission("AJ_1") is not None and worker.take_admission("AJ_1") is None
+    engine = worker.shared_engine(settings)  # the worker's end of its engine's process
+    try:
+        assert engine.status()["available"] == 0  # both accepted jobs hold their slot before their sessions
+        engine.release("AJ_0")  # a job that ended before its call opened
+        assert engine.status()["available"] == 1
+        engine.release("AJ_0")  # twice is nothing more
+        assert engine.status()["available"] == 1
+
+        async def opened():  # the other job's session takes the slot reserved for it, not a free one
+            loop = asyncio.get_running_loop()
+            return await asyncio.to_thread(
+                engine.open_session, "You are a concierge.", loop=loop, admission="AJ_1"
+            )
+
+        handle = asyncio.run(opened())
+        assert engine.status()["available"] == 1 and engine.status()["occupancy"] == 0.5
+        handle.close()
+    finally:
+        worker.close_shared()

@@ -190,6 +190,32 @@ def test_a_lookup_by_an_invisible_last_name_is_refused(sqlite_hotel):
     assert err.value.message == "The last name is not valid: a name needs at least one visible letter."
 
 
+def test_a_mark_between_two_words_keeps_them_apart_and_the_last_name_finds_the_booking(sqlite_hotel):
+    reservation = stored(sqlite_hotel, booking(guest_name="Grace\u200fHopper"))
+    assert reservation.guest_name == "Grace Hopper"
+    found = sqlite_hotel.call(
+        "find_reservation", {"confirmation_code": reservation.code, "last_name": "Hopper"}
+    )
+    assert found["confirmation_code"] == reservation.code
+
+
+def test_a_name_with_a_direction_override_is_refused_by_its_code_point(sqlite_hotel):
+    assert refused(sqlite_hotel, booking(guest_name="Grace\u202erepoH")) == (
+        "The guest name is not valid: the name contains an invisible text-direction control (U+202E), which "
+        "changes the order its letters are shown in; give the name without it."
+    )
+
+
+def test_a_name_sent_with_ten_thousand_spaces_is_refused(sqlite_hotel):
+    assert refused(sqlite_hotel, booking(guest_name=" " * 10_000 + "Al")) == (
+        "The guest name is too long; it can be at most 80 characters."
+    )
+
+
+def test_accents_inside_a_precomposed_letter_count_towards_its_three(sqlite_hotel):
+    assert refused(sqlite_hotel, booking(guest_name="G\u01d8\u0300\u0301\u0302 Lovelace")) == _ACCENTS
+
+
 # --- any text ----------------------------------------------------------------------------------------
 
 # Random text, weighted towards the characters above: digits of every kind, fillers, accents, @ and +.

@@ -8,6 +8,7 @@ import pytest
 
 import hotel_support
 from hotel_support import booking
+from tools import schemas
 from tools.audit import audit
 from tools.errors import HotelError, InvalidRequest, NotFound
 
@@ -90,6 +91,27 @@ def test_hostile_bookings_are_refused_in_words(store, args):
     assert HUGE[:100] not in message and "Traceback" not in message  # an echo is clipped to 40 characters
     assert message.isprintable()
     assert snapshot(store) == before
+
+
+@pytest.mark.parametrize(("name", "hidden"), [("book_room\x00", "U+0000"), ("book\u200b_room", "U+200B")])
+def test_a_tool_name_with_an_invisible_character_is_refused_by_naming_it(name, hidden):
+    with pytest.raises(InvalidRequest) as err:
+        schemas.parse_args(name, booking())
+    assert err.value.message == (
+        f"The tool name 'book_room' contains an invisible character, {hidden}; send the name without it."
+    )
+
+
+def test_a_field_name_with_an_invisible_character_is_refused_by_naming_it():
+    args = {k: v for k, v in booking().items() if k != "guests"}
+    with pytest.raises(InvalidRequest) as err:
+        schemas.parse_args("book_room", {**args, "guests\x00": 2, "discount": "100%"})
+    assert err.value.message == (
+        "I still need the number of guests. "
+        "The field name 'guests' contains an invisible character, U+0000; send the name without it. "
+        "This tool does not take 'discount'; its fields are guest_name, contact, check_in, check_out, "
+        "nights, guests, room_type."
+    )
 
 
 @pytest.mark.parametrize("arguments", [None, [], "book me a room", 42, [booking()]])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import date
 
 import pytest
@@ -148,6 +149,62 @@ def test_names_keep_their_letters_in_any_script():
     assert rules.clean_name("  Zoë   O'Brien-Núñez ") == "Zoë O'Brien-Núñez"
     assert rules.clean_name("李 小龍") == "李 小龍"
     assert rules.clean_name("J. R. R. Tolkien") == "J. R. R. Tolkien"
+
+
+@pytest.mark.parametrize(
+    ("said", "kept"),
+    [
+        ("Grace\u200fHopper", "Grace Hopper"),  # RIGHT-TO-LEFT MARK: words are not merged
+        ("Grace\u200eHopper", "Grace Hopper"),  # LEFT-TO-RIGHT MARK
+        ("Grace\u200bHopper", "Grace Hopper"),  # ZERO WIDTH SPACE
+        ("Grace\u2062Hopper", "Grace Hopper"),  # INVISIBLE TIMES
+        ("Grace \u200f Hopper", "Grace Hopper"),  # beside a space: still one space
+        ("Hop\u00adper", "Hopper"),  # a soft hyphen is inside a word: dropped
+        ("Hop\u2060per", "Hopper"),  # as is a word joiner
+        ("Grace\u3164Hopper", "Grace Hopper"),  # a blank that shows as one: the Hangul filler
+    ],
+)
+def test_an_invisible_character_between_words_counts_as_a_space(said, kept):
+    assert rules.clean_name(said) == kept
+
+
+@pytest.mark.parametrize(
+    ("said", "control"),
+    [
+        ("Grace\u202erepoH", "U+202E"),  # RIGHT-TO-LEFT OVERRIDE: stored, it would read "Grace Hoper"
+        ("\u202bGrace Hopper\u202c", "U+202B"),
+        ("Grace \u2067Hopper\u2069", "U+2067"),  # RIGHT-TO-LEFT ISOLATE
+        ("Grace\u2069", "U+2069"),
+    ],
+)
+def test_a_direction_control_in_a_name_is_refused_by_its_code_point(said, control):
+    with pytest.raises(ValueError) as err:
+        rules.clean_name(said)
+    assert control in str(err.value) and "direction" in str(err.value)
+
+
+@pytest.mark.parametrize("said", [" " * 10_000 + "Al", "Al" + "\u200b" * 10_000, "Al" + "\u3164" * 300])
+def test_a_name_sent_far_longer_than_any_name_is_refused_before_cleaning(said):
+    with pytest.raises(ValueError, match=f"at most {rules.NAME_MAX} characters"):
+        rules.clean_name(said)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "G\u01d8\u0300\u0301\u0302",  # ǘ is u with two accents: five on one letter
+        "\u1ec7\u0300\u0301",  # ệ is e with two: four
+        "Ad\u00e0\u0301\u0302\u0303",  # à with three more: four
+    ],
+)
+def test_accents_inside_precomposed_letters_count(said):
+    with pytest.raises(ValueError, match="too many accent marks"):
+        rules.clean_name(said)
+
+
+@pytest.mark.parametrize("said", ["Nguy\u1ec5n Th\u1ecb", "Ph\u1ea1m \u01d8", "Zo\u00eb\u0301"])
+def test_up_to_three_accents_on_a_letter_in_any_composition_are_kept(said):
+    assert rules.clean_name(said) == unicodedata.normalize("NFC", said)
 
 
 ROOMS = [

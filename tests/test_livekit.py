@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.privacy import mask_numbers
+from agent.call import room_label
 from livekit_support import (
     ALLOWED_INTERFACES,
     RATE,
@@ -296,7 +296,7 @@ def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(serv
     rooms = [set(sessions_by_label(s)) for s in snaps]
     print(f"sessions per worker {[len(r) for r in rooms]}, job requests turned away {turned_away}")
     assert all(len(r) <= 4 for r in rooms), rooms
-    assert rooms[0] | rooms[1] == {mask_numbers(c.room_name) for c in callers}  # every caller got an agent...
+    assert rooms[0] | rooms[1] == {room_label(c.room_name) for c in callers}  # every caller got an agent...
     assert not rooms[0] & rooms[1]  # ... from one worker
     for c in callers:  # each one is heard by an agent of its own room, which it hears
         assert c.heard.agent_identity is not None and c.heard.sources == {c.heard.agent_identity}

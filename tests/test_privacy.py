@@ -3,7 +3,11 @@ numbers in room labels and contacts cut to their last four digits, wherever they
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +40,13 @@ ADVERSARIAL = {
     "phone number": ("Call us on +1 415 555 0100 or (415) 555-0100.", ["415", "555", "0100", "+1"]),
     "spelled name": ("That's H O P P E R, thank you.", ["H O P", "P E R"]),
     "unregistered name": ("Thank you, Grace, that is all booked.", ["grace"]),
+    "name after a title": ("Thank you, Mr. Hopper, enjoy your stay.", ["hopper"]),
+    "names after titles": (
+        "Ms. Lovelace and Dr. Grace are booked; mrs. byron too.",
+        ["lovelace", "grace", "byron"],
+    ),
+    "lower-case code": ("the code is kqamxytr", ["kqamxytr"]),
+    "lower-case code that reads like a word": ("Your confirmation code is mentaruy.", ["mentaruy"]),
 }
 
 
@@ -51,6 +62,28 @@ def test_the_redactor_leaves_nothing_personal(case):
     assert left(said, forbidden) == forbidden  # the case does carry what it is about
     assert left(shown, forbidden) == []
     assert not re.search(r"\d", shown)
+
+
+# What the redactor misses (docs/monitoring.md, "Personal data"): the reason the agent's words are off unless
+# an operator turns them on. Strict: a limit that is lifted fails here until the documentation says so.
+LIMITS = {
+    "lower-case name": ("thanks grace, you're all booked.", ["grace"]),
+    "name opening a sentence": ("Hopper is the name on the booking.", ["hopper"]),
+    "street address in words": ("We will post it to twelve baker street.", ["baker"]),
+    "spoken e-mail, local part in two words": ("That's john smith at gmail dot com.", ["john"]),
+    "spoken e-mail, not finished": ("I have it as hopper at gmail", ["hopper", "gmail"]),
+    "a lone number word": ("Your PIN starts with seven.", ["seven"]),
+    "a code just begun": ("Your code is kilo", ["kilo"]),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="a documented limit of the redactor")
+@pytest.mark.parametrize("case", list(LIMITS))
+def test_what_the_redactor_does_not_catch(case):
+    said, forbidden = LIMITS[case]
+    shown = redact(said)
+    print(f"{said!r} -> {shown!r}")
+    assert left(shown, forbidden) == []
 
 
 def test_the_sessions_private_terms_go_in_any_case_and_possessive_and_ordinary_words_stay():
@@ -105,25 +138,128 @@ def test_a_phone_contact_on_the_page_keeps_only_its_last_four_digits():
     assert mask_contact("+1 415 555 0100") == "•••• 0100"
 
 
-def test_a_phone_callers_room_label_is_masked_by_the_agent():
-    sip = SimpleNamespace(kind=rtc.ParticipantKind.PARTICIPANT_KIND_SIP)
-    room = SimpleNamespace(name="call-_+14155550123_AbCd", remote_participants={"sip_caller": sip})
-    label, caller = describe_caller(room, "sip_caller")
-    assert (label, caller) == ("call-_•••• 0123_AbCd", "phone")
+PHONE_ROOM = "call-_+14155550123_AbCd"  # a SIP dispatch rule names a call's room after the caller's number
+# room name -> what must not be left of it in its label (compared without case)
+ROOMS = {
+    PHONE_ROOM: ["4155550123", "0123", "+1"],
+    "web-grace.hopper@example.com": ["grace", "hopper", "example"],
+    "room-Grace-Hopper": ["grace", "hopper"],
+}
 
 
-def test_the_frameworks_log_records_name_a_phone_room_by_the_numbers_last_four_digits(caplog):
-    """livekit-agents logs a job's room as a record field; a phone call's room is named after the caller's
-    number. The worker's filter on the framework's logger masks it (a real record through logging)."""
-    import logging
+def caller_room(name: str, kind: rtc.ParticipantKind.ValueType) -> SimpleNamespace:
+    """A room as describe_caller reads it: its name and its one remote participant, "caller"."""
+    return SimpleNamespace(name=name, remote_participants={"caller": SimpleNamespace(kind=kind)})
+
+
+def test_a_rooms_label_carries_nothing_of_its_name_and_is_stable_and_distinct():
+    web, sip = rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+    labels = {}
+    for name, forbidden in ROOMS.items():
+        label, caller = describe_caller(caller_room(name, sip if name == PHONE_ROOM else web), "caller")
+        print(f"{name!r} -> {label!r} ({caller})")
+        assert label and left(label, forbidden) == [] and not re.search(r"\d", label), label
+        assert caller == ("phone" if name == PHONE_ROOM else "web")
+        assert describe_caller(caller_room(name, web), "caller")[0] == label  # the same room, the same label
+        labels[name] = label
+    assert len(set(labels.values())) == len(ROOMS)  # a label for each room
+    assert describe_caller(None, None) == ("", "")
+
+    from agent.call import room_label  # the one mapping, for whoever looks a room up (the tests, the logs)
+
+    assert {name: room_label(name) for name in ROOMS} == labels
+    assert mask_numbers(labels[PHONE_ROOM]) == labels[PHONE_ROOM]  # the engine's own masking keeps it
+
+
+PERSONAL = ["4155550123", "415 555", "grace", "hopper", "example.com", "baker"]
+
+
+@contextlib.contextmanager
+def worker_log(colored: bool):
+    """The worker's log as livekit-agents' CLI sets it up (`setup_logging`: JSON in production, colored in
+    dev) for the worker built and started; yields a list that holds its output once the block is left."""
+    from livekit.agents.cli.log import setup_logging
 
     from agent.settings import AgentSettings
     from agent.worker import build_server
 
-    build_server(AgentSettings())
-    with caplog.at_level(logging.INFO, logger="livekit.agents"):
-        logging.getLogger("livekit.agents").info(
-            "received job request", extra={"room": "call-_+14155550123_AbCd", "job_id": "AJ_x"}
+    out, written = io.StringIO(), []
+    root, noisy = logging.getLogger(), logging.getLogger("livekit")
+    handlers, levels = list(root.handlers), (root.level, noisy.level)
+    stdout, sys.stdout = sys.stdout, out
+    try:
+        setup_logging("INFO", devmode=colored, console=False)
+        server = build_server(AgentSettings())
+        server.emit("worker_started")
+        yield written
+    finally:
+        sys.stdout = stdout
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(levels[0])
+        noisy.setLevel(levels[1])
+        written.append(out.getvalue())
+
+
+@pytest.mark.parametrize("colored", [False, True], ids=["json", "colored"])
+def test_the_workers_log_carries_no_callers_number_or_name(colored):
+    """livekit-agents logs a job's room, its participants and what they said as record fields (its personal
+    ones marked `lk.pii.`), and a room or identity in a message's text. Records of its real loggers go
+    through the handler its CLI sets up for the worker: the output names rooms and participants by labels,
+    and holds no number or name."""
+    from livekit.agents.log import logger
+
+    identity = "sip_+14155550123"
+    with worker_log(colored) as written:
+        for job, room in (("AJ_job", PHONE_ROOM), ("AJ_web", "room-Grace-Hopper")):
+            logger.info(
+                "received job request",
+                extra={"job_id": job, "room": room, "room_id": "RM_room", "agent_name": "concierge"},
+            )
+        logger.info(
+            "participant joined",
+            extra={
+                "lk.pii.participant_identity": identity,
+                "lk.pii.room_name": PHONE_ROOM,
+                "participant": identity,
+                "lk.pii.user_input": "I'm Grace Hopper, 12 Baker Street",
+            },
         )
-    (record,) = [r for r in caplog.records if r.getMessage() == "received job request"]
-    assert record.room == "call-_•••• 0123_AbCd" and record.job_id == "AJ_x"
+        logger.warning(
+            "error in participant entrypoint for '%s' in %s (%s)",
+            "grace-hopper",
+            "room-Grace-Hopper",  # a room met before: by its label
+            identity,  # a number: masked
+            extra={
+                "job": {
+                    "id": "AJ_job",
+                    "room": {"sid": "RM_web", "name": "web-grace.hopper@example.com"},
+                    "participant": {
+                        "identity": "grace",
+                        "name": "Grace Hopper",
+                        "attributes": {"sip.phoneNumber": "+1 415 555 0123"},
+                    },
+                },
+                "caller_identity": "grace-hopper",
+                "expected_identities": ["grace-hopper", identity],
+            },
+        )
+        logging.getLogger("livekit").warning("connection to %s lost", PHONE_ROOM)  # the rtc SDK's logger
+    (text,) = written
+    print(text)
+    assert text.count("\n") == 5  # every record was written
+    assert left(text, PERSONAL) == []
+    assert "AJ_job" in text and "RM_room" in text and "concierge" in text  # what is not personal stays
+
+    from agent.call import room_label
+
+    assert room_label(PHONE_ROOM) in text  # the room as the monitoring page names it
+
+
+@pytest.mark.xfail(strict=True, reason="a documented limit of the log's mask (docs/monitoring.md)")
+def test_a_name_in_a_log_messages_text_that_no_field_named():
+    with worker_log(colored=False) as written:
+        logging.getLogger("livekit.agents").info("booked for %s", "Ada Lovelace")
+    (text,) = written
+    print(text)
+    assert left(text, ["lovelace"]) == []

@@ -19,8 +19,8 @@ from agent import sip
 from agent.hotel import HotelAgent, tool_schemas
 from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
 from agent.playout import PlayoutOutput, WavSink
+from agent.room import call_purpose, concierge_for
 from agent.settings import AgentSettings
-from agent.worker import call_purpose, concierge_for
 from hotel_support import booking, until
 from twirp_fake import FRONT_DESK, KEY, SECRET
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import pickle
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from livekit.agents import AgentServer, JobExecutorType, cli
 from livekit.agents.cli.discover import get_import_data
 from livekit.agents.cli.tcp_console import TcpAudioInput, TcpAudioOutput
 
-from agent import worker
+from agent import room, worker
 from agent.playout import PlayoutOutput
 from agent.settings import AgentSettings
 from hotel_support import until
@@ -73,7 +74,13 @@ def test_the_cli_finds_the_worker_with_its_name_load_threshold_executor_and_star
     # the configuration as livekit-agents holds it (AgentServer has no public accessors for these)
     assert server._agent_name == "front-desk"
     assert server._load_threshold == 0.7  # LiveKit's default agents.target_load
-    assert server._job_executor_type == JobExecutorType.THREAD
+    assert server._job_executor_type == JobExecutorType.THREAD  # rooms share one rtc runtime; the engine
+    # has a process of its own. What a process executor (CHORUS_ROOM_PROCESSES=true) would hand each room's
+    # process goes by reference: module-level functions
+    assert pickle.loads(pickle.dumps((server._entrypoint_fnc, server._setup_fnc))) == (
+        server._entrypoint_fnc,
+        server._setup_fnc,
+    )
     # reading a 5 GB checkpoint takes longer than the framework's default: at 100 MB/s, 50 s more
     assert server._initialize_process_timeout >= FRAMEWORK_DEFAULT_STARTUP_S + 5 * GB / 100e6
     # the load LiveKit sees is the engine's, scaled to the server's target: a full engine is exactly at it
@@ -171,16 +178,16 @@ def test_the_console_hears_the_playout_with_its_clips(seeded_env, monkeypatch):
     console._tcp_audio_input = TcpAudioInput()
     console._tcp_audio_output = speaker
     calls = []
-    start_call = worker.start_call
+    start_call = room.start_call
 
     async def spy(*args, **kwargs):
         calls.append(await start_call(*args, **kwargs))
         return calls[-1]
 
-    monkeypatch.setattr(worker, "start_call", spy)
+    monkeypatch.setattr(room, "start_call", spy)
 
     async def main():
-        server = worker.build_server(AgentSettings(slots=1, http_port=0))
+        server = worker.build_server(AgentSettings(slots=1, http_port=0, room_processes=False))
         run = asyncio.create_task(server.run(devmode=True, unregistered=True))
         await until(lambda: not server._closed, "the worker to start")
         await server.simulate_job("console-room", agent_identity="console", fake_job=True)

@@ -38,6 +38,13 @@ def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def hidden_character(text: str) -> str | None:
+    """The first character of `text` that does not print (a control or an invisible one), as `U+0000`: an
+    echo cannot show it, so an error message names it instead; None when every character prints."""
+    hidden = next((ch for ch in text if not ch.isprintable()), None)
+    return None if hidden is None else f"U+{ord(hidden):04X}"
+
+
 def _next_day_of_month(day: int, today: date) -> date | None:
     """The first date on or after `today` whose day of the month is `day`; None for a day no month has."""
     if not 1 <= day <= 31:
@@ -270,26 +277,55 @@ def spoken_code(code: str) -> str:
 
 NAME_PUNCTUATION = " -'.’"
 NAME_MAX = 80  # characters, counted as stored (after NFC, which lengthens some letters)
+NAME_SENT_MAX = 2 * NAME_MAX  # characters as sent, spaces and invisible ones included: more is no name
 MARKS_PER_LETTER = 3  # accents on one letter: a pointed Hebrew shin carries three (dagesh, shin dot, vowel)
-# Characters that show nothing and are not format characters (Cf, all dropped too): the Hangul fillers
-# (letters to unicodedata), the Braille blank (a symbol), the combining grapheme joiner, the Khmer inherent
-# vowels, the Khitan filler and the variation selectors (marks).
+# Characters that show nothing and are not format characters, dropped: the Hangul choseong and jungseong
+# fillers (letters to unicodedata), the combining grapheme joiner, the Khmer inherent vowels, the Khitan
+# filler and the variation selectors (marks).
 _INVISIBLE = frozenset(
-    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u2800\u3164\uffa0\U00016fe4"
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\U00016fe4"
     + "".join(map(chr, range(0xFE00, 0xFE10)))
     + "".join(map(chr, range(0xE0100, 0xE01F0)))
 )
+# Characters that show as a blank but are no space to Python: the Braille blank (a symbol) and the Hangul
+# fillers that stand alone (letters). Each counts as a space.
+_BLANK = frozenset("\u2800\u3164\uffa0")
+# Format characters (Cf) that sit inside a word, dropped: the soft hyphen, the Mongolian vowel separator, the
+# zero-width non-joiner and joiner, the word joiner and the zero-width no-break space. Any other format
+# character (a zero-width space, a direction mark, an invisible operator, a tag) counts as a space, so that
+# it never joins two words into one.
+_IN_WORD = frozenset("\u00ad\u180e\u200c\u200d\u2060\ufeff")
+# The text-direction embeddings, overrides and isolates: they change the order in which what follows them is
+# shown, so a name holding one would be stored as it was not said; it is refused.
+_DIRECTION = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _as_shown(ch: str) -> str:
+    if ch in _INVISIBLE or ch in _IN_WORD:
+        return ""
+    if ch in _BLANK or unicodedata.category(ch) == "Cf":
+        return " "
+    return ch
 
 
 def clean_name(text: str) -> str:
-    """A guest name as stored: invisible characters dropped, NFC, single spaces. Raises `ValueError` (the
-    reason, to be said) unless it is a plausible personal name: letters with at most `MARKS_PER_LETTER`
-    accents each (and at most two per letter over the name), spaces, hyphens, apostrophes and periods."""
-    visible = "".join(ch for ch in text if ch not in _INVISIBLE and unicodedata.category(ch) != "Cf")
-    name = " ".join(unicodedata.normalize("NFC", visible).split())
+    """A guest name as stored: NFC, single spaces, invisible characters dropped (those inside a word) or read
+    as a space (those between words, and blanks). Raises `ValueError` (the reason, to be said) for text sent
+    longer than `NAME_SENT_MAX` or holding a text-direction control, and unless it is a plausible personal
+    name: letters with at most `MARKS_PER_LETTER` accents each (and at most two per letter over the name),
+    counted with the letters decomposed (NFD, so a precomposed letter's own accents count too), spaces,
+    hyphens, apostrophes and periods."""
+    if len(text) > NAME_SENT_MAX:
+        raise ValueError(f"must be at most {NAME_MAX} characters long")
+    if direction := next((ch for ch in text if ch in _DIRECTION), None):
+        raise ValueError(
+            f"the name contains an invisible text-direction control (U+{ord(direction):04X}), which changes "
+            "the order its letters are shown in; give the name without it"
+        )
+    name = " ".join(unicodedata.normalize("NFC", "".join(map(_as_shown, text))).split())
     letters = marks = 0
     on_letter = -1  # accents on the letter just read; -1 after a space or punctuation (none may follow)
-    for ch in name:
+    for ch in unicodedata.normalize("NFD", name):
         category = unicodedata.category(ch)
         if category.startswith("L"):
             letters, on_letter = letters + 1, 0

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from . import rules
 from .errors import InvalidRequest
@@ -29,6 +30,14 @@ def _no_bool(value: Any) -> Any:
     # pydantic's lax mode reads true as 1; a boolean is never a count of guests or nights.
     if isinstance(value, bool):
         raise ValueError("must be a whole number")
+    return value
+
+
+def _name_as_sent(value: Any) -> Any:
+    # before the ends are stripped: ten thousand spaces and "Al" is not a name; refused as any name too long
+    if isinstance(value, str) and len(value) > rules.NAME_SENT_MAX:
+        message = "String should have at most {max_length} characters"
+        raise PydanticCustomError("string_too_long", message, {"max_length": rules.NAME_MAX})
     return value
 
 
@@ -51,6 +60,7 @@ def _code(value: str) -> str:
 Guests = Annotated[int, Field(ge=1, le=MAX_GUESTS), BeforeValidator(_no_bool)]
 Nights = Annotated[int, Field(ge=1, le=MAX_NIGHTS_FIELD), BeforeValidator(_no_bool)]
 DateText = Annotated[str, Field(min_length=1, max_length=40)]
+Name = Annotated[str, BeforeValidator(_name_as_sent), AfterValidator(_name)]
 RoomType = Annotated[str, Field(min_length=1, max_length=40)]
 
 _CHECK_IN = (
@@ -84,7 +94,7 @@ class BookRoom(_Args):
     """Book one room once the caller has confirmed the name, dates and room. Returns the
     confirmation code to read back."""
 
-    guest_name: Annotated[str, AfterValidator(_name)] = Field(
+    guest_name: Name = Field(
         min_length=1, max_length=80, title="guest name", description="Full name of the guest, as confirmed."
     )
     contact: Annotated[str, AfterValidator(_contact)] = Field(
@@ -109,7 +119,7 @@ class FindReservation(_Args):
         title="confirmation code",
         description="The 8-character confirmation code as the caller read it.",
     )
-    last_name: Annotated[str, AfterValidator(_name)] = Field(
+    last_name: Name = Field(
         min_length=1, max_length=80, title="last name", description="The last name on the reservation."
     )
 
@@ -124,7 +134,7 @@ class ChangeOrCancelReservation(_Args):
         title="confirmation code",
         description="The reservation's confirmation code.",
     )
-    last_name: Annotated[str, AfterValidator(_name)] = Field(
+    last_name: Name = Field(
         min_length=1, max_length=80, title="last name", description="The last name on the reservation."
     )
     action: Literal["change", "cancel"] = Field(
@@ -285,15 +295,27 @@ def _sentence(model: type[_Args], error: Mapping[str, Any]) -> str:
     return f"The {label} is not valid."
 
 
+def _hidden(what: str, name: str, hidden: str) -> str:
+    return (
+        f"The {what} name {rules._clip(name, 30)!r} contains an invisible character, {hidden}; "
+        "send the name without it."
+    )
+
+
 def explain(model: type[_Args], exc: ValidationError) -> str:
     """One short paragraph naming every problem (at most three), without echoing long input."""
     sentences: list[str] = []
     unknown: list[str] = []
     for error in exc.errors(include_url=False, include_input=False):
         if error["type"] == "extra_forbidden":
-            unknown.append(repr(rules._clip(str(error["loc"][0]) if error["loc"] else "?", 30)))
-            continue
-        sentence = _sentence(model, error)
+            key = str(error["loc"][0]) if error["loc"] else "?"
+            if hidden := rules.hidden_character(key):  # its echo would read as a field the tool takes
+                sentence = _hidden("field", key, hidden)
+            else:
+                unknown.append(repr(rules._clip(key, 30)))
+                continue
+        else:
+            sentence = _sentence(model, error)
         if sentence not in sentences:
             sentences.append(sentence)
     if unknown:
@@ -312,6 +334,8 @@ def parse_args(name: str, raw: Any) -> _Args:
     """Validate the model's arguments for tool `name`; raises `InvalidRequest` with a readable reason."""
     model = TOOLS.get(name)
     if model is None:
+        if hidden := rules.hidden_character(str(name)):
+            raise InvalidRequest(_hidden("tool", str(name), hidden))
         raise InvalidRequest(f"There is no tool called {rules._clip(str(name))!r}.")
     if isinstance(raw, model):
         return raw

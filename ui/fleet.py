@@ -131,10 +131,12 @@ def memory_help(snap: EngineSnapshot) -> str:
 
 
 def session_rows(workers: list[Worker]) -> list[dict]:
-    """One row per open session on the workers that answered: room, caller, state, duration, counters and the
+    """One row per open session on the workers that answered: room, caller, state, duration, counters (the
+    agent's turns, the words of its turn) and, when a worker sends them (CHORUS_SHOW_WORDS=redacted), the
     agent's last words (redacted again, whatever the worker did, and shortened)."""
     rows = []
     many = len(workers) > 1
+    words = any(w.snapshot is not None and w.snapshot.show_words != "off" for w in workers)
     for w in workers:
         if w.snapshot is None:
             continue
@@ -151,8 +153,11 @@ def session_rows(workers: list[Worker]) -> list[dict]:
                 "duration": duration(s.age_s),
                 "underruns": s.underruns,
                 "tool calls": s.tool_calls,
-                "last words": shorten(redact(s.last_words), LAST_WORDS_SHOWN),
+                "turns": s.turns,
+                "words": s.turn_words,
             }
+            if words:
+                row["last words"] = shorten(redact(s.last_words), LAST_WORDS_SHOWN)
             rows.append(row)
     return rows
 

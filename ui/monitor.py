@@ -3,8 +3,9 @@
 Polls each worker's engine snapshot (`GET /snapshot`, one worker per GPU) every few seconds in a fragment and
 shows whether the tick holds, who is talking, who waits on a tool and what was booked; with several workers,
 each one's figures side by side and the fleet's totals; a worker that stops answering is marked and the others
-keep showing. Nothing personal by default: phone numbers, names and codes masked, transcripts redacted and cut
-short; with an access token set, a visitor without it sees only the refusal.
+keep showing. Nothing personal: rooms by their labels, phone numbers, names and codes masked, and the agent's
+words only as counts unless a worker sends them (then redacted again and cut short); with an access token
+set, a visitor without it sees only the refusal.
 Knows Streamlit and the pieces of `ui/`; reads the engine only through its HTTP snapshot.
 """
 

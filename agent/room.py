@@ -1,0 +1,273 @@
+"""A room's side of the worker: the job that runs one room's call, in the room's own process (livekit-agents'
+process executor) or, under the console and `CHORUS_ROOM_PROCESSES=false`, in a thread of the worker's.
+
+`prewarm` readies a room's process before its job (the rtc SDK's FFI client, the engine's door:
+engine/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel agent
+until the caller leaves; a phone caller gets the phone concierge (agent/phone.py), which can also transfer
+the call or hang up. The engine is the worker's (agent/worker.py), reached through its socket and shared
+memory; this module imports nothing of torch, so a room's process starts in a fraction of a second and
+stays small.
+Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from livekit import rtc
+from livekit.agents import JobContext, JobProcess, cli
+
+from agent import room_connect, rtc_ffi
+from agent.call import ConsoleSink, start_call
+from agent.drain import goodbye_on_drain
+from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
+from agent.playout import RoomSink
+from agent.settings import AgentSettings
+from engine.collector import freeze_long_lived
+
+if TYPE_CHECKING:
+    from livekit.agents import Agent
+
+    from agent.phone import PhoneLine
+    from engine.remote import RemoteEngine
+
+log = logging.getLogger("chorus.agent.room")
+
+CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
+CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
+CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
+
+_lock = threading.Lock()
+_hotel: Any = None
+
+
+def shared_hotel() -> Any:
+    """The process's one booking store (its own connection pool), opened on first use."""
+    global _hotel
+    if _hotel is None:
+        with _lock:
+            if _hotel is None:
+                from tools.hotel import Hotel
+                from tools.store import open_store
+
+                _hotel = Hotel(open_store())
+    return _hotel
+
+
+_room: dict[str, Any] = {}  # this process's settings and the engine it reaches
+
+
+def room_settings() -> AgentSettings:
+    if "settings" not in _room:
+        _room["settings"] = AgentSettings.from_env()
+    return _room["settings"]
+
+
+def room_engine() -> RemoteEngine:
+    """The worker's engine as this process reaches it (engine/remote.py), made once per process."""
+    if "engine" not in _room:
+        from agent.drain import DRAIN
+        from engine.remote import RemoteEngine
+
+        engine = RemoteEngine()
+        engine.on_drain = DRAIN.begin
+        _room["engine"] = engine
+    return _room["engine"]
+
+
+def proc_is_own_process() -> bool:
+    """This job runner is a room's own process (the process executor), not a thread of the worker's."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
+def prewarm(proc: JobProcess) -> None:
+    """A room's process (or, under the thread executor, a job runner) before its job: the rtc SDK's FFI
+    client, the engine's door and its tokenizer, then the long-lived objects frozen out of the collector."""
+    rtc_ffi.install()  # before any job of this process can touch the rtc SDK
+    if proc_is_own_process():
+        # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
+        # cannot: on a machine short of cores the rooms yield first
+        os.nice(room_settings().room_nice)
+    engine = room_engine()
+    _ = engine.tokens
+    proc.userdata["engine"] = engine
+    freeze_long_lived()  # the job process's own objects, once
+
+
+async def entrypoint(ctx: JobContext) -> None:
+    """The job: a room's call (in the room's own process)."""
+    await run_job(ctx, room_settings())
+
+
+async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
+    """One room: the caller talks to the hotel agent until they leave; then the slot is freed. Under the
+    console (`lk agent console`) the caller is this machine's microphone and speaker, and the agent's voice
+    reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
+    mask_log_handlers()  # a handler the job added (livekit-agents' cloud recording) too
+    engine = room_engine()
+    opened = False
+
+    async def release(_reason: str = "") -> None:
+        if not opened:  # a job that ended before its call opened gives its slot back
+            await asyncio.to_thread(engine.release, ctx.job.id)
+
+    ctx.add_shutdown_callback(release)
+    # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
+    # never cancelled (agent/room_connect.py)
+    await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
+    caller = await _wait_for_caller(ctx)
+    if caller is None:
+        return
+    CALLER_DATA_MASK.learn(ctx.room.name, caller.identity)  # their names, in any log line, as their labels
+    console = cli.AgentsConsole.get_instance().enabled
+    kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
+    kind = "console" if console else kind
+    log.info("job %s: %s caller joined", ctx.job.id, kind)
+    left = _left_event(ctx, caller)
+    hotel = await asyncio.to_thread(shared_hotel)
+    agent, line = concierge_for(
+        settings,
+        hotel,
+        phone=kind == "sip",
+        room=ctx.room.name,
+        identity=caller.identity,
+        attributes=dict(caller.attributes),
+        job_id=ctx.job.id,
+        job_metadata=ctx.job.metadata,
+    )
+    call = await start_call(
+        engine,
+        agent,
+        sink=ConsoleSink() if console else RoomSink(),
+        room=ctx.room,
+        participant=caller.identity,
+        admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
+    )
+    opened = True
+    call.session.on("close", lambda _ev: left.set())
+    if line is not None:
+        line.attach(call.output)
+        ctx.add_shutdown_callback(line.aclose)
+    ctx.add_shutdown_callback(call.aclose)
+    _run_alongside(ctx, call, engine, line, settings, left)
+    try:
+        await left.wait()
+    finally:
+        await call.aclose()
+        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
+    ctx.shutdown("the caller left")
+
+
+async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
+    """The room's caller, or None (and the job shut down) when none comes within CALLER_WAIT_S."""
+    try:
+        async with asyncio.timeout(CALLER_WAIT_S):
+            return await ctx.wait_for_participant(kind=CALLER_KINDS)
+    except TimeoutError:
+        log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
+        ctx.shutdown("no caller")
+        return None
+
+
+def _left_event(ctx: JobContext, caller: rtc.RemoteParticipant) -> asyncio.Event:
+    """Set when the caller leaves the room or the room is gone."""
+    left = asyncio.Event()
+
+    def on_left(p: rtc.RemoteParticipant) -> None:
+        if p.identity == caller.identity:
+            left.set()
+
+    ctx.room.on("participant_disconnected", on_left)
+    ctx.room.on("disconnected", lambda *_: left.set())
+    return left
+
+
+def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings, left: asyncio.Event) -> None:
+    """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
+    a draining worker speaks, and the shutdown callbacks that stop them and end the wait on `left`."""
+    script: asyncio.Task | None = None
+    if settings.teacher_forcing:
+        from agent.forcing import Script, run_script
+
+        script = asyncio.create_task(run_script(call, engine, Script.from_metadata(ctx.job.metadata)))
+
+    async def hang_up() -> None:
+        if line is not None:
+            await line.act("end")  # the phone call ends (the SIP bridge sends BYE); a failure is logged
+        left.set()
+
+    goodbye = asyncio.create_task(
+        goodbye_on_drain(call, engine, hang_up, before=script.cancel if script else None)
+    )
+
+    async def stop_tasks(_reason: str = "") -> None:
+        for task in (script, goodbye):
+            if task is not None:
+                task.cancel()
+
+    async def on_shutdown(_reason: str = "") -> None:
+        left.set()
+
+    ctx.add_shutdown_callback(stop_tasks)
+    ctx.add_shutdown_callback(on_shutdown)
+
+
+def call_figures(call) -> str:
+    """A finished call's counters for the log: frames, turns, barge-ins, what played (no words, no numbers
+    of the caller's)."""
+    d = call.duplex.stats if call.duplex is not None else {}
+    p = call.output.stats
+    keys = ("frames_pushed", "frames_out", "speech_frames", "turns", "barge_ins", "function_calls")
+    parts = [f"{k} {d[k]}" for k in keys if k in d]
+    parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
+    return ", ".join(parts)
+
+
+def concierge_for(
+    settings: AgentSettings,
+    hotel: Any,
+    *,
+    phone: bool,
+    room: str,
+    identity: str,
+    attributes: dict[str, str],
+    job_id: str,
+    job_metadata: str | None = None,
+) -> tuple[Agent, PhoneLine | None]:
+    """The caller's agent: a web caller's `HotelAgent`, or for a phone caller (a SIP participant) the
+    `PhoneConcierge` with its `PhoneLine` (transfer, hang-up, their number for bookings)."""
+    from agent.hotel import HotelAgent
+    from agent.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
+
+    if not phone:
+        return HotelAgent(hotel, session_key=job_id), None
+    line = PhoneLine(settings, room=room, identity=identity, number=attributes.get(PHONE_NUMBER_ATTRIBUTE))
+    return PhoneConcierge(hotel, line, purpose=call_purpose(job_metadata), session_key=job_id), line
+
+
+def call_purpose(metadata: str | None) -> str:
+    """Why the hotel placed this call: the `reason` that `python -m agent sip call` put in the job's metadata
+    ("" for an incoming call, or metadata that is not ours)."""
+    try:
+        meta = json.loads(metadata or "{}")
+    except ValueError:
+        return ""
+    reason = meta.get("reason") if isinstance(meta, dict) else None
+    return reason.strip()[:500] if isinstance(reason, str) else ""
+
+
+def close_room() -> None:
+    """Close this process's store and forget its engine (between tests)."""
+    global _hotel
+    with _lock:
+        if _hotel is not None:
+            _hotel.store.close()
+        _hotel = None
+        _room.clear()

@@ -1,0 +1,255 @@
+"""What a room costs a Chorus worker, through a real LiveKit server, with LiveKit's agent load tester as the
+callers.
+
+`python -m benchmarks.room_cost --rooms 1 4 8 16 --seconds 20` starts, for each N, a worker as a user does
+(`python -m agent start`, tiny preset, N slots, teacher forcing so the agents speak; `--processes`: each room
+in a process of its own), measures it idle for
+`--seconds` (the live step with no room), then runs the load tester with N rooms and measures a steady window
+of `--seconds` once every room is in its call. CPU comes from /proc: per process of the worker's tree (the
+worker, its forkserver, each room's process) and per thread, split into Python threads (those that carry the
+process's own name: CPython does not name its threads for the OS) and native ones (the rtc SDK's tokio,
+audio and network threads, which name themselves). The engine's process (`engine.serve`) is counted apart;
+its busiest Python thread is the tick. A room's cost is what the tree spends with N rooms beyond what it
+spends idle, over N; its Python share the same for the Python threads outside the engine's process.
+The live step's p50 and p99 over each window come from the engine's Prometheus histogram
+(`chorus_live_step_seconds`, interpolated within its buckets) and its mean from the histogram's sum.
+
+Per N it prints the worker tree's cores, each room's cores in total and in Python, the live step idle and
+with rooms, memory per room process, and the rooms per core this implies. Needs scripts/livekit.sh's server
+and load tester (as benchmarks/livekit_load.py). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.livekit_load import Worker, load_tester, seeded, server_from_env
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            tasks = []
+        for t in tasks:  # a child belongs to the thread that started it
+            with contextlib.suppress(OSError):
+                todo += [int(k) for k in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+    return out
+
+
+def threads(pid: int) -> dict[tuple[int, int], tuple[str, str, float]]:
+    """(pid, tid) -> (process name, thread name, CPU seconds so far) for every thread of the tree."""
+    found = {}
+    for p in tree(pid):
+        try:
+            pname = Path(f"/proc/{p}/comm").read_text().strip()
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                stat = Path(f"/proc/{p}/task/{t}/stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            found[(p, int(t))] = (pname, name, (int(fields[11]) + int(fields[12])) / TICKS_PER_S)
+    return found
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def histogram(metrics_url: str) -> tuple[dict[float, float], float, float]:
+    """The live step's cumulative bucket counts by upper bound (ms), its sum (s) and count."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    buckets, total, count = {}, 0.0, 0.0
+    for line in text.splitlines():
+        if line.startswith("chorus_live_step_seconds_bucket"):
+            le = re.search(r'le="([^"]+)"', line).group(1)
+            buckets[float("inf") if le == "+Inf" else float(le) * 1000] = float(line.split()[-1])
+        elif line.startswith("chorus_live_step_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("chorus_live_step_seconds_count"):
+            count = float(line.split()[-1])
+    return buckets, total, count
+
+
+def window_live(a, b) -> dict:
+    """p50, p99 (interpolated in the buckets) and mean of the live steps between two histogram readings."""
+    bounds = sorted(b[0])
+    counts = [b[0][k] - a[0].get(k, 0.0) for k in bounds]
+    n = b[2] - a[2]
+    if n <= 0:
+        return {"ticks": 0, "p50": None, "p99": None, "mean": None}
+
+    def pct(q: float) -> float:
+        want, lo = q * n, 0.0
+        for i, bound in enumerate(bounds):
+            if counts[i] >= want:
+                below = counts[i - 1] if i else 0.0
+                hi = bound if bound != float("inf") else lo * 2
+                return lo + (hi - lo) * (want - below) / max(counts[i] - below, 1e-9)
+            lo = bound
+        return lo
+
+    return {
+        "ticks": int(n),
+        "p50": round(pct(0.5), 1),
+        "p99": round(pct(0.99), 1),
+        "mean": round(1000 * (b[1] - a[1]) / n, 1),
+    }
+
+
+def measure(worker: Worker, seconds: float) -> tuple[dict, dict]:
+    """CPU per thread over `seconds`, and the live step over the same window."""
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    h0, t0, w0 = histogram(url), threads(worker.proc.pid), time.monotonic()
+    time.sleep(seconds)
+    h1, t1, w1 = histogram(url), threads(worker.proc.pid), time.monotonic()
+    wall = w1 - w0
+    cpu = {
+        key: (pname, tname, (t1[key][2] - t0.get(key, (0, 0, t1[key][2]))[2]) / wall)
+        for key, (pname, tname, _) in t1.items()
+    }
+    return cpu, window_live(h0, h1)
+
+
+def split(cpu: dict, engine_pid: int | None) -> dict:
+    """Cores by where they run: the engine's process (its tick thread, the rest), and everything else of the
+    worker's tree, where the rooms run (Python threads, native threads)."""
+    engine = {k: v for k, v in cpu.items() if k[0] == engine_pid}
+    engine_python = [v[2] for v in engine.values() if v[1] == v[0]]
+    rooms = {k: v for k, v in cpu.items() if k[0] != engine_pid}
+    return {
+        "worker_tree": round(sum(v[2] for v in cpu.values()), 3),
+        "engine_process": round(sum(v[2] for v in engine.values()), 3),
+        "tick_thread": round(max(engine_python, default=0.0), 3),
+        "rooms_python": round(sum(v[2] for v in rooms.values() if v[1] == v[0]), 3),
+        "rooms_native": round(sum(v[2] for v in rooms.values() if v[1] != v[0]), 3),
+        "top_native": sorted(
+            ((v[1], round(v[2], 3)) for v in rooms.values() if v[1] != v[0]), key=lambda x: -x[1]
+        )[:8],
+    }
+
+
+def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
+    server = server_from_env()
+    seeded(tmp)
+    with Worker(server, tmp, slots=rooms, **env) as worker:
+        time.sleep(3.0)  # the rooms' processes warm
+        idle_cpu, idle_live = measure(worker, seconds)
+        cmd = [
+            load_tester(),
+            *("--rooms", str(rooms), "--agent-name", worker.agent_name, "--echo-speech-delay", "2s"),
+            *("--duration", f"{seconds * 2 + 30 + rooms * 2}s"),
+            *("--url", server.url, "--api-key", server.key, "--api-secret", server.secret),
+        ]
+        tester = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60 + 5 * rooms
+            while time.monotonic() < deadline:  # every room in its call
+                if len(worker.snapshot()["sessions"]) >= rooms:
+                    break
+                time.sleep(0.5)
+            joined = len(worker.snapshot()["sessions"])
+            time.sleep(min(10.0, seconds / 2))  # past the prompts' prefill and the greetings' start
+            busy_cpu, busy_live = measure(worker, seconds)
+            snap = worker.snapshot()
+            main_pid = worker.proc.pid
+            kids = tree(main_pid)[1:]
+            engine_pid = next((p for p in kids if "engine.serve" in cmdline(p)), None)
+            servers = [p for p in kids if "forkserver" in cmdline(p)]
+            # the rooms' processes are the forkserver's children (their command line is the forkserver's)
+            room_pids = [p for f in servers[:1] for p in tree(f)[1:]]
+            memory = sorted(rss_mb(p) for p in room_pids)
+            worker_rss = rss_mb(main_pid)
+        finally:
+            tester.kill()
+            tester.wait(10)
+    idle, busy = split(idle_cpu, engine_pid), split(busy_cpu, engine_pid)
+    per_room = (busy["worker_tree"] - idle["worker_tree"]) / max(joined, 1)
+    per_room_python = (busy["rooms_python"] - idle["rooms_python"]) / max(joined, 1)
+    return {
+        "rooms": rooms,
+        "joined": joined,
+        "seconds": seconds,
+        "idle": idle,
+        "busy": busy,
+        "live_idle_ms": idle_live,
+        "live_rooms_ms": busy_live,
+        "per_room_cores": round(per_room, 4),
+        "per_room_python_cores": round(per_room_python, 4),
+        "rooms_per_core": round(1 / per_room, 1) if per_room > 0 else None,
+        "worker_process_rss_mb": round(worker_rss, 1),
+        "room_process_rss_mb": {
+            "n": len(memory),
+            "median": round(memory[len(memory) // 2], 1) if memory else None,
+            "max": round(memory[-1], 1) if memory else None,
+        },
+        "missed_deadlines": snap["missed_deadlines"],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.room_cost", description=__doc__.splitlines()[0])
+    p.add_argument("--rooms", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--seconds", type=float, default=20.0, help="each measured window")
+    p.add_argument(
+        "--processes",
+        action="store_true",
+        help="each room in a process of its own (CHORUS_ROOM_PROCESSES=true)",
+    )
+    args = p.parse_args()
+    env = {"CHORUS_ROOM_PROCESSES": "true"} if args.processes else {}
+    results = []
+    for n in args.rooms:
+        with tempfile.TemporaryDirectory(prefix="chorus-room-cost-") as tmp:
+            r = run(n, args.seconds, Path(tmp), env)
+        results.append(r)
+        b, li, lr = r["busy"], r["live_idle_ms"], r["live_rooms_ms"]
+        print(
+            f"{n:3d} rooms ({r['joined']} joined): worker tree {b['worker_tree']:.2f} cores (engine's tick "
+            f"{b['tick_thread']:.2f}, rooms' Python {b['rooms_python']:.2f}, "
+            f"rooms' native {b['rooms_native']:.2f}); "
+            f"per room {r['per_room_cores']:.3f} cores, {r['per_room_python_cores']:.3f} in Python; "
+            f"live step p50/p99 {li['p50']}/{li['p99']} ms idle, {lr['p50']}/{lr['p99']} ms with rooms; "
+            f"room process RSS {r['room_process_rss_mb']['median']} MB; missed {r['missed_deadlines']}",
+            flush=True,
+        )
+    print(json.dumps({"rooms_in": "processes" if args.processes else "threads", "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,511 @@
+"""The engine's door for rooms that run in other processes: one Unix socket, one connection per session.
+
+A room's process (engine/remote.py) connects, asks for a session and gets back, with the answer, the
+session's shared memory (engine/link.py) and an eventfd that the tick signals when it has written frames.
+From then on caller audio and agent audio cross through the shared memory: the tick reads a room's caller
+frames once a tick (the inbox's `source`) and writes its output frames there (the session's sink), with no
+Python object, pickle or socket per frame. What is left crosses the socket as one JSON object a line:
+
+- the worker -> engine: `admit` (a slot reserved for a job it is about to accept), `release`, `load`,
+  `drain` (passed on to every room with a session);
+- room -> engine: `hello`, `open` (naming its job's admission), then `result`
+  (a tool's output), `force` (teacher forcing), `private` (words to keep out of the snapshot) and `close`,
+  each naming its session;
+- engine -> room: `hello` (the engine's clock, tokens and preset), `opened` (with the two descriptors) or
+  `error`, then `event` (every output but audio frames, numbered, with the frames written before it) and
+  `drain`.
+
+A connection that closes, for whatever reason (the room's process killed included), closes its session:
+the slot is free at the next tick. A message that is not a JSON object, names an unknown operation or another
+session, or is longer than MAX_LINE is refused and counted (`stats`); the connection stays, and nothing of it
+reaches another session. The socket lives in the abstract namespace (no file to clean up) and is reachable by
+this machine's processes only. Knows the engine's session API, sockets and the shared-memory layout; nothing
+of LiveKit or rooms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.api import AudioFrame, EngineError, Output
+from engine.link import EVENTS, IN_R, IN_W, OUT_W, TEXT_BYTES, TEXT_LEN, TICK, SessionLink, layout_for
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.handle import SessionHandle
+    from engine.slots import FrameInbox
+
+log = logging.getLogger("chorus.engine.host")
+
+MAX_LINE = 4 << 20  # one message: a tool's result is cut to the engine's max_result_chars after this
+MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
+ADDRESS_ENV = "CHORUS_ENGINE_SOCKET"  # where a room's process finds the engine (set by the worker)
+FORCE_MAX = 4096  # teacher-forced tokens in one message
+ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
+RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def event_message(seq: int, frames_before: int, item: Output) -> dict[str, Any]:
+    """An output other than audio as the room reads it back (engine/remote.py `decode_event`)."""
+    return {
+        "op": "event",
+        "seq": seq,
+        "frames": frames_before,
+        "type": type(item).__name__,
+        "fields": dataclasses.asdict(item),
+    }
+
+
+class _Conn:
+    """One room connection and the session it holds."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rx = bytearray()
+        self.tx = bytearray()
+        self.handle: SessionHandle | None = None
+        self.link: SessionLink | None = None
+        self.efd = -1
+        self.closed = False
+        # the tick thread's view of the rings (only it reads and writes these)
+        self.in_r = 0
+        self.out_w = 0
+        self.events = 0
+
+
+class EngineHost:
+    """Serves `engine` to rooms in other processes on `address` (an abstract Unix socket name; a fresh one by
+    default). `start` runs its thread; `close` ends every connection (their sessions close)."""
+
+    def __init__(self, engine: Engine, address: str | None = None) -> None:
+        self.engine = engine
+        self.address = address or f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        clock = engine.model_cfg.clock
+        self.layout = layout_for(clock.input_samples, clock.output_samples)
+        self._sel = selectors.DefaultSelector()
+        self._listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listen.bind("\0" + self.address)
+        self._listen.listen(256)
+        self._listen.setblocking(False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._listen, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._outbox: deque[tuple[_Conn, bytes]] = deque()  # from the tick thread and `drain`
+        self._conns: set[_Conn] = set()
+        self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
+        self._admissions: dict[str, tuple[object, float]] = {}  # job -> (the engine's admission, when)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = {
+            "connections": 0,
+            "sessions": 0,
+            "bad_messages": 0,  # refused: not JSON, unknown operation, another session's, too long
+            "dropped_connections": 0,  # closed for not reading what the engine sent
+            "lost_frames": 0,  # caller frames a room wrote faster than the tick took them
+            "bad_counters": 0,  # a room's ring counter that went backwards
+        }
+
+    # -- life -------------------------------------------------------------------------------------------
+
+    def start(self) -> EngineHost:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chorus-host", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(5)
+        for conn in list(self._conns):
+            self._drop(conn)
+        for _, fd in self._retired:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retired.clear()
+        with contextlib.suppress(OSError):
+            self._listen.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    @property
+    def sessions(self) -> int:
+        return sum(1 for c in list(self._conns) if c.handle is not None)
+
+    def drain(self, seconds: float) -> None:
+        """Tell every room with a session that the worker is draining (its calls have `seconds` left)."""
+        msg = encode({"op": "drain", "seconds": float(seconds)})
+        for conn in list(self._conns):
+            if conn.handle is not None:
+                self._send(conn, msg)
+
+    # -- the host thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, mask in self._sel.select(timeout=1.0):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                    else:
+                        conn: _Conn = key.data
+                        if mask & selectors.EVENT_READ:
+                            self._read(conn)
+                        if mask & selectors.EVENT_WRITE and not conn.closed:
+                            self._flush(conn)
+                self._take_outbox()
+                self._close_retired()
+        except Exception:
+            log.exception("the engine host stopped")
+            raise
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listen.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock)
+            self._conns.add(conn)
+            self.stats["connections"] += 1
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        conn.rx += data
+        while not conn.closed:
+            end = conn.rx.find(b"\n")
+            if end < 0:
+                if len(conn.rx) > MAX_LINE:
+                    self._refuse(conn, "a message longer than the limit")
+                    self._drop(conn)
+                return
+            line = bytes(conn.rx[:end])
+            del conn.rx[: end + 1]
+            self._message(conn, line)
+
+    def _message(self, conn: _Conn, line: bytes) -> None:
+        if len(line) > MAX_LINE:
+            self._refuse(conn, "a message longer than the limit")
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self._refuse(conn, "not JSON")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+            self._refuse(conn, "not a message")
+            return
+        op = msg["op"]
+        if op == "hello":
+            self._send(conn, encode(self._hello()))
+            return
+        if op == "open":
+            self._open(conn, msg)
+            return
+        if op == "drain":
+            seconds = msg.get("seconds")
+            if isinstance(seconds, int | float):
+                self.drain(float(seconds))
+            self._send(conn, encode({"op": "draining"}))
+            return
+        if op in ("admit", "release", "load"):
+            self._control(conn, op, msg)
+            return
+        handle = conn.handle
+        if handle is None or msg.get("session") != handle.id:
+            self._refuse(conn, "a message for a session this connection does not hold")
+            return
+        try:
+            if op == "result":
+                call_id, output = msg.get("call_id"), msg.get("output")
+                if not isinstance(call_id, str) or not isinstance(output, str):
+                    raise ValueError("result: call_id and output must be strings")
+                handle.submit_tool_result(call_id, output, bool(msg.get("is_error", False)))
+            elif op == "force":
+                ids = msg.get("ids")
+                if not isinstance(ids, list) or len(ids) > FORCE_MAX or not all(type(i) is int for i in ids):
+                    raise ValueError(f"force: ids must be a list of at most {FORCE_MAX} integers")
+                if msg.get("channel") == "text":
+                    handle.force_text(ids)
+                elif msg.get("channel") == "function":
+                    handle.force_function(ids)
+                else:
+                    raise ValueError("force: channel must be text or function")
+            elif op == "private":
+                terms = msg.get("terms")
+                if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
+                    raise ValueError("private: terms must be a list of strings")
+                handle.keep_private(*terms[:64])
+            elif op == "close":
+                self._drop(conn)
+            else:
+                raise ValueError(f"unknown operation {op[:40]!r}")
+        except ValueError as e:
+            self._refuse(conn, str(e))
+
+    def _control(self, conn: _Conn, op: str, msg: dict[str, Any]) -> None:
+        """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
+        by a job that ended before it opened its session (`release`), and the engine's load."""
+        e = self.engine
+        job = msg.get("admission")
+        if op == "load":
+            self._send(
+                conn,
+                encode(
+                    {
+                        "op": "load",
+                        "load": e.load,
+                        "occupancy": e.occupancy,
+                        "available": e.pool.available,
+                        "num_slots": e.config.num_slots,
+                        "up": e.failure is None,
+                    }
+                ),
+            )
+            return
+        if not isinstance(job, str) or not 0 < len(job) <= 200:
+            self._refuse(conn, f"{op}: admission must name a job")
+            return
+        if op == "release":
+            admission = self.take_admission(job)
+            if admission is not None:
+                e.release(admission)
+            self._send(conn, encode({"op": "released"}))
+            return
+        try:
+            admission = e.admit()
+        except EngineError as err:
+            self._send(conn, encode({"op": "error", "kind": type(err).__name__, "message": str(err)}))
+            return
+        self.hold_admission(job, admission)
+        self._send(conn, encode({"op": "admitted", "admission": job}))
+
+    def hold_admission(self, job: str, admission: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._admissions[job] = (admission, now)
+            for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
+                del self._admissions[key]
+
+    def take_admission(self, job: str) -> object | None:
+        with self._lock:
+            held = self._admissions.pop(job, None)
+        return held[0] if held is not None else None
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        self.stats["bad_messages"] += 1
+        if self.stats["bad_messages"] in (1, 10, 100, 1000) or self.stats["bad_messages"] % 10000 == 0:
+            log.warning("refused a room's message (%s); %d refused so far", why, self.stats["bad_messages"])
+        self._send(conn, encode({"op": "refused", "why": why[:200]}))
+
+    def _hello(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "op": "hello",
+            "preset": e.config.preset,
+            "clock": e.model_cfg.clock.model_dump(),
+            "tokens": e.model_cfg.tokens.model_dump(),
+            "vocab_size": e.vocab_size,
+            "max_result_chars": e.config.max_result_chars,
+        }
+
+    def _open(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        if conn.handle is not None:
+            self._refuse(conn, "this connection already holds a session")
+            return
+        prompt, tools = msg.get("prompt"), msg.get("tools") or []
+        if not isinstance(prompt, str) or not isinstance(tools, list):
+            self._refuse(conn, "open: prompt must be a string and tools a list")
+            return
+        job = msg.get("admission")
+        admission = self.take_admission(job) if isinstance(job, str) else None
+        link = SessionLink.create(self.layout)
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        conn.link, conn.efd = link, efd
+        try:
+            handle = self.engine.open_session(
+                prompt,
+                tools,
+                sink=lambda items, c=conn: self._deliver(c, items),
+                label=str(msg.get("label", "")),
+                caller=str(msg.get("caller", "")),
+                admission=admission,
+                source=lambda inbox, c=conn: self._pull(c, inbox),
+            )
+        except (EngineError, ValueError, TypeError) as e:
+            if admission is not None:
+                self.engine.release(admission)
+            self._release_link(conn)
+            kind = type(e).__name__ if isinstance(e, EngineError) else "SessionRejected"
+            self._send(conn, encode({"op": "error", "kind": kind, "message": str(e)}))
+            return
+        conn.handle = handle
+        self.stats["sessions"] += 1
+        reply = encode({"op": "opened", "session": handle.id, "slot": handle.slot})
+        try:  # the answer and the two descriptors together, before anything else on this connection
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(2.0)
+            socket.send_fds(conn.sock, [reply], [link.fd, efd])
+        except OSError:
+            self._drop(conn)
+        finally:
+            link.forget_fd()  # the mapping stays; the room holds its own descriptor now
+            if not conn.closed:
+                conn.sock.setblocking(False)
+
+    # -- the tick thread's side (keep it cheap: no syscall but one eventfd write, nothing allocated) ------
+
+    def _pull(self, conn: _Conn, inbox: FrameInbox) -> None:
+        """The room's caller frames written since the last tick, into the session's inbox."""
+        link = conn.link
+        if link is None or conn.closed:
+            return
+        w, r = link.get(IN_W), conn.in_r
+        if w == r:
+            return
+        frames = link.layout.in_frames
+        if w < r:  # a counter that went back: the room's data is not to be trusted; start again from here
+            self.stats["bad_counters"] += 1
+            conn.in_r = w
+            link.set(IN_R, w)
+            return
+        if w - r > frames:  # the room wrote more than the ring holds since the last tick
+            self.stats["lost_frames"] += w - r - frames
+            r = w - frames
+        idx = np.arange(r, w) % frames
+        inbox.push(link.caller[idx].reshape(-1))
+        conn.in_r = w
+        link.set(IN_R, w)
+
+    def _deliver(self, conn: _Conn, items: list[Output]) -> None:
+        link = conn.link
+        if link is None or conn.closed:
+            return
+        wrote = False
+        for item in items:
+            if type(item) is AudioFrame:
+                w = conn.out_w
+                i = w % link.layout.out_frames
+                link.agent[i] = item.samples
+                text = item.text.encode()
+                if len(text) > TEXT_BYTES:  # cut on a character's boundary
+                    text = text[:TEXT_BYTES].decode(errors="ignore").encode()
+                link.text[i, : len(text)] = np.frombuffer(text, np.uint8)
+                link.meta[i, TICK], link.meta[i, EVENTS], link.meta[i, TEXT_LEN] = (
+                    item.tick,
+                    conn.events,
+                    len(text),
+                )
+                conn.out_w = w + 1
+                link.set(OUT_W, w + 1)
+                wrote = True
+            else:
+                conn.events += 1
+                self._outbox.append((conn, encode(event_message(conn.events, conn.out_w, item))))
+                self._wake()
+        if wrote:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(conn.efd, 1)
+
+    # -- sending ----------------------------------------------------------------------------------------
+
+    def _take_outbox(self) -> None:
+        while self._outbox:
+            conn, msg = self._outbox.popleft()
+            self._send(conn, msg)
+
+    def _send(self, conn: _Conn, msg: bytes) -> None:
+        if conn.closed:
+            return
+        if threading.current_thread() is not self._thread:
+            self._outbox.append((conn, msg))
+            self._wake()
+            return
+        conn.tx += msg
+        if len(conn.tx) > MAX_QUEUED:
+            self.stats["dropped_connections"] += 1
+            log.warning(
+                "a room stopped reading; its session %s is closed", conn.handle.id if conn.handle else ""
+            )
+            self._drop(conn)
+            return
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            n = conn.sock.send(conn.tx)
+            del conn.tx[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(conn)
+            return
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.tx else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.modify(conn.sock, want, conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if conn.handle is not None:
+            conn.handle.close()
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        self._conns.discard(conn)
+        self._release_link(conn)
+
+    def _release_link(self, conn: _Conn) -> None:
+        """The tick may be writing to a session closed a moment ago: its shared memory is unmapped only with
+        the last reference to it (the session's sink, gone when the pool frees the slot), and its eventfd is
+        closed RETIRE_S later, so that no write can reach a descriptor number that was reused."""
+        if conn.link is not None:
+            conn.link.forget_fd()
+        if conn.efd >= 0:
+            self._retired.append((time.monotonic(), conn.efd))
+            conn.efd = -1
+
+    def _close_retired(self) -> None:
+        now = time.monotonic()
+        while self._retired and now - self._retired[0][0] > RETIRE_S:
+            with contextlib.suppress(OSError):
+                os.close(self._retired.popleft()[1])

@@ -1,0 +1,146 @@
+"""A session's shared memory between the engine's process and the room's process that holds the call.
+
+One anonymous memory file (memfd) per session, mapped by both sides and handed to the room with its socket
+(engine/host.py, engine/remote.py). It holds two rings of fixed-size frames and four counters:
+
+- caller frames in: `in_frames` int16 frames of the engine's input frame (1280 samples at 16 kHz); the room
+  writes a frame, then advances `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a
+  tick and publishes `in_r`.
+- agent frames out: `out_frames` records of one engine output frame (float32 samples), its tick, its text
+  piece (UTF-8, at most TEXT_BYTES) and how many of the session's events (sent on the socket) come before it;
+  the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
+
+Each counter has one writer and counts frames since the session opened (a ring index is the counter modulo
+the ring's size), so neither side ever waits on the other: a room that falls behind finds its records
+overwritten (the engine never blocks), and an engine that stops taking frames leaves the room's ring full
+(the room drops and counts). A counter is one aligned 8-byte store, written after the frame it publishes.
+Knows numpy and mmap; nothing of LiveKit, the model or the tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = 0x43484F5255530001  # "CHORUS" and the layout's version
+LINE = 64  # each counter on a cache line of its own
+IN_W, IN_R, OUT_W, OUT_R = 0, 1, 2, 3  # counters, by their line
+HEADER_LINES = 5  # the four counters and the layout's description
+IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
+OUT_FRAMES = 64
+TEXT_BYTES = 120  # a frame's text piece: one token's characters, a few at most
+# an out record's int64 fields, after its samples: tick, events before it, text length
+TICK, EVENTS, TEXT_LEN = 0, 1, 2
+META = 3
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lies in a session's shared memory, for one engine clock."""
+
+    in_samples: int
+    out_samples: int
+    in_frames: int = IN_FRAMES
+    out_frames: int = OUT_FRAMES
+
+    @property
+    def in_offset(self) -> int:
+        return HEADER_LINES * LINE
+
+    @property
+    def out_record(self) -> int:
+        """Bytes of one out record: samples, the int64 fields, the text (8-byte aligned)."""
+        return -(-(4 * self.out_samples + 8 * META + TEXT_BYTES) // 8) * 8
+
+    @property
+    def out_offset(self) -> int:
+        return -(-(self.in_offset + 2 * self.in_samples * self.in_frames) // LINE) * LINE
+
+    @property
+    def size(self) -> int:
+        return self.out_offset + self.out_record * self.out_frames
+
+    def describe(self) -> np.ndarray:
+        return np.array([MAGIC, self.in_samples, self.out_samples, self.in_frames, self.out_frames], np.int64)
+
+
+class LinkError(ValueError):
+    """A session's shared memory is not what this side expects."""
+
+
+class SessionLink:
+    """Views over one session's shared memory (either side's). `create` makes a new one (the engine's side);
+    `attach` maps one received from the engine (the room's side), checking its size and layout."""
+
+    def __init__(self, fd: int, layout: Layout, mm: mmap.mmap) -> None:
+        self.fd, self.layout, self._mm = fd, layout, mm
+        lay = layout
+        self.counters = np.ndarray((HEADER_LINES - 1, LINE // 8), np.int64, mm, 0)[:, 0]
+        self.description = np.ndarray(5, np.int64, mm, (HEADER_LINES - 1) * LINE)
+        self.caller = np.ndarray((lay.in_frames, lay.in_samples), np.int16, mm, lay.in_offset)
+        rec = lay.out_record
+        self.agent = np.ndarray(
+            (lay.out_frames, lay.out_samples), np.float32, mm, lay.out_offset, strides=(rec, 4)
+        )
+        self.meta = np.ndarray(
+            (lay.out_frames, META), np.int64, mm, lay.out_offset + 4 * lay.out_samples, strides=(rec, 8)
+        )
+        self.text = np.ndarray(
+            (lay.out_frames, TEXT_BYTES),
+            np.uint8,
+            mm,
+            lay.out_offset + 4 * lay.out_samples + 8 * META,
+            strides=(rec, 1),
+        )
+
+    @classmethod
+    def create(cls, layout: Layout) -> SessionLink:
+        fd = os.memfd_create("chorus-session", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, layout.size)
+            mm = mmap.mmap(fd, layout.size)
+        except BaseException:
+            os.close(fd)
+            raise
+        link = cls(fd, layout, mm)
+        link.description[:] = layout.describe()
+        return link
+
+    @classmethod
+    def attach(cls, fd: int, layout: Layout) -> SessionLink:
+        size = os.fstat(fd).st_size
+        if size != layout.size:
+            raise LinkError(f"shared memory of {size} bytes, expected {layout.size}")
+        link = cls(fd, layout, mmap.mmap(fd, layout.size))
+        if not np.array_equal(link.description, layout.describe()):
+            link.close()
+            raise LinkError("shared memory of another layout")
+        return link
+
+    def forget_fd(self) -> None:
+        """Close the descriptor; the mapping stays as long as this object (and any view of it) lives."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+    def get(self, counter: int) -> int:
+        return int(self.counters[counter])
+
+    def set(self, counter: int, value: int) -> None:
+        self.counters[counter] = value
+
+    def close(self) -> None:
+        """Unmap now (the room's side, when its session is over and nothing reads the views)."""
+        self.forget_fd()
+        self.counters = self.description = self.caller = self.agent = self.meta = self.text = None
+        with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
+            self._mm.close()
+
+
+def layout_for(in_samples: int, out_samples: int) -> Layout:
+    return Layout(in_samples=in_samples, out_samples=out_samples)

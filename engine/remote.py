@@ -1,0 +1,442 @@
+"""The engine as a room's process sees it: `RemoteEngine` and its sessions, over engine/host.py's socket.
+
+It offers what a call uses of `Engine` (`open_session`, `config.preset`, `model_cfg.clock`, `tokens`,
+`vocab_size`) and a handle with `SessionHandle`'s surface (`push_audio`, `outputs`, `submit_tool_result`,
+`force_text`, `force_function`, `keep_private`, `close`). Caller frames go into the session's shared memory
+and agent frames come out of it (engine/link.py); the socket carries the rest. The outputs reach the session's
+event loop in the order the tick made them: a frame waits for the events numbered before it, an event for the
+frames written before it. When the engine's side goes away (its process ended, or the session was closed
+there) the session gets one `SessionFailed` and is closed; a room never waits on the engine for longer than
+`REQUEST_TIMEOUT_S`. Knows sockets, the shared-memory layout and asyncio; nothing of LiveKit or the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine import api
+from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
+from engine.config import ClockConfig, TokenConfig
+from engine.host import ADDRESS_ENV, MAX_LINE, encode
+from engine.link import EVENTS, IN_R, IN_W, OUT_R, OUT_W, TEXT_LEN, TICK, SessionLink, layout_for
+
+log = logging.getLogger("chorus.engine.remote")
+
+REQUEST_TIMEOUT_S = 10.0  # hello and open: the engine's answer, or EngineClosed
+_EVENTS = {
+    name: getattr(api, name)
+    for name in (
+        "TurnStarted",
+        "TurnEnded",
+        "ToolCallStarted",
+        "FunctionCall",
+        "ToolCallRejected",
+        "ToolResultConsumed",
+        "SessionFailed",
+    )
+}
+
+
+def decode_event(msg: dict[str, Any]) -> Output | None:
+    cls = _EVENTS.get(msg.get("type"))
+    fields = msg.get("fields")
+    if cls is None or not isinstance(fields, dict):
+        return None
+    try:
+        return cls(**fields)
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """The part of the engine's config a call reads."""
+
+    preset: str
+    max_result_chars: int
+
+
+@dataclass(frozen=True)
+class RemoteModelConfig:
+    clock: ClockConfig
+    tokens: TokenConfig
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect("\0" + address)
+    except OSError as e:
+        sock.close()
+        raise EngineClosed(f"the engine is not reachable ({e.strerror or e})") from None
+    return sock
+
+
+def _read_line(sock: socket.socket, buf: bytearray) -> dict[str, Any]:
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE:
+            raise EngineClosed("the engine sent a message longer than the limit")
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            raise EngineClosed(f"the engine did not answer within {sock.gettimeout():.0f} s") from None
+        if not data:
+            raise EngineClosed("the engine closed the connection")
+        buf += data
+    end = buf.index(b"\n")
+    line = bytes(buf[:end])
+    del buf[: end + 1]
+    return json.loads(line)
+
+
+class RemoteEngine:
+    """The engine of another process of this machine, at `address` (default: the worker's, from the
+    environment). Building it asks the engine for its clock, tokens and preset (EngineClosed if there is
+    none)."""
+
+    def __init__(self, address: str | None = None, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.address = address or os.environ.get(ADDRESS_ENV, "")
+        if not self.address:
+            raise EngineClosed(f"no engine to reach: {ADDRESS_ENV} is not set")
+        self.timeout = timeout
+        with _connect(self.address, timeout) as sock:
+            sock.sendall(encode({"op": "hello"}))
+            hello = _read_line(sock, bytearray())
+        self.config = RemoteConfig(hello["preset"], int(hello["max_result_chars"]))
+        self.model_cfg = RemoteModelConfig(ClockConfig(**hello["clock"]), TokenConfig(**hello["tokens"]))
+        self.vocab_size = int(hello["vocab_size"])
+        clock = self.model_cfg.clock
+        self.layout = layout_for(clock.input_samples, clock.output_samples)
+        self._tokens = None
+        self.on_drain: Callable[[float], None] | None = None  # the worker's drain, as the engine reports it
+
+    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One question on a connection of its own, and its answer (EngineClosed if none comes in time)."""
+        with _connect(self.address, self.timeout) as sock:
+            sock.sendall(encode(msg))
+            reply = _read_line(sock, bytearray())
+        if reply.get("op") == "error":
+            cls = getattr(api, str(reply.get("kind")), None)
+            cls = cls if isinstance(cls, type) and issubclass(cls, EngineError) else EngineError
+            raise cls(str(reply.get("message", "")))
+        return reply
+
+    def admit(self, job: str) -> str:
+        """Reserve a slot for a job the worker is about to accept (the engine's EngineFull, EngineOverloaded
+        or EngineClosed otherwise); the job's session takes it by naming the job
+        (`open_session(admission=)`)."""
+        return str(self._ask({"op": "admit", "admission": job})["admission"])
+
+    def release(self, admission: str) -> None:
+        """Give back the slot reserved for this job (it ended before it opened a session); best effort."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "release", "admission": admission})
+
+    def drain(self, seconds: float) -> None:
+        """Tell every room with a session that the worker drains: its calls have `seconds` left."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "drain", "seconds": float(seconds)})
+
+    def status(self) -> dict[str, Any]:
+        """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
+        runs."""
+        return self._ask({"op": "load"})
+
+    @property
+    def load(self) -> float:
+        """What the worker tells LiveKit: 1.0 (full) when the engine cannot be reached."""
+        try:
+            return float(self.status()["load"])
+        except (EngineError, OSError, ValueError, KeyError):
+            return 1.0
+
+    @property
+    def tokens(self):
+        """The engine's tokenizer with its special ids (loaded here on first use)."""
+        if self._tokens is None:
+            from engine.tokens import Tokens
+
+            self._tokens = Tokens(self.model_cfg.tokens)
+        return self._tokens
+
+    def open_session(
+        self,
+        prompt: str,
+        tools: list[dict] | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        label: str = "",
+        caller: str = "",
+        admission: object | None = None,
+    ) -> RemoteHandle:
+        """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
+        as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
+        slot)."""
+        loop = loop or asyncio.get_running_loop()
+        sock = _connect(self.address, self.timeout)
+        buf = bytearray()
+        try:
+            msg = {"op": "open", "prompt": prompt, "tools": tools or [], "label": label, "caller": caller}
+            if isinstance(admission, str):
+                msg["admission"] = admission
+            sock.sendall(encode(msg))
+            while b"\n" not in buf:  # the answer comes alone, with the descriptors
+                try:
+                    data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 2)
+                except TimeoutError:
+                    raise EngineClosed(f"the engine did not answer within {self.timeout:.0f} s") from None
+                if not data:
+                    raise EngineClosed("the engine closed the connection")
+                buf += data
+                if fds:
+                    break
+            reply = _read_line(sock, buf)
+            if reply.get("op") == "error":
+                cls = getattr(api, str(reply.get("kind")), None)
+                cls = cls if isinstance(cls, type) and issubclass(cls, EngineError) else EngineError
+                raise cls(str(reply.get("message", "")))
+            if reply.get("op") != "opened" or len(fds) != 2:
+                raise EngineClosed(f"the engine answered {reply.get('op')!r} to open")
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            link = SessionLink.attach(fds[0], self.layout)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            sock.close()
+            raise
+        link.forget_fd()
+        return RemoteHandle(self, sock, buf, link, fds[1], reply, loop)
+
+
+class RemoteHandle:
+    """A session of a `RemoteEngine` (see the module docstring); everything runs on the session's loop."""
+
+    def __init__(
+        self,
+        engine: RemoteEngine,
+        sock: socket.socket,
+        pending: bytearray,
+        link: SessionLink,
+        efd: int,
+        opened: dict[str, Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._engine, self._sock, self._rx, self._link, self._efd = engine, sock, pending, link, efd
+        self.id: str = str(opened["session"])
+        self.slot: int = int(opened["slot"])
+        self.outputs: asyncio.Queue = asyncio.Queue()
+        self._loop = loop
+        self._closed = False
+        self._tail = np.zeros(0, np.int16)
+        self._in_w = 0
+        self._out_r = 0
+        self._events: dict[int, tuple[int, Output]] = {}  # seq -> (frames before it, event)
+        self._next_event = 1
+        self.stats = {"frames_in": 0, "ring_full": 0, "frames_out": 0, "frames_lost": 0, "refused": 0}
+        sock.setblocking(False)
+        loop.call_soon_threadsafe(self._attach)
+
+    def _attach(self) -> None:
+        if self._closed:
+            return
+        self._loop.add_reader(self._sock.fileno(), self._on_socket)
+        self._loop.add_reader(self._efd, self._on_frames)
+        self._on_socket()  # anything that came with the answer
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def frames_in(self) -> int:
+        """Caller frames this room put in the engine's ring (a full ring's are counted in `stats`)."""
+        return self.stats["frames_in"]
+
+    # -- calls into the engine ----------------------------------------------------------------------------
+
+    def push_audio(self, pcm: np.ndarray) -> None:
+        """Caller audio at the engine's input rate, int16 or float in [-1, 1], any length: whole frames go
+        into the ring (a full ring drops the frame and counts it), the rest waits for the next push."""
+        if self._closed:
+            raise EngineClosed(f"session {self.id} is closed")
+        a = np.asarray(pcm)
+        if a.ndim != 1:
+            raise ValueError(f"push_audio: expected mono samples of shape (n,), got shape {a.shape}")
+        if a.dtype != np.int16:
+            if not np.issubdtype(a.dtype, np.floating):
+                raise ValueError(f"push_audio: expected int16 or float samples, got {a.dtype}")
+            a = (np.clip(np.nan_to_num(a, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0) * 32767).astype(
+                np.int16
+            )
+        if self._tail.size:
+            a = np.concatenate([self._tail, a])
+        link, n = self._link, self._link.layout.in_samples
+        whole = a.size // n
+        frames = link.layout.in_frames
+        for k in range(whole):
+            if self._in_w - link.get(IN_R) >= frames:
+                self.stats["ring_full"] += 1
+                continue
+            link.caller[self._in_w % frames] = a[k * n : (k + 1) * n]
+            self._in_w += 1
+            link.set(IN_W, self._in_w)
+            self.stats["frames_in"] += 1
+        self._tail = a[whole * n :].copy()
+
+    def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
+        self._send(
+            {"op": "result", "call_id": str(call_id), "output": str(output), "is_error": bool(is_error)}
+        )
+
+    def force_text(self, tokens: list[int] | str) -> None:
+        self._send({"op": "force", "channel": "text", "ids": self._ids(tokens)})
+
+    def force_function(self, tokens: list[int] | str) -> None:
+        self._send({"op": "force", "channel": "function", "ids": self._ids(tokens)})
+
+    def keep_private(self, *terms: str) -> None:
+        self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})
+
+    def _ids(self, tokens: list[int] | str) -> list[int]:
+        ids = self._engine.tokens.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
+        bad = [t for t in ids if not 0 <= t < self._engine.vocab_size]
+        if bad:
+            raise ValueError(f"tokens: ids outside 0..{self._engine.vocab_size - 1}: {bad[:5]}")
+        return ids
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        msg["session"] = self.id
+        data = encode(msg)
+        try:
+            self._sock.setblocking(True)
+            self._sock.settimeout(REQUEST_TIMEOUT_S)
+            self._sock.sendall(data)
+        except OSError:
+            self._gone("the engine's connection failed")
+        finally:
+            if not self._closed:
+                self._sock.setblocking(False)
+
+    def close(self) -> None:
+        """End the session: the engine frees the slot when the connection closes. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._detach()
+
+    def _detach(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._sock.fileno())
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._efd)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            os.close(self._efd)
+        self._link.close()
+
+    # -- what the engine sends ----------------------------------------------------------------------------
+
+    def _on_socket(self) -> None:
+        if self._closed:
+            return
+        try:
+            data = self._sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            data = None
+        except OSError:
+            data = b""
+        if data == b"":
+            self._on_frames()  # what the tick wrote before the end
+            self._gone("the engine ended the session")
+            return
+        if data:
+            self._rx += data
+        while (end := self._rx.find(b"\n")) >= 0:
+            line = bytes(self._rx[:end])
+            del self._rx[: end + 1]
+            self._message(line)
+        self._dispatch()
+
+    def _message(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "event":
+            event = decode_event(msg)
+            seq, frames = msg.get("seq"), msg.get("frames")
+            if event is not None and type(seq) is int and type(frames) is int:
+                self._events[seq] = (frames, event)
+        elif op == "drain" and self._engine.on_drain is not None:
+            self._engine.on_drain(float(msg.get("seconds", 0.0)))
+        elif op == "refused":
+            self.stats["refused"] += 1
+            log.warning("session %s: the engine refused a message (%s)", self.id, str(msg.get("why"))[:200])
+
+    def _on_frames(self) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_read(self._efd)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand the outputs over in the tick's order: frames and events, each after what came before it."""
+        link, put = self._link, self.outputs.put_nowait
+        frames = link.layout.out_frames
+        w = link.get(OUT_W)
+        while not self._closed:
+            event = self._events.get(self._next_event)
+            if event is not None and event[0] <= self._out_r:
+                del self._events[self._next_event]
+                self._next_event += 1
+                put(event[1])
+                continue
+            if self._out_r >= w:
+                break
+            if w - self._out_r > frames:  # overwritten before this room read them
+                self.stats["frames_lost"] += w - self._out_r - frames
+                self._out_r = w - frames
+            i = self._out_r % frames
+            if int(link.meta[i, EVENTS]) >= self._next_event:
+                break  # an event before this frame is still on its way
+            n = int(link.meta[i, TEXT_LEN])
+            text = bytes(link.text[i, : max(0, min(n, link.text.shape[1]))]).decode(errors="replace")
+            frame = AudioFrame(int(link.meta[i, TICK]), link.agent[i].copy(), text)
+            if link.get(OUT_W) - self._out_r > frames:
+                continue  # the record was overwritten while it was read: counted at the top
+            self._out_r += 1
+            link.set(OUT_R, self._out_r)
+            self.stats["frames_out"] += 1
+            put(frame)
+
+    def _gone(self, why: str) -> None:
+        if self._closed:
+            return
+        self._dispatch()
+        left = [e for _, (_, e) in sorted(self._events.items())]
+        for e in left:  # events whose frames never came
+            self.outputs.put_nowait(e)
+        if not any(isinstance(e, SessionFailed) for e in left):
+            self.outputs.put_nowait(SessionFailed(-1, why))
+        self._events.clear()
+        self._closed = True
+        self._detach()

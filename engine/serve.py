@@ -1,0 +1,126 @@
+"""The engine in a process of its own: `python -m engine.serve`, started by the worker (`EngineProcess`).
+
+The process builds the engine from the config in its environment (`CHORUS_ENGINE_CONFIG`, an `EngineConfig`
+as JSON), opens its door (engine/host.py) at `CHORUS_ENGINE_SOCKET`, prints one line when rooms may connect
+and runs until its standard input closes (the worker ended, however it ended) or it is told to stop. Every
+room, the worker's own questions (admission, load) included, reaches it only through that door, so no room's
+Python ever runs in the interpreter of the tick. Knows the engine and its door; nothing of LiveKit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from engine.api import EngineClosed
+from engine.host import ADDRESS_ENV
+
+log = logging.getLogger("chorus.engine.serve")
+
+CONFIG_ENV = "CHORUS_ENGINE_CONFIG"
+READY = "chorus engine ready"
+
+
+def main() -> int:
+    from engine.engine import Engine
+    from engine.engine_config import EngineConfig
+    from engine.host import EngineHost
+
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    config = EngineConfig.model_validate_json(os.environ[CONFIG_ENV])
+    engine = Engine(config)
+    host = EngineHost(engine, os.environ[ADDRESS_ENV]).start()
+    print(READY, flush=True)
+
+    # the worker holds our standard input: its end is ours, however the worker ended (even by SIGKILL, the
+    # kernel closes the pipe); a death signal would not do, it follows the thread that started us
+    def watch_parent() -> None:
+        with contextlib.suppress(Exception):
+            sys.stdin.buffer.read()
+        stop.set()
+
+    threading.Thread(target=watch_parent, name="chorus-parent", daemon=True).start()
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        host.close()
+        engine.close()
+    return 0
+
+
+class EngineProcess:
+    """The worker's handle on its engine's process: `start` launches `python -m engine.serve` with `config`
+    (an
+    EngineConfig as JSON) and waits for it to be ready (EngineClosed with its last words if it exits or takes
+    longer than `timeout`); `address` is its door; `stop` ends it."""
+
+    def __init__(self, config_json: str, *, timeout: float) -> None:
+        self.address = f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.config_json, self.timeout = config_json, timeout
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> EngineProcess:
+        env = {**os.environ, CONFIG_ENV: self.config_json, ADDRESS_ENV: self.address}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.serve"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        lines: list[str] = []
+
+        def read() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                lines.append(line.rstrip())
+                if line.strip() == READY:
+                    ready.set()
+            ready.set()
+
+        ready = threading.Event()
+        threading.Thread(target=read, name="chorus-engine-stdout", daemon=True).start()
+        t0 = time.monotonic()
+        if not ready.wait(self.timeout) or READY not in lines:
+            code = self.proc.poll()
+            self.stop()
+            why = (
+                f"exited with status {code}"
+                if code is not None
+                else f"not ready in {time.monotonic() - t0:.0f} s"
+            )
+            raise EngineClosed(f"the engine's process {why} (its log is the worker's)")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

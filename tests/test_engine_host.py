@@ -1,0 +1,331 @@
+"""Rooms in other processes (engine/host.py, engine/remote.py): a session reached over the engine's socket and
+shared memory hears and says exactly what the same session in the engine's own process does; a room's
+process killed mid-call frees its slot and costs the others nothing; bad data on the channel is refused,
+counted and reaches no other session; an engine that fails or goes away ends every room's session with one
+SessionFailed, and nothing waits on it. Ticks are driven by hand (ManualClock), as in test_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
+from engine.host import EngineHost, encode
+from engine.link import IN_W
+from engine.remote import RemoteEngine
+from engine_support import PROMPT, REPO, TOOLS
+from test_engine import caller_audio, engine_on, run_ticks
+
+FRAME = 1280
+
+
+@pytest.fixture
+def hosted():
+    engine = engine_on(num_slots=4)
+    host = EngineHost(engine).start()
+    yield engine, host
+    host.close()
+    engine.close()
+
+
+async def settle(seconds: float = 0.05) -> None:
+    """Let the host's thread and this loop's readers pass on what the last tick wrote."""
+    await asyncio.sleep(seconds)
+
+
+def taken(queue) -> list:
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
+
+
+async def ticks(engine, k: int, n: int, *feeds) -> int:
+    """n ticks; before each, every (handle, audio) in `feeds` gets its next caller frame."""
+    for _ in range(n):
+        for handle, audio in feeds:
+            i = k % (audio.size // FRAME)
+            handle.push_audio(audio[i * FRAME : (i + 1) * FRAME])
+        await settle(0.005)
+        k = run_ticks(engine, k, 1)
+        await settle(0.005)
+    await settle()
+    return k
+
+
+async def open_remote(remote: RemoteEngine, **kw):
+    return await asyncio.to_thread(remote.open_session, PROMPT, TOOLS, loop=asyncio.get_running_loop(), **kw)
+
+
+def test_a_remote_session_hears_and_says_what_a_local_one_does(hosted):
+    engine, host = hosted
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        assert (remote.config.preset, remote.model_cfg.clock) == ("tiny", engine.model_cfg.clock)
+        far = await open_remote(remote)
+        near = engine.open_session(PROMPT, TOOLS)  # rows are independent: same input, same output
+        audio = caller_audio(3, 2.0)
+        k = await ticks(engine, 0, 12, (far, audio), (near, audio))
+        turn = [remote.tokens.bos, *remote.tokens.encode(" Welcome to the café."), remote.tokens.eos]
+        far.force_text(turn)
+        near.force_text(turn)
+        await settle()
+        await ticks(engine, k, 24, (far, audio), (near, audio))
+        return taken(far.outputs), taken(near.outputs), far
+
+    got, want, far = asyncio.run(main())
+    print(len(got), "outputs;", far.stats, host.stats)
+    assert [type(o) for o in got] == [type(o) for o in want]  # events in the tick's order, among the frames
+    assert [o.tick for o in got] == [o.tick for o in want]
+    frames = [(a, b) for a, b in zip(got, want, strict=True) if isinstance(a, AudioFrame)]
+    assert len(frames) >= 30
+    assert all(np.array_equal(a.samples, b.samples) for a, b in frames)  # bit for bit
+    assert "".join(a.text for a, _ in frames) == "".join(b.text for _, b in frames)
+    assert "Welcome to the café." in "".join(a.text for a, _ in frames)
+    kinds = [type(o) for o in got]
+    assert kinds.index(TurnStarted) < kinds.index(TurnEnded)
+    assert far.stats["frames_lost"] == 0 and host.stats["bad_messages"] == 0
+
+
+def test_the_engines_refusal_reaches_the_room_as_its_own_error(hosted):
+    engine, host = hosted
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        handles = [await open_remote(remote) for _ in range(4)]
+        with pytest.raises(EngineFull):
+            await open_remote(remote)
+        return handles
+
+    handles = asyncio.run(main())
+    assert len({h.slot for h in handles}) == 4
+
+
+ROOM_PROCESS = """
+import asyncio, sys, time
+import numpy as np
+from engine.remote import RemoteEngine
+async def main():
+    remote = RemoteEngine(sys.argv[1])
+    loop = asyncio.get_running_loop()
+    h = await asyncio.to_thread(remote.open_session, "You are the concierge.", [], loop=loop)
+    print(h.slot, flush=True)
+    while True:
+        h.push_audio(np.zeros(1280, np.int16))
+        await asyncio.sleep(0.02)
+asyncio.run(main())
+"""
+
+
+def test_a_room_process_killed_mid_call_frees_its_slot_and_the_others_keep_every_tick(hosted):
+    engine, host = hosted
+    room = subprocess.Popen(
+        [sys.executable, "-c", ROOM_PROCESS, host.address], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+
+        async def main():
+            remote = RemoteEngine(host.address)
+            other = await open_remote(remote)
+            slot = int(await asyncio.to_thread(room.stdout.readline))
+            audio = caller_audio(1, 1.0)
+            k = await ticks(engine, 0, 6, (other, audio))
+            assert len(engine.pool.sessions) == 2
+            before = len([o for o in taken(other.outputs) if isinstance(o, AudioFrame)])
+            room.send_signal(signal.SIGKILL)
+            room.wait(10)
+            deadline = (
+                time.monotonic() + 2.0
+            )  # the host sees the connection end; the next tick frees the slot
+            while len(engine.pool.sessions) > 1 and time.monotonic() < deadline:
+                k = await ticks(engine, k, 1, (other, audio))
+            freed = len(engine.pool.sessions) == 1 and engine.pool.available == 3
+            start = k
+            k = await ticks(engine, k, 10, (other, audio))
+            after = [o for o in taken(other.outputs) if isinstance(o, AudioFrame)]
+            return slot, freed, before, after, start, k
+
+        slot, freed, before, after, start, end = asyncio.run(main())
+    finally:
+        if room.poll() is None:
+            room.kill()
+    assert freed, "the killed room's slot was not freed within 2 s"
+    assert before >= 5
+    # the other room got a frame on every tick after the kill too
+    assert [f.tick for f in after][-(end - start) :] == list(range(start, end))
+
+
+def test_bad_data_on_the_channel_is_refused_counted_and_reaches_no_other_session(hosted):
+    engine, host = hosted
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        good = await open_remote(remote)
+        bad = await open_remote(remote)
+        audio = caller_audio(2, 1.0)
+        k = await ticks(engine, 0, 4, (good, audio), (bad, audio))
+        raw = bad._sock
+        raw.setblocking(True)
+        for line in (
+            b"not json at all",
+            b"[1, 2, 3]",
+            json.dumps({"op": "force", "session": good.id, "channel": "text", "ids": [5, 6]}).encode(),
+            json.dumps({"op": "result", "session": good.id, "call_id": "x", "output": "hi"}).encode(),
+            json.dumps({"op": "force", "session": bad.id, "channel": "text", "ids": ["a"]}).encode(),
+            json.dumps({"op": "teleport", "session": bad.id}).encode(),
+            b"\xff\xfe garbage \x00",
+        ):
+            raw.sendall(line + b"\n")
+        raw.setblocking(False)
+        # a counter that goes backwards, and one that jumps far ahead: the room's own ring only
+        bad._link.set(IN_W, 10**12)
+        k = await ticks(engine, k, 2, (good, audio))
+        bad._link.set(IN_W, 3)
+        k = await ticks(engine, k, 2, (good, audio))
+        return good, bad
+
+    good, bad = asyncio.run(main())
+    print(host.stats, good.stats, bad.stats)
+    assert host.stats["bad_messages"] == 7
+    assert host.stats["bad_counters"] == 1 and host.stats["lost_frames"] > 0
+    assert bad.stats["refused"] == 7  # each refusal answered on the connection that sent it
+    assert good.stats["refused"] == 0
+    good_session = engine.pool.sessions
+    assert all(not s.force_text and s.incoming.empty() for s in good_session.values())
+    assert len(good_session) == 2  # neither session was closed by the garbage
+
+
+def test_a_message_longer_than_the_limit_closes_only_its_own_session(hosted, monkeypatch):
+    engine, host = hosted
+    monkeypatch.setattr("engine.host.MAX_LINE", 1 << 16)
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        good = await open_remote(remote)
+        bad = await open_remote(remote)
+        raw = bad._sock
+        raw.setblocking(True)
+        with pytest.raises(OSError):  # the host closes the connection partway through
+            for _ in range(64):
+                raw.sendall(b"x" * (1 << 14))
+        k = await ticks(engine, 0, 3, (good, caller_audio(0, 1.0)))
+        return good, bad, k
+
+    good, bad, _ = asyncio.run(main())
+    assert host.stats["bad_messages"] >= 1
+    assert list(engine.pool.sessions.values())[0].id == good.id and len(engine.pool.sessions) == 1
+    assert any(isinstance(o, SessionFailed) for o in taken(bad.outputs))
+    assert not any(isinstance(o, SessionFailed) for o in taken(good.outputs))
+
+
+def test_a_failing_tick_ends_every_rooms_session_with_one_failure(hosted):
+    engine, host = hosted
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        rooms = [await open_remote(remote) for _ in range(2)]
+        await ticks(engine, 0, 3)
+        engine._fail_all("the engine stopped: RuntimeError: planted")  # what the tick thread does as it dies
+        await settle(0.2)
+        return rooms
+
+    rooms = asyncio.run(main())
+    for room in rooms:
+        failures = [o for o in taken(room.outputs) if isinstance(o, SessionFailed)]
+        assert [f.message for f in failures] == ["the engine stopped: RuntimeError: planted"]
+
+
+def test_an_engine_that_goes_away_ends_the_rooms_sessions_and_nothing_waits(hosted):
+    engine, host = hosted
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        room = await open_remote(remote)
+        await ticks(engine, 0, 2)
+        host.close()  # the engine's side of every connection closes, as when its process dies
+        t0 = time.monotonic()
+        while not room.closed and time.monotonic() - t0 < 5:
+            await settle(0.02)
+        with pytest.raises(EngineClosed):
+            await open_remote(remote)
+        return room
+
+    room = asyncio.run(main())
+    assert room.closed
+    failures = [o for o in taken(room.outputs) if isinstance(o, SessionFailed)]
+    assert len(failures) == 1
+    with pytest.raises(EngineClosed):
+        room.push_audio(np.zeros(FRAME, np.int16))
+
+
+def test_no_engine_is_a_clear_error_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(EngineClosed, match="not reachable"):
+        RemoteEngine("chorus-engine-nobody-here")
+    assert time.monotonic() - t0 < 5
+
+
+def test_an_engine_that_never_answers_is_given_up_after_the_timeout():
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name = f"chorus-engine-mute-{os.getpid()}"
+    listener.bind("\0" + name)
+    listener.listen(1)
+    try:
+        with pytest.raises(EngineClosed, match="did not answer"):
+            RemoteEngine(name, timeout=0.5)
+    finally:
+        listener.close()
+
+
+def test_a_job_that_ends_before_its_call_opens_gives_its_reserved_slot_back():
+    engine = engine_on(num_slots=2)
+    held: dict[str, object] = {}
+    host = EngineHost(engine, admissions=held.pop).start()
+    try:
+        held["AJ_1"] = engine.admit()
+        held["AJ_2"] = engine.admit()
+        assert engine.pool.available == 0
+        remote = RemoteEngine(host.address)
+        remote.release("AJ_1")
+        deadline = time.monotonic() + 5
+        while engine.pool.available == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.pool.available == 1 and "AJ_2" in held
+
+        async def main():  # the other job's session takes the slot reserved for it
+            return await open_remote(remote, admission="AJ_2")
+
+        handle = asyncio.run(main())
+        assert handle.slot in (0, 1) and "AJ_2" not in held
+    finally:
+        host.close()
+        engine.close()
+
+
+def test_the_wire_format_is_one_json_object_a_line():
+    line = encode({"op": "hello", "text": "café\nnext"})
+    assert line.count(b"\n") == 1 and json.loads(line) == {"op": "hello", "text": "café\nnext"}
+
+
+def test_the_room_side_imports_no_torch():
+    code = textwrap.dedent(
+        """
+        import sys
+        import engine.remote, engine.tokens
+        print("torch" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

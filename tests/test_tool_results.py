@@ -1,0 +1,114 @@
+"""What the model reads back after a tool call, at the tiny preset with dummy weights: a result with lone
+surrogates (text no encoder takes) is cleaned and kept, a result that still cannot be encoded is counted as a
+failed call, and a tool name with an invisible character in it is answered by naming the character. Calls are
+teacher-forced and ticks driven by hand on a clock that moves only when told (as in test_engine.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from engine.api import FunctionCall
+from engine.engine import Engine, EngineConfig
+from engine_support import CALL, PROMPT, TOOLS, drain
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def run_ticks(engine: Engine, start: int, n: int) -> int:
+    for k in range(start, start + n):
+        engine.run_tick(k, engine.clock() + 60.0)
+        engine.clock.advance(0.08)
+    return start + n
+
+
+@pytest.fixture
+def engine():
+    e = Engine(EngineConfig(preset="tiny", num_slots=1, start=False), clock=ManualClock())
+    yield e
+    e.close()
+
+
+def waiting_call(engine: Engine):
+    """A session whose forced call went out to the agent: (handle, the FunctionCall, the next tick)."""
+    h = engine.open_session(PROMPT, TOOLS)
+    k = run_ticks(engine, 0, 1)
+    h.force_function(engine.tokens.call_ids(CALL))
+    k = run_ticks(engine, k, 3)
+    return h, next(i for i in drain(h) if isinstance(i, FunctionCall)), k
+
+
+def prefilled_text(engine: Engine, h) -> str:
+    """The text of the result prefill `h` is given, once the encoding pool has made it."""
+    engine.scheduler.poll(engine.clock())  # the result's tokens are encoded off the tick thread
+    assert h.phase == "waiting" and h._s.response is not None
+    concurrent.futures.wait([h._s.response], timeout=30)
+    engine.scheduler.poll(engine.clock())
+    assert h.phase == "prefill"
+    return engine.tokens.decode(h._s.prefill_ids)
+
+
+def tool_errors(engine: Engine, h) -> int:
+    return {s.id: s for s in engine.snapshot().sessions}[h.id].tool_errors
+
+
+def test_a_two_megabyte_result_with_lone_surrogates_is_cleaned_cut_and_kept(engine):
+    h, call, k = waiting_call(engine)
+    result = ("Zimmer \ud83d frei \ude00 " * 200_000)[:2_000_000]  # halves of 😀, each alone
+    h.submit_tool_result(call.call_id, result)
+    text = prefilled_text(engine, h)
+    cap = engine.config.max_result_chars
+    assert "could not be read" not in text
+    assert "Zimmer \ufffd frei \ufffd Zimmer" in text  # each lone half replaced, the words kept
+    assert f"the result was cut: 2000000 characters, the first {cap} kept" in text
+    run_ticks(engine, k, 4)
+    assert h.phase == "live" and tool_errors(engine, h) == 0
+
+
+def test_a_result_that_cannot_be_encoded_is_counted_as_an_error(engine, monkeypatch):
+    h, call, k = waiting_call(engine)
+    encode = engine.tokens.response_ids
+
+    def refusing(results: list[dict]) -> list[int]:
+        if any("output" in r for r in results):
+            raise ValueError("no encoding for this")
+        return encode(results)
+
+    monkeypatch.setattr(engine.tokens, "response_ids", refusing)
+    h.submit_tool_result(call.call_id, '{"available": true}')
+    assert "the tool results could not be read" in prefilled_text(engine, h)
+    run_ticks(engine, k, 4)
+    assert h.phase == "live" and tool_errors(engine, h) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "hidden"), [("check_availability\x00", "U+0000"), ("check\u200b", "U+200B")]
+)
+def test_a_tool_name_with_an_invisible_character_is_answered_by_naming_it(engine, monkeypatch, name, hidden):
+    heard: list[str] = []
+    encode = engine.tokens.response_ids
+
+    def spy(results: list[dict]) -> list[int]:
+        ids = encode(results)
+        heard.append(engine.tokens.decode(ids))
+        return ids
+
+    monkeypatch.setattr(engine.tokens, "response_ids", spy)
+    h = engine.open_session(PROMPT, TOOLS)
+    k = run_ticks(engine, 0, 1)
+    h.force_function(engine.tokens.call_ids([{"name": name, "arguments": {}}]))
+    run_ticks(engine, k, 6)
+    assert h.phase == "live" and tool_errors(engine, h) == 1
+    (text,) = heard
+    assert f"contains an invisible character, {hidden}" in text
+    assert "there is no tool named" not in text
