@@ -18,6 +18,7 @@ import numpy as np
 from engine.api import EngineClosed, Output
 from engine.privacy import private_values
 from engine.slots import Session
+from engine.tokens import forced_ids
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -107,11 +108,7 @@ class SessionHandle:
         self._s.force_func.extend(self._ids(tokens))
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
-        ids = self._engine.tokens.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
-        bad = [t for t in ids if not 0 <= t < self._engine.vocab_size]
-        if bad:
-            raise ValueError(f"tokens: ids outside 0..{self._engine.vocab_size - 1}: {bad[:5]}")
-        return ids
+        return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)
 
     def close(self) -> None:
         """Free the slot; a late tool result or audio is discarded. Idempotent."""

@@ -29,6 +29,7 @@ from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFai
 from engine.config import ClockConfig, TokenConfig
 from engine.host import ADDRESS_ENV, MAX_LINE, encode
 from engine.link import EVENTS, IN_R, IN_W, OUT_R, OUT_W, TEXT_LEN, TICK, SessionLink, layout_for
+from engine.tokens import forced_ids
 
 log = logging.getLogger("chorus.engine.remote")
 
@@ -312,11 +313,7 @@ class RemoteHandle:
         self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
-        ids = self._engine.tokens.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
-        bad = [t for t in ids if not 0 <= t < self._engine.vocab_size]
-        if bad:
-            raise ValueError(f"tokens: ids outside 0..{self._engine.vocab_size - 1}: {bad[:5]}")
-        return ids
+        return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)
 
     def _send(self, msg: dict[str, Any]) -> None:
         if self._closed:

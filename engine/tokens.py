@@ -195,3 +195,13 @@ def parse_tool_call(text: str) -> list[ParsedCall]:
             raise ToolCallError(f"call {i} ({entry['name']}): arguments must be a JSON object")
         calls.append(ParsedCall(entry["name"], args))
     return calls
+
+
+def forced_ids(tok: Tokens, tokens: list[int] | str, vocab_size: int) -> list[int]:
+    """What teacher forcing puts on a channel: `tokens` as ids (text is encoded), each within the vocabulary
+    (ValueError naming the first few that are not)."""
+    ids = tok.encode(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"tokens: ids outside 0..{vocab_size - 1}: {bad[:5]}")
+    return ids

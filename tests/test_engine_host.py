@@ -289,26 +289,23 @@ def test_an_engine_that_never_answers_is_given_up_after_the_timeout():
         listener.close()
 
 
-def test_a_job_that_ends_before_its_call_opens_gives_its_reserved_slot_back():
+def test_the_worker_reserves_a_slot_per_job_and_a_job_that_ends_before_its_call_gives_it_back():
     engine = engine_on(num_slots=2)
-    held: dict[str, object] = {}
-    host = EngineHost(engine, admissions=held.pop).start()
+    host = EngineHost(engine).start()
     try:
-        held["AJ_1"] = engine.admit()
-        held["AJ_2"] = engine.admit()
-        assert engine.pool.available == 0
-        remote = RemoteEngine(host.address)
-        remote.release("AJ_1")
-        deadline = time.monotonic() + 5
-        while engine.pool.available == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert engine.pool.available == 1 and "AJ_2" in held
+        worker = RemoteEngine(host.address)  # the worker's end: admission and load
+        assert worker.admit("AJ_1") == "AJ_1" and worker.admit("AJ_2") == "AJ_2"
+        assert worker.status()["available"] == 0 and worker.load == 0.0  # reserved, not yet in use
+        with pytest.raises(EngineFull):
+            worker.admit("AJ_3")
+        worker.release("AJ_1")
+        assert worker.status()["available"] == 1
 
         async def main():  # the other job's session takes the slot reserved for it
-            return await open_remote(remote, admission="AJ_2")
+            return await open_remote(RemoteEngine(host.address), admission="AJ_2")
 
         handle = asyncio.run(main())
-        assert handle.slot in (0, 1) and "AJ_2" not in held
+        assert handle.slot in (0, 1) and host.take_admission("AJ_2") is None
     finally:
         host.close()
         engine.close()
@@ -329,3 +326,52 @@ def test_the_room_side_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_reports_itself_full():
+    """The engine in its own process (`python -m engine.serve`, as the worker starts it), killed mid-call: the
+    room's session ends with one failure, and the load the worker reports is full."""
+    from engine.engine_config import EngineConfig
+    from engine.serve import EngineProcess
+
+    process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
+    try:
+        worker = RemoteEngine(process.address)
+        assert worker.load == 0.0
+
+        async def main():
+            room = await open_remote(RemoteEngine(process.address))
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60 and not any(
+                isinstance(o, AudioFrame) for o in taken(room.outputs)
+            ):
+                room.push_audio(np.zeros(FRAME, np.int16))
+                await settle(0.08)  # the engine ticks on its own clock: the prompt's prefill, then frames
+            heard = room.stats["frames_out"]
+            process.proc.kill()
+            t0 = time.monotonic()
+            while not room.closed and time.monotonic() - t0 < 5:
+                await settle(0.02)
+            return room, heard
+
+        room, heard = asyncio.run(main())
+        assert heard > 0 and room.closed
+        assert len([o for o in taken(room.outputs) if isinstance(o, SessionFailed)]) == 1
+        assert worker.load == 1.0  # what LiveKit is told: this worker takes no room
+        with pytest.raises(EngineClosed):
+            worker.admit("AJ_late")
+    finally:
+        process.stop()
+
+
+def test_the_engines_process_ends_with_the_worker():
+    """The worker holds the engine's standard input: when it ends, however it ends, so does the engine."""
+    from engine.engine_config import EngineConfig
+    from engine.serve import EngineProcess
+
+    process = EngineProcess(EngineConfig(preset="tiny", num_slots=1).model_dump_json(), timeout=180).start()
+    try:
+        process.proc.stdin.close()  # what the kernel does to the pipe when the worker's process dies
+        assert process.proc.wait(30) == 0
+    finally:
+        process.stop()

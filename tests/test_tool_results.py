@@ -12,17 +12,7 @@ import pytest
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine_support import CALL, PROMPT, TOOLS, drain
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from test_engine import ManualClock
 
 
 def run_ticks(engine: Engine, start: int, n: int) -> int:
