@@ -220,12 +220,15 @@ def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings,
 
 
 def call_figures(call) -> str:
-    """A finished call's counters for the log: frames, turns, barge-ins, what played (no words, no numbers
-    of the caller's)."""
+    """A finished call's counters for the log: frames, turns, barge-ins, what played, what the engine's rings
+    lost (no words, no numbers of the caller's)."""
     d = call.duplex.stats if call.duplex is not None else {}
     p = call.output.stats
+    ring = getattr(call.handle, "stats", {}) if call.handle is not None else {}
     keys = ("frames_pushed", "frames_out", "speech_frames", "turns", "barge_ins", "function_calls")
     parts = [f"{k} {d[k]}" for k in keys if k in d]
+    names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
+    parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
     parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
     return ", ".join(parts)
 
