@@ -297,5 +297,12 @@ def test_a_shared_prompt_is_saved_and_loaded_through_the_pipeline():
             out = p.live_step(audio, torch.ones(S, dtype=torch.bool), minus, minus)
             assert out.text[0] == out.text[2] and out.func[0] == out.func[2]
             torch.testing.assert_close(out.audio[2], out.audio[0], rtol=0, atol=1e-6)  # as above: the codec
+    # the state the steps left: as close as the outputs (a batched op may round a row's last bit differently
+    # by where the row lies, on some CPUs)
     for name in ("perception", "thinker", "talker"):
-        assert same(rows(getattr(p, name), 2), rows(getattr(p, name), 0)), name
+        got, want = rows(getattr(p, name), 2), rows(getattr(p, name), 0)
+        assert got.keys() == want.keys(), name
+        for key in got:
+            diff = (got[key].double() - want[key].double()).abs().max().item() if got[key].numel() else 0.0
+            print(f"{name}.{key}: max difference {diff:.2e}")
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=f"{name}.{key}")
