@@ -59,9 +59,9 @@ def shared_engine(settings: AgentSettings) -> RemoteEngine:
     if _engine is None:
         with _lock:
             if _engine is None:
-                from engine.host import ADDRESS_ENV
                 from engine.remote import RemoteEngine
                 from engine.serve import EngineProcess
+                from engine.wire import ADDRESS_ENV
 
                 config = settings.engine_config().model_dump_json()
                 _process = EngineProcess(config, timeout=startup_timeout_s(settings)).start()

@@ -26,7 +26,6 @@ of LiveKit or rooms.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -38,10 +37,9 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from engine.api import AudioFrame, EngineError, Output
-from engine.link import EVENTS, IN_R, IN_W, OUT_W, TEXT_BYTES, TEXT_LEN, TICK, SessionLink, layout_for
+from engine.link import Layout, SessionLink
+from engine.wire import MAX_LINE, encode, error_message, event_message
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -50,27 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chorus.engine.host")
 
-MAX_LINE = 4 << 20  # one message: a tool's result is cut to the engine's max_result_chars after this
 MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
-ADDRESS_ENV = "CHORUS_ENGINE_SOCKET"  # where a room's process finds the engine (set by the worker)
 FORCE_MAX = 4096  # teacher-forced tokens in one message
 ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
 RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-
-
-def event_message(seq: int, frames_before: int, item: Output) -> dict[str, Any]:
-    """An output other than audio as the room reads it back (engine/remote.py `decode_event`)."""
-    return {
-        "op": "event",
-        "seq": seq,
-        "frames": frames_before,
-        "type": type(item).__name__,
-        "fields": dataclasses.asdict(item),
-    }
 
 
 class _Conn:
@@ -98,7 +79,7 @@ class EngineHost:
         self.engine = engine
         self.address = address or f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         clock = engine.model_cfg.clock
-        self.layout = layout_for(clock.input_samples, clock.output_samples)
+        self.layout = Layout(clock.input_samples, clock.output_samples)
         self._sel = selectors.DefaultSelector()
         self._listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listen.bind("\0" + self.address)
@@ -147,10 +128,6 @@ class EngineHost:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-    @property
-    def sessions(self) -> int:
-        return sum(1 for c in list(self._conns) if c.handle is not None)
 
     def drain(self, seconds: float) -> None:
         """Tell every room with a session that the worker is draining (its calls have `seconds` left)."""
@@ -312,7 +289,7 @@ class EngineHost:
         try:
             admission = e.admit()
         except EngineError as err:
-            self._send(conn, encode({"op": "error", "kind": type(err).__name__, "message": str(err)}))
+            self._send(conn, encode(error_message(err)))
             return
         self.hold_admission(job, admission)
         self._send(conn, encode({"op": "admitted", "admission": job}))
@@ -373,8 +350,8 @@ class EngineHost:
             if admission is not None:
                 self.engine.release(admission)
             self._release_link(conn)
-            kind = type(e).__name__ if isinstance(e, EngineError) else "SessionRejected"
-            self._send(conn, encode({"op": "error", "kind": kind, "message": str(e)}))
+            kind = None if isinstance(e, EngineError) else "SessionRejected"
+            self._send(conn, encode(error_message(e, kind)))
             return
         conn.handle = handle
         self.stats["sessions"] += 1
@@ -397,22 +374,13 @@ class EngineHost:
         link = conn.link
         if link is None or conn.closed:
             return
-        w, r = link.get(IN_W), conn.in_r
-        if w == r:
-            return
-        frames = link.layout.in_frames
-        if w < r:  # a counter that went back: the room's data is not to be trusted; start again from here
+        frames, conn.in_r, lost = link.take_caller(conn.in_r)
+        if lost < 0:
             self.stats["bad_counters"] += 1
-            conn.in_r = w
-            link.set(IN_R, w)
-            return
-        if w - r > frames:  # the room wrote more than the ring holds since the last tick
-            self.stats["lost_frames"] += w - r - frames
-            r = w - frames
-        idx = np.arange(r, w) % frames
-        inbox.push(link.caller[idx].reshape(-1))
-        conn.in_r = w
-        link.set(IN_R, w)
+        else:
+            self.stats["lost_frames"] += lost
+        if frames.size:
+            inbox.push(frames.reshape(-1))
 
     def _deliver(self, conn: _Conn, items: list[Output]) -> None:
         link = conn.link
@@ -421,20 +389,8 @@ class EngineHost:
         wrote = False
         for item in items:
             if type(item) is AudioFrame:
-                w = conn.out_w
-                i = w % link.layout.out_frames
-                link.agent[i] = item.samples
-                text = item.text.encode()
-                if len(text) > TEXT_BYTES:  # cut on a character's boundary
-                    text = text[:TEXT_BYTES].decode(errors="ignore").encode()
-                link.text[i, : len(text)] = np.frombuffer(text, np.uint8)
-                link.meta[i, TICK], link.meta[i, EVENTS], link.meta[i, TEXT_LEN] = (
-                    item.tick,
-                    conn.events,
-                    len(text),
-                )
-                conn.out_w = w + 1
-                link.set(OUT_W, w + 1)
+                link.put_agent(conn.out_w, item.samples, item.text, item.tick, conn.events)
+                conn.out_w += 1
                 wrote = True
             else:
                 conn.events += 1

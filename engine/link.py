@@ -134,13 +134,66 @@ class SessionLink:
     def set(self, counter: int, value: int) -> None:
         self.counters[counter] = value
 
+    # -- the engine's side: caller frames out of the ring, agent frames into it ----------------------------
+
+    def take_caller(self, r: int) -> tuple[np.ndarray, int, int]:
+        """The caller frames written since counter `r`, as `[n, in_samples]` int16; the new counter (also
+        published to the room); the frames lost: written beyond what the ring holds, or -1 for a counter that
+        went back (nothing of the ring is trusted then, and reading starts again from where it is)."""
+        w = self.get(IN_W)
+        if w == r:
+            return self.caller[:0], r, 0
+        if w < r:
+            self.set(IN_R, w)
+            return self.caller[:0], w, -1
+        frames = self.layout.in_frames
+        lost = max(0, w - r - frames)
+        taken = self.caller[np.arange(r + lost, w) % frames]
+        self.set(IN_R, w)
+        return taken, w, lost
+
+    def put_agent(self, w: int, samples: np.ndarray, text: str, tick: int, events: int) -> None:
+        """Record `w` (the counter's value): one output frame, its text (cut on a character's boundary to
+        TEXT_BYTES), its tick and the number of events before it; then the counter moves past it."""
+        i = w % self.layout.out_frames
+        self.agent[i] = samples
+        data = text.encode()
+        if len(data) > TEXT_BYTES:
+            data = data[:TEXT_BYTES].decode(errors="ignore").encode()
+        self.text[i, : len(data)] = np.frombuffer(data, np.uint8)
+        self.meta[i, TICK], self.meta[i, EVENTS], self.meta[i, TEXT_LEN] = tick, events, len(data)
+        self.set(OUT_W, w + 1)
+
+    # -- the room's side: caller frames into the ring, agent frames out of it ------------------------------
+
+    def put_caller(self, w: int, frame: np.ndarray) -> bool:
+        """Caller frame `w` (the counter's value) into the ring, then the counter past it; False (nothing
+        written) while the ring is full."""
+        frames = self.layout.in_frames
+        if w - self.get(IN_R) >= frames:
+            return False
+        self.caller[w % frames] = frame
+        self.set(IN_W, w + 1)
+        return True
+
+    def events_before(self, r: int) -> int:
+        """How many of the session's events came before agent record `r`."""
+        return int(self.meta[r % self.layout.out_frames, EVENTS])
+
+    def read_agent(self, r: int) -> tuple[int, np.ndarray, str] | None:
+        """Agent record `r` as (tick, samples, text), or None when the engine overwrote it before or while it
+        was read (the room fell a ring behind)."""
+        i = r % self.layout.out_frames
+        n = max(0, min(int(self.meta[i, TEXT_LEN]), TEXT_BYTES))
+        tick, samples = int(self.meta[i, TICK]), self.agent[i].copy()
+        text = bytes(self.text[i, :n]).decode(errors="replace")
+        if self.get(OUT_W) - r > self.layout.out_frames:
+            return None
+        return tick, samples, text
+
     def close(self) -> None:
         """Unmap now (the room's side, when its session is over and nothing reads the views)."""
         self.forget_fd()
         self.counters = self.description = self.caller = self.agent = self.meta = self.text = None
         with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
             self._mm.close()
-
-
-def layout_for(in_samples: int, out_samples: int) -> Layout:
-    return Layout(in_samples=in_samples, out_samples=out_samples)

@@ -24,39 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from engine import api
 from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
 from engine.config import ClockConfig, TokenConfig
-from engine.host import ADDRESS_ENV, MAX_LINE, encode
-from engine.link import EVENTS, IN_R, IN_W, OUT_R, OUT_W, TEXT_LEN, TICK, SessionLink, layout_for
+from engine.link import OUT_R, OUT_W, Layout, SessionLink
 from engine.tokens import forced_ids
+from engine.wire import ADDRESS_ENV, connect, decode_event, encode, raise_error, read_line
 
 log = logging.getLogger("chorus.engine.remote")
 
 REQUEST_TIMEOUT_S = 10.0  # hello and open: the engine's answer, or EngineClosed
-_EVENTS = {
-    name: getattr(api, name)
-    for name in (
-        "TurnStarted",
-        "TurnEnded",
-        "ToolCallStarted",
-        "FunctionCall",
-        "ToolCallRejected",
-        "ToolResultConsumed",
-        "SessionFailed",
-    )
-}
-
-
-def decode_event(msg: dict[str, Any]) -> Output | None:
-    cls = _EVENTS.get(msg.get("type"))
-    fields = msg.get("fields")
-    if cls is None or not isinstance(fields, dict):
-        return None
-    try:
-        return cls(**fields)
-    except TypeError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -73,34 +49,6 @@ class RemoteModelConfig:
     tokens: TokenConfig
 
 
-def _connect(address: str, timeout: float) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect("\0" + address)
-    except OSError as e:
-        sock.close()
-        raise EngineClosed(f"the engine is not reachable ({e.strerror or e})") from None
-    return sock
-
-
-def _read_line(sock: socket.socket, buf: bytearray) -> dict[str, Any]:
-    while b"\n" not in buf:
-        if len(buf) > MAX_LINE:
-            raise EngineClosed("the engine sent a message longer than the limit")
-        try:
-            data = sock.recv(1 << 16)
-        except TimeoutError:
-            raise EngineClosed(f"the engine did not answer within {sock.gettimeout():.0f} s") from None
-        if not data:
-            raise EngineClosed("the engine closed the connection")
-        buf += data
-    end = buf.index(b"\n")
-    line = bytes(buf[:end])
-    del buf[: end + 1]
-    return json.loads(line)
-
-
 class RemoteEngine:
     """The engine of another process of this machine, at `address` (default: the worker's, from the
     environment). Building it asks the engine for its clock, tokens and preset (EngineClosed if there is
@@ -111,26 +59,23 @@ class RemoteEngine:
         if not self.address:
             raise EngineClosed(f"no engine to reach: {ADDRESS_ENV} is not set")
         self.timeout = timeout
-        with _connect(self.address, timeout) as sock:
+        with connect(self.address, timeout) as sock:
             sock.sendall(encode({"op": "hello"}))
-            hello = _read_line(sock, bytearray())
+            hello = read_line(sock, bytearray())
         self.config = RemoteConfig(hello["preset"], int(hello["max_result_chars"]))
         self.model_cfg = RemoteModelConfig(ClockConfig(**hello["clock"]), TokenConfig(**hello["tokens"]))
         self.vocab_size = int(hello["vocab_size"])
         clock = self.model_cfg.clock
-        self.layout = layout_for(clock.input_samples, clock.output_samples)
+        self.layout = Layout(clock.input_samples, clock.output_samples)
         self._tokens = None
         self.on_drain: Callable[[float], None] | None = None  # the worker's drain, as the engine reports it
 
     def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         """One question on a connection of its own, and its answer (EngineClosed if none comes in time)."""
-        with _connect(self.address, self.timeout) as sock:
+        with connect(self.address, self.timeout) as sock:
             sock.sendall(encode(msg))
-            reply = _read_line(sock, bytearray())
-        if reply.get("op") == "error":
-            cls = getattr(api, str(reply.get("kind")), None)
-            cls = cls if isinstance(cls, type) and issubclass(cls, EngineError) else EngineError
-            raise cls(str(reply.get("message", "")))
+            reply = read_line(sock, bytearray())
+        raise_error(reply)
         return reply
 
     def admit(self, job: str) -> str:
@@ -185,7 +130,7 @@ class RemoteEngine:
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
         slot)."""
         loop = loop or asyncio.get_running_loop()
-        sock = _connect(self.address, self.timeout)
+        sock = connect(self.address, self.timeout)
         buf = bytearray()
         try:
             msg = {"op": "open", "prompt": prompt, "tools": tools or [], "label": label, "caller": caller}
@@ -202,11 +147,8 @@ class RemoteEngine:
                 buf += data
                 if fds:
                     break
-            reply = _read_line(sock, buf)
-            if reply.get("op") == "error":
-                cls = getattr(api, str(reply.get("kind")), None)
-                cls = cls if isinstance(cls, type) and issubclass(cls, EngineError) else EngineError
-                raise cls(str(reply.get("message", "")))
+            reply = read_line(sock, buf)
+            raise_error(reply)
             if reply.get("op") != "opened" or len(fds) != 2:
                 raise EngineClosed(f"the engine answered {reply.get('op')!r} to open")
         except BaseException:
@@ -285,17 +227,14 @@ class RemoteHandle:
             )
         if self._tail.size:
             a = np.concatenate([self._tail, a])
-        link, n = self._link, self._link.layout.in_samples
+        n = self._link.layout.in_samples
         whole = a.size // n
-        frames = link.layout.in_frames
         for k in range(whole):
-            if self._in_w - link.get(IN_R) >= frames:
+            if self._link.put_caller(self._in_w, a[k * n : (k + 1) * n]):
+                self._in_w += 1
+                self.stats["frames_in"] += 1
+            else:
                 self.stats["ring_full"] += 1
-                continue
-            link.caller[self._in_w % frames] = a[k * n : (k + 1) * n]
-            self._in_w += 1
-            link.set(IN_W, self._in_w)
-            self.stats["frames_in"] += 1
         self._tail = a[whole * n :].copy()
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
@@ -399,7 +338,6 @@ class RemoteHandle:
         """Hand the outputs over in the tick's order: frames and events, each after what came before it."""
         link, put = self._link, self.outputs.put_nowait
         frames = link.layout.out_frames
-        w = link.get(OUT_W)
         while not self._closed:
             event = self._events.get(self._next_event)
             if event is not None and event[0] <= self._out_r:
@@ -407,23 +345,21 @@ class RemoteHandle:
                 self._next_event += 1
                 put(event[1])
                 continue
+            w = link.get(OUT_W)
             if self._out_r >= w:
                 break
             if w - self._out_r > frames:  # overwritten before this room read them
                 self.stats["frames_lost"] += w - self._out_r - frames
                 self._out_r = w - frames
-            i = self._out_r % frames
-            if int(link.meta[i, EVENTS]) >= self._next_event:
+            if link.events_before(self._out_r) >= self._next_event:
                 break  # an event before this frame is still on its way
-            n = int(link.meta[i, TEXT_LEN])
-            text = bytes(link.text[i, : max(0, min(n, link.text.shape[1]))]).decode(errors="replace")
-            frame = AudioFrame(int(link.meta[i, TICK]), link.agent[i].copy(), text)
-            if link.get(OUT_W) - self._out_r > frames:
-                continue  # the record was overwritten while it was read: counted at the top
+            record = link.read_agent(self._out_r)
+            if record is None:
+                continue  # overwritten while it was read: counted on the next pass
             self._out_r += 1
             link.set(OUT_R, self._out_r)
             self.stats["frames_out"] += 1
-            put(frame)
+            put(AudioFrame(*record))
 
     def _gone(self, why: str) -> None:
         if self._closed:

@@ -20,7 +20,7 @@ import time
 import uuid
 
 from engine.api import EngineClosed
-from engine.host import ADDRESS_ENV
+from engine.wire import ADDRESS_ENV
 
 log = logging.getLogger("chorus.engine.serve")
 

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
-from engine.host import EngineHost, encode
+from engine.host import EngineHost
 from engine.link import IN_W
 from engine.remote import RemoteEngine
+from engine.wire import encode
 from engine_support import PROMPT, REPO, TOOLS
 from test_engine import caller_audio, engine_on, run_ticks
 
