@@ -50,11 +50,11 @@ _engine: RemoteEngine | None = None
 _process: EngineProcess | None = None
 
 
-def shared_engine(settings: AgentSettings) -> RemoteEngine:
+def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> RemoteEngine:
     """The worker's engine: its process (`python -m engine.serve`), started on first use by whichever thread
-    asks first and waited for until its door is open; what is returned is the worker's end of that door
-    (admission, load). Its address goes into this process's environment, where the rooms find it (a room's
-    own process inherits it)."""
+    asks first and waited for until its door is open (at most `startup_s`, by default `startup_timeout_s`);
+    what is returned is the worker's end of that door (admission, load). Its address goes into this process's
+    environment, where the rooms find it (a room's own process inherits it)."""
     global _engine, _process
     if _engine is None:
         with _lock:
@@ -64,7 +64,8 @@ def shared_engine(settings: AgentSettings) -> RemoteEngine:
                 from engine.wire import ADDRESS_ENV
 
                 config = settings.engine_config().model_dump_json()
-                _process = EngineProcess(config, timeout=startup_timeout_s(settings)).start()
+                timeout = startup_timeout_s(settings) if startup_s is None else startup_s
+                _process = EngineProcess(config, timeout=timeout).start()
                 os.environ[ADDRESS_ENV] = _process.address
                 _engine = RemoteEngine(_process.address)
                 atexit.register(close_shared)  # the engine's process ends with the worker
@@ -184,7 +185,8 @@ class ChorusServer(DrainingServer):
         self.settings = settings
 
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
-        await asyncio.to_thread(shared_engine, self.settings)
+        # the startup timeout this server was built with: the weights are not sized a second time
+        await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
         await super().run(devmode=devmode, unregistered=unregistered)
 
     async def drain(self, timeout: NotGivenOr[int | None] = NOT_GIVEN) -> None:
