@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from livekit import rtc
-from livekit.agents import Agent, AgentSession, io, room_io
+from livekit.agents import Agent, AgentSession, io, llm, room_io
 from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
 from agent.acks import AckClips
@@ -27,6 +27,7 @@ from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import RoomSink, WavSink
+from agent.transcript import RoomTranscript
 from engine.privacy import pseudonym
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ class Call:
     output: PlayoutOutput
     agent: Agent
     closed: bool = False
+    transcript: RoomTranscript | None = None  # the agent's words on the room's text stream (in a room)
 
     @property
     def duplex(self) -> ChorusSession | None:
@@ -160,13 +162,23 @@ class Call:
             await self.output.play_out()
         with contextlib.suppress(RuntimeError):
             await self.session.aclose()
+        if self.transcript is not None:
+            await self.transcript.aclose()
         await self.output.aclose()
+
+
+# The model marks its own turns (TurnGate: a frame is speech between the turn's start and end tokens, and
+# a turn ends with an explicit non-speech frame), so the adapter's wait for a missing frame is only a last
+# resort for an engine that stopped sending. At the framework's default (0.8 s) a tick that came late on a
+# loaded machine split one turn into two generations, the second queued behind the first's playout and its
+# words cut in two.
+TURN_SILENCE_S = 10.0
 
 
 def _session(model: ChorusModel) -> AgentSession:
     # no STT/VAD/TTS: the model hears, decides and speaks by itself
     return AgentSession(
-        llm=model,
+        llm=llm.DuplexRealtimeAdapter(model, audio_timeout=TURN_SILENCE_S),
         vad=None,
         turn_handling={
             "turn_detection": None,
@@ -244,10 +256,10 @@ async def _start_in_room(
             auto_gain_control=False,
         ),
         audio_output=False,
-        # the model's words go out as it says them: each text piece leaves with its own 80 ms frame, so they
-        # are already in step with the audio (a playout buffer ahead of it), and the framework's synchroniser
-        # would only add a speaking-rate analysis of every frame on the room's event loop
-        text_output=room_io.TextOutputOptions(sync_transcription=False),
+        # the model's words go out through RoomTranscript (agent/transcript.py), set below, which never
+        # holds up the turn's audio; each text piece leaves with its own 80 ms frame, already in step with
+        # the audio
+        text_output=False,
         participant_identity=participant or NOT_SET,
         participant_kinds=[
             rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD,
@@ -259,6 +271,9 @@ async def _start_in_room(
     if not isinstance(sink, ConsoleSink):
         session.output.audio = output
     await session.start(agent=call.agent, room=room, room_options=opts, record=False)
+    if not isinstance(sink, ConsoleSink):
+        call.transcript = RoomTranscript(room, sink.track_sid if isinstance(sink, RoomSink) else None)
+        session.output.transcription = call.transcript
     if isinstance(sink, ConsoleSink) and session.output.audio is not None:
         # the console put its speaker on the session (none in its text mode): the playout goes in front;
         # the console's transcript sync, paired with that speaker, passes its text to nothing

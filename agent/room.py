@@ -230,6 +230,11 @@ def call_figures(call) -> str:
     names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
     parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
     parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
+    stalls = getattr(call.output.sink, "stalls", None)
+    if stalls is not None:
+        parts.append(f"capture_stalls {stalls}")
+    if getattr(call, "transcript", None) is not None:
+        parts += [f"text_{k} {v}" for k, v in call.transcript.stats.items()]
     return ", ".join(parts)
 
 

@@ -82,12 +82,19 @@ def _route_audio_streams(cls: type, routed: RoutedQueue) -> None:
 
 class RoutedQueue:
     """`FfiQueue`'s interface (subscribe, unsubscribe, put), delivering an event to its owner's loop when the
-    owner is known, else to every subscriber."""
+    owner is known, else to every subscriber.
+
+    `put` runs on the native library's callback thread for every event of every room and takes no lock: the
+    subscriber lists are immutable tuples, replaced whole (under `_lock`) by the subscribing threads, so a
+    delivery never waits for a job thread that holds a lock while it waits for the GIL (with one lock on both
+    sides, 16 rooms queued behind each other on it for hundreds of milliseconds at a time)."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._subscribers: list[tuple[Any, asyncio.AbstractEventLoop, Any]] = []
-        self._of_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, asyncio.AbstractEventLoop, Any]]] = {}
+        self._lock = threading.Lock()  # writers of the tables below; `put` only reads them
+        self._subscribers: tuple[tuple[Any, asyncio.AbstractEventLoop, Any], ...] = ()
+        self._of_loop: dict[
+            asyncio.AbstractEventLoop, tuple[tuple[Any, asyncio.AbstractEventLoop, Any], ...]
+        ] = {}
         self._by_async_id: OrderedDict[int, asyncio.AbstractEventLoop] = OrderedDict()
         self._by_stream: dict[int, asyncio.AbstractEventLoop] = {}
         self._by_room: dict[int, asyncio.AbstractEventLoop] = {}
@@ -96,8 +103,7 @@ class RoutedQueue:
     @property
     def subscriber_count(self) -> int:
         """Subscribers now (one whose loop closed is dropped at the first event that reaches it)."""
-        with self._lock:
-            return len(self._subscribers)
+        return len(self._subscribers)
 
     # the SDK's FfiQueue interface
 
@@ -114,40 +120,41 @@ class RoutedQueue:
                     break
 
     def _add(self, queue: Any, loop: asyncio.AbstractEventLoop, filter_fn: Any) -> None:
+        sub = (queue, loop, filter_fn)
         with self._lock:
-            sub = (queue, loop, filter_fn)
-            self._subscribers.append(sub)
-            self._of_loop.setdefault(loop, []).append(sub)
+            self._subscribers = (*self._subscribers, sub)
+            self._of_loop[loop] = (*self._of_loop.get(loop, ()), sub)
 
     def _remove(self, sub: tuple) -> None:
-        self._subscribers.remove(sub)
-        mine = self._of_loop.get(sub[1])
-        if mine is not None:
-            mine.remove(sub)
-            if not mine:
-                del self._of_loop[sub[1]]
+        """(Under `_lock`.)"""
+        self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+        mine = tuple(s for s in self._of_loop.get(sub[1], ()) if s is not sub)
+        if mine:
+            self._of_loop[sub[1]] = mine
+        else:
+            self._of_loop.pop(sub[1], None)
 
     def put(self, item: Any) -> None:
         owner = self.owner(item)
+        subs = self._subscribers if owner is None else self._of_loop.get(owner, ())
         dead = []
-        with self._lock:
-            subs = self._subscribers if owner is None else self._of_loop.get(owner, ())
-            for sub in subs:
-                queue, loop, filter_fn = sub
-                if filter_fn is not None:
-                    try:
-                        if not filter_fn(item):
-                            continue
-                    except Exception:  # as the SDK does: a filter that fails lets the event through
-                        pass
+        for sub in subs:
+            queue, loop, filter_fn = sub
+            if filter_fn is not None:
                 try:
-                    loop.call_soon_threadsafe(queue.put_nowait, item)
-                except (
-                    RuntimeError
-                ):  # its loop closed without unsubscribing: it can never take an event again
-                    dead.append(sub)
-            for sub in dead:
-                self._remove(sub)
+                    if not filter_fn(item):
+                        continue
+                except Exception:  # as the SDK does: a filter that fails lets the event through
+                    pass
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # its loop closed without unsubscribing: it can never take an event again
+                dead.append(sub)
+        if dead:
+            with self._lock:
+                for sub in dead:
+                    if any(s is sub for s in self._subscribers):
+                        self._remove(sub)
 
     # routing
 
@@ -165,11 +172,11 @@ class RoutedQueue:
             return loop
         if which is None or not self._carries_async_id(item, which):
             return None
-        with self._lock:
-            loop = self._by_async_id.pop(getattr(item, which).async_id, None)
-            if loop is not None and which == "connect" and item.connect.HasField("result"):
-                self._by_room[item.connect.result.room.handle.id] = loop  # the room's events: its job's loop
-            return loop
+        # (one dict operation, atomic under the GIL: no lock on the delivery path)
+        loop = self._by_async_id.pop(getattr(item, which).async_id, None)
+        if loop is not None and which == "connect" and item.connect.HasField("result"):
+            self._by_room[item.connect.result.room.handle.id] = loop  # the room's events: its job's loop
+        return loop
 
     def _carries_async_id(self, msg: Any, which: str) -> bool:
         has = self._has_async_id.get(which)
@@ -196,5 +203,5 @@ class RoutedQueue:
         with self._lock:
             self._by_stream[handle] = loop
             if len(self._by_stream) > 4 * ASYNC_IDS_KEPT:  # streams that never sent their end
-                for h in [h for h, lp in self._by_stream.items() if lp.is_closed()]:
-                    del self._by_stream[h]
+                for h in [h for h, lp in list(self._by_stream.items()) if lp.is_closed()]:
+                    self._by_stream.pop(h, None)

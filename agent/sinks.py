@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import wave
 from pathlib import Path
 
 import numpy as np
 from livekit import rtc
+
+log = logging.getLogger("chorus.agent.sinks")
 
 ROOM_RATE = 48_000  # a room track's rate: WebRTC's Opus runs at 48 kHz
 
@@ -74,6 +77,10 @@ class RoomSink:
 
     IDLE_FILL_S = 0.06
     FILL_FRAME_S = 0.04
+    # a capture the rtc runtime has not taken this long after it was due is given up (and counted), so a
+    # stalled runtime costs the call that audio, never the rest of its turns
+    CAPTURE_WAIT_S = 2.0
+    PUBLISH_TRIES = 3
 
     def __init__(self, sample_rate: int = ROOM_RATE) -> None:
         self.sample_rate = sample_rate
@@ -82,18 +89,32 @@ class RoomSink:
         self._spoken = 0.0  # when the last audio written (not filled) has played
         self._filler: asyncio.Task | None = None
         self._one_at_a_time = asyncio.Lock()  # the filler's silence and the speech never capture at once
+        self.track_sid: str | None = None  # the published track's, once `start` has published it
+        self.stalls = 0  # captures given up after CAPTURE_WAIT_S
 
     async def start(self, room: rtc.Room) -> None:
-        track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
+        """Publish the track; a server too busy to answer in time is asked again (PUBLISH_TRIES in all)."""
         opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
-        await room.local_participant.publish_track(track, opts)
+        for attempt in range(1, self.PUBLISH_TRIES + 1):
+            track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
+            try:
+                publication = await room.local_participant.publish_track(track, opts)
+                break
+            except rtc.participant.PublishTrackError as e:
+                if attempt == self.PUBLISH_TRIES or not room.isconnected():
+                    raise
+                log.warning("the agent's track was not published (%s); trying again", e)
+        self.track_sid = publication.sid
         self._filler = asyncio.create_task(self._fill())
 
     async def _capture(self, samples: np.ndarray) -> None:
         async with self._one_at_a_time:
             self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
             frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
-            await self.source.capture_frame(frame)
+            try:
+                await asyncio.wait_for(self.source.capture_frame(frame), self.CAPTURE_WAIT_S)
+            except TimeoutError:
+                self.stalls += 1
 
     async def _fill(self) -> None:
         silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)

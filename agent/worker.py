@@ -112,10 +112,19 @@ def startup_timeout_s(settings: AgentSettings) -> float:
     return STARTUP_BASE_S + STARTUP_S_PER_GB * weight_bytes(settings) / 1e9
 
 
+# livekit-agents watches every job's event loop for blocking with a tick every 20 ms at its default
+# threshold (100 ms): two wake-ups per tick per room, and a stack sample of the loop's thread whenever the
+# GIL was busy elsewhere. At 250 ms its ticks are 50 ms apart; a block that long still gets its warning
+# and its stack.
+LOOP_BLOCK_WARN_MS = 250
+
+
 def build_server(settings: AgentSettings) -> AgentServer:
     """The worker for these settings (`server` below is the one for the environment's). Its log handlers,
     livekit-agents' CLI's once the worker starts, carry no caller's data (agent/log_privacy.py)."""
     mask_log_handlers()
+    # (read as each job starts)
+    os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", str(LOOP_BLOCK_WARN_MS))
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port

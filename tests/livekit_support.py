@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CALLERS = ROOT / "prompts" / "callers"
 RATE = 48_000  # a browser's microphone track
 FRAME = RATE // 20  # 50 ms handed to the SDK at a time (it sends 10 ms packets); fewer wake-ups per caller
-RECV_MS = 40  # the agent's audio is read in 40 ms frames (fewer wake-ups; gaps are judged at 200 ms)
+RECV_MS = 80  # the agent's audio is read in 80 ms frames, one engine frame (gaps are judged at 200 ms)
 SPEECH_PEAK = 300  # int16: the agent's speech peaks far above this; silence through WebRTC stays near 0
 ALLOWED_INTERFACES = {
     "lo",
