@@ -270,7 +270,10 @@ async def _start_in_room(
         await sink.start(room)
     if not isinstance(sink, ConsoleSink):
         session.output.audio = output
-    await session.start(agent=call.agent, room=room, room_options=opts, record=False)
+    # no session host: the framework would publish every session event (each state change, each item) to
+    # the room as a byte stream, for a remote client to observe the session; Chorus's operators watch the
+    # monitoring page, and on a loaded worker those sends queued behind the room's audio
+    await session.start(agent=call.agent, room=room, room_options=opts, record=False, session_host=False)
     if not isinstance(sink, ConsoleSink):
         call.transcript = RoomTranscript(room, sink.track_sid if isinstance(sink, RoomSink) else None)
         session.output.transcription = call.transcript

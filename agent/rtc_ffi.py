@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from livekit.rtc._utils import Queue  # the SDK's own subscriber queue
@@ -70,6 +70,40 @@ def install() -> bool:
         return True
 
 
+class _Inbox:
+    """The events on their way to one loop. The callback thread appends and wakes the loop only when no
+    wake-up is pending; the loop hands everything that came meanwhile to its queues in order. One write to
+    the loop's self-pipe per wake-up instead of one per event (with 16 rooms, those writes were a fifth of
+    the worker's Python time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[tuple[Any, Any]] = deque()
+        self.scheduled = False
+
+    def deliver(self, queue: Any, item: Any) -> bool:
+        """(The callback thread.) False when the loop is closed."""
+        self.items.append((queue, item))
+        if not self.scheduled:
+            self.scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self.drain)
+            except RuntimeError:
+                self.items.clear()
+                self.scheduled = False
+                return False
+        return True
+
+    def drain(self) -> None:
+        """(The loop's thread.) Cleared first: what is appended after this is either taken below or wakes the
+        loop again."""
+        self.scheduled = False
+        items = self.items
+        while items:
+            queue, item = items.popleft()
+            queue.put_nowait(item)
+
+
 def _route_audio_streams(cls: type, routed: RoutedQueue) -> None:
     init = cls.__init__
 
@@ -99,6 +133,7 @@ class RoutedQueue:
         self._by_stream: dict[int, asyncio.AbstractEventLoop] = {}
         self._by_room: dict[int, asyncio.AbstractEventLoop] = {}
         self._has_async_id: dict[str, bool] = {}
+        self._inboxes: dict[asyncio.AbstractEventLoop, _Inbox] = {}
 
     @property
     def subscriber_count(self) -> int:
@@ -146,15 +181,22 @@ class RoutedQueue:
                         continue
                 except Exception:  # as the SDK does: a filter that fails lets the event through
                     pass
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # its loop closed without unsubscribing: it can never take an event again
-                dead.append(sub)
+            if not self._inbox(loop).deliver(queue, item):
+                dead.append(sub)  # its loop closed without unsubscribing: it can never take an event again
         if dead:
             with self._lock:
                 for sub in dead:
                     if any(s is sub for s in self._subscribers):
                         self._remove(sub)
+
+    def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox:
+        inbox = self._inboxes.get(loop)
+        if inbox is None:
+            with self._lock:
+                inbox = self._inboxes.setdefault(loop, _Inbox(loop))
+                for stale in [lp for lp in self._inboxes if lp.is_closed() and lp is not loop]:
+                    del self._inboxes[stale]
+        return inbox
 
     # routing
 
