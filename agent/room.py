@@ -233,7 +233,7 @@ def call_figures(call) -> str:
     stalls = getattr(call.output.sink, "stalls", None)
     if stalls is not None:
         parts.append(f"capture_stalls {stalls}")
-    if getattr(call, "transcript", None) is not None:
+    if call.transcript is not None:
         parts += [f"text_{k} {v}" for k, v in call.transcript.stats.items()]
     return ", ".join(parts)
 

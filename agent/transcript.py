@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from livekit import rtc
 from livekit.agents import io, utils
+from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_FINAL as FINAL
+from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_SEGMENT_ID as SEGMENT_ID
+from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_TRACK_ID as TRACK_ID
+from livekit.agents.types import TOPIC_TRANSCRIPTION as TOPIC
 
 log = logging.getLogger("chorus.agent.transcript")
 
-TOPIC = "lk.transcription"
-FINAL = "lk.transcription_final"
-SEGMENT_ID = "lk.segment_id"
-TRACK_ID = "lk.transcribed_track_id"
 WAIT_S = 5.0  # the longest one native request of a stream may take before its turn's text is given up
 MAX_TURNS = 8  # turns waiting for their stream; beyond, the oldest not yet begun is dropped (and counted)
 
@@ -83,11 +83,8 @@ class RoomTranscript(io.TextOutput):
             await utils.aio.cancel_and_wait(self._task)
             self._task = None
         for turn in self._turns:
-            if turn.writer is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        turn.writer.aclose(attributes=self._attrs(final=True)), self._wait_s
-                    )
+            with contextlib.suppress(Exception):
+                await self._close_stream(turn, self._attrs(final=True))
         self._turns.clear()
 
     # -- the writer ----------------------------------------------------------------------------------------
@@ -98,8 +95,11 @@ class RoomTranscript(io.TextOutput):
             self._task = asyncio.create_task(self._write_turns(), name="chorus.transcript")
 
     def _bound(self) -> None:
+        """The first turn is the one being written (its stream may be opening) and the last the one being
+        captured: the oldest between them that has no stream yet goes."""
         while len(self._turns) > MAX_TURNS:
-            victim = next((t for t in self._turns if t.writer is None and t is not self._open), None)
+            waiting = list(self._turns)[1:]
+            victim = next((t for t in waiting if t.writer is None and t is not self._open), None)
             if victim is None:
                 return
             self._turns.remove(victim)
@@ -114,8 +114,7 @@ class RoomTranscript(io.TextOutput):
     async def _write_turns(self) -> None:
         while not self._closed:
             if not self._turns:
-                self._wake.clear()
-                await self._wake.wait()
+                await self._until_woken()
                 continue
             turn = self._turns[0]
             try:
@@ -125,15 +124,21 @@ class RoomTranscript(io.TextOutput):
                 self.stats["failed"] += 1
                 if self.stats["failed"] == 1 or self.stats["failed"] % 50 == 0:
                     log.warning("the agent's transcription could not be sent (%s)", type(e).__name__)
-                if turn.writer is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(turn.writer.aclose(), self._wait_s)
-                    turn.writer = None
+                with contextlib.suppress(Exception):
+                    await self._close_stream(turn, None)
             if done:
                 self._turns.popleft()
             elif turn.sent == len(turn.pieces) and not turn.ended:  # all written so far: until more comes
-                self._wake.clear()
-                await self._wake.wait()
+                await self._until_woken()
+
+    async def _until_woken(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+
+    async def _close_stream(self, turn: _Turn, attributes: dict[str, str] | None) -> None:
+        if turn.writer is not None:
+            writer, turn.writer = turn.writer, None
+            await asyncio.wait_for(writer.aclose(attributes=attributes), self._wait_s)
 
     async def _advance(self, turn: _Turn) -> bool:
         """One step of a turn's stream: open it, write what is new, or close it. True once it is closed."""
@@ -153,8 +158,6 @@ class RoomTranscript(io.TextOutput):
             self.stats["writes"] += 1
             return False
         if turn.ended:
-            if turn.writer is not None:
-                await asyncio.wait_for(turn.writer.aclose(attributes=self._attrs(final=True)), self._wait_s)
-                turn.writer = None
+            await self._close_stream(turn, self._attrs(final=True))
             return True
         return False
