@@ -35,28 +35,22 @@ REPLIES = [
 ]
 AFTER_TOOL = " Thanks for waiting."
 REPLY_EVERY_S = 6.0
+SCRIPT_POLL_S = 0.1  # how often a room's script looks at its call (the engine pads between its messages)
 
 
 class Forcing:
     """Teacher forcing of one room's model: scripted turns on the text channel, scripted calls on the function
-    channel, and between them padding on both, so the dummy weights never start turns or calls of their own.
-
-    Forced tokens are taken one per live tick (each live tick is one output frame), so the queue's depth is
-    tracked in frames and kept short: a scripted turn starts at most LEAD_TICKS ticks after it is forced."""
-
-    LOW, LEAD_TICKS = 2, 4
+    channel, and between them padding on both (the engine's `pad_between`), so the dummy weights never start
+    turns or calls of their own, however late the script's next message comes. A scripted turn starts on the
+    first live tick after it reaches the engine."""
 
     def __init__(self, handle: Any, tok: Any, duplex: Any) -> None:
         self.handle, self.tok, self.duplex = handle, tok, duplex
-        self.text_end = self.func_end = 0  # the output frame count at which each channel's queue runs out
         self._pauses_at_call = 0
-
-    def _now(self) -> int:
-        return self.duplex.stats["frames_out"]
+        handle.pad_between(True)
 
     def text(self, ids: list[int]) -> None:
         self.handle.force_text(ids)
-        self.text_end = max(self.text_end, self._now()) + len(ids)
 
     def say(self, words: str) -> None:
         """One scripted turn: `words` on the text channel, between the turn's start and end tokens."""
@@ -64,22 +58,12 @@ class Forcing:
 
     def call(self, ids: list[int]) -> None:
         self.handle.force_function(ids)  # only its first token takes a live tick; the rest run while paused
-        self.func_end = max(self.func_end, self._now()) + 1
         self._pauses_at_call = self.duplex.stats["pauses"]
 
     def call_paused(self) -> bool:
         """Whether the last forced call has paused the session: it is paused now, or a pause began and ended
         since (a fast tool between two polls of a script), so a reply forced now follows the result."""
         return self.duplex.paused or self.duplex.stats["pauses"] > self._pauses_at_call
-
-    def top_up(self) -> None:
-        now = self._now()
-        for end, force in (("text_end", self.handle.force_text), ("func_end", self.handle.force_function)):
-            ahead = getattr(self, end) - now
-            if ahead < self.LOW:
-                n = self.LEAD_TICKS - max(0, ahead)
-                force([self.tok.pad] * n)
-                setattr(self, end, max(getattr(self, end), now) + n)
 
 
 @dataclass
@@ -153,8 +137,7 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
                 forced["turns"] += 1
                 replies += 1
                 next_reply = now + script.reply_every_s
-            force.top_up()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(SCRIPT_POLL_S)
     except Exception:  # the session ended under us (closed handle): the script simply stops
         log.debug("script stopped", exc_info=True)
     return forced

@@ -277,14 +277,12 @@ async def _talk(room: Room, stage: Stage, force: Forcing, clips: list[np.ndarray
             # forced while paused, so the model speaks it as soon as the tool result is consumed
             force.text([tok.bos, *tok.encode(AFTER_TOOL), tok.eos])
             pending_reply = False
-        force.top_up()
         await asyncio.sleep(POLL_S)
 
 
 async def _hold(force: Forcing, until: Any) -> None:
-    """Keep the model on silence (padding) until `until()` holds."""
+    """Keep the model on silence until `until()` holds: `force` pads both channels between its messages."""
     while not until():
-        force.top_up()
         await asyncio.sleep(POLL_S)
 
 

@@ -107,6 +107,12 @@ class SessionHandle:
         """Teacher forcing of the function channel (e.g. a complete tool call from `Tokens.call_ids`)."""
         self._s.force_func.extend(self._ids(tokens))
 
+    def pad_between(self, on: bool = True) -> None:
+        """Teacher forcing: between forced tokens both channels emit the padding token in live steps
+        (`on`), or the model's own again."""
+        pad = self._engine.tokens.pad if on else -1
+        self._s.hold_text = self._s.hold_func = pad
+
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)
 

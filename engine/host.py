@@ -245,6 +245,10 @@ class EngineHost:
                     handle.force_function(ids)
                 else:
                     raise ValueError("force: channel must be text or function")
+            elif op == "pad_between":
+                if not isinstance(msg.get("on"), bool):
+                    raise ValueError("pad_between: on must be true or false")
+                handle.pad_between(msg["on"])
             elif op == "private":
                 terms = msg.get("terms")
                 if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):

@@ -2,12 +2,13 @@
 
 It offers what a call uses of `Engine` (`open_session`, `config.preset`, `model_cfg.clock`, `tokens`,
 `vocab_size`) and a handle with `SessionHandle`'s surface (`push_audio`, `outputs`, `submit_tool_result`,
-`force_text`, `force_function`, `keep_private`, `close`). Caller frames go into the session's shared memory
-and agent frames come out of it (engine/link.py); the socket carries the rest. The outputs reach the session's
-event loop in the order the tick made them: a frame waits for the events numbered before it, an event for the
-frames written before it. When the engine's side goes away (its process ended, or the session was closed
-there) the session gets one `SessionFailed` and is closed; a room never waits on the engine for longer than
-`REQUEST_TIMEOUT_S`. Knows sockets, the shared-memory layout and asyncio; nothing of LiveKit or the model.
+`force_text`, `force_function`, `pad_between`, `keep_private`, `close`). Caller frames go into the session's
+shared memory and agent frames come out of it (engine/link.py); the socket carries the rest. The outputs reach
+the session's event loop in the order the tick made them: a frame waits for the events numbered before it, an
+event for the frames written before it. When the engine's side goes away (its process ended, or the session
+was closed there) the session gets one `SessionFailed` and is closed; a room never waits on the engine for
+longer than `REQUEST_TIMEOUT_S`. Knows sockets, the shared-memory layout and asyncio; nothing of LiveKit or
+the model.
 """
 
 from __future__ import annotations
@@ -247,6 +248,9 @@ class RemoteHandle:
 
     def force_function(self, tokens: list[int] | str) -> None:
         self._send({"op": "force", "channel": "function", "ids": self._ids(tokens)})
+
+    def pad_between(self, on: bool = True) -> None:
+        self._send({"op": "pad_between", "on": bool(on)})
 
     def keep_private(self, *terms: str) -> None:
         self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})

@@ -157,10 +157,8 @@ class Scheduler:
                 self.calls.resume(s, tick)
             if s.phase is Phase.LIVE:
                 live[s.slot] = True
-                if s.force_text:
-                    force_text[s.slot] = s.force_text.popleft()
-                if s.force_func:
-                    force_func[s.slot] = s.force_func.popleft()
+                force_text[s.slot] = s.force_text.popleft() if s.force_text else s.hold_text
+                force_func[s.slot] = s.force_func.popleft() if s.force_func else s.hold_func
             elif s.phase is Phase.REPLAY:
                 live[s.slot] = quiet[s.slot] = True
             else:

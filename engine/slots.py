@@ -139,6 +139,10 @@ class Session:
     # teacher forcing: tokens that replace the model's own, one per position, per channel
     force_text: deque[int] = field(default_factory=deque)
     force_func: deque[int] = field(default_factory=deque)
+    # ...and what each channel emits in a live step between forced tokens (-1: the model's own): the padding
+    # that keeps dummy weights silent however late the forcing script's next message comes
+    hold_text: int = -1
+    hold_func: int = -1
     # the tool call in progress
     call_tokens: list[int] = field(default_factory=list)
     pending: dict[str, ParsedCall] = field(default_factory=dict)

@@ -218,6 +218,19 @@ class Heard:
     agent_identity: str | None = None
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
+    tracks: int = 0  # audio tracks subscribed
+
+    def summary(self) -> dict:
+        """What a failed wait shows of one caller's reception: tracks, frames, their loudest sample, words."""
+        peak = int(max((np.abs(f).max(initial=0) for f in self.frames), default=0))
+        return {
+            "tracks": self.tracks,
+            "frames": len(self.frames),
+            "peak": peak,
+            "audible_s": round(self.audible_s(), 2),
+            "longest_gap_s": round(self.longest_gap(), 2),
+            "words": [t for _, t, _ in self.transcripts],
+        }
 
     def audio(self) -> np.ndarray:
         return np.concatenate(self.frames) if self.frames else np.zeros(0, np.int16)
@@ -275,6 +288,7 @@ class Caller:
         def on_track(track: rtc.Track, _pub, p: rtc.RemoteParticipant) -> None:
             if track.kind == rtc.TrackKind.KIND_AUDIO:
                 self.heard.sources.add(p.identity)
+                self.heard.tracks += 1
                 self._tasks.append(asyncio.ensure_future(self._record(track)))
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:

@@ -100,6 +100,42 @@ def test_a_remote_session_hears_and_says_what_a_local_one_does(hosted):
     assert far.stats["frames_lost"] == 0 and host.stats["bad_messages"] == 0
 
 
+def test_padding_between_forced_tokens_is_forcing_the_pad_on_every_tick(hosted):
+    """Teacher forcing's `pad_between` (sent once over the socket) steps exactly as forcing the padding token
+    on both channels on every tick does, and a turn forced after it starts on the next tick."""
+    engine, host = hosted
+    n = 20
+
+    async def main():
+        remote = RemoteEngine(host.address)
+        tok = remote.tokens
+        far = await open_remote(remote)
+        near = engine.open_session(PROMPT, TOOLS)
+        audio = caller_audio(5, 2.0)
+        k = await ticks(engine, 0, 12, (far, audio), (near, audio))  # both live
+        far.pad_between(True)
+        near.force_text([tok.pad] * n)
+        near.force_function([tok.pad] * n)
+        await settle()
+        k = await ticks(engine, k, n, (far, audio), (near, audio))
+        padded = taken(far.outputs), taken(near.outputs)
+        far.force_text([tok.bos, *tok.encode(" Hello."), tok.eos])
+        await settle()
+        await ticks(engine, k, 1, (far, audio))
+        return padded, taken(far.outputs)
+
+    (got, want), after = asyncio.run(main())
+    tail = [o for o in got if isinstance(o, AudioFrame)][-12:]
+    assert len(tail) == 12
+    assert [type(o) for o in got][-12:] == [type(o) for o in want][-12:]
+    assert all(
+        np.array_equal(a.samples, b.samples) and a.text == b.text == ""
+        for a, b in zip(tail, [o for o in want if isinstance(o, AudioFrame)][-12:], strict=True)
+    )
+    assert not any(isinstance(o, TurnStarted) for o in got[-12:])
+    assert any(isinstance(o, TurnStarted) for o in after), after  # the forced turn, on the very next tick
+
+
 def test_the_engines_refusal_reaches_the_room_as_its_own_error(hosted):
     engine, host = hosted
 

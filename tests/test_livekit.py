@@ -201,30 +201,13 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         # every agent greets once its session is live (the prompt's prefill comes first, for all of them at
         # once); the callers answer the greeting, as callers do (one who talks over it is
         # barge-in, tested apart)
-        try:
-            await await_until(
-                lambda: all(c.first_speech.is_set() for c in callers), 120, what="every agent's speech"
-            )
-        except AssertionError as e:
-            rows = sessions_by_label(worker.snapshot())
-            silent = {
-                c.room_name: (rows.get(c.room_name), [t for _, t, _ in c.heard.transcripts])
-                for c in callers
-                if not c.first_speech.is_set()
-            }
-            await asyncio.gather(*(c.leave() for c in callers))  # the calls end and log their counters
-            with contextlib.suppress(AssertionError):
-                await await_until(lambda: worker.log.read_text().count("call ended") >= n, 20)
-            ended = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
-            raise AssertionError(f"{e}: {silent}; {ended}") from None
+        await every_caller(worker, callers, lambda c: c.first_speech.is_set(), 120, "every agent's speech")
         await asyncio.gather(*(c.speak(pcm, seconds=6.0) for c in callers))
-        await await_until(
-            lambda: all(c.heard.transcripts for c in callers), 90, what="every agent's transcript"
-        )
+        await every_caller(worker, callers, lambda c: c.heard.transcripts, 90, "every agent's transcript")
         # the greeting alone is some 3.6 s of speech, and a reply follows every 6 s: a playout that stalls
         # after its first second (two writers on one audio source once did) never gets there
-        await await_until(
-            lambda: all(c.heard.audible_s() >= 3.0 for c in callers), 90, what="3 s of every agent's speech"
+        await every_caller(
+            worker, callers, lambda c: c.heard.audible_s() >= 3.0, 90, "3 s of every agent's speech"
         )
         snap = worker.snapshot()
         info = worker.info()
@@ -264,6 +247,26 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         # its words, from its own agent: each piece leaves with its frame (teacher-forced: dummy weights)
         assert {s for s, _, _ in c.heard.transcripts} == {c.heard.agent_identity}, c.heard.transcripts
         assert "thank you for calling the Grand Hotel" in c.heard.text(), c.heard.transcripts
+
+
+async def every_caller(worker: Worker, callers: list[Caller], done, timeout: float, what: str) -> None:
+    """Until `done(caller)` holds for every caller; on a timeout the calls end and the AssertionError shows,
+    for each caller still waiting, the worker's view of its session, what it received, and the worker's
+    call-end lines, warnings and errors."""
+    try:
+        await await_until(lambda: all(done(c) for c in callers), timeout, what=what)
+    except AssertionError as e:
+        rows = sessions_by_label(worker.snapshot())
+        waiting = {c.room_name: (rows.get(c.room_name), c.heard.summary()) for c in callers if not done(c)}
+        await asyncio.gather(*(c.leave() for c in callers))  # the calls end and log their counters
+        with contextlib.suppress(AssertionError):
+            await await_until(lambda: worker.log.read_text().count("call ended") >= len(callers), 20)
+        lines = [
+            line
+            for line in worker.log.read_text().splitlines()
+            if "call ended" in line or "WARNING" in line or "ERROR" in line
+        ]
+        raise AssertionError(f"{e}: {waiting}; {lines}") from None
 
 
 def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(server, store_dir):
