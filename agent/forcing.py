@@ -8,8 +8,9 @@ counted and reported as scripted; nothing here pretends to be the model's own ch
 `Forcing` is the per-slot queue (`simulate` and the worker share it). `run_script` is the worker's: with
 `CHORUS_TEACHER_FORCING=true` a room's agent greets the caller, answers at a fixed cadence, and makes the tool
 calls that the job's dispatch metadata lists
-(`{"script": {"calls": [{"at_s": 3, "name": ..., "arguments": {...}}]}}`). It is for dummy weights (tests,
-demos, LiveKit's load tester, which needs an agent that speaks first); a real checkpoint is never forced.
+(`{"script": {"greeting": "...", "calls": [{"at_s": 3, "name": ..., "arguments": {...}}]}}`). It is for dummy
+weights (tests, demos, LiveKit's load tester, which needs an agent that speaks first); a real checkpoint is
+never forced.
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ class Forcing:
 
 @dataclass
 class Script:
-    """What a room's agent is made to do: greet, reply every `reply_every_s`, and make `calls` (each a dict
-    with `at_s`, seconds after the greeting, `name` and `arguments`)."""
+    """What a room's agent is made to do: greet (with `greeting`), reply every `reply_every_s`, and make
+    `calls` (each a dict with `at_s`, seconds after the greeting, `name` and `arguments`)."""
 
     greet: bool = True
+    greeting: str = GREETING
     reply_every_s: float = REPLY_EVERY_S
     calls: list[dict] = field(default_factory=list)
 
@@ -88,6 +90,7 @@ class Script:
             ]
             return cls(
                 greet=bool(raw.get("greet", True)),
+                greeting=_words(raw.get("greeting", GREETING)),
                 reply_every_s=float(raw.get("reply_every_s", REPLY_EVERY_S)),
                 calls=sorted(calls, key=lambda c: c["at_s"]),
             )
@@ -96,6 +99,16 @@ class Script:
                 "the job's script could not be read (%s); the default script is used", type(e).__name__
             )
             return cls()
+
+
+GREETING_MAX = 500  # characters of a scripted greeting
+
+
+def _words(text: object) -> str:
+    """A scripted line: a string of at most GREETING_MAX characters (ValueError otherwise)."""
+    if not isinstance(text, str) or not text.strip() or len(text) > GREETING_MAX:
+        raise ValueError(f"a scripted line is a string of 1 to {GREETING_MAX} characters")
+    return text
 
 
 async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, int]:
@@ -114,7 +127,7 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
     force = Forcing(handle, tok, call.duplex)
     t0 = loop.time()
     if script.greet:
-        force.say(GREETING)
+        force.say(script.greeting)
         forced["turns"] += 1
     pending = list(script.calls)
     next_reply = t0 + script.reply_every_s if script.reply_every_s > 0 else float("inf")

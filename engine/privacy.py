@@ -222,6 +222,8 @@ def _kind(token: str) -> str | None:
     if token.isdigit():
         return "digits"
     if len(token) == 1 and token.isalpha():
+        if not token.isascii():
+            return None  # a code is spelled in Latin letters; "à", "ô", "東" are words
         return "word-letter" if low in _WORD_LETTERS else "letter"
     if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
         return "mixed"

@@ -133,16 +133,23 @@ class Worker:
         self.env.pop("DATABASE_URL", None)
         self.proc: subprocess.Popen | None = None
 
+    def launch(self) -> Worker:
+        """Start the worker's process (once) without waiting: workers launched together start at once."""
+        if self.proc is None:
+            self._out = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agent", "start"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=self._out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
     def start(self, timeout: float = 120.0) -> Worker:
-        self._out = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", "start"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        """Launch the worker if it is not yet, and wait until it has registered with the server."""
+        self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -169,6 +169,28 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
     assert "thanks for waiting" in caller.heard.text().lower(), caller.heard.transcripts
 
 
+# accented, non-Latin and emoji: every character outside ASCII is split over byte tokens by the tokenizer
+ACCENTED = " Bienvenue au café, où la crème brûlée vous attend; 東京, Ελλάδα, 😀 à bientôt."
+
+
+def test_a_caller_hears_accented_and_non_latin_words_whole_in_the_agents_transcription(server, store_dir):
+    """The greeting, teacher-forced from the job's dispatch metadata, is decoded a token at a time by the
+    engine and reaches the caller through the server's `lk.transcription` stream character for character."""
+    script = json.dumps({"script": {"greeting": ACCENTED, "reply_every_s": 0}})
+
+    async def call(worker: Worker) -> Caller:
+        caller = Caller(server, room_name(), worker.agent_name, metadata=script)
+        await caller.join()
+        await await_until(lambda: caller.heard.transcripts, 60, what="the agent's transcription")
+        await caller.leave()
+        return caller
+
+    with Worker(server, store_dir, slots=2) as worker:
+        caller = asyncio.run(call(worker))
+    assert caller.heard.text() == ACCENTED, caller.heard.transcripts
+    assert "\ufffd" not in caller.heard.text()
+
+
 def ack_heard(audio: np.ndarray) -> bool:
     """Whether one of prompts/acks/*.wav is in `audio` (48 kHz): normalised cross-correlation above 0.6."""
     x = audio.astype(np.float64)
@@ -290,10 +312,12 @@ def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(serv
         await asyncio.gather(*(c.leave() for c in callers))
         return callers, snaps
 
-    with (
-        Worker(server, store_dir, slots=4, name=name) as a,
-        Worker(server, store_dir, slots=4, name=name) as b,
-    ):
+    a, b = Worker(server, store_dir, slots=4, name=name), Worker(server, store_dir, slots=4, name=name)
+    with contextlib.ExitStack() as stack:
+        for w in (a, b):  # both start at once; each is registered before the callers join
+            stack.callback(w.stop)
+            w.launch()
+        a.start(), b.start()
         callers, snaps = asyncio.run(calls([a, b]))
         turned_away = sum(w.log.read_text().count("turned away") for w in (a, b))
     rooms = [set(sessions_by_label(s)) for s in snaps]

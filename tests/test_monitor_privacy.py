@@ -34,6 +34,8 @@ BOOKED = {"guest_name": "Ada Lovelace", "contact": "ada@example.com"}
 MAIL_ROOM = "web-grace.hopper@example.com"  # room names are the callers' (or their web page's) choice
 NAMED_ROOM = "room-Grace-Hopper"
 
+# accented and non-Latin words, each character split over byte tokens and decoded a token at a time: whole
+ACCENTS = " Bienvenue, à bientôt: crème brûlée à 東京, ελλάδα, naïve façade 😀."
 # room -> (what its agent says last, what must not be left of it, compared without case): what the redactor
 # catches, for the words turned on
 SAID = {
@@ -56,6 +58,7 @@ SAID = {
     "room_booked": (" Augusta, all set for Ada Lovelace. Bye!", ["augusta", "ada", "lovelace"]),
     PHONE_ROOM: (" We'll call you on +1 415 555 0100.", ["415", "555", "0100", "+1"]),
     "room_plain": (" Of course, I can help with that.", []),
+    "room_accents": (ACCENTS, []),
 }
 # what the redactor misses (tests/test_privacy.py, LIMITS): never shown, the words being off by default
 UNCAUGHT = {
@@ -75,6 +78,13 @@ EVERYWHERE = [
     "lovelace",
     "augusta",
 ]  # in no label, no words, no page
+
+
+def shown_whole(shown: str) -> bool:
+    """`shown` is the end of ACCENTS (the page and the snapshot show a turn's last words), every accented and
+    non-Latin word in it whole and none masked."""
+    tail = shown.removeprefix("…")
+    return ACCENTS.endswith(tail) and all(w in tail for w in ("東京", "ελλάδα", "naïve façade 😀."))
 
 
 def strings(node) -> list[str]:
@@ -209,6 +219,7 @@ def test_with_the_words_on_the_snapshot_carries_them_redacted(talked):
         assert left(said, forbidden) == forbidden  # the agent did say it
         assert shown and left(shown, forbidden) == [], (room, shown)
     assert words[ids["room_plain"]] == "Of course, I can help with that."
+    assert shown_whole(words[ids["room_accents"]])
     assert "[name]" in words[ids[NAMED_ROOM]] and "[name]" in words[ids["room_booked"]]
     assert left(" ".join(strings(snap)), EVERYWHERE) == []
     assert {s["label"] for s in snap["sessions"]} == {room_label(room) for room in SAID}
@@ -221,4 +232,5 @@ def test_with_the_words_on_the_page_shows_them_redacted(talked, tmp_path, monkey
     assert left(text, forbidden) == []
     assert set(rows) == {room_label(room) for room in SAID}
     assert rows[room_label("room_plain")]["last words"] == "Of course, I can help with that."
+    assert shown_whole(rows[room_label("room_accents")]["last words"])
     assert rows[room_label(PHONE_ROOM)]["caller"] == "phone"
