@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
 from collections.abc import Iterable, Mapping
 
 DOTS = "••••"
@@ -40,6 +41,16 @@ def pseudonym(kind: str, name: str) -> str:
         n, i = divmod(n, len(_PSEUDONYM_LETTERS))
         letters.append(_PSEUDONYM_LETTERS[i])
     return f"{kind}-{''.join(letters)}"
+
+
+_ID_LETTERS = "abcdefghjkmnpqrstuvwxyz"  # 23 letters: 12 of them carry 54 bits
+
+
+def opaque_id(length: int = 12) -> str:
+    """A random id of letters only (a session's, a tool call's): no run of digits in it, so the log's number
+    mask (`mask_numbers`) never takes a piece of it for a phone number and the same id reads the same in the
+    log, the snapshot and the page."""
+    return "".join(secrets.choice(_ID_LETTERS) for _ in range(length))
 
 
 # --- numbers in names and contacts --------------------------------------------------------------------

@@ -10,7 +10,6 @@ import enum
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import EngineFull, Output
+from engine.privacy import opaque_id
 from engine.tokens import ParsedCall, TextStream
 
 
@@ -241,7 +241,7 @@ class SlotPool:
             if not self._free or (not redeemed and len(self._free) - self._held(self.clock()) <= 0):
                 raise EngineFull(self._full())
             slot = self._free.popleft()
-            session = make(uuid.uuid4().hex[:12], slot)
+            session = make(opaque_id(), slot)
             self.sessions[slot] = session
             self._to_reset.add(slot)
             return session

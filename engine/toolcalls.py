@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -29,6 +28,7 @@ from engine.api import (
     TurnEnded,
 )
 from engine.plan import CallRecord, Limits, SlackOutcome
+from engine.privacy import opaque_id
 from engine.slots import Phase, Session
 from engine.tokens import Tokens, ToolCallError, parse_tool_call
 
@@ -86,7 +86,7 @@ class ToolCalls:
         s.pending, s.results = {}, {}
         s.call_names = tuple(call.name for call in calls)
         for call in calls:
-            call_id = "call_" + uuid.uuid4().hex[:12]
+            call_id = "call_" + opaque_id()
             s.pending[call_id] = call
             if call.name not in s.tools:
                 s.results[call_id] = _error(call.name, _no_such_tool(call.name))
