@@ -1,8 +1,10 @@
-"""The agent's voice on a wall clock: a paced buffer of two engine frames in front of a sink.
+"""The agent's voice on a wall clock: a paced buffer in front of a sink, as deep as the measured jitter needs.
 
-The model's turns arrive as segments of chunks; each chunk starts when the one before ends (a turn's first one
-frame late, to absorb tick jitter); a barge-in drops what is queued at once; clips queue after the model's
-words and never play over them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
+The model's turns arrive as segments of chunks; each chunk starts when the one before ends, a turn's first one
+late by the start delay: as late as the frames of recent turns arrived behind their cadence (`ArrivalJitter`),
+so a turn plays without a gap on a machine whose ticks jitter and starts promptly on one whose ticks are
+steady; a barge-in drops what is queued at once; clips queue after the model's words and never play over
+them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
 livekit-agents, sessions or models (agent/playout.py adapts it to the framework's audio output).
 """
 
@@ -19,8 +21,13 @@ from typing import Protocol
 import numpy as np
 from livekit.agents.utils import aio
 
-BUFFER_FRAMES = 2  # the playout buffer: this many engine frames of audio queued ahead of the play head
-START_DELAY_FRAMES = 1  # a turn's first chunk waits one frame, so one late tick does not leave a gap
+BUFFER_FRAMES = 2  # the playout buffer: at least this many engine frames of audio queued ahead of the play
+START_DELAY_FRAMES = 1  # a call's first turns wait one frame, until the jitter has been measured
+MAX_START_DELAY_FRAMES = 3  # the start delay never grows beyond this (a machine this late gaps instead)
+MIN_START_DELAY_S = 0.01  # nor shrinks below this (the sink's own handover)
+JITTER_MARGIN_S = 0.01  # added to the lateness measured
+JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
+JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 HANDOVER_EARLY_S = 0.005  # a chunk goes to the sink this early, so a live sink never runs dry between chunks
 HISTORY = 1024  # playout events and spans kept per call (about a thousand chunks)
@@ -64,6 +71,61 @@ def _nothing(*_: object) -> None:
     pass
 
 
+class ArrivalJitter:
+    """How late the frames of the model's turns arrive behind their cadence, and the start delay that this
+    needs, as WebRTC's NetEQ sizes its buffer from packet arrivals.
+
+    Within a turn the k-th frame plays k frames after the first one, so it is late by how far behind that
+    cadence it arrived (what the first frame's start delay must cover for it to play without a gap). The
+    delay is the largest lateness seen in the last `window_s` seconds plus a margin, within
+    [MIN_START_DELAY_S, MAX_START_DELAY_FRAMES frames]: a late frame raises it at once, a steady run brings it
+    back down once the late one has left the window. Until `warmup` frames have been measured it is
+    `initial_s`. Times are the caller's clock (any monotonic seconds)."""
+
+    def __init__(
+        self,
+        frame_s: float,
+        initial_s: float,
+        *,
+        window_s: float = JITTER_WINDOW_S,
+        warmup: int = JITTER_WARMUP,
+    ) -> None:
+        self.frame_s, self.initial_s, self.window_s, self.warmup = frame_s, initial_s, window_s, warmup
+        self.max_s = MAX_START_DELAY_FRAMES * frame_s
+        self.measured = 0
+        self._peaks: deque[tuple[float, float]] = deque()  # the window's running maxima, lateness decreasing
+        self._anchor: float | None = None  # the turn's first frame's arrival
+        self._k = 0
+
+    def begin_turn(self) -> None:
+        self._anchor, self._k = None, 0
+
+    def observe(self, arrived: float) -> float:
+        """A frame of the current turn arrived at `arrived`; returns its lateness (seconds)."""
+        due = arrived - self._k * self.frame_s  # when the first frame would have come, by this one's cadence
+        self._k += 1
+        if self._anchor is None:
+            self._anchor = due
+        late = max(0.0, due - self._anchor)
+        self.measured += 1
+        while self._peaks and self._peaks[-1][1] <= late:  # a monotonic queue: the window's max in O(1)
+            self._peaks.pop()
+        self._peaks.append((arrived, late))
+        return late
+
+    def lateness(self, now: float) -> float:
+        """The largest lateness measured in the window ending at `now`."""
+        peaks = self._peaks
+        while peaks and peaks[0][0] < now - self.window_s:
+            peaks.popleft()
+        return peaks[0][1] if peaks else 0.0
+
+    def delay(self, now: float) -> float:
+        if self.measured < self.warmup:
+            return self.initial_s
+        return min(self.max_s, max(MIN_START_DELAY_S, self.lateness(now) + JITTER_MARGIN_S))
+
+
 class PlayoutBuffer:
     """Queue and play clock of one call's output (see the module docstring). `on_started()` is called when a
     segment's first chunk starts playing, `on_finished(played_s, interrupted)` once a segment that has ended
@@ -79,8 +141,8 @@ class PlayoutBuffer:
     ) -> None:
         self.sink = sink
         self.rate = sink.sample_rate
-        self.buffer_s = BUFFER_FRAMES * frame_s
-        self.start_delay_s = START_DELAY_FRAMES * frame_s
+        self.frame_s = frame_s
+        self.jitter = ArrivalJitter(frame_s, START_DELAY_FRAMES * frame_s)
         self.clip_chunk = max(1, round(frame_s * self.rate))  # clips are played in chunks of one frame
         self._on_started, self._on_finished = on_started, on_finished
         self._queue: deque[_Chunk] = deque()
@@ -115,6 +177,16 @@ class PlayoutBuffer:
         self.events.append((time.monotonic(), what))
 
     @property
+    def start_delay_s(self) -> float:
+        """How long a turn's first chunk waits after it arrived (`ArrivalJitter.delay`)."""
+        return self.jitter.delay(time.monotonic())
+
+    @property
+    def buffer_s(self) -> float:
+        """The most audio queued ahead of the play head: what a start delay holds back, and a frame more."""
+        return max(BUFFER_FRAMES * self.frame_s, self.start_delay_s + self.frame_s)
+
+    @property
     def queued_s(self) -> float:
         ahead = sum(c.samples.size for c in self._queue) / self.rate
         return ahead + max(0.0, self._end - time.monotonic()) if self._playing else ahead
@@ -131,6 +203,7 @@ class PlayoutBuffer:
         """The model speaks (again): what is written from now on is one segment; a clip still queued stops."""
         if self._seg is None:
             self._seg = _Segment()
+            self.jitter.begin_turn()
             self.stats["segments"] += 1
             self._drained.clear()
             self.stop_clip()
@@ -141,13 +214,15 @@ class PlayoutBuffer:
         seg = self._seg
         if seg is None:
             raise RuntimeError("playout: write outside a segment (begin_segment first)")
+        arrived = time.monotonic()
+        self.jitter.observe(arrived)
         while not seg.cut and self.queued_s + pcm.size / self.rate > self.buffer_s + 1e-6:
             self._space.clear()
             await self._space.wait()
         if seg.cut:
             self.stats["dropped_s"] += pcm.size / self.rate
             return
-        self._push(_Chunk(pcm, "model", seg, pcm.size / self.rate))
+        self._push(_Chunk(pcm, "model", seg, pcm.size / self.rate, arrived))
 
     def end_segment(self) -> None:
         """No more audio of this segment: it finishes once what it queued has played."""

@@ -94,7 +94,12 @@ def server_from_env() -> Server:
 
 def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
-    from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
+    from agent.playout_buffer import (
+        BUFFER_FRAMES,
+        MAX_START_DELAY_FRAMES,
+        MIN_START_DELAY_S,
+        START_DELAY_FRAMES,
+    )
     from engine.echo import MARK
     from engine.model.codec_ops import cached_columns
     from engine.presets import load_preset
@@ -119,7 +124,9 @@ def constants() -> dict:
         "perception_lag_ms": (per.chunk_mel - 1) * per.hop_length * 1000 / clock.input_rate,
         "codec_delay_ms": codec_delay * 1000 / clock.output_rate,
         "playout_buffer_ms": BUFFER_FRAMES * clock.frame_ms,
+        # a call's first turns; then as the measured jitter needs, within these bounds (ArrivalJitter)
         "playout_start_delay_ms": START_DELAY_FRAMES * clock.frame_ms,
+        "playout_start_delay_range_ms": [MIN_START_DELAY_S * 1000, MAX_START_DELAY_FRAMES * clock.frame_ms],
         "mark": MARK,
     }
 
@@ -582,6 +589,7 @@ def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | 
             "codec_delay": round(k["codec_delay_ms"], 2),  # the model's, not in echo
             "playout_buffer_max": k["playout_buffer_ms"],  # measured: inside after_engine
             "playout_start_delay": k["playout_start_delay_ms"],
+            "playout_start_delay_range": k["playout_start_delay_range_ms"],
         },
         "engine": {key: v for key, v in engine.items() if key != "frames"},
         "echo_log_warning": gated > 0,
@@ -626,8 +634,9 @@ def report(res: dict) -> None:
         f"  algorithmic parts: input framing {a['input_framing']} ms (in a + b), "
         f"tick wait 0-{a['tick_wait_max']:g} ms (inbox wait), perception lag {a['perception_lag']} ms, "
         f"codec {a['codec_delay']} ms (the model's; not in echo), "
-        f"playout buffer up to {a['playout_buffer_max']:g} ms (a turn's first frame "
-        f"{a['playout_start_delay']:g} ms; in b)"
+        f"playout buffer up to {a['playout_buffer_max']:g} ms (a turn's first frame waits "
+        f"{a['playout_start_delay']:g} ms at first, then {a['playout_start_delay_range'][0]:g}-"
+        f"{a['playout_start_delay_range'][1]:g} ms as the measured jitter needs; in b)"
     )
     print(
         f"  engine: live step p50 {eng['live_ms_p50']} ms p99 {eng['live_ms_p99']} ms, missed deadlines "

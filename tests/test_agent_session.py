@@ -139,6 +139,7 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
             args = booking(guest_name="Grace Hopper")
             handle.force_function([tok.pad] * 5 + tok.call_ids([{"name": "book_room", "arguments": args}]))
             await until(lambda: call.duplex.paused, "the pause")
+            queued_at_most = call.output.buffer.buffer_s  # what the playout held when the call cut the turn
             handle.force_text(turn(engine, " You are all set."))  # consumed once the session is live again
             await until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
             await until(lambda: call.duplex.stats["turns"] == 2 and not call.duplex.speaking, "the reply")
@@ -153,11 +154,12 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
                 list(call.output.events),
                 call.output.spans,
                 items,
+                queued_at_most,
             )
             await call.aclose()
             return result
 
-    stats, out, events, spans, items = asyncio.run(main())
+    stats, out, events, spans, items, queued_at_most = asyncio.run(main())
     t0 = spans[0][1] if spans else 0
     print(
         stats,
@@ -182,9 +184,11 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     assert not any(overlaps(c, m) for c in clips for m in model)  # never over the model's speech
     assert any(m[1] >= t_resume for m in model)  # the model spoke again after the result
     # the turn the call cut short plays out, except (when the framework's function-call handling interrupts
-    # the generation before its last frames arrive) at most the playout buffer's worth of it
+    # the generation before its last frames arrive) at most the playout buffer's worth of it (as deep as the
+    # measured jitter made it then, two frames or more)
     lost = stats["speech_frames"] * FRAME_S - out["model_s"]
-    assert -1e-3 <= lost <= BUFFER_S + 1e-3, lost
+    assert queued_at_most >= BUFFER_S
+    assert -1e-3 <= lost <= queued_at_most + 1e-3, lost
     assert out["gaps"] == 0 or out["gap_s"] < 0.5  # the clip never lands inside the model's turn
 
 

@@ -1,0 +1,157 @@
+"""The playout's start delay follows the measured jitter (agent/playout_buffer.py, `ArrivalJitter`): it grows
+at once after a turn whose frames came late, shrinks back after steady ones, and never drops below what the
+lateness in its window needs. On a manual clock, then through the buffer itself in real time, where a fixed
+one-frame delay (the playout before it adapted) gaps on the second of two late turns and starts every turn a
+frame late on a steady machine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from agent.playout_buffer import (
+    JITTER_MARGIN_S,
+    JITTER_WARMUP,
+    JITTER_WINDOW_S,
+    MAX_START_DELAY_FRAMES,
+    MIN_START_DELAY_S,
+    ArrivalJitter,
+    PlayoutBuffer,
+)
+
+FRAME_S = 0.08
+RATE = 8000
+FRAME = int(RATE * FRAME_S)
+
+
+def turn(jitter: ArrivalJitter, t0: float, n: int, late: dict[int, float] | None = None) -> float:
+    """A turn of `n` frames from `t0` on the cadence, frame k `late[k]` seconds behind it; returns its end."""
+    late = late or {}
+    jitter.begin_turn()
+    for k in range(n):
+        jitter.observe(t0 + k * FRAME_S + late.get(k, 0.0))
+    return t0 + n * FRAME_S
+
+
+def test_the_delay_is_one_frame_until_the_jitter_has_been_measured():
+    j = ArrivalJitter(FRAME_S, FRAME_S)
+    turn(j, 0.0, JITTER_WARMUP - 1)
+    assert j.delay(2.0) == FRAME_S
+    turn(j, 3.0, 1)
+    assert j.delay(3.1) == pytest.approx(MIN_START_DELAY_S)
+
+
+def test_steady_frames_shrink_the_delay_and_a_late_one_raises_it_at_once_for_the_window():
+    j = ArrivalJitter(FRAME_S, FRAME_S)
+    rng = np.random.default_rng(3)
+    t = turn(j, 0.0, JITTER_WARMUP)
+    for _ in range(5):  # steady turns: a few milliseconds of jitter
+        jitter = {k: float(rng.uniform(0, 0.004)) for k in range(20)}
+        t = turn(j, t + 1.0, 20, jitter)
+    steady = j.delay(t)
+    assert steady <= 0.004 + JITTER_MARGIN_S + 1e-9 < FRAME_S  # a fixed one-frame delay stays at 80 ms
+    t = turn(j, t + 1.0, 20, {7: 0.12, 8: 0.12, 9: 0.05})  # one tick 120 ms late
+    assert j.delay(t) == pytest.approx(0.12 + JITTER_MARGIN_S)  # above a frame: a fixed delay would gap
+    assert j.delay(t + JITTER_WINDOW_S - 2.0) == pytest.approx(0.12 + JITTER_MARGIN_S)  # still in the window
+    t = turn(j, t + 1.0, 20)
+    t = turn(j, t + JITTER_WINDOW_S, 20)  # steady again, the late frame out of the window
+    assert j.delay(t) == pytest.approx(MIN_START_DELAY_S)
+
+
+def test_the_delay_never_drops_below_the_windows_lateness_and_is_capped():
+    j = ArrivalJitter(FRAME_S, FRAME_S)
+    rng = np.random.default_rng(5)
+    t = 0.0
+    for _ in range(40):
+        late = {k: float(rng.exponential(0.02)) for k in range(15)}
+        t = turn(j, t + 0.5, 15, late)
+        assert j.delay(t) >= min(j.lateness(t), MAX_START_DELAY_FRAMES * FRAME_S) + MIN_START_DELAY_S - 1e-9
+    turn(j, t + 0.5, 3, {1: 1.0})  # a stall of a second: the delay is capped, that turn gaps
+    assert j.delay(t + 2.0) == MAX_START_DELAY_FRAMES * FRAME_S
+
+
+def test_a_burst_at_a_turns_start_is_not_lateness():
+    """Frames that queued upstream arrive together, then on the cadence: the first plays first and the rest
+    are already there, so nothing needs a delay."""
+    j = ArrivalJitter(FRAME_S, FRAME_S, warmup=0)
+    j.begin_turn()
+    for _ in range(4):
+        assert j.observe(10.0) == 0.0  # four at once
+    for k in range(4, 12):
+        assert j.observe(10.0 + (k - 3) * FRAME_S) == 0.0
+
+
+class Recorder:
+    """A sink that records when each chunk was handed over and when it was to start."""
+
+    sample_rate = RATE
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, float]] = []
+
+    async def write(self, samples: np.ndarray, at: float) -> None:
+        self.writes.append((time.monotonic(), at))
+
+    def cut(self, at: float) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def play_turn(buf: PlayoutBuffer, n: int, late: dict[int, float]) -> float:
+    """Write a turn of `n` frames on the cadence, frame k `late[k]` behind it; returns its first arrival."""
+    buf.begin_segment()
+    t0 = time.monotonic()
+    for k in range(n):
+        due = t0 + k * FRAME_S + late.get(k, 0.0)
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await buf.write(np.full(FRAME, 1000, np.int16))
+    buf.end_segment()
+    await buf.play_out(timeout=2.0)
+    return t0
+
+
+def run_turns(turns: list[tuple[int, dict[int, float]]], adapt: bool) -> tuple[PlayoutBuffer, list[float]]:
+    async def main():
+        buf = PlayoutBuffer(Recorder(), FRAME_S)
+        if not adapt:  # the playout before it adapted: one frame, always
+            buf.jitter.warmup = 10**9
+        buf.start()
+        firsts = []
+        for n, late in turns:
+            before = len(buf.sink.writes)
+            t0 = await play_turn(buf, n, late)
+            firsts.append(buf.sink.writes[before][1] - t0)  # from the first frame's arrival to its start
+        await buf.aclose()
+        return buf, firsts
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("adapt", [True, False], ids=["adapting", "fixed one frame"])
+def test_a_turn_after_a_late_one_plays_without_a_gap(adapt):
+    """Two turns whose fourth frame is 130 ms late: the first gaps (nothing was measured yet), the second
+    starts late enough not to. With a fixed delay of one frame both gap."""
+    late = {3: 0.13, 4: 0.13}
+    buf, _ = run_turns([(JITTER_WARMUP, late), (8, late)], adapt)
+    gaps = buf.stats["gaps"]
+    print(buf.stats)
+    if adapt:
+        assert gaps == 1  # the first turn's
+    else:
+        assert gaps == 2
+
+
+@pytest.mark.parametrize("adapt", [True, False], ids=["adapting", "fixed one frame"])
+def test_on_a_steady_machine_a_turn_starts_promptly(adapt):
+    buf, firsts = run_turns([(JITTER_WARMUP, {}), (6, {})], adapt)
+    print(firsts, buf.stats)
+    assert buf.stats["gaps"] == 0
+    if adapt:
+        assert firsts[1] < 0.04  # the measured jitter (scheduling of this loop) and the margin
+    else:
+        assert firsts[1] == pytest.approx(FRAME_S, abs=0.005)
