@@ -20,7 +20,9 @@ chunks sized to finish in the first two thirds of that bound, and the caller aud
 in the rest. Tool results are prefilled within `result_ticks` of arriving (a longer one at a chunk a tick),
 and the session is live again `replay_ticks` after that. Held audio that cannot be replayed by then is
 skipped, silence first, and counted (`FrameInbox.skip`); a live session whose backlog grows past
-`live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames.
+`live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames, and one whose inbox had
+a frame to spare at every tick for `spare_ticks` sheds one silent frame: the reserve follows the arrivals'
+jitter instead of standing as a frame of latency.
 """
 
 from __future__ import annotations
@@ -149,8 +151,15 @@ class Scheduler:
                 # it is found; at `live_by`, whatever is left beyond this tick's frame and one is skipped
                 ahead = s.live_by - tick
                 s.inbox.skip(len(s.inbox) - 2 - max(0, ahead), silent_only=ahead > 0)
-            elif s.phase is Phase.LIVE and len(s.inbox) > lim.live_lag_frames + 1:
-                s.inbox.skip(len(s.inbox) - 1 - lim.live_lag_frames, silent_only=True)
+            elif s.phase is Phase.LIVE:
+                backlog = len(s.inbox)
+                if backlog > lim.live_lag_frames + 1:
+                    s.inbox.skip(backlog - 1 - lim.live_lag_frames, silent_only=True)
+                # a frame to spare at every tick for a while: the oldest goes if it is silent (a late arrival
+                # leaves the inbox empty at a tick, and the next frame to arrive is the reserve again)
+                s.spare_ticks = s.spare_ticks + 1 if backlog >= 2 else 0
+                if s.spare_ticks >= lim.spare_ticks and s.inbox.skip(1, silent_only=True, keep=1):
+                    s.spare_ticks = 0
             if s.phase is Phase.REPLAY and len(s.inbox) <= 2:
                 # caught up: this tick takes one frame and one stays as jitter buffer (a frame arrives
                 # every tick, so "one more than after" is what a caught-up session has at planning time)

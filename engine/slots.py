@@ -158,6 +158,7 @@ class Session:
     # progress bounds, in ticks: the session is live by `live_by` (set on opening and on entering REPLAY),
     # its tool results are prefilled by `prefill_by`; `owed` prompt or result positions are due this tick;
     # `progress_tick` is the last tick its paused work advanced
+    spare_ticks: int = 0  # live ticks in a row that found a frame to spare in the inbox (Limits.spare_ticks)
     live_by: int | None = None
     prefill_by: int = 0
     owed: int = 0

@@ -390,3 +390,40 @@ def test_frame_inbox_cuts_any_chunking_into_exact_frames():
         inbox.push(np.zeros((2, 100), np.float32))
     with pytest.raises(ValueError, match="int16 or float"):
         inbox.push(np.zeros(100, np.int32))
+
+
+def frames_at_each_tick(sch: Scheduler, s: Session, arrivals: list[int], loud: bool = False) -> list[int]:
+    """Tick by tick, `arrivals[k]` frames arrive before tick k is planned; the inbox's depth at each plan."""
+    depth = []
+    for k, n in enumerate(arrivals):
+        for _ in range(n):
+            s.inbox.push(np.full(FRAME, 0.5 if loud else 0.0, np.float32))
+        depth.append(len(s.inbox))
+        live_plan(sch, k, [s], np.zeros(S, bool))
+    return depth
+
+
+def test_a_frame_the_steady_arrivals_never_need_is_shed_after_a_while():
+    """A live session that came back from replay with a frame of reserve: while every tick finds a frame to
+    spare (steady arrivals), the reserve is a frame of latency, so after `spare_ticks` the oldest silent
+    frame goes, once; then each frame is taken in the tick it arrived for. (Before, the reserve stood for the
+    call.)"""
+    sch = sched(spare_ticks=10)
+    s, _ = make_session(0)
+    s.inbox.push(np.zeros(FRAME, np.float32))  # the reserve
+    depth = frames_at_each_tick(sch, s, [1] * 30)
+    assert depth[:10] == [2] * 10 and depth[10:] == [1] * 20, depth
+    assert s.inbox.skipped == 1 and s.underruns == 0
+
+
+def test_speech_is_never_shed_and_jittery_arrivals_keep_their_reserve():
+    sch = sched(spare_ticks=10)
+    loud, _ = make_session(0)
+    loud.inbox.push(np.full(FRAME, 0.5, np.float32))
+    assert frames_at_each_tick(sch, loud, [1] * 30, loud=True) == [2] * 30  # the caller talking: kept
+    assert loud.inbox.skipped == 0
+    # arrivals that straddle the tick (none, then two): every other tick takes the reserve, never shed
+    jittery, _ = make_session(1)
+    jittery.inbox.push(np.zeros(FRAME, np.float32))
+    depth = frames_at_each_tick(sch, jittery, [0, 2] * 15)
+    assert jittery.inbox.skipped == 0 and jittery.underruns == 0 and min(depth) == 1, depth
