@@ -130,8 +130,12 @@ async def setup(lk: LiveKit, settings: AgentSettings, args: argparse.Namespace) 
         name=name,
         metadata=_metadata(name),
         trunk_ids=[trunk.sip_trunk_id],
+        # a room per call named after the number called (the hotel's) and a random part: LiveKit's per-caller
+        # rule names the room after the caller's number, which would then be in every room name
         rule=api.SIPDispatchRule(
-            dispatch_rule_individual=api.SIPDispatchRuleIndividual(room_prefix=settings.sip_room_prefix)
+            dispatch_rule_callee=api.SIPDispatchRuleCallee(
+                room_prefix=settings.sip_room_prefix, randomize=True
+            )
         ),
         room_config=api.RoomConfiguration(agents=[api.RoomAgentDispatch(agent_name=settings.agent_name)]),
     )
@@ -167,7 +171,8 @@ async def list_line(lk: LiveKit, settings: AgentSettings, args: argparse.Namespa
     for r in rules:
         mark = " (made by setup)" if _ours(r.metadata, None) else ""
         kind = r.rule.WhichOneof("rule") or "-"
-        prefix = r.rule.dispatch_rule_individual.room_prefix if kind == "dispatch_rule_individual" else ""
+        per_call = kind in ("dispatch_rule_individual", "dispatch_rule_callee")
+        prefix = getattr(r.rule, kind).room_prefix if per_call else ""
         agents = ", ".join(a.agent_name for a in r.room_config.agents) or "-"
         trunk_ids = ", ".join(r.trunk_ids) or "any"
         lines.append(

@@ -1,6 +1,7 @@
 # A local LiveKit server for the test suite and for development. Source this file, then:
-#   ensure_livekit   build livekit-server and LiveKit's agent load tester at pinned versions into a cache outside
-#                    the work tree ($CHORUS_CACHE, default ~/.cache/chorus); a cached build is reused
+#   ensure_livekit   build livekit-server, LiveKit's agent load tester and the SIP bridge's stand-in
+#                    (scripts/sip-bridge) at pinned versions into a cache outside the work tree ($CHORUS_CACHE,
+#                    default ~/.cache/chorus); a cached build is reused
 #   netns_up NAME    (root) a network namespace with no way out: `lo`, and a veth pair with both ends inside
 #   start_livekit    the server in dev mode on free ports (with Redis on loopback when redis-server is installed:
 #                    the SIP API needs it); exports LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET
@@ -26,6 +27,8 @@ CHORUS_CACHE="${CHORUS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/chorus}"
 LIVEKIT_SERVER_BIN="$CHORUS_CACHE/livekit-server-$LIVEKIT_SERVER_VERSION/livekit-server"
 # keyed by the module's go.sum, so a change of its pins builds anew
 AGENT_LOAD_TEST_BIN="$CHORUS_CACHE/agent-load-test-$LK_CLI_VERSION-$(cksum <"$_LK_SCRIPTS/agent-load-test/go.sum" | cut -d' ' -f1)/agent-load-test"
+# the SIP bridge's control plane stand-in (scripts/sip-bridge), keyed by its go.sum and sources
+SIP_BRIDGE_BIN="$CHORUS_CACHE/sip-bridge-$(cat "$_LK_SCRIPTS/sip-bridge/go.sum" "$_LK_SCRIPTS"/sip-bridge/*.go | cksum | cut -d' ' -f1)/sip-bridge"
 LIVEKIT_DIR="${LIVEKIT_DIR:-/tmp/chorus-livekit-$(id -u)}"  # config, keys, log and pid of the running server
 NETNS_NODE_IP=10.99.0.1
 NETNS_PEER_IP=10.99.0.2
@@ -63,7 +66,20 @@ ensure_livekit() {
         mv "$AGENT_LOAD_TEST_BIN.tmp" "$AGENT_LOAD_TEST_BIN"
         echo "agent-load-test built in $(($(date +%s) - t0)) s"
     fi
-    export CHORUS_LIVEKIT_SERVER="$LIVEKIT_SERVER_BIN" CHORUS_AGENT_LOAD_TEST="$AGENT_LOAD_TEST_BIN"
+    if [ ! -x "$SIP_BRIDGE_BIN" ]; then
+        # a stand-in for the SIP bridge's control plane (psrpc on the server's Redis): github.com/livekit/sip is
+        # not served, so no SIP is on the wire here (scripts/sip-bridge/README.md)
+        t0=$(date +%s)
+        dir=$(dirname "$SIP_BRIDGE_BIN")
+        echo "building sip-bridge (the SIP bridge's control plane, stood in) into $dir ..."
+        mkdir -p "$dir" || return 1
+        (cd "$_LK_SCRIPTS/sip-bridge" && CGO_ENABLED=0 go build -o "$SIP_BRIDGE_BIN.tmp" .) \
+            || { echo "ensure_livekit: building sip-bridge failed" >&2; return 1; }
+        mv "$SIP_BRIDGE_BIN.tmp" "$SIP_BRIDGE_BIN"
+        echo "sip-bridge built in $(($(date +%s) - t0)) s"
+    fi
+    export CHORUS_LIVEKIT_SERVER="$LIVEKIT_SERVER_BIN" CHORUS_AGENT_LOAD_TEST="$AGENT_LOAD_TEST_BIN" \
+        CHORUS_SIP_BRIDGE="$SIP_BRIDGE_BIN"
 }
 
 # netns_up NAME: the namespace (made anew) with lo up and the veth pair inside it. As root; run commands in it

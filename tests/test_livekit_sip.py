@@ -3,8 +3,9 @@ SIP API keeps the trunk and dispatch rule that `setup` makes, `list` reads them 
 exactly those, and an outbound call that no SIP bridge can place is one line, a non-zero exit and no
 room left behind.
 
-LiveKit's SIP bridge itself (github.com/livekit/sip) is not served by the Go module proxy at any version, so
-no INVITE reaches the agent here; tests/test_sip.py covers the calls against a protocol fake.
+LiveKit's SIP bridge itself (github.com/livekit/sip) is not served by the Go module proxy at any version:
+tests/test_sip_bridge.py takes an inbound call through the server with a stand-in for the bridge's control
+plane, and tests/test_sip.py covers the rest of a call against a protocol fake.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_setup_list_and_teardown_through_the_servers_sip_api(server):
     assert len(trunks) == 1 and list(trunks[0].numbers) == [NUMBER]
     (rule,) = rules
     assert list(rule.trunk_ids) == [trunks[0].sip_trunk_id]
-    assert rule.rule.dispatch_rule_individual.room_prefix == "call-"
+    assert rule.rule.dispatch_rule_callee.room_prefix == "call-" and rule.rule.dispatch_rule_callee.randomize
     assert [a.agent_name for a in rule.room_config.agents] == ["chorus-concierge"]
 
     again = sip(server, "setup", "--number", NUMBER, "--name", name)  # nothing new, nothing changed

@@ -55,8 +55,9 @@ def test_setup_makes_one_trunk_and_one_rule_and_running_it_again_creates_nothing
     (trunk_id,) = livekit.trunks
     rule = livekit.calls("CreateSIPDispatchRule")[0].request.dispatch_rule
     assert list(rule.trunk_ids) == [trunk_id]
-    assert rule.rule.WhichOneof("rule") == "dispatch_rule_individual"  # one room per call
-    assert rule.rule.dispatch_rule_individual.room_prefix == "call-"
+    # one room per call, named after the number called and a random part (never the caller's number)
+    assert rule.rule.WhichOneof("rule") == "dispatch_rule_callee"
+    assert rule.rule.dispatch_rule_callee.room_prefix == "call-" and rule.rule.dispatch_rule_callee.randomize
     assert [a.agent_name for a in rule.room_config.agents] == ["chorus-concierge"]
     assert "created" in out and trunk_id in out
 

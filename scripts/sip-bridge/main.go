@@ -168,10 +168,10 @@ func inbound(args []string) error {
 		To:       to_,
 		Address:  to_,
 	}
-	rctx, cancel := context.WithTimeout(ctx, *timeout)
-	auth, err := io.GetSIPTrunkAuthentication(rctx, &rpc.GetSIPTrunkAuthenticationRequest{Call: call},
-		psrpc.WithRequestTimeout(*timeout))
-	cancel()
+	auth, err := retry(ctx, *timeout, func(rctx context.Context) (*rpc.GetSIPTrunkAuthenticationResponse, error) {
+		return io.GetSIPTrunkAuthentication(rctx, &rpc.GetSIPTrunkAuthenticationRequest{Call: call},
+			psrpc.WithRequestTimeout(*timeout))
+	})
 	if err != nil {
 		return fmt.Errorf("trunk authentication: %w", err)
 	}
@@ -184,12 +184,12 @@ func inbound(args []string) error {
 		return errors.New("trunk authentication: the trunk asks for digest auth, which this stand-in does not answer")
 	}
 
-	rctx, cancel = context.WithTimeout(ctx, *timeout)
-	resp, err := io.EvaluateSIPDispatchRules(rctx, &rpc.EvaluateSIPDispatchRulesRequest{
-		SipTrunkId: auth.SipTrunkId,
-		Call:       call,
-	}, psrpc.WithRequestTimeout(*timeout))
-	cancel()
+	resp, err := retry(ctx, *timeout, func(rctx context.Context) (*rpc.EvaluateSIPDispatchRulesResponse, error) {
+		return io.EvaluateSIPDispatchRules(rctx, &rpc.EvaluateSIPDispatchRulesRequest{
+			SipTrunkId: auth.SipTrunkId,
+			Call:       call,
+		}, psrpc.WithRequestTimeout(*timeout))
+	})
 	if err != nil {
 		return fmt.Errorf("dispatch rules: %w", err)
 	}
@@ -239,6 +239,22 @@ func inbound(args []string) error {
 		CallID: *callID, TrunkID: resp.SipTrunkId, RuleID: resp.SipDispatchRuleId, RoomPreset: resp.RoomPreset,
 		ServerSigned: signed,
 	})
+}
+
+// retry sends a request again while no server answered it: psrpc's Redis bus subscribes to a new client's
+// response channels in the background, so the first request of a fresh process can go out before they are
+// listened to, and its answer is lost. Both requests `inbound` sends are safe to repeat.
+func retry[T any](ctx context.Context, total time.Duration, send func(context.Context) (T, error)) (T, error) {
+	deadline := time.Now().Add(total)
+	for wait := 50 * time.Millisecond; ; wait *= 2 {
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		res, err := send(rctx)
+		cancel()
+		if err == nil || !errors.Is(err, psrpc.ErrNoResponse) || time.Now().Add(wait).After(deadline) {
+			return res, err
+		}
+		time.Sleep(wait)
+	}
 }
 
 func printJSON(v any) error {
@@ -412,6 +428,8 @@ func serve(args []string) error {
 			return err
 		}
 	}
+	// psrpc's Redis bus subscribes in the background: give it a moment before saying the node is ready
+	time.Sleep(500 * time.Millisecond)
 	if err := printJSON(map[string]any{"ready": true, "node_id": b.nodeID}); err != nil {
 		return err
 	}
