@@ -51,6 +51,7 @@ DIAL = Policy(tries=1, rings=True)  # a second send could ring the phone a secon
 POLICIES: dict[str, Policy] = {
     "list_inbound_trunk": AGAIN,
     "list_dispatch_rule": AGAIN,
+    "list_participants": AGAIN,
     "update_inbound_trunk": AGAIN,  # the whole trunk replaced by the one given
     "update_dispatch_rule": AGAIN,  # the whole rule replaced by the one given
     "delete_trunk": DELETE,

@@ -41,6 +41,8 @@ log = logging.getLogger("chorus.agent.room")
 CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
+REDISPATCH_KEY = "chorus_redispatched"  # in a job's metadata: how often its room's agent was dispatched again
+REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
 
 _lock = threading.Lock()
 _hotel: Any = None
@@ -119,6 +121,12 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             await asyncio.to_thread(engine.release, ctx.job.id)
 
     ctx.add_shutdown_callback(release)
+
+    async def redispatch_if_lost(reason: str = "") -> None:
+        if reason == "room disconnected":  # the rtc connection gave up, not the caller nor the worker
+            await redispatch(ctx, settings)
+
+    ctx.add_shutdown_callback(redispatch_if_lost)
     # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
     # never cancelled (agent/room_connect.py)
     await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
@@ -217,6 +225,50 @@ def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings,
 
     ctx.add_shutdown_callback(stop_tasks)
     ctx.add_shutdown_callback(on_shutdown)
+
+
+async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
+    """A job whose room connection was lost (the rtc SDK gave up on it, as it can on a starved machine right
+    after joining) leaves its caller without an agent: while a caller is still in the room, ask the server for
+    a new dispatch of this agent there, at most REDISPATCH_MAX times per room (counted in the job's metadata).
+    Returns whether one was asked for; every failure is logged, never raised."""
+    from livekit import api
+
+    from agent.lkapi import LiveKit, LiveKitFailure
+
+    try:
+        meta = json.loads(ctx.job.metadata or "{}")
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        meta = {"metadata": ctx.job.metadata}  # kept as it came, under a key of its own
+    count = int(meta.get(REDISPATCH_KEY, 0) or 0)
+    if count >= REDISPATCH_MAX or settings.missing_livekit():
+        return False
+    room = ctx.job.room.name
+    try:
+        async with LiveKit(settings) as lk:
+            people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room))
+            callers = [p for p in people.participants if p.kind in CALLER_KINDS]
+            if not callers:
+                return False
+            meta[REDISPATCH_KEY] = count + 1
+            await lk.call(
+                lk.api.agent_dispatch.create_dispatch,
+                api.CreateAgentDispatchRequest(
+                    agent_name=ctx.job.agent_name or settings.agent_name, room=room, metadata=json.dumps(meta)
+                ),
+            )
+    except (LiveKitFailure, ValueError, TypeError) as e:
+        log.warning(
+            "job %s: the room's connection was lost and no new agent could be asked for (%s)", ctx.job.id, e
+        )
+        return False
+    log.warning(
+        "job %s: the room's connection was lost with its caller still there; a new agent was dispatched",
+        ctx.job.id,
+    )
+    return True
 
 
 def call_figures(call) -> str:

@@ -222,7 +222,8 @@ class Heard:
     times: list[float] = field(default_factory=list)  # loop.time() at each frame's arrival
     transcripts: list[tuple[str, str, dict]] = field(default_factory=list)  # (sender, text, attributes)
     sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
-    agent_identity: str | None = None
+    agent_identity: str | None = None  # the room's first agent
+    agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
     tracks: int = 0  # audio tracks subscribed
@@ -231,6 +232,7 @@ class Heard:
         """What a failed wait shows of one caller's reception: tracks, frames, their loudest sample, words."""
         peak = int(max((np.abs(f).max(initial=0) for f in self.frames), default=0))
         return {
+            "agents": len(self.agents),
             "tracks": self.tracks,
             "frames": len(self.frames),
             "peak": peak,
@@ -288,7 +290,10 @@ class Caller:
         loop = asyncio.get_running_loop()
 
         def on_participant(p: rtc.RemoteParticipant) -> None:
-            if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT and self.heard.agent_identity is None:
+            if p.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
+                return
+            self.heard.agents.add(p.identity)
+            if self.heard.agent_identity is None:
                 self.heard.agent_identity, self.heard.agent_joined_at = p.identity, loop.time()
                 self.agent_joined.set()
 
@@ -300,7 +305,10 @@ class Caller:
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:
             async def consume() -> None:
-                text = await reader.read_all()
+                try:
+                    text = await reader.read_all()
+                except rtc.data_stream.StreamError:  # its sender left mid-stream (an agent gone)
+                    return
                 self.heard.transcripts.append((sender, text, dict(reader.info.attributes or {})))
 
             self._tasks.append(asyncio.ensure_future(consume()))

@@ -208,6 +208,41 @@ def ack_heard(audio: np.ndarray) -> bool:
     return False
 
 
+def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_dir):
+    """The agent's connection to the room is cut (the server removes it, as it drops a participant whose
+    connection failed): its job ends, and since the caller is still there the worker asks the server for a
+    new dispatch to the room (agent/room.py, `redispatch`), whose agent greets the caller again."""
+    from livekit import api
+
+    async def call(worker: Worker) -> Caller:
+        caller = Caller(server, room_name(), worker.agent_name)
+        await caller.join()
+        await asyncio.wait_for(caller.first_speech.wait(), 60)
+        first = caller.heard.agent_identity
+        lk = api.LiveKitAPI(server.http_url, server.key, server.secret)
+        try:
+            who = api.RoomParticipantIdentity(room=caller.room_name, identity=first)
+            await lk.room.remove_participant(who)
+        finally:
+            await lk.aclose()
+        await await_until(lambda: len(caller.heard.agents) == 2, 60, what="a second agent")
+        second = next(a for a in caller.heard.agents if a != first)
+        await await_until(
+            lambda: any(s == second for s, _, _ in caller.heard.transcripts), 60, what="the new agent's words"
+        )
+        await caller.leave()
+        caller.first, caller.second = first, second
+        return caller
+
+    with Worker(server, store_dir, slots=2) as worker:
+        caller = asyncio.run(call(worker))
+        log = worker.log.read_text()
+    assert "a new agent was dispatched" in log
+    assert caller.second in caller.heard.sources  # its voice reached the caller too
+    words = " ".join(t for s, t, _ in caller.heard.transcripts if s == caller.second)
+    assert "thank you for calling" in words
+
+
 @pytest.mark.parametrize("n", [CALLERS_AT_ONCE])
 def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir, n):
     """n jobs in one process on one engine. On a 2-core machine that also runs the server and the callers'
@@ -242,8 +277,10 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
     with Worker(server, store_dir, slots=n) as worker:
         callers = asyncio.run(calls(worker))
     assert int(callers[0].worker_info.get("active_jobs", 0)) == n, callers[0].worker_info
-    agents = {c.heard.agent_identity for c in callers}
-    assert len(agents) == n and None not in agents  # one agent per room
+    # one agent per room: a room whose agent's connection was lost may have had a second, dispatched again to
+    # it (agent/room.py, `redispatch`), never another room's
+    assert all(c.heard.agents for c in callers)
+    assert sum(len(c.heard.agents) for c in callers) == len(set().union(*(c.heard.agents for c in callers)))
     gaps = sorted(c.heard.longest_gap() for c in callers)
     snap = callers[0].snap
     print(
@@ -256,7 +293,7 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         assert c.session_snapshot["frames_in"] >= FRAMES_PER_S * 4.0
         # what each caller heard came from the agent of its own room (and from no one else), and
         # was not silence
-        assert c.heard.sources == {c.heard.agent_identity}, (c.heard.sources, c.heard.agent_identity)
+        assert c.heard.sources and c.heard.sources <= c.heard.agents, (c.heard.sources, c.heard.agents)
         audio = c.heard.audio().astype(np.float64)
         assert np.sqrt(np.mean(audio**2)) > 30.0, (
             c.room_name,
@@ -267,7 +304,7 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
             [line for line in worker.log.read_text().splitlines() if "call ended" in line],
         )
         # its words, from its own agent: each piece leaves with its frame (teacher-forced: dummy weights)
-        assert {s for s, _, _ in c.heard.transcripts} == {c.heard.agent_identity}, c.heard.transcripts
+        assert {s for s, _, _ in c.heard.transcripts} <= c.heard.agents, c.heard.transcripts
         assert "thank you for calling the Grand Hotel" in c.heard.text(), c.heard.transcripts
 
 
@@ -286,7 +323,7 @@ async def every_caller(worker: Worker, callers: list[Caller], done, timeout: flo
         lines = [
             line
             for line in worker.log.read_text().splitlines()
-            if "call ended" in line or "WARNING" in line or "ERROR" in line
+            if ("call ended" in line or "WARNING" in line or "ERROR" in line) and "loop blocked" not in line
         ]
         raise AssertionError(f"{e}: {waiting}; {lines}") from None
 
