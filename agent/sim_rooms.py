@@ -280,8 +280,8 @@ async def _talk(room: Room, stage: Stage, force: Forcing, clips: list[np.ndarray
         await asyncio.sleep(POLL_S)
 
 
-async def _hold(force: Forcing, until: Any) -> None:
-    """Keep the model on silence until `until()` holds: `force` pads both channels between its messages."""
+async def _hold(until: Any) -> None:
+    """Until `until()` holds; meanwhile the model stays silent (`Forcing` pads both channels)."""
     while not until():
         await asyncio.sleep(POLL_S)
 
@@ -297,11 +297,10 @@ async def run_room(room: Room, stage: Stage, start_at: float, clips: list[np.nda
         if handle is None or not await _go_live(room, stage):
             return
         force = Forcing(handle, stage.remote.tokens, room.call.duplex)
-        await _hold(force, lambda: stage.go.is_set() or stop.is_set())  # joined: silence until the talk
+        await _hold(lambda: stage.go.is_set() or stop.is_set())  # joined: silence until the talk
         await _talk(room, stage, force, clips)
         duplex = room.call.duplex
         await _hold(
-            force,
             lambda: (
                 stop.is_set()
                 or duplex.stats["resumes"] >= room.scripted_calls

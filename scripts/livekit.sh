@@ -33,6 +33,19 @@ LIVEKIT_DIR="${LIVEKIT_DIR:-/tmp/chorus-livekit-$(id -u)}"  # config, keys, log 
 NETNS_NODE_IP=10.99.0.1
 NETNS_PEER_IP=10.99.0.2
 
+# _go_build DIR BIN WHAT: scripts/DIR's Go module built into BIN (once; a cached build is reused)
+_go_build() {
+    local name=$1 bin=$2 what=$3 t0
+    [ -x "$bin" ] && return 0
+    t0=$(date +%s)
+    echo "building $name ($what) into $(dirname "$bin") ..."
+    mkdir -p "$(dirname "$bin")" || return 1
+    (cd "$_LK_SCRIPTS/$name" && CGO_ENABLED=0 go build -o "$bin.tmp" .) \
+        || { echo "ensure_livekit: building $name failed" >&2; return 1; }
+    mv "$bin.tmp" "$bin"
+    echo "$name built in $(($(date +%s) - t0)) s"
+}
+
 ensure_livekit() {
     if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing redis-server (Debian package)..."
@@ -54,30 +67,12 @@ ensure_livekit() {
         mv "$dir.tmp/server" "$dir.tmp/livekit-server" && rm -rf "$dir" && mv "$dir.tmp" "$dir"
         echo "livekit-server built in $(($(date +%s) - t0)) s"
     fi
-    if [ ! -x "$AGENT_LOAD_TEST_BIN" ]; then
-        # LiveKit's agent load tester (`lk perf agent-load-test`'s code) through scripts/agent-load-test: `lk`
-        # itself does not build from the proxy (see the top of this file)
-        t0=$(date +%s)
-        dir=$(dirname "$AGENT_LOAD_TEST_BIN")
-        echo "building agent-load-test (livekit-cli $LK_CLI_VERSION's loadtester) into $dir ..."
-        mkdir -p "$dir" || return 1
-        (cd "$_LK_SCRIPTS/agent-load-test" && CGO_ENABLED=0 go build -o "$AGENT_LOAD_TEST_BIN.tmp" .) \
-            || { echo "ensure_livekit: building agent-load-test failed" >&2; return 1; }
-        mv "$AGENT_LOAD_TEST_BIN.tmp" "$AGENT_LOAD_TEST_BIN"
-        echo "agent-load-test built in $(($(date +%s) - t0)) s"
-    fi
-    if [ ! -x "$SIP_BRIDGE_BIN" ]; then
-        # a stand-in for the SIP bridge's control plane (psrpc on the server's Redis): github.com/livekit/sip is
-        # not served, so no SIP is on the wire here (scripts/sip-bridge/README.md)
-        t0=$(date +%s)
-        dir=$(dirname "$SIP_BRIDGE_BIN")
-        echo "building sip-bridge (the SIP bridge's control plane, stood in) into $dir ..."
-        mkdir -p "$dir" || return 1
-        (cd "$_LK_SCRIPTS/sip-bridge" && CGO_ENABLED=0 go build -o "$SIP_BRIDGE_BIN.tmp" .) \
-            || { echo "ensure_livekit: building sip-bridge failed" >&2; return 1; }
-        mv "$SIP_BRIDGE_BIN.tmp" "$SIP_BRIDGE_BIN"
-        echo "sip-bridge built in $(($(date +%s) - t0)) s"
-    fi
+    # LiveKit's agent load tester (`lk perf agent-load-test`'s code): `lk` itself does not build from the proxy
+    # (see the top of this file)
+    _go_build agent-load-test "$AGENT_LOAD_TEST_BIN" "livekit-cli $LK_CLI_VERSION's loadtester" || return 1
+    # a stand-in for the SIP bridge's control plane (psrpc on the server's Redis): github.com/livekit/sip is not
+    # served, so no SIP is on the wire here (scripts/sip-bridge/README.md)
+    _go_build sip-bridge "$SIP_BRIDGE_BIN" "the SIP bridge's control plane, stood in" || return 1
     export CHORUS_LIVEKIT_SERVER="$LIVEKIT_SERVER_BIN" CHORUS_AGENT_LOAD_TEST="$AGENT_LOAD_TEST_BIN" \
         CHORUS_SIP_BRIDGE="$SIP_BRIDGE_BIN"
 }

@@ -197,6 +197,22 @@ class Worker:
         self.stop()
 
 
+def agent_sip(server: Server, *args: str, agent_name: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m agent sip ...` against the test server (for `agent_name`'s agent, when given)."""
+    env = {**os.environ, "LIVEKIT_URL": server.url, "LIVEKIT_API_KEY": server.key}
+    env["LIVEKIT_API_SECRET"] = server.secret
+    if agent_name:
+        env["LIVEKIT_AGENT_NAME"] = agent_name
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "sip", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def caller_pcm(name: str = "caller_booking.wav", rate: int = RATE) -> np.ndarray:
     """A committed caller WAV (16 kHz) as int16 at `rate`, resampled linearly."""
     pcm, src = read_wav(CALLERS / name)

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 
 import pytest
 
-from livekit_support import ROOT, Server, require_livekit
+from livekit_support import Server, agent_sip, require_livekit
 
 pytestmark = pytest.mark.livekit
 
@@ -31,19 +29,6 @@ def server() -> Server:
         miss = pytest.fail if os.environ.get("CI") == "true" else pytest.skip
         miss("the LiveKit server runs without Redis (install redis-server): its SIP API needs it")
     return s
-
-
-def sip(server: Server, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LIVEKIT_URL": server.url, "LIVEKIT_API_KEY": server.key}
-    env["LIVEKIT_API_SECRET"] = server.secret
-    return subprocess.run(
-        [sys.executable, "-m", "agent", "sip", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 async def _lk(server: Server, fn):
@@ -62,7 +47,7 @@ def lk(server: Server, fn):
 
 def test_setup_list_and_teardown_through_the_servers_sip_api(server):
     name = "chorus-e2e"
-    first = sip(server, "setup", "--number", NUMBER, "--name", name)
+    first = agent_sip(server, "setup", "--number", NUMBER, "--name", name)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("created") == 2, first.stdout
 
@@ -78,16 +63,16 @@ def test_setup_list_and_teardown_through_the_servers_sip_api(server):
     assert rule.rule.dispatch_rule_callee.room_prefix == "call-" and rule.rule.dispatch_rule_callee.randomize
     assert [a.agent_name for a in rule.room_config.agents] == ["chorus-concierge"]
 
-    again = sip(server, "setup", "--number", NUMBER, "--name", name)  # nothing new, nothing changed
+    again = agent_sip(server, "setup", "--number", NUMBER, "--name", name)  # nothing new, nothing changed
     assert again.returncode == 0 and again.stdout.count("unchanged") == 2, again.stdout
-    listed = sip(server, "list")
+    listed = agent_sip(server, "list")
     assert (
         listed.returncode == 0
         and trunks[0].sip_trunk_id in listed.stdout
         and "(made by setup)" in listed.stdout
     )
 
-    gone = sip(server, "teardown", "--name", name)
+    gone = agent_sip(server, "teardown", "--name", name)
     assert gone.returncode == 0 and gone.stdout.count("removed") == 2, gone.stdout
     assert lk(server, read) == ([], [])
 
@@ -102,7 +87,7 @@ def test_an_outbound_call_no_bridge_can_place_is_one_line_and_leaves_no_room(ser
     trunk_id = lk(server, trunk)
     try:
         rooms_before = lk(server, lambda lk, api: lk.room.list_rooms(api.ListRoomsRequest()))
-        out = sip(server, "call", "+15550199", "--trunk", trunk_id, "--reason", "your booking")
+        out = agent_sip(server, "call", "+15550199", "--trunk", trunk_id, "--reason", "your booking")
         assert out.returncode == 1, (out.stdout, out.stderr)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("sip call: "), out.stderr  # no traceback

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from livekit_support import (
     Caller,
     Server,
     Worker,
+    agent_sip,
     await_until,
     caller_pcm,
     require_livekit,
@@ -92,20 +92,6 @@ def bridge() -> Path:
     return path
 
 
-def agent_sip(server: Server, agent_name: str, *args: str) -> subprocess.CompletedProcess:
-    """`python -m agent sip ...` against the test server, for the worker's agent."""
-    env = {**os.environ, "LIVEKIT_URL": server.url, "LIVEKIT_API_KEY": server.key}
-    env.update(LIVEKIT_API_SECRET=server.secret, LIVEKIT_AGENT_NAME=agent_name)
-    return subprocess.run(
-        [sys.executable, "-m", "agent", "sip", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def inbound(server: Server, bridge: Path, *args: str) -> subprocess.CompletedProcess:
     """`sip-bridge inbound ...`: what the SIP bridge asks the server when an INVITE arrives."""
     return subprocess.run(
@@ -148,7 +134,9 @@ def test_an_inbound_call_is_put_in_a_room_by_the_servers_dispatch_rule_and_answe
     worker = Worker(server, store_dir, slots=1).launch()  # it loads while the line is set up
     name = f"sipbr-{uuid.uuid4().hex[:6]}"
     try:
-        setup = agent_sip(server, worker.agent_name, "setup", "--number", TRUNK_NUMBER, "--name", name)
+        setup = agent_sip(
+            server, "setup", "--number", TRUNK_NUMBER, "--name", name, agent_name=worker.agent_name
+        )
         assert setup.returncode == 0, setup.stderr
         nowhere = inbound(server, bridge, "--from", CALLER_NUMBER, "--to", "+15550199")
         assert nowhere.returncode == 1 and "no rule matched" in nowhere.stdout, (
@@ -215,4 +203,4 @@ def test_an_inbound_call_is_put_in_a_room_by_the_servers_dispatch_rule_and_answe
         )
     finally:
         worker.stop()
-        agent_sip(server, worker.agent_name, "teardown", "--name", name)
+        agent_sip(server, "teardown", "--name", name, agent_name=worker.agent_name)
