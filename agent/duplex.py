@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,6 +64,10 @@ class CallObserver:
         its way to the output."""
 
     def on_tool_resume(self) -> None: ...
+
+    def report_playout(self, report: Callable[[float, int, float, float], None]) -> None:
+        """The engine session is open: tell it what the playout costs through `report` (queued seconds,
+        gaps, gap seconds, start delay; `SessionHandle.report_playout`)."""
 
 
 class TurnGate:
@@ -292,6 +296,9 @@ class ChorusSession(llm.DuplexSession):
             while self._held:  # what the caller said while the slot was opening, in order
                 handle.push_audio(self._held.popleft())
             self.handle = handle
+            report = getattr(handle, "report_playout", None)
+            if report is not None:
+                self._model.observer.report_playout(report)
             log.info("session %s started (%d tools)", handle.id, len(self._tools))
             self.opened.set()
             outputs: asyncio.Queue = self.handle.outputs

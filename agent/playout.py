@@ -143,6 +143,9 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         else:
             self._start_ack()
 
+    def report_playout(self, report: Callable[[float, int, float, float], None]) -> None:
+        self.buffer.report = report
+
     def on_tool_resume(self) -> None:
         self.buffer.note("resume")
         self._paused = False

@@ -168,6 +168,10 @@ class PlayoutBuffer:
             "gap_s": 0.0,
             "dropped_s": 0.0,
         }
+        # where the engine learns what the playout costs (its snapshot and /metrics): called with the audio
+        # queued ahead of the ear, the gaps and their seconds, and the start delay, as each chunk starts
+        # playing and on a cut (`SessionHandle.report_playout`)
+        self.report: Callable[[float, int, float, float], None] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -251,6 +255,7 @@ class PlayoutBuffer:
         self.stats["cuts"] += 1
         self.stats["flushed_s"] += flushed
         self.note("cut")
+        self._report()
         self._check_drained()
 
     # -- clips -----------------------------------------------------------------------------------------
@@ -349,6 +354,7 @@ class PlayoutBuffer:
             self._retire(self._playing, start)
         self._playing, self._end = chunk, start + chunk.duration
         self.spans.append([chunk.kind, start, self._end])
+        self._report()
         if chunk.kind != "model":
             self.stats["clip_s"] += chunk.duration
             return
@@ -365,6 +371,11 @@ class PlayoutBuffer:
             seg.started = True
             self._on_started()
             self.note("speech_start")
+
+    def _report(self) -> None:
+        if self.report is not None:
+            st = self.stats
+            self.report(self.queued_s, int(st["gaps"]), st["gap_s"], self.start_delay_s)
 
     async def play_out(self, timeout: float | None = None) -> None:
         """Until the open segment has ended and everything queued has played to its last sample, at most

@@ -126,6 +126,15 @@ class SessionSnapshot(BaseModel):
     tool_errors: int
     backlog_frames: int
     skipped_frames: int = 0  # held caller audio skipped by the catch-up policy (silence first)
+    underrun_s: float = 0.0  # caller audio the model missed for want of a frame (underruns x the tick)
+    reserve_frames: int = 0  # caller frames held after the last live tick took its own (the inbox's reserve)
+    # the latency the engine sees: the last live frame's arrival (its room wrote it) to its output handed out
+    heard_ms: float | None = None
+    # the room's playout: audio queued ahead of the caller's ear, a turn's start delay, gaps this call
+    playout_ms: float = 0.0
+    start_delay_ms: float = 0.0
+    playout_gaps: int = 0
+    playout_gap_s: float = 0.0
     label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
     caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
     speaking: bool = False  # the agent is in a turn of its own

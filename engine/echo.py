@@ -10,67 +10,25 @@ channel reads PAD (no tool call ever starts). The model's own state moves on wit
 leaves the tick is replaced.
 
 Timing for benchmarks/livekit_latency.py: an input frame with a sample above `MARK` (full scale 1.0) is
-*marked*; for each marked frame the snapshot's `echo` list keeps (newest `KEEP`) when it was pushed into the
-session's inbox, when the tick that consumed it started, when its output frame was handed to the session,
-where in the frame the mark begins, how many of its samples are above the mark, and its peak. Frames remember
-their push time only in echo mode (`TimedInbox`); with echo off nothing here runs and the tick is unchanged.
+*marked*; for each marked frame the snapshot's `echo` list keeps (newest `KEEP`) when it arrived (its room
+wrote it to shared memory, or it was pushed into the session's inbox: `FrameInbox.popped_at`), when the tick
+that consumed it started, when its output frame was handed to the session, where in the frame the mark
+begins, how many of its samples are above the mark, and its peak. With echo off nothing here runs.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 
 from engine.config import ClockConfig
 from engine.plan import LivePlan, LiveResult
-from engine.slots import FrameInbox, Session
+from engine.slots import Session
 from engine.tokens import Tokens
 
 MARK = 0.25  # an input sample louder than this marks its frame (about -12 dBFS)
 KEEP = 8192  # marked frames kept for the snapshot (newest)
-
-
-class _Stamped(np.ndarray):
-    """A frame's samples with the time they were pushed (`t`)."""
-
-    t: float = float("nan")
-
-
-class TimedInbox(FrameInbox):
-    """A FrameInbox (echo mode only) whose frames remember when they were pushed; `popped_at` is the push time
-    of the frame the last `pop` returned (None: unknown, or no frame), `held` the frames left behind it."""
-
-    def __init__(self, frame: int, max_frames: int, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(frame, max_frames)
-        self._clock = clock
-        self.popped_at: float | None = None
-        self.held = 0
-
-    def push(self, pcm: np.ndarray) -> None:
-        t = self._clock()
-        before = self.frames_in
-        super().push(pcm)
-        new = self.frames_in - before
-        if new:
-            with (
-                self._lock
-            ):  # the newest `new` frames are this push's (a pop in between leaves one unstamped)
-                frames = self._frames
-                for j in range(1, min(new, len(frames)) + 1):
-                    samples, silent = frames[-j]
-                    if not isinstance(samples, _Stamped):
-                        stamped = samples.view(_Stamped)
-                        stamped.t = t
-                        frames[-j] = (stamped, silent)
-
-    def pop(self) -> np.ndarray | None:
-        frame = super().pop()
-        self.popped_at = float(frame.t) if isinstance(frame, _Stamped) else None
-        self.held = len(self._frames)
-        return frame
 
 
 class Echo:

@@ -16,8 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
+import numpy as np
 import torch
 
 from engine import build, snapshot
@@ -30,12 +30,12 @@ from engine.api import (
     ToolResultConsumed,
 )
 from engine.collector import Collector, freeze_long_lived
-from engine.echo import Echo, TimedInbox
+from engine.echo import Echo
 from engine.engine_config import EngineConfig
 from engine.handle import SessionHandle, delivery
 from engine.headroom import Headroom
 from engine.malloc import tune_malloc
-from engine.metrics import Accounting, SnapshotServer
+from engine.metrics import Accounting, SnapshotServer, publish
 from engine.privacy import mask_numbers
 from engine.runner import Runner
 from engine.scheduler import Scheduler
@@ -90,6 +90,7 @@ class Engine:
             log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
         build.warm_up(model, self.runner, self.scheduler, clock)
         freeze_long_lived(again=True)  # the model lives until close (close drops it)
+        publish(lambda: snapshot.figures(self))  # what /metrics reads at a scrape
         self.server = (
             SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
             if cfg.metrics_port is not None
@@ -111,6 +112,7 @@ class Engine:
         caller: str = "",
         admission: object | None = None,
         source: Callable[[FrameInbox], None] | None = None,
+        playout: np.ndarray | None = None,
     ) -> SessionHandle:
         """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
         is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
@@ -119,7 +121,7 @@ class Engine:
         shows them (at most 80 characters each; a number in the label by its last four digits), the engine
         neither reads nor logs them. `source` feeds the session's inbox besides `push_audio`, on the tick
         thread once a tick: a room in another process writes its caller frames to shared memory
-        (engine/host.py)."""
+        (engine/host.py), and its playout figures to `playout` (a view of that memory)."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -142,11 +144,11 @@ class Engine:
             )
         outputs, deliver = delivery(loop, sink)
         frame = self.model_cfg.clock.input_samples
-        inbox = partial(TimedInbox, clock=self.clock) if self.echo is not None else FrameInbox
 
         def make(session_id: str, slot: int) -> Session:
-            box = inbox(frame, self._max_backlog)
+            box = FrameInbox(frame, self._max_backlog, clock=self.clock)
             box.source = source
+            extra = {} if playout is None else {"playout": playout}
             return Session(
                 session_id,
                 slot,
@@ -158,6 +160,7 @@ class Engine:
                 label=mask_numbers(str(label))[:80],
                 caller=str(caller)[:80],
                 opened_at=self.clock(),
+                **extra,
             )
 
         session = self.pool.open(make, admission)
@@ -294,6 +297,7 @@ class Engine:
             self.echo.apply(plan, result, sessions, t_start)
         sch.apply_live(plan, result)
         t_live = clock()
+        self.acct.record_heard(plan, t_live)
         if self.echo is not None:
             self.echo.sent(t_live)
         # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed

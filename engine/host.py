@@ -349,6 +349,7 @@ class EngineHost:
                 caller=str(msg.get("caller", "")),
                 admission=admission,
                 source=lambda inbox, c=conn: self._pull(c, inbox),
+                playout=link.playout,
             )
         except (EngineError, ValueError, TypeError) as e:
             if admission is not None:
@@ -378,13 +379,13 @@ class EngineHost:
         link = conn.link
         if link is None or conn.closed:
             return
-        frames, conn.in_r, lost = link.take_caller(conn.in_r)
+        frames, stamps, conn.in_r, lost = link.take_caller(conn.in_r)
         if lost < 0:
             self.stats["bad_counters"] += 1
         else:
             self.stats["lost_frames"] += lost
         if frames.size:
-            inbox.push(frames.reshape(-1))
+            inbox.push(frames.reshape(-1), at=stamps)
 
     def _deliver(self, conn: _Conn, items: list[Output]) -> None:
         link = conn.link

@@ -1,14 +1,17 @@
 """A session's shared memory between the engine's process and the room's process that holds the call.
 
 One anonymous memory file (memfd) per session, mapped by both sides and handed to the room with its socket
-(engine/host.py, engine/remote.py). It holds two rings of fixed-size frames and four counters:
+(engine/host.py, engine/remote.py). It holds two rings of fixed-size frames, four counters and the room's
+playout figures:
 
-- caller frames in: `in_frames` int16 frames of the engine's input frame (1280 samples at 16 kHz); the room
-  writes a frame, then advances `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a
-  tick and publishes `in_r`.
+- caller frames in: `in_frames` int16 frames of the engine's input frame (1280 samples at 16 kHz), each with
+  the time the room wrote it (CLOCK_MONOTONIC seconds); the room writes a frame and its time, then advances
+  `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a tick and publishes `in_r`.
 - agent frames out: `out_frames` records of one engine output frame (float32 samples), its tick, its text
   piece (UTF-8, at most TEXT_BYTES) and how many of the session's events (sent on the socket) come before it;
   the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
+- the room's playout (`playout`, float64, written by the room, read for the snapshot): the audio queued ahead
+  of the caller's ear, its gaps so far and their seconds, the turn's start delay (PLAYOUT_FIELDS).
 
 Each counter has one writer and counts frames since the session opened (a ring index is the counter modulo
 the ring's size), so neither side ever waits on the other: a room that falls behind finds its records
@@ -26,10 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = 0x43484F5255530001  # "CHORUS" and the layout's version
+MAGIC = 0x43484F5255530002  # "CHORUS" and the layout's version
 LINE = 64  # each counter on a cache line of its own
 IN_W, IN_R, OUT_W, OUT_R = 0, 1, 2, 3  # counters, by their line
-HEADER_LINES = 5  # the four counters and the layout's description
+DESCRIPTION, PLAYOUT = 4, 5  # the layout's description, the room's playout figures: by their line
+HEADER_LINES = 6
+PLAYOUT_FIELDS = ("queued_s", "gaps", "gap_s", "start_delay_s")
 IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
 OUT_FRAMES = 64
 TEXT_BYTES = 120  # a frame's text piece: one token's characters, a few at most
@@ -57,8 +62,12 @@ class Layout:
         return -(-(4 * self.out_samples + 8 * META + TEXT_BYTES) // 8) * 8
 
     @property
-    def out_offset(self) -> int:
+    def stamp_offset(self) -> int:
         return -(-(self.in_offset + 2 * self.in_samples * self.in_frames) // LINE) * LINE
+
+    @property
+    def out_offset(self) -> int:
+        return -(-(self.stamp_offset + 8 * self.in_frames) // LINE) * LINE
 
     @property
     def size(self) -> int:
@@ -79,9 +88,11 @@ class SessionLink:
     def __init__(self, fd: int, layout: Layout, mm: mmap.mmap) -> None:
         self.fd, self.layout, self._mm = fd, layout, mm
         lay = layout
-        self.counters = np.ndarray((HEADER_LINES - 1, LINE // 8), np.int64, mm, 0)[:, 0]
-        self.description = np.ndarray(5, np.int64, mm, (HEADER_LINES - 1) * LINE)
+        self.counters = np.ndarray((DESCRIPTION, LINE // 8), np.int64, mm, 0)[:, 0]
+        self.description = np.ndarray(5, np.int64, mm, DESCRIPTION * LINE)
+        self.playout = np.ndarray(len(PLAYOUT_FIELDS), np.float64, mm, PLAYOUT * LINE)
         self.caller = np.ndarray((lay.in_frames, lay.in_samples), np.int16, mm, lay.in_offset)
+        self.stamps = np.ndarray(lay.in_frames, np.float64, mm, lay.stamp_offset)
         rec = lay.out_record
         self.agent = np.ndarray(
             (lay.out_frames, lay.out_samples), np.float32, mm, lay.out_offset, strides=(rec, 4)
@@ -136,21 +147,23 @@ class SessionLink:
 
     # -- the engine's side: caller frames out of the ring, agent frames into it ----------------------------
 
-    def take_caller(self, r: int) -> tuple[np.ndarray, int, int]:
-        """The caller frames written since counter `r`, as `[n, in_samples]` int16; the new counter (also
-        published to the room); the frames lost: written beyond what the ring holds, or -1 for a counter that
-        went back (nothing of the ring is trusted then, and reading starts again from where it is)."""
+    def take_caller(self, r: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """The caller frames written since counter `r`, as `[n, in_samples]` int16, and when each was
+        written; the new counter (also published to the room); the frames lost: written beyond what the ring
+        holds, or -1 for a counter that went back (nothing of the ring is trusted then, and reading starts
+        again from where it is)."""
         w = self.get(IN_W)
         if w == r:
-            return self.caller[:0], r, 0
+            return self.caller[:0], self.stamps[:0], r, 0
         if w < r:
             self.set(IN_R, w)
-            return self.caller[:0], w, -1
+            return self.caller[:0], self.stamps[:0], w, -1
         frames = self.layout.in_frames
         lost = max(0, w - r - frames)
-        taken = self.caller[np.arange(r + lost, w) % frames]
+        at = np.arange(r + lost, w) % frames
+        taken, stamps = self.caller[at], self.stamps[at]
         self.set(IN_R, w)
-        return taken, w, lost
+        return taken, stamps, w, lost
 
     def put_agent(self, w: int, samples: np.ndarray, text: str, tick: int, events: int) -> None:
         """Record `w` (the counter's value): one output frame, its text (cut on a character's boundary to
@@ -166,13 +179,14 @@ class SessionLink:
 
     # -- the room's side: caller frames into the ring, agent frames out of it ------------------------------
 
-    def put_caller(self, w: int, frame: np.ndarray) -> bool:
-        """Caller frame `w` (the counter's value) into the ring, then the counter past it; False (nothing
-        written) while the ring is full."""
+    def put_caller(self, w: int, frame: np.ndarray, at: float) -> bool:
+        """Caller frame `w` (the counter's value) into the ring with the time it arrived (`at`,
+        time.monotonic), then the counter past it; False (nothing written) while the ring is full."""
         frames = self.layout.in_frames
         if w - self.get(IN_R) >= frames:
             return False
         self.caller[w % frames] = frame
+        self.stamps[w % frames] = at
         self.set(IN_W, w + 1)
         return True
 
@@ -195,5 +209,6 @@ class SessionLink:
         """Unmap now (the room's side, when its session is over and nothing reads the views)."""
         self.forget_fd()
         self.counters = self.description = self.caller = self.agent = self.meta = self.text = None
+        self.playout = self.stamps = None
         with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
             self._mm.close()

@@ -21,13 +21,85 @@ from pathlib import Path
 
 import numpy as np
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from pydantic import BaseModel
 
+from engine.plan import LivePlan
 from engine.snapshot_serve import ServeLimits
 
 log = logging.getLogger("chorus.metrics")
 
 TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
+# a caller frame's arrival to its output frame handed out (inbox wait + live step)
+HEARD_BUCKETS_MS = np.array([10, 20, 40, 60, 80, 100, 120, 160, 200, 300, 500, 1000], dtype=np.float64)
+
+
+class Figures:
+    """What the engine's open sessions and counters say at a scrape (`engine/snapshot.py` `figures`)."""
+
+    def __init__(
+        self,
+        heard: np.ndarray,
+        heard_sum_ms: float,
+        underruns: int,
+        tick_s: float,
+        dropped: int,
+        rows: list[tuple[int, int, float, float, float, float]],
+    ) -> None:
+        self.heard, self.heard_sum_ms, self.underruns = heard, heard_sum_ms, underruns
+        self.tick_s, self.dropped = tick_s, dropped
+        self.rows = rows  # per open session: slot, inbox reserve, then the playout (link.PLAYOUT_FIELDS)
+
+
+class _FiguresCollector:
+    """Prometheus figures read from the engine at scrape time (on the metrics thread, never the tick):
+    the latency histogram the tick fills with array adds, the underruns and dropped frames, and per slot the
+    inbox's reserve and the room's playout."""
+
+    source: Callable[[], Figures] | None = None  # the process's engine (the newest one made)
+
+    def collect(self):
+        source = type(self).source
+        f = source() if source is not None else None
+        if f is None:
+            return
+        cum = np.cumsum(f.heard)
+        buckets = [(str(b / 1000), float(c)) for b, c in zip(HEARD_BUCKETS_MS, cum[:-1], strict=True)]
+        yield HistogramMetricFamily(
+            "chorus_heard_seconds",
+            "A caller frame's arrival to its output frame handed out (inbox wait and live step)",
+            buckets=[*buckets, ("+Inf", float(cum[-1]))],
+            sum_value=f.heard_sum_ms / 1000,
+        )
+        yield CounterMetricFamily(
+            "chorus_underruns", "Live ticks with no caller frame (silence fed)", f.underruns
+        )
+        yield CounterMetricFamily(
+            "chorus_underrun_seconds",
+            "Caller audio the model missed for want of a frame",
+            f.underruns * f.tick_s,
+        )
+        yield CounterMetricFamily(
+            "chorus_dropped_frames", "Input frames dropped from a full inbox", f.dropped
+        )
+        per_slot = {
+            "chorus_inbox_reserve_frames": "Caller frames held after the tick took its own",
+            "chorus_playout_queued_seconds": "The agent's audio queued ahead of the caller's ear",
+            "chorus_playout_gaps": "Gaps in the agent's audio this call (a frame came after the last ended)",
+            "chorus_playout_gap_seconds": "The length of those gaps, this call",
+            "chorus_playout_start_delay_seconds": "What a turn's first frame waits (the measured jitter)",
+        }
+        families = {name: GaugeMetricFamily(name, doc, labels=["slot"]) for name, doc in per_slot.items()}
+        for slot, reserve, queued_s, gaps, gap_s, delay_s in f.rows:
+            for name, value in zip(per_slot, (reserve, queued_s, gaps, gap_s, delay_s), strict=True):
+                families[name].add_metric([str(slot)], float(value))
+        yield from families.values()
+
+
+def publish(source: Callable[[], Figures]) -> None:
+    """The figures `/metrics` reads at a scrape come from `source` (the process's newest engine)."""
+    _Prom.get()
+    _FiguresCollector.source = source
 
 
 class _Prom:
@@ -56,8 +128,6 @@ class _Prom:
                     "slipped": Counter(
                         "chorus_slipped_ticks", "Ticks skipped by a clock more than a tick behind"
                     ),
-                    "dropped": Counter("chorus_dropped_frames", "Input frames dropped from a full inbox"),
-                    "underruns": Counter("chorus_underruns", "Live ticks with no caller frame (silence fed)"),
                     "tool_calls": Counter("chorus_tool_calls", "Tool calls started by the model"),
                     "tool_call": Histogram(
                         "chorus_tool_call_seconds", "Tool-call start to function calls emitted"
@@ -66,6 +136,7 @@ class _Prom:
                     "sessions": Gauge("chorus_sessions", "Open sessions"),
                     "occupancy": Gauge("chorus_occupancy", "Share of slots in use"),
                 }
+                REGISTRY.register(_FiguresCollector())
             return cls._made
 
 
@@ -88,6 +159,10 @@ class Accounting:
         self.closed_dropped = 0  # frame counters of sessions already closed
         self.closed_skipped = 0
         self.tool_calls = 0
+        # per slot, the last live frame's arrival -> its output handed out; all of them as histogram counts
+        self.heard_ms = np.zeros(0)
+        self.heard_counts = np.zeros(HEARD_BUCKETS_MS.size + 1, dtype=np.int64)
+        self.heard_sum_ms = 0.0
 
     def record_tick(self, live_ms: float, tick_ms: float, missed: bool, overran: bool = False) -> None:
         self.ticks += 1
@@ -102,6 +177,25 @@ class Accounting:
         if overran:
             self.overruns += 1
             self.prom["overruns"].inc()
+
+    def record_heard(self, plan: LivePlan, t: float) -> None:
+        """The live step's frames were handed out at `t`: how long each live row's frame had waited since it
+        arrived (array operations over the rows; a replaying row's output is withheld and not counted)."""
+        if plan.arrived is None:
+            return
+        if self.heard_ms.size != plan.arrived.size:
+            self.heard_ms = np.full(plan.arrived.size, np.nan)
+        self.heard_ms[plan.reset] = np.nan
+        heard = (t - plan.arrived) * 1e3
+        ok = plan.live & np.isfinite(heard)
+        if plan.quiet is not None:
+            ok &= ~plan.quiet
+        if not ok.any():
+            return
+        got = heard[ok]
+        self.heard_ms[ok] = got
+        np.add.at(self.heard_counts, np.searchsorted(HEARD_BUCKETS_MS, got, side="left"), 1)
+        self.heard_sum_ms += float(got.sum())
 
     def record_slip(self, ticks: int) -> None:
         self.slipped_ticks += ticks

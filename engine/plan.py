@@ -58,6 +58,7 @@ class LivePlan:
     reset: np.ndarray  # [S] bool: rows to return to a fresh state before the step
     quiet: np.ndarray | None = None  # [S] bool: replaying rows, agent channels forced silent, output withheld
     restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
+    arrived: np.ndarray | None = None  # [S] float64: when the row's frame arrived (NaN: no frame)
 
 
 @dataclass

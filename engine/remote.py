@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -230,8 +231,9 @@ class RemoteHandle:
             a = np.concatenate([self._tail, a])
         n = self._link.layout.in_samples
         whole = a.size // n
+        now = time.monotonic()
         for k in range(whole):
-            if self._link.put_caller(self._in_w, a[k * n : (k + 1) * n]):
+            if self._link.put_caller(self._in_w, a[k * n : (k + 1) * n], now):
                 self._in_w += 1
                 self.stats["frames_in"] += 1
             else:
@@ -254,6 +256,12 @@ class RemoteHandle:
 
     def keep_private(self, *terms: str) -> None:
         self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})
+
+    def report_playout(self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float) -> None:
+        """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
+        engine/link.py PLAYOUT_FIELDS; nothing is sent)."""
+        if not self._closed:
+            self._link.playout[:] = (queued_s, gaps, gap_s, start_delay_s)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

@@ -126,6 +126,7 @@ class Scheduler:
         force_text = np.full(S, -1, dtype=np.int64)
         force_func = np.full(S, -1, dtype=np.int64)
         restore: list[tuple[int, int]] = []
+        arrived = np.full(S, np.nan)
         lim = self.limits
         for s in sessions:
             if s.closed:
@@ -148,9 +149,9 @@ class Scheduler:
                 s.owed = max(math.ceil(left / max(1, s.prefill_by - tick)), min(left, lim.result_chunk))
             elif s.phase is Phase.REPLAY:
                 # silence beyond what one catch-up step a tick could clear by `live_by` is skipped as soon as
-                # it is found; at `live_by`, whatever is left beyond this tick's frame and one is skipped
+                # it is found; at `live_by`, whatever is left beyond this tick's frame is skipped
                 ahead = s.live_by - tick
-                s.inbox.skip(len(s.inbox) - 2 - max(0, ahead), silent_only=ahead > 0)
+                s.inbox.skip(len(s.inbox) - 1 - max(0, ahead), silent_only=ahead > 0, keep=1)
             elif s.phase is Phase.LIVE:
                 backlog = len(s.inbox)
                 if backlog > lim.live_lag_frames + 1:
@@ -160,9 +161,10 @@ class Scheduler:
                 s.spare_ticks = s.spare_ticks + 1 if backlog >= 2 else 0
                 if s.spare_ticks >= lim.spare_ticks and s.inbox.skip(1, silent_only=True, keep=1):
                     s.spare_ticks = 0
-            if s.phase is Phase.REPLAY and len(s.inbox) <= 2:
-                # caught up: this tick takes one frame and one stays as jitter buffer (a frame arrives
-                # every tick, so "one more than after" is what a caught-up session has at planning time)
+            if s.phase is Phase.REPLAY and len(s.inbox) <= 1:
+                # caught up: this tick takes the one frame there is. No frame stays as a reserve: steady
+                # arrivals never need one, and a late arrival makes its own (the tick it misses hears
+                # silence, counted as an underrun; the late frame then waits behind the next)
                 self.calls.resume(s, tick)
             if s.phase is Phase.LIVE:
                 live[s.slot] = True
@@ -173,14 +175,16 @@ class Scheduler:
             else:
                 continue
             frame = s.inbox.pop()
+            s.reserve = s.inbox.held
             if frame is None:
                 s.underruns += 1
                 self.underruns += 1
             else:
                 audio[s.slot] = frame
+                arrived[s.slot] = s.inbox.popped_at
                 s.frames_consumed += 1
                 s.frames_replayed += quiet[s.slot]
-        return LivePlan(tick, live, audio, force_text, force_func, reset, quiet, restore)
+        return LivePlan(tick, live, audio, force_text, force_func, reset, quiet, restore, arrived)
 
     def apply_live(self, plan: LivePlan, result: LiveResult) -> None:
         for s in self.sessions:
@@ -250,8 +254,8 @@ class Scheduler:
             if not fit:
                 return None
             return _call_work(sorted(calls, key=lambda s: s.t_call_start)[: fit[0]])
-        if kind == "replay":  # catch-up steps beyond the one the live batch gives; keep one frame for it
-            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 2]
+        if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
+            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1]
             fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
             return self._replay_work(ready[: fit[0]]) if fit else None
         phase, chunk = (

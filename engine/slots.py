@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import EngineFull, Output
+from engine.link import PLAYOUT_FIELDS
 from engine.privacy import opaque_id
 from engine.tokens import ParsedCall, TextStream
 
@@ -44,14 +45,19 @@ class FrameInbox:
     """Caller audio of any chunk size, cut into exact frames; bounded (oldest frames dropped and counted).
 
     Each frame remembers whether it is silent, so held audio that cannot be caught up in time is skipped
-    silence first (`skip`)."""
+    silence first (`skip`), and when it arrived (`clock`, or the time its room wrote it), so the engine sees
+    how long a frame waited: `popped_at` is the arrival of the frame the last `pop` returned (None: no frame),
+    `held` the frames left behind it."""
 
-    def __init__(self, frame: int, max_frames: int) -> None:
+    def __init__(self, frame: int, max_frames: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.frame = frame
         self.max_frames = max_frames
+        self._clock = clock
         self._lock = threading.Lock()
         self._tail = np.zeros(0, dtype=np.float32)
-        self._frames: deque[tuple[np.ndarray, bool]] = deque()  # (samples, silent)
+        self._frames: deque[tuple[np.ndarray, bool, float]] = deque()  # (samples, silent, arrived)
+        self.popped_at: float | None = None
+        self.held = 0
         self.frames_in = 0
         # where frames come from besides `push`: a room's ring in shared memory (engine/host.py), read by the
         # tick thread once a tick through `pull`
@@ -60,7 +66,8 @@ class FrameInbox:
         self.skipped = 0  # frames skipped by the catch-up policy
         self.nonfinite = 0
 
-    def push(self, pcm: np.ndarray) -> None:
+    def push(self, pcm: np.ndarray, at: np.ndarray | None = None) -> None:
+        """Samples of any length (`at`: when each whole frame of them arrived, for exact frames; else now)."""
         a = np.asarray(pcm)
         if a.ndim != 1:
             raise ValueError(f"push_audio: expected mono samples of shape (n,), got shape {a.shape}")
@@ -80,7 +87,8 @@ class FrameInbox:
             if n:
                 cut = buf[: n * self.frame].reshape(n, self.frame)
                 silent = np.sqrt(np.mean(np.square(cut), axis=1)) < SILENT_RMS
-                self._frames.extend(zip(cut, silent.tolist(), strict=True))
+                when = at.tolist() if at is not None and at.size == n else [self._clock()] * n
+                self._frames.extend(zip(cut, silent.tolist(), when, strict=True))
             self._tail = buf[n * self.frame :].copy()
             self.frames_in += n
             while len(self._frames) > self.max_frames:
@@ -94,7 +102,12 @@ class FrameInbox:
 
     def pop(self) -> np.ndarray | None:
         with self._lock:
-            return self._frames.popleft()[0] if self._frames else None
+            if not self._frames:
+                self.popped_at, self.held = None, 0
+                return None
+            samples, _, self.popped_at = self._frames.popleft()
+            self.held = len(self._frames)
+            return samples
 
     def skip(self, n: int, *, silent_only: bool = False, keep: int = 2) -> int:
         """Skip up to `n` held frames, never the newest `keep`: silent frames first (oldest first), then,
@@ -105,9 +118,9 @@ class FrameInbox:
             n = min(n, len(head))
             if n <= 0:
                 return 0
-            drop = [i for i, (_, silent) in enumerate(head) if silent][:n]
+            drop = [i for i, (_, silent, _) in enumerate(head) if silent][:n]
             if len(drop) < n and not silent_only:
-                loud = [i for i, (_, silent) in enumerate(head) if not silent]
+                loud = [i for i, (_, silent, _) in enumerate(head) if not silent]
                 drop += loud[: n - len(drop)]
             gone = set(drop)
             self._frames = deque([f for i, f in enumerate(head) if i not in gone] + tail)
@@ -167,6 +180,10 @@ class Session:
     frames_consumed: int = 0
     frames_replayed: int = 0
     underruns: int = 0
+    reserve: int = 0  # caller frames left in the inbox after the last live tick took its own
+    # the room's playout (engine/link.py PLAYOUT_FIELDS), written by the room: its shared memory for a room
+    # in another process, else through the handle
+    playout: np.ndarray = field(default_factory=lambda: np.zeros(len(PLAYOUT_FIELDS)))
     tool_calls: int = 0
     tool_errors: int = 0
     turns: int = 0  # the agent's turns so far

@@ -9,6 +9,7 @@ Knows sessions' public counters and the accounting; knows nothing of the model.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
-from engine.metrics import history, pct, resident_bytes
+from engine.metrics import Figures, history, pct, resident_bytes
 from engine.privacy import last_words
 from engine.slots import SAID_PIECES, Phase, Session
 
@@ -27,8 +28,11 @@ HISTORY_POINTS = 200  # whole ticks in `recent_tick_ms`
 CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
 
 
-def session_row(s: Session, now: float, show_words: str = "off") -> SessionSnapshot:
+def session_row(
+    s: Session, now: float, show_words: str = "off", heard_ms: float = math.nan, tick_s: float = 0.08
+) -> SessionSnapshot:
     pieces = list(s.said)
+    queued_s, gaps, gap_s, delay_s = s.playout.tolist()
     return SessionSnapshot(
         id=s.id,
         slot=s.slot,
@@ -43,6 +47,13 @@ def session_row(s: Session, now: float, show_words: str = "off") -> SessionSnaps
         tool_errors=s.tool_errors,
         backlog_frames=len(s.inbox),
         skipped_frames=s.inbox.skipped,
+        underrun_s=round(s.underruns * tick_s, 2),
+        reserve_frames=s.reserve,
+        heard_ms=round(heard_ms, 1) if math.isfinite(heard_ms) else None,
+        playout_ms=round(queued_s * 1e3, 1),
+        start_delay_ms=round(delay_s * 1e3, 1),
+        playout_gaps=int(gaps),
+        playout_gap_s=round(gap_s, 3),
         label=s.label,
         caller=s.caller,
         speaking=s.speaking,
@@ -61,7 +72,17 @@ def build(engine: Engine) -> EngineSnapshot:
     cfg, a, sch = engine.config, engine.acct, engine.scheduler
     sessions = list(engine.pool.sessions.values())
     now = engine.clock()
-    rows = [session_row(s, now, cfg.show_words) for s in sessions]
+    heard = a.heard_ms
+    rows = [
+        session_row(
+            s,
+            now,
+            cfg.show_words,
+            float(heard[s.slot]) if s.slot < heard.size else math.nan,
+            engine.tick_ms / 1000,
+        )
+        for s in sessions
+    ]
     phases: dict[str, int] = {}
     for row in rows:
         phases[row.phase] = phases.get(row.phase, 0) + 1
@@ -115,6 +136,20 @@ def build(engine: Engine) -> EngineSnapshot:
         memory_total_bytes=total,
         tool_log=tool_log,
         echo=engine.echo.snapshot() if engine.echo is not None else None,
+    )
+
+
+def figures(engine: Engine) -> Figures:
+    """What `/metrics` reads at a scrape (engine/metrics.py), from the same counters as the snapshot."""
+    a, sch = engine.acct, engine.scheduler
+    sessions = list(engine.pool.sessions.values())
+    return Figures(
+        a.heard_counts.copy(),
+        a.heard_sum_ms,
+        sch.underruns,
+        engine.tick_ms / 1000,
+        a.closed_dropped + sum(s.inbox.dropped for s in sessions),
+        [(s.slot, s.reserve, *s.playout.tolist()) for s in sessions],
     )
 
 

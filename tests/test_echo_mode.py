@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.api import AudioFrame, ToolCallStarted, TurnEnded
-from engine.echo import MARK, Echo, TimedInbox
+from engine.echo import MARK, Echo
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
 from engine_support import PROMPT, TOOLS, drain
@@ -123,18 +123,21 @@ def test_echo_off_is_the_models_own_output_and_no_echo_state():
         e.close()
 
 
-def test_timed_inbox_cuts_like_the_plain_one_and_stamps_each_frame():
+def test_the_inbox_stamps_each_frame_with_its_arrival():
+    """A frame arrives when the push that completes it comes (on the engine's clock), or, for frames a room
+    wrote to shared memory, when the room wrote each (`at`); `popped_at` is the popped frame's arrival."""
     times = iter([1.0, 2.0])
-    timed, plain = TimedInbox(N_IN, 8, clock=lambda: next(times)), FrameInbox(N_IN, 8)
-    a, b = np.full(N_IN + 100, 0.1, np.float32), np.full(N_IN * 2, 0.2, np.float32)
-    for inbox in (timed, plain):
-        inbox.push(a)
-        inbox.push(b)
+    inbox = FrameInbox(N_IN, 8, clock=lambda: next(times))
+    inbox.push(np.full(N_IN + 100, 0.1, np.float32))
+    inbox.push(np.full(N_IN * 2, 0.2, np.float32))
     got = []
-    while (f := timed.pop()) is not None:
-        np.testing.assert_array_equal(f, plain.pop())
-        got.append(timed.popped_at)
-    assert got == [1.0, 2.0, 2.0] and timed.popped_at is None and plain.pop() is None
+    while inbox.pop() is not None:
+        got.append(inbox.popped_at)
+    assert got == [1.0, 2.0, 2.0] and inbox.popped_at is None
+    ring = FrameInbox(N_IN, 8, clock=lambda: 99.0)
+    ring.push(np.zeros(N_IN * 2, np.int16), at=np.array([5.0, 5.08]))
+    assert ring.pop() is not None and (ring.popped_at, ring.held) == (5.0, 1)
+    assert ring.pop() is not None and (ring.popped_at, ring.held) == (5.08, 0)
 
 
 def test_the_resampler_keeps_a_ramp_a_ramp(echo_engine):

@@ -258,12 +258,31 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             url = f"http://127.0.0.1:{e.server.port}"
             snap = EngineSnapshot.model_validate_json(urllib.request.urlopen(url + "/snapshot").read())
             assert snap.ticks >= 6 and snap.sessions[0].id == h.id and snap.occupancy == 0.25
+            h.push_audio(caller_audio(1, 0.24))  # live now: these frames are heard in the ticks they came for
+            for _ in range(4):
+                await asyncio.wait_for(h.outputs.get(), timeout=60)
+            h.report_playout(0.12, 1, 0.05, 0.02)  # what a room's playout says of itself
             prom = urllib.request.urlopen(url + "/metrics").read().decode()
             assert (
                 "chorus_live_step_seconds_bucket" in prom
                 and "chorus_tick_seconds_bucket" in prom
                 and "chorus_missed_deadlines_total" in prom
             )
+            # what the buffers cost: every live frame's wait from arrival to output, and per slot the inbox's
+            # reserve and the room's playout
+            value = {
+                line.split(" ")[0]: float(line.split(" ")[1])
+                for line in prom.splitlines()
+                if line.startswith("chorus_") and " " in line
+            }
+            assert value["chorus_heard_seconds_count"] >= 1 and value["chorus_heard_seconds_sum"] > 0
+            slot = f'{{slot="{h.slot}"}}'
+            assert value[f"chorus_playout_queued_seconds{slot}"] == 0.12
+            assert (
+                value[f"chorus_playout_gaps{slot}"] == 1
+                and value[f"chorus_playout_gap_seconds{slot}"] == 0.05
+            )
+            assert f"chorus_inbox_reserve_frames{slot}" in value and "chorus_underrun_seconds_total" in value
             h.close()
 
     asyncio.run(main())

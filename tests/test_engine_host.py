@@ -65,6 +65,15 @@ async def ticks(engine, k: int, n: int, *feeds) -> int:
     return k
 
 
+async def prompt_cached(engine) -> int:
+    """A few ticks of a session that leaves PROMPT's state cached, so that two sessions opened next start
+    from it at the same tick (one that waits for another's prefill catches up a tick later). The next tick."""
+    warm = engine.open_session(PROMPT, TOOLS)
+    k = await ticks(engine, 0, 4, (warm, caller_audio(5, 1.0)))
+    warm.close()
+    return k
+
+
 async def open_remote(remote: RemoteEngine, **kw):
     return await asyncio.to_thread(remote.open_session, PROMPT, TOOLS, loop=asyncio.get_running_loop(), **kw)
 
@@ -75,15 +84,20 @@ def test_a_remote_session_hears_and_says_what_a_local_one_does(hosted):
     async def main():
         remote = RemoteEngine(host.address)
         assert (remote.config.preset, remote.model_cfg.clock) == ("tiny", engine.model_cfg.clock)
+        k = await prompt_cached(engine)
         far = await open_remote(remote)
         near = engine.open_session(PROMPT, TOOLS)  # rows are independent: same input, same output
         audio = caller_audio(3, 2.0)
-        k = await ticks(engine, 0, 12, (far, audio), (near, audio))
+        k = await ticks(engine, k, 12, (far, audio), (near, audio))
         turn = [remote.tokens.bos, *remote.tokens.encode(" Welcome to the café."), remote.tokens.eos]
         far.force_text(turn)
         near.force_text(turn)
         await settle()
         await ticks(engine, k, 24, (far, audio), (near, audio))
+        # the room's playout figures reach the engine's snapshot through the shared memory, nothing sent
+        far.report_playout(0.2, 3, 0.1, 0.04)
+        row = {s.id: s for s in engine.snapshot().sessions}[far.id]
+        assert (row.playout_ms, row.playout_gaps, row.playout_gap_s, row.start_delay_ms) == (200, 3, 0.1, 40)
         return taken(far.outputs), taken(near.outputs), far
 
     got, want, far = asyncio.run(main())
@@ -109,10 +123,11 @@ def test_padding_between_forced_tokens_is_forcing_the_pad_on_every_tick(hosted):
     async def main():
         remote = RemoteEngine(host.address)
         tok = remote.tokens
+        k = await prompt_cached(engine)
         far = await open_remote(remote)
         near = engine.open_session(PROMPT, TOOLS)
         audio = caller_audio(5, 2.0)
-        k = await ticks(engine, 0, 12, (far, audio), (near, audio))  # both live
+        k = await ticks(engine, k, 12, (far, audio), (near, audio))  # both live
         far.pad_between(True)
         near.force_text([tok.pad] * n)
         near.force_function([tok.pad] * n)

@@ -10,6 +10,7 @@ import re
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -84,6 +85,9 @@ def busy():
     a.force_text([tok.bos, *said, tok.eos] + [tok.pad] * 400)
     c.force_text([tok.pad] * 4 + [tok.bos] + [tok.pad] * 400)
     run_ticks(w.engine, len(said) + 20)  # and at least a second of history
+    a.report_playout(0.16, 2, 0.25, 0.03)  # what room_a's playout would report
+    c.push_audio(np.zeros(1280, np.float32))  # room_c's caller frame, heard in the next tick
+    run_ticks(w.engine, 1)
     yield w
     w.close()
 
@@ -168,9 +172,14 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     # the agent's words counted, not shown (test_monitor_privacy.py shows them redacted when asked)
     assert (a["turns"], a["words"]) == (1, len(SAID.split())) and "last words" not in a
     assert {s.label: s for s in snap.sessions}["room_a"].last_words == ""
-    assert [r["underruns"] for r in rows.values()] == [
-        s.underruns for s in sorted(snap.sessions, key=lambda s: s.label)
-    ]
+    by_label = {s.label: s for s in snap.sessions}
+    for row, s in zip(rows.values(), sorted(snap.sessions, key=lambda s: s.label), strict=True):
+        assert row["underruns"] == f"{s.underruns} ({s.underrun_s:g} s)" and s.underruns > 0
+    # what the buffers cost: the playout room_a reported, the frame room_c's model heard, its reserve
+    assert (a["playout (ms)"], a["start delay (ms)"], a["gaps"]) == ("160", "30", "2 (0.25 s)")
+    heard = by_label["room_c"].heard_ms
+    assert heard is not None and heard > 0 and c["heard (ms)"] == f"{heard:.0f}" and a["heard (ms)"] == ""
+    assert c["inbox reserve"] == 0
 
     (call,) = table(at, {"tools", "tool ms"})
     assert (call["room"], call["tools"], call["ok"]) == ("room_a", "check_availability", True)

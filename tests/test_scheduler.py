@@ -73,9 +73,13 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
     assert sessions[6].underruns == 1 and sch.underruns == 1
     # paused sessions keep their audio for later
     assert all(len(s.inbox) == 3 for s in sessions[1:5]) and len(sessions[5].inbox) == 2
-    # two frames at planning time (this tick's and one of jitter buffer): caught up, live again
+    # two frames at planning time: still replaying (one would stay behind as a frame of latency)
     plan = live_plan(sch, 1, sessions, np.zeros(S, bool))
+    assert sessions[5].phase is Phase.REPLAY and plan.quiet[5] and len(sessions[5].inbox) == 1
+    # one frame at planning time (this tick's): caught up, live again, nothing held back
+    plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
     assert sessions[5].phase is Phase.LIVE and plan.live[5] and not plan.quiet[5]
+    assert len(sessions[5].inbox) == 0
 
 
 def test_tool_work_is_never_planned_past_the_budget():
@@ -192,12 +196,14 @@ def test_the_tool_path_in_order():
         assert w.kind == "replay" and w.active[3] and w.active.sum() == 1
         replayed += 1
         sch.apply_tool(w, ToolResult(), 1.0)
-    # the slack replays all but one frame, which the next live step takes as the session goes live again
-    assert replayed == 2 and s.phase is Phase.REPLAY and len(s.inbox) == 1
+    # the slack replays every held frame; the frame that arrives for the next tick is taken live
+    assert replayed == 3 and s.phase is Phase.REPLAY and len(s.inbox) == 0
+    s.inbox.push(np.zeros(FRAME, np.float32))
+    underruns = s.underruns
     plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
-    assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3]
+    assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3] and s.underruns == underruns
     assert isinstance(got[-1], ToolResultConsumed)
-    assert s.frames_consumed == s.inbox.frames_in == 3
+    assert s.frames_consumed == s.inbox.frames_in == 4
     # the other session saw only its own frames
     assert all(isinstance(e, AudioFrame) for e in other_got)
 
@@ -427,3 +433,22 @@ def test_speech_is_never_shed_and_jittery_arrivals_keep_their_reserve():
     jittery.inbox.push(np.zeros(FRAME, np.float32))
     depth = frames_at_each_tick(sch, jittery, [0, 2] * 15)
     assert jittery.inbox.skipped == 0 and jittery.underruns == 0 and min(depth) == 1, depth
+
+
+def test_a_session_back_from_replay_holds_no_frame_until_an_arrival_comes_late():
+    """Caught up, a session takes each frame in the tick it arrived for: no frame is held back as a reserve
+    (with a reserve of one, as before, every frame waited a tick: 80 ms of mouth to ear). A late arrival makes
+    the reserve it needs (the tick it missed hears silence, counted), and steady arrivals shed it again."""
+    sch = sched(spare_ticks=10, live_lag_frames=12)
+    s, _ = make_session(0, Phase.REPLAY)
+    s.live_by = 5
+    s.inbox.push(np.zeros(FRAME * 3, np.float32))  # held while the prompt was prefilled
+    depth = frames_at_each_tick(sch, s, [1] * 10)
+    assert s.phase is Phase.LIVE and depth[-4:] == [1] * 4, depth  # each frame taken in the tick it came for
+    assert s.underruns == 0
+    # one arrival a tick late: that tick underruns once, and the late frame then waits behind the next
+    depth = frames_at_each_tick(sch, s, [0, 2] + [1] * 5)
+    assert s.underruns == 1 and depth[2:] == [2] * 5, depth
+    # steady arrivals for `spare_ticks`: the reserve goes again (its oldest silent frame)
+    depth = frames_at_each_tick(sch, s, [1] * 12)
+    assert depth[-2:] == [1, 1] and s.inbox.skipped >= 1, depth
