@@ -29,7 +29,10 @@ LIVEKIT_SERVER_BIN="$CHORUS_CACHE/livekit-server-$LIVEKIT_SERVER_VERSION/livekit
 AGENT_LOAD_TEST_BIN="$CHORUS_CACHE/agent-load-test-$LK_CLI_VERSION-$(cksum <"$_LK_SCRIPTS/agent-load-test/go.sum" | cut -d' ' -f1)/agent-load-test"
 # the SIP bridge's control plane stand-in (scripts/sip-bridge), keyed by its go.sum and sources
 SIP_BRIDGE_BIN="$CHORUS_CACHE/sip-bridge-$(cat "$_LK_SCRIPTS/sip-bridge/go.sum" "$_LK_SCRIPTS"/sip-bridge/*.go | cksum | cut -d' ' -f1)/sip-bridge"
-LIVEKIT_DIR="${LIVEKIT_DIR:-/tmp/chorus-livekit-$(id -u)}"  # config, keys, log and pid of the running server
+# config, keys, log and pid of the running server: one per network namespace, so that two stacks on one machine
+# (each in a namespace of its own) never stop or overwrite each other's
+_LK_NETNS="$(ip netns identify $$ 2>/dev/null || true)"
+LIVEKIT_DIR="${LIVEKIT_DIR:-/tmp/chorus-livekit-$(id -u)${_LK_NETNS:+-$_LK_NETNS}}"
 NETNS_NODE_IP=10.99.0.1
 NETNS_PEER_IP=10.99.0.2
 
