@@ -188,6 +188,9 @@ class EngineSnapshot(BaseModel):
     show_words: str = "off"
     at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
     tick_budget_ms: float = 80.0
+    # how much earlier than its nominal time each tick starts, moved toward the callers' frames' arrivals
+    # (engine/phase.py)
+    tick_shift_ms: float = 0.0
     # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
     history_step_s: float = 0.96
     history_max_ms: list[float] = []

@@ -36,6 +36,7 @@ from engine.handle import SessionHandle, delivery
 from engine.headroom import Headroom
 from engine.malloc import tune_malloc
 from engine.metrics import Accounting, SnapshotServer, publish
+from engine.phase import TickPhase
 from engine.privacy import mask_numbers
 from engine.runner import Runner
 from engine.scheduler import Scheduler
@@ -74,10 +75,12 @@ class Engine:
             clock,
             encode_pool=self._encoder,
         )
+        self.scheduler.catch_up_in_turns = cfg.echo
         self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
         self.headroom = Headroom(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio)
+        self.phase = TickPhase(self.tick_ms / 1000)  # ticks start soon after the frames they take arrive
         self._stop = threading.Event()
         self._closed = False  # the model released (by close)
         self._thread: threading.Thread | None = None
@@ -263,14 +266,14 @@ class Engine:
         t0 = self.clock()
         k = 0
         while not self._stop.is_set():
-            start = t0 + k * tick_s
+            start = t0 + k * tick_s - self.phase.shift_s
             now = self.clock()
             if now < start:
                 self._stop.wait(start - now)
                 continue
             if now - start > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
                 self.acct.record_slip(int((now - start) / tick_s))
-                t0 = now - k * tick_s
+                t0 = now - k * tick_s + self.phase.shift_s
                 start = now
             self.run_tick(k, start + tick_s)
             k += 1
@@ -291,6 +294,8 @@ class Engine:
         sch.begin_tick(k, sessions, freed)
         sch.poll(t_start)
         plan = sch.plan_live(reset)
+        heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
+        self.phase.observe(t_start - plan.arrived[heard])
         # execute and update: one batched live step for every live slot, its frames out to their sessions
         result = self.runner.live(plan)
         if self.echo is not None:

@@ -83,6 +83,9 @@ class Scheduler:
         self.tick = 0
         self.sessions: list[Session] = []
         self.underruns = 0
+        # a reserve is caught up only outside the agent's turns (a quiet step would cut its speech), except in
+        # echo mode, where the turn is nominal and the echoed frame is all there is (engine/echo.py)
+        self.catch_up_in_turns = False
 
     # -- the tick -------------------------------------------------------------------------------------
 
@@ -156,11 +159,16 @@ class Scheduler:
                 backlog = len(s.inbox)
                 if backlog > lim.live_lag_frames + 1:
                     s.inbox.skip(backlog - 1 - lim.live_lag_frames, silent_only=True)
-                # a frame to spare at every tick for a while: the oldest goes if it is silent (a late arrival
-                # leaves the inbox empty at a tick, and the next frame to arrive is the reserve again)
+                # a frame to spare at every tick for a while: the oldest goes if it is silent, else the slack
+                # hears the reserve in a quiet step while the agent is not speaking (nothing of the caller is
+                # lost; an 80 ms frame of the agent's silence is); a late arrival leaves the inbox empty at a
+                # tick, and the next frame to arrive is the reserve again
                 s.spare_ticks = s.spare_ticks + 1 if backlog >= 2 else 0
-                if s.spare_ticks >= lim.spare_ticks and s.inbox.skip(1, silent_only=True, keep=1):
-                    s.spare_ticks = 0
+                if s.spare_ticks >= lim.spare_ticks:
+                    if s.inbox.skip(1, silent_only=True, keep=1):
+                        s.spare_ticks = 0
+                    elif not s.speaking or self.catch_up_in_turns:
+                        s.catch_up, s.spare_ticks = True, 0
             if s.phase is Phase.REPLAY and len(s.inbox) <= 1:
                 # caught up: this tick takes the one frame there is. No frame stays as a reserve: steady
                 # arrivals never need one, and a late arrival makes its own (the tick it misses hears
@@ -256,6 +264,7 @@ class Scheduler:
             return _call_work(sorted(calls, key=lambda s: s.t_call_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
             ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1]
+            ready += [s for s in by_phase.get(Phase.LIVE, []) if s.catch_up and len(s.inbox) >= 1]
             fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
             return self._replay_work(ready[: fit[0]]) if fit else None
         phase, chunk = (
@@ -319,6 +328,9 @@ class Scheduler:
             active[s.slot] = True
             s.frames_consumed += 1
             s.frames_replayed += 1
+            if s.phase is Phase.LIVE:
+                s.catch_up = False
+                s.caught_up += 1
         return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
 
     def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:

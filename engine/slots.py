@@ -172,6 +172,8 @@ class Session:
     # its tool results are prefilled by `prefill_by`; `owed` prompt or result positions are due this tick;
     # `progress_tick` is the last tick its paused work advanced
     spare_ticks: int = 0  # live ticks in a row that found a frame to spare in the inbox (Limits.spare_ticks)
+    catch_up: bool = False  # a live session whose reserve the slack hears in a quiet step this tick
+    caught_up: int = 0  # reserve frames heard that way
     live_by: int | None = None
     prefill_by: int = 0
     owed: int = 0

@@ -452,3 +452,30 @@ def test_a_session_back_from_replay_holds_no_frame_until_an_arrival_comes_late()
     # steady arrivals for `spare_ticks`: the reserve goes again (its oldest silent frame)
     depth = frames_at_each_tick(sch, s, [1] * 12)
     assert depth[-2:] == [1, 1] and s.inbox.skipped >= 1, depth
+
+
+def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while_the_agent_listens():
+    """A caller who talks without a pause: no silent frame to shed. While the agent is not speaking the
+    slack hears the reserve's frame in a quiet step, so nothing of the caller is lost and each later frame
+    is heard in the tick it arrived for. While the agent speaks the reserve stands (a quiet step would cut
+    its speech)."""
+    sch = sched(spare_ticks=10)
+    talking, _ = make_session(0)
+    talking.speaking = True
+    talking.inbox.push(np.full(FRAME, 0.5, np.float32))  # the reserve
+    assert frames_at_each_tick(sch, talking, [1] * 15, loud=True) == [2] * 15
+    assert sch.next_tool_work(100.0) is None and not talking.catch_up
+
+    listening, _ = make_session(1)
+    listening.inbox.push(np.full(FRAME, 0.5, np.float32))
+    depth = []
+    for k in range(15):
+        listening.inbox.push(np.full(FRAME, 0.5, np.float32))
+        depth.append(len(listening.inbox))
+        live_plan(sch, k, [listening], np.zeros(S, bool))
+        while (w := sch.next_tool_work(100.0)) is not None:
+            assert w.kind == "replay" and w.active.tolist() == [False, True] + [False] * (S - 2)
+            sch.apply_tool(w, ToolResult(), 1.0)
+    assert depth[:10] == [2] * 10 and depth[10:] == [1] * 5, depth
+    assert listening.caught_up == 1 and listening.inbox.skipped == 0 and listening.underruns == 0
+    assert listening.frames_consumed == listening.inbox.frames_in == 16

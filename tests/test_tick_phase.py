@@ -1,0 +1,105 @@
+"""The tick's phase against the callers' frames (engine/phase.py): ticks move earlier while every frame
+arrives well before its tick, never so far that a frame misses it, and not at all when some room's frames
+arrive just in time. Simulated on exact numbers (arrival times against tick times), then through a real
+engine on a manual clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.engine import Engine, EngineConfig
+from engine.phase import MIN_MARGIN_S, TickPhase
+from engine_support import PROMPT, TOOLS
+
+TICK = 0.08
+
+
+def run(phase: TickPhase, arrivals: list[np.ndarray]) -> list[np.ndarray]:
+    """Tick k starts at k * TICK - shift; `arrivals[k]`: when each room's frame for tick k arrived. The leads
+    each tick saw (a frame that arrived after its tick started waits for the next: its lead is negative
+    here, and the tick after sees it a tick early)."""
+    seen = []
+    for k, a in enumerate(arrivals):
+        start = k * TICK - phase.shift_s
+        leads = start - a
+        seen.append(leads)
+        phase.observe(leads)
+    return seen
+
+
+def test_one_callers_frames_draw_the_tick_to_just_after_they_arrive():
+    """Frames that arrive 50 ms before the tick (2 ms of jitter): the tick moves to about the margin after
+    them, 1 ms a tick at most, and no frame ever arrives after its tick. Without the move each would wait
+    50."""
+    rng = np.random.default_rng(1)
+    arrivals = [np.array([k * TICK - 0.05 + rng.uniform(-0.002, 0.002)]) for k in range(200)]
+    phase = TickPhase(TICK)
+    leads = np.concatenate(run(phase, arrivals))
+    assert leads.min() > 0  # never late for its tick
+    settled = leads[-50:]
+    assert settled.min() > MIN_MARGIN_S - 0.002 and settled.max() < 0.012, settled
+    assert 0.035 < phase.shift_s < 0.047
+
+
+def test_a_room_whose_frames_arrive_just_in_time_holds_the_tick_where_it_is():
+    rng = np.random.default_rng(2)
+    arrivals = [
+        np.array([k * TICK - 0.05 + rng.uniform(-0.002, 0.002), k * TICK - 0.003]) for k in range(100)
+    ]
+    phase = TickPhase(TICK)
+    run(phase, arrivals)
+    assert phase.shift_s == 0.0
+
+
+def test_jittery_arrivals_keep_a_margin_as_wide_as_their_spread():
+    """Arrivals that wander over 20 ms: the tick stops 20 ms or more after the earliest lead, so even the
+    latest frame still makes its tick."""
+    rng = np.random.default_rng(3)
+    arrivals = [np.array([k * TICK - 0.06 + rng.uniform(-0.01, 0.01)]) for k in range(400)]
+    phase = TickPhase(TICK)
+    leads = np.concatenate(run(phase, arrivals))
+    assert leads.min() > 0 and phase.margin_s > 0.015
+    assert phase.shift_s > 0.01  # it still moved: from 50-70 ms of lead to the jitter's width
+
+
+def test_frames_that_drift_past_the_tick_are_caught_again():
+    """A caller's clock slower than the server's (50 ppm, 0.004 ms a tick): its frames arrive a little later
+    every tick, until one arrives after its tick has started and waits for the next (an underrun, counted by
+    the scheduler). The tick is then drawn earlier again: most of the time the frames lead by little."""
+    phase = TickPhase(TICK)
+    arrivals = [np.array([k * TICK - 0.02 + k * 0.000004]) for k in range(10_000)]
+    leads = np.concatenate(run(phase, arrivals))
+    # each time a frame comes after its tick, every later one is a tick behind (taken by the next tick)
+    missed = np.count_nonzero(np.diff(np.floor(leads / TICK)))
+    assert 0 < missed < 12  # a tick missed now and then (about every 100 s), as the drift crosses it
+    assert np.mean(np.mod(leads[500:], TICK) < 0.015) > 0.85
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_engine_moves_its_ticks_toward_a_callers_arrivals():
+    """Through the engine: a caller's frame pushed 50 ms before each tick. Once the session is live its
+    frames' leads draw the tick earlier (the snapshot shows by how much) and the model hears each frame in
+    the tick it was pushed for."""
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock())
+    try:
+        h = engine.open_session(PROMPT, TOOLS)
+        frame = np.zeros(1280, np.float32)
+        t0 = engine.clock.now
+        for k in range(120):
+            start = t0 + k * TICK - engine.phase.shift_s
+            engine.clock.now = t0 + k * TICK - 0.05  # the caller's clock: the tick's moves do not move it
+            h.push_audio(frame)
+            engine.clock.now = start
+            engine.run_tick(k, start + 60.0)
+        assert 0.03 < engine.phase.shift_s < 0.05
+        assert engine.snapshot().tick_shift_ms == round(engine.phase.shift_s * 1000, 1)
+        assert engine.snapshot().sessions[0].reserve_frames == 0
+    finally:
+        engine.close()
