@@ -48,6 +48,7 @@ log = logging.getLogger("chorus.agent.duplex")
 SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
 BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
 VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
+VOICED_ENERGY = (VOICE_RMS * 32768.0) ** 2  # ...as the mean square of int16 samples
 HELD_BEFORE_OPEN_S = 30.0  # caller audio kept while the engine slot opens (oldest dropped and counted beyond)
 _SENTENCE_END = (".", "!", "?")
 
@@ -206,7 +207,8 @@ class ChorusSession(llm.DuplexSession):
             return
         try:
             for chunk in self._input.push(frame):
-                if np.sqrt(np.mean(np.square(chunk.astype(np.float32)))) / 32768.0 > VOICE_RMS:
+                x = chunk.astype(np.float32)
+                if float(x @ x) > VOICED_ENERGY * x.size:
                     self._voiced_at = time.monotonic()
                 self.stats["frames_pushed"] += 1
                 # the engine holds what it cannot take yet (prompt, tool pause) and replays it faster than
@@ -349,17 +351,20 @@ class ChorusSession(llm.DuplexSession):
             self._error(RuntimeError(item.message))
 
     def _send_audio(self, item: AudioFrame) -> None:
+        start = self._audio_ms
+        self._audio_ms += round(item.samples.size * 1000 / self._out_rate)
+        self.stats["frames_out"] += 1
+        if not self.speaking:
+            # the adapter's gate would drop it: a frame outside the model's turns goes no further (its time
+            # still counts: the next frame sent carries its place on the timeline)
+            return
         pcm = (np.clip(item.samples, -1.0, 1.0) * 32767.0).astype(np.int16)
         frame = rtc.AudioFrame(pcm.tobytes(), self._out_rate, 1, pcm.size)
-        frame.userdata[SPEECH] = self.speaking
-        start = self._audio_ms
-        self._audio_ms += round(frame.duration * 1000)
-        self.stats["frames_out"] += 1
-        if self.speaking:
-            self.stats["speech_frames"] += 1
-            self._last_speech_tick = item.tick
+        frame.userdata[SPEECH] = True
+        self.stats["speech_frames"] += 1
+        self._last_speech_tick = item.tick
         if not self._audio_ch.closed:
-            self._audio_ch.send_nowait(llm.DuplexAudioFrame(frame))
+            self._audio_ch.send_nowait(llm.DuplexAudioFrame(frame, start_ms=start))
         if self.speaking and item.text:
             self._turn_text += item.text
             self.emit("transcript_delta", llm.DuplexOutputTranscriptDelta(item.text, start, self._audio_ms))

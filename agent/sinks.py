@@ -72,11 +72,13 @@ class WavSink:
 class RoomSink:
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
-    prefill, a pause between turns) it carries 40 ms frames of silence, as a phone line carries its hiss, so a
-    caller's jitter buffer never runs dry and restarts."""
+    prefill, a pause between turns) it carries 100 ms frames of silence, as a phone line carries its hiss,
+    so a caller's jitter buffer never runs dry and restarts. Speech never waits behind that silence: the
+    first frame written after it drops what is still queued of it. (Each capture is a request to the rtc
+    runtime and a callback back, on the room's loop: ten a second while idle, not twenty-five.)"""
 
     IDLE_FILL_S = 0.06
-    FILL_FRAME_S = 0.04
+    FILL_FRAME_S = 0.1
     # a capture the rtc runtime has not taken this long after it was due is given up (and counted), so a
     # stalled runtime costs the call that audio, never the rest of its turns
     CAPTURE_WAIT_S = 2.0
@@ -84,11 +86,12 @@ class RoomSink:
 
     def __init__(self, sample_rate: int = ROOM_RATE) -> None:
         self.sample_rate = sample_rate
-        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=100)
+        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=200)
         self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
         self._spoken = 0.0  # when the last audio written (not filled) has played
         self._filler: asyncio.Task | None = None
         self._one_at_a_time = asyncio.Lock()  # the filler's silence and the speech never capture at once
+        self._silence_queued = False  # the last capture was the filler's: what is queued is silence
         self.track_sid: str | None = None  # the published track's, once `start` has published it
         self.stalls = 0  # captures given up after CAPTURE_WAIT_S
 
@@ -107,12 +110,17 @@ class RoomSink:
         self.track_sid = publication.sid
         self._filler = asyncio.create_task(self._fill())
 
-    async def _capture(self, samples: np.ndarray) -> None:
+    async def _capture(self, samples: np.ndarray, *, silence: bool = False) -> None:
         async with self._one_at_a_time:
+            if self._silence_queued and not silence:  # speech goes out now, not after the idle silence
+                self.source.clear_queue()
+                self._ends = time.monotonic()
+            self._silence_queued = silence
             self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
             frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
             try:
-                await asyncio.wait_for(self.source.capture_frame(frame), self.CAPTURE_WAIT_S)
+                async with asyncio.timeout(self.CAPTURE_WAIT_S):  # a timer, not a task per capture
+                    await self.source.capture_frame(frame)
             except TimeoutError:
                 self.stalls += 1
 
@@ -125,7 +133,7 @@ class RoomSink:
                 await asyncio.sleep(idle_at - now)
                 continue
             if self._ends <= now + self.FILL_FRAME_S / 2:
-                await self._capture(silence)  # idle: keep about one frame of silence queued
+                await self._capture(silence, silence=True)  # idle: keep about one frame of silence queued
             await asyncio.sleep(max(0.005, self._ends - time.monotonic() - self.FILL_FRAME_S / 2))
 
     async def write(self, samples: np.ndarray, at: float) -> None:
