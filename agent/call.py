@@ -266,7 +266,7 @@ async def _start_in_room(
             rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
         ],
     )
-    if isinstance(sink, RoomSink):
+    if isinstance(sink, RoomSink) and sink.track_sid is None:  # a phone call's may be up while it rings
         await sink.start(room)
     if not isinstance(sink, ConsoleSink):
         session.output.audio = output

@@ -35,6 +35,7 @@ REPLIES = [
     " Happy to help. Anything else I can do?",
 ]
 AFTER_TOOL = " Thanks for waiting."
+CALLING = " Hello, this is the Grand Hotel calling."  # an outbound call's greeting: the agent speaks first
 REPLY_EVERY_S = 6.0
 SCRIPT_POLL_S = 0.1  # how often a room's script looks at its call (the engine pads between its messages)
 
@@ -70,7 +71,10 @@ class Forcing:
 @dataclass
 class Script:
     """What a room's agent is made to do: greet (with `greeting`), reply every `reply_every_s`, and make
-    `calls` (each a dict with `at_s`, seconds after the greeting, `name` and `arguments`)."""
+    `calls` (each a dict with `at_s`, seconds after the greeting, `name`, `arguments`, and `then`, the words
+    said once the tool's result is in, AFTER_TOOL when not given). A call the hotel placed
+    (`python -m agent sip call`, metadata `{"direction": "outbound", "reason": ...}`) is greeted with
+    CALLING and the reason."""
 
     greet: bool = True
     greeting: str = GREETING
@@ -85,12 +89,22 @@ class Script:
             meta = json.loads(metadata or "{}")
             raw = meta.get("script", {}) if isinstance(meta, dict) else {}
             calls = [
-                {"at_s": float(c["at_s"]), "name": str(c["name"]), "arguments": dict(c.get("arguments", {}))}
+                {
+                    "at_s": float(c["at_s"]),
+                    "name": str(c["name"]),
+                    "arguments": dict(c.get("arguments", {})),
+                    "then": _words(c.get("then", AFTER_TOOL)),
+                }
                 for c in raw.get("calls", [])
             ]
+            greeting = GREETING
+            if isinstance(meta, dict) and meta.get("direction") == "outbound":
+                reason = meta.get("reason")
+                reason = reason.strip()[:GREETING_MAX] if isinstance(reason, str) else ""
+                greeting = f"{CALLING} {reason}" if reason else CALLING
             return cls(
                 greet=bool(raw.get("greet", True)),
-                greeting=_words(raw.get("greeting", GREETING)),
+                greeting=_words(raw.get("greeting", greeting)),
                 reply_every_s=float(raw.get("reply_every_s", REPLY_EVERY_S)),
                 calls=sorted(calls, key=lambda c: c["at_s"]),
             )
@@ -132,6 +146,7 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
     pending = list(script.calls)
     next_reply = t0 + script.reply_every_s if script.reply_every_s > 0 else float("inf")
     thanks_due = False
+    then = AFTER_TOOL
     replies = 0
     try:
         while not call.closed and not handle.closed:
@@ -140,9 +155,9 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
                 c = pending.pop(0)
                 force.call(tok.call_ids([{"name": c["name"], "arguments": c["arguments"]}]))
                 forced["calls"] += 1
-                thanks_due = True
+                thanks_due, then = True, c.get("then", AFTER_TOOL)
             elif thanks_due and force.call_paused():
-                force.say(AFTER_TOOL)  # forced while paused: spoken as soon as the result is consumed
+                force.say(then)  # forced while paused: spoken as soon as the result is consumed
                 forced["turns"] += 1
                 thanks_due = False
             elif now >= next_reply and not duplex.paused:

@@ -40,6 +40,9 @@ PHONE_NUMBER_ATTRIBUTE = "sip.phoneNumber"  # set by LiveKit's SIP bridge on the
 HANDOFF_WAIT_S = 15.0  # the longest the line waits for the model's words before it transfers or hangs up
 HANG_UP = ("remove_participant", "delete_room")  # the API calls a hang-up makes
 TRANSFER = ("transfer_sip_participant",)
+FRONT_DESK_KEY = "0"  # the keypad key that puts a phone caller through to the front desk
+CALL_STATUS_ATTRIBUTE = "sip.callStatus"  # set by the bridge: dialing, ringing, automation, active, hangup
+NOT_YET_ANSWERED = ("dialing", "ringing", "automation")  # nothing the agent says reaches the phone yet
 
 NO_FRONT_DESK = (
     "There is no front desk line to transfer to right now. Apologise, and keep helping the caller yourself."
@@ -96,6 +99,8 @@ class PhoneLine:
         self.action: str | None = None
         self.outcome: str | None = None  # "transferred", "ended", or why it failed
         self.acting = False
+        self.finished = asyncio.Event()  # the caller was handed over or hung up: the agent's part is done
+        self.dtmf = 0  # keypad presses the caller sent in this call (counted; their digits never logged)
 
     def attach(self, output: PlayoutOutput) -> None:
         """The call's playout, whose turns `after_goodbye` waits for (set once the call has started)."""
@@ -164,10 +169,25 @@ class PhoneLine:
                 await self.hang_up()
                 self.outcome = "ended"
             log.info("phone call in room %s: %s", room_label(self.room), self.outcome)
+            self.finished.set()
         except LiveKitFailure as e:
             self.outcome = f"{action} failed: {e}"
             self.action, self.acting = None, False  # the model may try again
             log.warning("phone call in room %s: %s", room_label(self.room), self.outcome)
+
+    def on_dtmf(self, digit: str) -> None:
+        """A keypad press from the caller (a SIP DTMF packet): counted, logged without its digit, and
+        `FRONT_DESK_KEY` puts the caller through to the front desk at once (when there is one and the call is
+        not already being handed over or hung up). Any other key, or one that cannot be acted on, changes
+        nothing in the call."""
+        self.dtmf += 1
+        log.info("phone call in room %s: a keypad press (%d in this call)", room_label(self.room), self.dtmf)
+        if digit == FRONT_DESK_KEY and self.front_desk is not None and self.action is None:
+            log.info(
+                "phone call in room %s: the caller asked for the front desk by keypad", room_label(self.room)
+            )
+            self.action = "transfer"
+            self.pending = asyncio.get_running_loop().create_task(self.act("transfer"), name="chorus.phone")
 
     async def aclose(self) -> None:
         """At the job's end: a hand-over still waiting for the agent's words is dropped; one already under way
@@ -177,6 +197,53 @@ class PhoneLine:
         if not self.acting:
             self.pending.cancel()
         await asyncio.wait([self.pending], timeout=self.bound_s())  # neither cancels it nor raises its error
+
+
+ANSWER_WAIT_S = 60.0  # the longest a job waits for a ringing call to be answered before it starts anyway
+
+
+async def answered(room: Any, identity: str, timeout: float = ANSWER_WAIT_S) -> bool:
+    """Until the SIP participant `identity` in `room` has a call that is answered: its `sip.callStatus` is no
+    longer dialing, ringing or automation (True; at once when it never was, or has no such attribute), or it
+    left the room (False), or `timeout` passed (True: a bridge that never says so is not waited for longer).
+    The bridge answers the phone once it has subscribed to a track in the room, so the agent's track is
+    published before this wait; what the agent said while the phone still rang would be lost."""
+
+    def status() -> str | None:
+        p = room.remote_participants.get(identity)
+        return None if p is None else p.attributes.get(CALL_STATUS_ATTRIBUTE, "")
+
+    now = status()
+    if now is None:
+        return False
+    if now not in NOT_YET_ANSWERED:
+        return True
+    changed = asyncio.Event()
+
+    def wake(*_args: Any) -> None:
+        changed.set()
+
+    room.on("participant_attributes_changed", wake)
+    room.on("participant_disconnected", wake)
+    room.on("disconnected", wake)
+    log.info("phone call in room %s: waiting for the call to be answered", room_label(room.name))
+    try:
+        async with asyncio.timeout(timeout):
+            while (now := status()) in NOT_YET_ANSWERED and room.isconnected():
+                changed.clear()
+                await changed.wait()
+    except TimeoutError:
+        log.warning(
+            "phone call in room %s: not answered within %.0f s; the agent starts",
+            room_label(room.name),
+            timeout,
+        )
+        return True
+    finally:
+        room.off("participant_attributes_changed", wake)
+        room.off("participant_disconnected", wake)
+        room.off("disconnected", wake)
+    return now is not None and room.isconnected()
 
 
 def phone_instructions(hotel: Hotel, line: PhoneLine, purpose: str = "") -> str:

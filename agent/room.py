@@ -150,10 +150,14 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         job_id=ctx.job.id,
         job_metadata=ctx.job.metadata,
     )
+    sink = ConsoleSink() if console else RoomSink()
+    if line is not None and not await _answered(ctx, caller, line, sink):
+        ctx.shutdown("the caller left")
+        return
     call = await start_call(
         engine,
         agent,
-        sink=ConsoleSink() if console else RoomSink(),
+        sink=sink,
         room=ctx.room,
         participant=caller.identity,
         admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
@@ -166,11 +170,43 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.add_shutdown_callback(call.aclose)
     _run_alongside(ctx, call, engine, line, settings, left)
     try:
-        await left.wait()
+        done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
+        await _first(*done)
     finally:
         await call.aclose()
-        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call))
-    ctx.shutdown("the caller left")
+        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call, line))
+    ctx.shutdown(
+        "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
+    )
+
+
+async def _answered(ctx: JobContext, caller: rtc.RemoteParticipant, line: PhoneLine, sink: RoomSink) -> bool:
+    """A phone call before its session starts: the caller's keypad presses go to the line, the agent's track
+    is published (the bridge answers the phone once it has subscribed to it), and the call waits until it is
+    answered, so that the agent's first words reach the phone. False if the caller left first."""
+    from agent.phone import answered
+
+    def on_dtmf(ev: rtc.SipDTMF) -> None:
+        if ev.participant is not None and ev.participant.identity == caller.identity:
+            line.on_dtmf(ev.digit)
+
+    ctx.room.on("sip_dtmf_received", on_dtmf)
+    await sink.start(ctx.room)
+    if await answered(ctx.room, caller.identity):
+        return True
+    await sink.aclose()
+    log.info("job %s: the caller left before the call was answered", ctx.job.id)
+    return False
+
+
+async def _first(*waits) -> None:
+    """Until the first of `waits` (coroutines) is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
@@ -271,9 +307,9 @@ async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
     return True
 
 
-def call_figures(call) -> str:
+def call_figures(call, line: PhoneLine | None = None) -> str:
     """A finished call's counters for the log: frames, turns, barge-ins, what played, what the engine's rings
-    lost (no words, no numbers of the caller's)."""
+    lost, a phone caller's keypad presses (no words, no digits, no numbers of the caller's)."""
     d = call.duplex.stats if call.duplex is not None else {}
     p = call.output.stats
     ring = getattr(call.handle, "stats", {}) if call.handle is not None else {}
@@ -287,6 +323,8 @@ def call_figures(call) -> str:
         parts.append(f"capture_stalls {stalls}")
     if call.transcript is not None:
         parts += [f"text_{k} {v}" for k, v in call.transcript.stats.items()]
+    if line is not None:
+        parts.append(f"dtmf {line.dtmf}")
     return ", ".join(parts)
 
 

@@ -337,8 +337,13 @@ class Caller:
             on_participant(p)
         self.source = rtc.AudioSource(RATE, 1, queue_size_ms=200)
         track = rtc.LocalAudioTrack.create_audio_track("microphone", self.source)
-        opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
-        await self.room.local_participant.publish_track(track, opts)
+        await self.room.local_participant.publish_track(track, self.publish_options())
+
+    def publish_options(self):
+        """How the microphone track is published: as a browser does (Opus, with RED)."""
+        from livekit import rtc
+
+        return rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
 
     async def _record(self, track) -> None:
         from livekit import rtc

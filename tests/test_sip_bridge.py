@@ -16,8 +16,10 @@ import os
 import shutil
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from livekit_support import (
@@ -104,16 +106,60 @@ def inbound(server: Server, bridge: Path, *args: str) -> subprocess.CompletedPro
 
 
 class PhoneCaller(Caller):
-    """A caller that joins with the token the bridge signed (kind SIP, its `sip.*` attributes, the dispatch
-    rule's room configuration) instead of one of its own, and marks the call active once it hears the
-    agent's track, as the bridge does."""
+    """A phone caller as the bridge puts one in a room: it joins with the token the bridge signed (kind SIP,
+    its `sip.*` attributes, `sip.callStatus` ringing, the dispatch rule's room configuration) instead of one
+    of its own, marks the call active `answer_after` seconds after it has subscribed to the agent's track (as
+    the bridge answers the phone; None: only when `activate` is called), and speaks through a phone line:
+    8 kHz, G.711 mu-law coded and decoded, back up to 48 kHz, on a track published without RED."""
 
-    def __init__(self, server: Server, call: dict):
+    def __init__(self, server: Server, call: dict, answer_after: float | None = 0.0):
         super().__init__(Server(call["url"], server.key, server.secret), call["room"], "", call["identity"])
         self.jwt = call["token"]
+        self.answer_after = answer_after
+        self.answered_at: float | None = None
+        self.disconnected: tuple[float, int] | None = None  # (loop time, rtc.DisconnectReason)
+
+    async def join(self) -> None:
+        await super().join()
+        loop = asyncio.get_running_loop()
+        self.room.on("disconnected", lambda reason: setattr(self, "disconnected", (loop.time(), reason)))
+        if self.answer_after is not None:
+            self._tasks.append(asyncio.ensure_future(self._answer()))
+
+    async def _answer(self) -> None:
+        await self.first_audio.wait()  # the agent's track, subscribed
+        await asyncio.sleep(self.answer_after)
+        await self.activate()
+
+    def publish_options(self):
+        from livekit import rtc
+
+        return rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE, red=False)
+
+    async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:
+        await super().speak(phone_line(pcm), seconds)
 
     async def activate(self) -> None:
         await self.room.local_participant.set_attributes({"sip.callStatus": "active"})
+        self.answered_at = asyncio.get_running_loop().time()
+
+    async def press(self, digit: str) -> None:
+        """A keypad press, as the bridge sends one it received from the phone (RFC 2833) into the room."""
+        code = {"*": 10, "#": 11}.get(digit) or int(digit)
+        await self.room.local_participant.publish_dtmf(code=code, digit=digit)
+
+
+def phone_line(pcm: np.ndarray) -> np.ndarray:
+    """48 kHz int16 as a phone line carries it: down to 8 kHz, G.711 mu-law coded and decoded, and back up to
+    48 kHz (as the bridge decodes a call's audio for the room)."""
+    from livekit import rtc
+
+    from agent.telephony import PHONE_RATE, telephone_band
+
+    narrow = telephone_band(pcm, RATE)
+    up = rtc.AudioResampler(PHONE_RATE, RATE, num_channels=1, quality=rtc.AudioResamplerQuality.HIGH)
+    frames = [*up.push(rtc.AudioFrame(narrow.tobytes(), PHONE_RATE, 1, narrow.size)), *up.flush()]
+    return np.concatenate([np.frombuffer(f.data, np.int16) for f in frames])
 
 
 async def _participants(server: Server, room: str) -> list:
@@ -204,3 +250,367 @@ def test_an_inbound_call_is_put_in_a_room_by_the_servers_dispatch_rule_and_answe
     finally:
         worker.stop()
         agent_sip(server, "teardown", "--name", name, agent_name=worker.agent_name)
+
+
+# -- a call's life on one worker: hang-up, the agent's own end, a transfer, the keypad, ringing, a call out --
+
+FRONT_DESK = "+15550142"  # fictional: the worker's CHORUS_FRONT_DESK_NUMBER
+GUEST = "+15550187"  # fictional: the guest an outbound call reaches
+
+
+@dataclass
+class PhoneWorker:
+    """One worker that takes the phone line's calls (its number, TRUNK_NUMBER, set up by `agent sip setup`),
+    with a front desk to transfer to."""
+
+    server: Server
+    bridge: Path
+    worker: Worker
+    name: str
+
+    def script(self, script: dict | None) -> None:
+        """The dispatch rule that setup made, with `script` as its agent's job metadata (teacher forcing): the
+        bridge's token carries the rule's room configuration, so the next call's agent follows it."""
+        from livekit import api
+
+        async def update(lk: api.LiveKitAPI) -> None:
+            rules = (await lk.sip.list_dispatch_rule(api.ListSIPDispatchRuleRequest())).items
+            (rule,) = [r for r in rules if r.name == self.name]
+            info = api.SIPDispatchRuleInfo()
+            info.CopyFrom(rule)
+            info.ClearField("sip_dispatch_rule_id")
+            (agent,) = info.room_config.agents
+            agent.metadata = json.dumps({"script": script}) if script else ""
+            await lk.sip.update_dispatch_rule(rule.sip_dispatch_rule_id, info)
+
+        asyncio.run(_with_api(self.server, update))
+
+    def call(self, *args: str, script: dict | None = None) -> dict:
+        """An inbound call from CALLER_NUMBER to the hotel's number, as the bridge asks the server for it."""
+        self.script(script)
+        out = inbound(self.server, self.bridge, "--from", CALLER_NUMBER, "--to", TRUNK_NUMBER, *args)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        return json.loads(out.stdout)
+
+    def log_since(self, mark: int) -> str:
+        return self.worker.log.read_bytes()[mark:].decode(errors="replace")
+
+    def mark(self) -> int:
+        return self.worker.log.stat().st_size
+
+    def session(self, room: str) -> dict | None:
+        return sessions_by_label(self.worker.snapshot()).get(room)
+
+
+async def _with_api(server: Server, fn):
+    from livekit import api
+
+    lk = api.LiveKitAPI(server.http_url, server.key, server.secret)
+    try:
+        return await fn(lk)
+    finally:
+        await lk.aclose()
+
+
+@pytest.fixture(scope="module")
+def phone(server, bridge, tmp_path_factory) -> PhoneWorker:
+    import datetime as dt
+
+    from tools.seed import seed
+    from tools.store import open_store
+
+    store = tmp_path_factory.mktemp("phone")
+    with pytest.MonkeyPatch.context() as env:  # a seeded hotel, as tests/conftest.py's store_dir makes one
+        env.setenv("CHORUS_DATA_DIR", str(store))
+        env.delenv("DATABASE_URL", raising=False)
+        with open_store() as hotel:
+            seed(hotel, dt.date.today())
+    worker = Worker(server, store, slots=2, CHORUS_FRONT_DESK_NUMBER=FRONT_DESK).launch()
+    name = f"sipcalls-{uuid.uuid4().hex[:6]}"
+    try:
+        setup = agent_sip(
+            server, "setup", "--number", TRUNK_NUMBER, "--name", name, agent_name=worker.agent_name
+        )
+        assert setup.returncode == 0, setup.stderr
+        worker.start(timeout=120)
+        yield PhoneWorker(server, bridge, worker, name)
+    finally:
+        worker.stop()
+        agent_sip(server, "teardown", "--name", name, agent_name=worker.agent_name)
+
+
+class Serve:
+    """`sip-bridge serve`: a bridge node on the server's Redis that answers and records the calls the server
+    places (`CreateSIPParticipant`) and the transfers it asks for (`TransferSIPParticipant`)."""
+
+    def __init__(self, server: Server, bridge: Path, record: Path, *call_ids: str):
+        self.record = record
+        args = [a for c in call_ids for a in ("--call-id", c)]
+        self.proc = subprocess.Popen(
+            [
+                str(bridge),
+                "serve",
+                "--record",
+                str(record),
+                "--redis",
+                os.environ["CHORUS_TEST_LIVEKIT_REDIS"],
+            ]
+            + ["--url", server.url, "--api-key", server.key, "--api-secret", server.secret, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ready = self.proc.stdout.readline()
+        assert json.loads(ready or "{}").get("ready"), (ready, self.proc.stderr.read() if ready == "" else "")
+
+    def entries(self, method: str) -> list[dict]:
+        if not self.record.exists():
+            return []
+        lines = self.record.read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e["method"] == method]
+
+    def __enter__(self) -> Serve:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _call_id() -> str:
+    return f"SCL_{uuid.uuid4().hex[:12]}"
+
+
+def test_when_the_phone_caller_hangs_up_the_agents_slot_is_free_within_2_s(phone):
+    """The bridge leaves the room when the phone hangs up (a BYE). The caller speaks through a phone line
+    (8 kHz, G.711 mu-law, no RED), which the agent hears."""
+    from livekit import api
+
+    call = phone.call()
+
+    async def main() -> tuple[PhoneCaller, float, list]:
+        caller = PhoneCaller(phone.server, call)
+        await caller.join()
+        try:
+            await asyncio.wait_for(caller.first_speech.wait(), 30)
+            await caller.speak(caller_pcm("caller_booking.wav")[: 3 * RATE])
+            heard = phone.session(call["room"])
+            assert heard is not None and heard["frames_in"] > 0, heard
+            participants = await _participants(phone.server, call["room"])
+        finally:
+            await caller.leave()
+        left = asyncio.get_running_loop().time()
+        await await_until(lambda: phone.session(call["room"]) is None, 2.0, what="the slot freed")
+        return caller, asyncio.get_running_loop().time() - left, participants
+
+    caller, freed_after, participants = asyncio.run(main())
+    (me,) = [p for p in participants if p.identity == call["identity"]]
+    (track,) = [t for t in me.tracks if t.type == api.TrackType.AUDIO]
+    assert track.disable_red and track.mime_type == "audio/opus", track  # as the bridge publishes a call
+    print(f"slot freed {freed_after:.2f} s after the caller hung up")
+
+
+def test_the_agents_end_of_call_removes_the_caller_after_the_goodbye_has_played(phone):
+    goodbye = " Goodbye, and thank you for calling."
+    end = {"at_s": 2.0, "name": "call_control", "arguments": {"action": "end"}, "then": goodbye}
+    call = phone.call(script={"greeting": " Hello, Grand Hotel.", "reply_every_s": 0, "calls": [end]})
+
+    async def main() -> PhoneCaller:
+        caller = PhoneCaller(phone.server, call)
+        await caller.join()
+        try:
+            await await_until(lambda: caller.disconnected, 40, what="the caller removed from the room")
+            return caller
+        finally:
+            await caller.leave()
+
+    caller = asyncio.run(main())
+    from livekit import rtc
+
+    at, reason = caller.disconnected
+    assert reason in (rtc.DisconnectReason.PARTICIPANT_REMOVED, rtc.DisconnectReason.ROOM_DELETED), reason
+    said = [t for _, t, _ in caller.heard.transcripts]
+    assert any("goodbye" in t.lower() for t in said), said  # the whole goodbye turn had reached the caller
+    last_speech = max(t for t, f in zip(caller.heard.times, caller.heard.frames) if np.abs(f).max() > 300)
+    assert last_speech < at, (last_speech, at)
+    wait_until(lambda: phone.session(call["room"]) is None, 5.0, what="the slot freed")
+    from livekit import api
+
+    rooms = asyncio.run(_with_api(phone.server, lambda lk: lk.room.list_rooms(api.ListRoomsRequest())))
+    assert call["room"] not in {r.name for r in rooms.rooms}  # the room is closed too
+
+
+def test_a_transfer_reaches_the_bridge_with_the_front_desk_and_the_call_id_and_frees_the_slot(
+    phone, tmp_path
+):
+    call_id = _call_id()
+    transfer = {
+        "at_s": 2.0,
+        "name": "call_control",
+        "arguments": {"action": "transfer"},
+        "then": " I am putting you through to the front desk now.",
+    }
+    with Serve(phone.server, phone.bridge, tmp_path / "bridge.jsonl", call_id) as bridge:
+        call = phone.call("--call-id", call_id, script={"reply_every_s": 0, "calls": [transfer]})
+
+        async def main() -> tuple[PhoneCaller, float]:
+            caller = PhoneCaller(phone.server, call)
+            await caller.join()
+            try:
+                await await_until(lambda: bridge.entries("TransferSIPParticipant"), 40, what="the transfer")
+                referred = asyncio.get_running_loop().time()
+                # not before the agent had said so: its words had all reached the caller
+                assert "front desk" in caller.heard.text().lower(), caller.heard.transcripts
+                # the stand-in leaves the caller in the room (a real bridge leaves once the REFER is done):
+                # the agent's part is over, and its slot is free while the caller is still there
+                await await_until(lambda: phone.session(call["room"]) is None, 3.0, what="the slot freed")
+                freed = asyncio.get_running_loop().time() - referred
+                assert caller.disconnected is None
+                return caller, freed
+            finally:
+                await caller.leave()
+
+        caller, freed = asyncio.run(main())
+        (sent,) = bridge.entries("TransferSIPParticipant")
+    assert sent["sip_call_id"] == call_id == call["attributes"]["sip.callID"]
+    assert sent["transfer_to"] == f"tel:{FRONT_DESK}"
+    print(f"slot freed {freed:.2f} s after the bridge took the transfer")
+
+
+def test_keypad_presses_are_counted_without_their_digits_and_0_puts_the_caller_through(phone, tmp_path):
+    call_id = _call_id()
+    mark = phone.mark()
+    with Serve(phone.server, phone.bridge, tmp_path / "bridge.jsonl", call_id) as bridge:
+        call = phone.call("--call-id", call_id, script={"reply_every_s": 2.0})
+
+        async def main() -> PhoneCaller:
+            caller = PhoneCaller(phone.server, call)
+            await caller.join()
+            try:
+                await asyncio.wait_for(caller.first_speech.wait(), 30)
+                for digit in "7#":
+                    await caller.press(digit)
+                before = caller.heard.audible_samples
+                # the call goes on: the agent is still there and speaking
+                await await_until(
+                    lambda: caller.heard.audible_samples > before + RATE, 15, what="more speech"
+                )
+                assert phone.session(call["room"]) is not None and not bridge.entries(
+                    "TransferSIPParticipant"
+                )
+                await caller.press("0")
+                await await_until(lambda: bridge.entries("TransferSIPParticipant"), 15, what="the transfer")
+                await await_until(lambda: phone.session(call["room"]) is None, 3.0, what="the slot freed")
+                return caller
+            finally:
+                await caller.leave()
+
+        asyncio.run(main())
+        (sent,) = bridge.entries("TransferSIPParticipant")
+    assert (sent["sip_call_id"], sent["transfer_to"]) == (call_id, f"tel:{FRONT_DESK}")
+    wait_until(lambda: "call ended" in phone.log_since(mark), 10.0, what="the call's end")
+    said = messages(phone.log_since(mark))
+    presses = [m.split(": ", 1)[1] for m in said if "keypad" in m]
+    assert len(presses) == 4, presses  # three presses, and 0's meaning
+    assert not any(d in m for m in presses for d in "7#0"), presses  # counted, never the digits
+    assert any(m.endswith(": transferred") for m in said), said
+    (ended,) = [m for m in said if "call ended" in m]
+    assert ended.endswith(", dtmf 3)"), ended
+
+
+def messages(log: str) -> list[str]:
+    """The messages of a worker's log lines (livekit-agents writes them as JSON objects, one a line)."""
+    out = []
+    for line in log.splitlines():
+        try:
+            out.append(json.loads(line)["message"])
+        except (ValueError, KeyError, TypeError):
+            out.append(line)
+    return out
+
+
+def test_a_ringing_call_is_not_talked_over_the_agent_speaks_once_it_is_answered(phone):
+    call = phone.call()
+
+    async def main() -> tuple[PhoneCaller, float]:
+        caller = PhoneCaller(phone.server, call, answer_after=None)
+        await caller.join()
+        try:
+            await asyncio.wait_for(caller.first_audio.wait(), 30)  # the agent's track: the bridge answers
+            await asyncio.sleep(6.0)  # while the phone still rings
+            assert not caller.first_speech.is_set() and not caller.heard.transcripts, caller.heard.summary()
+            await caller.activate()
+            await asyncio.wait_for(caller.first_speech.wait(), 30)
+            spoke = asyncio.get_running_loop().time() - caller.answered_at
+            await await_until(lambda: caller.heard.transcripts, 10, what="the greeting's words")
+            return caller, spoke
+        finally:
+            await caller.leave()
+
+    caller, spoke = asyncio.run(main())
+    assert "thank you for calling" in caller.heard.text().lower(), caller.heard.transcripts
+    print(f"the agent spoke {spoke:.2f} s after the call was answered")
+
+
+def test_agent_sip_call_reaches_the_bridge_and_the_agent_speaks_first_with_the_calls_purpose(phone, tmp_path):
+    from livekit import api, rtc
+
+    async def trunk(lk: api.LiveKitAPI) -> str:
+        info = api.SIPOutboundTrunkInfo(
+            name="chorus-calls-out", address="10.99.0.2:5090", numbers=[TRUNK_NUMBER]
+        )
+        return (
+            await lk.sip.create_outbound_trunk(api.CreateSIPOutboundTrunkRequest(trunk=info))
+        ).sip_trunk_id
+
+    trunk_id = asyncio.run(_with_api(phone.server, trunk))
+    reason = "your room is ready early"
+    try:
+        with Serve(phone.server, phone.bridge, tmp_path / "bridge.jsonl") as bridge:
+            out = agent_sip(
+                phone.server,
+                "call",
+                GUEST,
+                "--trunk",
+                trunk_id,
+                "--reason",
+                reason,
+                agent_name=phone.worker.agent_name,
+            )
+            assert out.returncode == 0, (out.stdout, out.stderr)
+            (placed,) = bridge.entries("CreateSIPParticipant")
+    finally:
+        asyncio.run(
+            _with_api(
+                phone.server, lambda lk: lk.sip.delete_trunk(api.DeleteSIPTrunkRequest(sip_trunk_id=trunk_id))
+            )
+        )
+    assert (placed["sip_trunk_id"], placed["call_to"], placed["number"]) == (trunk_id, GUEST, TRUNK_NUMBER)
+    assert placed["wait_until_answered"]  # the command returns once the guest has answered
+    room = placed["room"]
+    assert room in out.stdout and GUEST not in out.stdout + out.stderr
+    dispatches = asyncio.run(_with_api(phone.server, lambda lk: lk.agent_dispatch.list_dispatch(room)))
+    # the server lists every room's implicit dispatch (agents without a name) beside the named one
+    assert [d.agent_name for d in dispatches if d.agent_name] == [phone.worker.agent_name], dispatches
+
+    callee = {
+        "url": placed["url"],
+        "room": room,
+        "identity": placed["participant_identity"],
+        "token": placed["token"],
+    }
+
+    async def main() -> PhoneCaller:
+        caller = PhoneCaller(phone.server, callee)
+        await caller.join()
+        try:
+            assert caller.room.local_participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
+            await asyncio.wait_for(caller.first_speech.wait(), 30)  # the callee says nothing: the agent first
+            await await_until(lambda: caller.heard.transcripts, 10, what="the agent's words")
+            assert caller.sent_samples == 0
+            return caller
+        finally:
+            await caller.leave()
+
+    said = asyncio.run(main()).heard.text().lower()
+    assert "grand hotel calling" in said and reason in said, said

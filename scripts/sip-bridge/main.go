@@ -204,6 +204,13 @@ func inbound(args []string) error {
 		return errors.New("dispatch rules: accepted without a room")
 	}
 
+	attrs := map[string]string{}
+	for k, v := range resp.ParticipantAttributes {
+		attrs[k] = v
+	}
+	// the bridge joins the room while the phone still rings and marks the call active once it has
+	// subscribed to a track there (the agent's); whoever joins with this token does the latter
+	attrs[livekit.AttrSIPCallStatus] = "ringing"
 	token, url, signed := resp.Token, resp.WsUrl, true
 	if url == "" {
 		url = c.url
@@ -217,7 +224,7 @@ func inbound(args []string) error {
 			ParticipantIdentity:   resp.ParticipantIdentity,
 			ParticipantName:       resp.ParticipantName,
 			ParticipantMetadata:   resp.ParticipantMetadata,
-			ParticipantAttributes: resp.ParticipantAttributes,
+			ParticipantAttributes: attrs,
 			RoomPreset:            resp.RoomPreset,
 			RoomConfig:            resp.RoomConfig,
 		})
@@ -228,10 +235,6 @@ func inbound(args []string) error {
 	dispatch := []string{}
 	for _, a := range resp.GetRoomConfig().GetAgents() {
 		dispatch = append(dispatch, a.AgentName)
-	}
-	attrs := resp.ParticipantAttributes
-	if attrs == nil {
-		attrs = map[string]string{}
 	}
 	return printJSON(inboundResult{
 		URL: url, Token: token, Room: resp.RoomName, Identity: resp.ParticipantIdentity,
