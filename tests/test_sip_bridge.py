@@ -267,6 +267,7 @@ class PhoneWorker:
     bridge: Path
     worker: Worker
     name: str
+    store: Path  # the worker's SQLite hotel
 
     def script(self, script: dict | None) -> None:
         """The dispatch rule that setup made, with `script` as its agent's job metadata (teacher forcing): the
@@ -285,10 +286,10 @@ class PhoneWorker:
 
         asyncio.run(_with_api(self.server, update))
 
-    def call(self, *args: str, script: dict | None = None) -> dict:
-        """An inbound call from CALLER_NUMBER to the hotel's number, as the bridge asks the server for it."""
+    def call(self, *args: str, script: dict | None = None, caller: str = CALLER_NUMBER) -> dict:
+        """An inbound call from `caller` to the hotel's number, as the bridge asks the server for it."""
         self.script(script)
-        out = inbound(self.server, self.bridge, "--from", CALLER_NUMBER, "--to", TRUNK_NUMBER, *args)
+        out = inbound(self.server, self.bridge, "--from", caller, "--to", TRUNK_NUMBER, *args)
         assert out.returncode == 0, (out.stdout, out.stderr)
         return json.loads(out.stdout)
 
@@ -333,7 +334,7 @@ def phone(server, bridge, tmp_path_factory) -> PhoneWorker:
         )
         assert setup.returncode == 0, setup.stderr
         worker.start(timeout=120)
-        yield PhoneWorker(server, bridge, worker, name)
+        yield PhoneWorker(server, bridge, worker, name, store)
     finally:
         worker.stop()
         agent_sip(server, "teardown", "--name", name, agent_name=worker.agent_name)
@@ -527,6 +528,49 @@ def messages(log: str) -> list[str]:
         except (ValueError, KeyError, TypeError):
             out.append(line)
     return out
+
+
+def test_a_booking_made_on_the_phone_carries_the_callers_number_which_no_log_line_or_snapshot_shows(phone):
+    import datetime as dt
+    import sqlite3
+
+    check_in = dt.date.today() + dt.timedelta(days=12)
+    booking = {  # no contact: the caller's number stands in (sip.phoneNumber)
+        "guest_name": "Test Ada Phone",
+        "check_in": check_in.isoformat(),
+        "nights": 2,
+        "guests": 1,
+        "room_type": "standard",
+    }
+    mark = phone.mark()
+    number = "+12025550147"  # fictional (555-01xx), and long enough for a booking's contact
+    call = phone.call(
+        script={"reply_every_s": 0, "calls": [{"at_s": 1.0, "name": "book_room", "arguments": booking}]},
+        caller=number,
+    )
+
+    def booked() -> list[tuple]:
+        with sqlite3.connect(phone.store / "hotel.sqlite3") as db:
+            sql = "SELECT contact, check_in, status FROM reservations WHERE guest_name = ?"
+            return db.execute(sql, ("Test Ada Phone",)).fetchall()
+
+    async def main() -> str:
+        caller = PhoneCaller(phone.server, call)
+        await caller.join()
+        try:
+            await await_until(booked, 40, what="the booking")
+            await await_until(
+                lambda: "thanks for waiting" in caller.heard.text().lower(), 20, what="the reply"
+            )
+            return json.dumps(phone.worker.snapshot())
+        finally:
+            await caller.leave()
+
+    snapshot = asyncio.run(main())
+    assert booked() == [(number, check_in.isoformat(), "confirmed")]
+    wait_until(lambda: "call ended" in phone.log_since(mark), 10.0, what="the call's end")
+    digits = number.lstrip("+")
+    assert digits not in phone.log_since(mark) and digits not in snapshot
 
 
 def test_a_ringing_call_is_not_talked_over_the_agent_speaks_once_it_is_answered(phone):
