@@ -242,3 +242,44 @@ def test_a_phone_booking_uses_the_callers_number_and_one_tool_finds_changes_and_
     assert row.code == code and row.contact == GUEST_NUMBER and row.status == "cancelled"
     assert found["confirmation_code"] == code and "message" in moved and "message" in gone
     assert GUEST_NUMBER not in caplog.text
+
+
+# -- the keypad and scripted calls, with no server -------------------------------------------------------
+
+
+def test_keypad_presses_are_counted_and_only_0_with_a_front_desk_acts(monkeypatch, caplog):
+    """Through a real server in tests/test_sip_bridge.py; here what needs none: a key without a meaning, and 0
+    when there is no front desk to put the caller through to, change nothing in the call."""
+    monkeypatch.delenv("CHORUS_FRONT_DESK_NUMBER", raising=False)
+
+    async def main() -> PhoneLine:
+        line = line_for(number=GUEST_NUMBER, front_desk=None)
+        for digit in "5*0#":
+            line.on_dtmf(digit)
+        return line
+
+    with caplog.at_level(logging.INFO):
+        line = asyncio.run(main())
+    assert line.dtmf == 4 and line.action is None and line.pending is None
+    presses = [r.getMessage() for r in caplog.records if "keypad" in r.getMessage()]
+    assert len(presses) == 4 and not any(d in p.split(": ", 1)[1] for p in presses for d in "5*0#"), presses
+
+
+def test_a_script_names_the_words_after_a_tool_and_a_placed_call_is_greeted_with_its_reason():
+    from agent.forcing import AFTER_TOOL, CALLING, GREETING, Script
+
+    end = {"at_s": 2, "name": "call_control", "arguments": {"action": "end"}, "then": " Goodbye."}
+    script = Script.from_metadata(json.dumps({"script": {"calls": [end, {"at_s": 1, "name": "hotel_info"}]}}))
+    assert [(c["name"], c["then"]) for c in script.calls] == [
+        ("hotel_info", AFTER_TOOL),
+        ("call_control", " Goodbye."),
+    ]
+    assert script.greeting == GREETING
+    placed = Script.from_metadata(json.dumps({"direction": "outbound", "reason": " your room is ready "}))
+    assert placed.greeting == f"{CALLING} your room is ready"
+    assert Script.from_metadata(json.dumps({"direction": "outbound", "reason": ""})).greeting == CALLING
+    # a scripted greeting still wins, and a bad `then` is a bad script: the default one
+    mine = Script.from_metadata(json.dumps({"direction": "outbound", "script": {"greeting": " Hi."}}))
+    assert mine.greeting == " Hi."
+    bad = Script.from_metadata(json.dumps({"script": {"calls": [{**end, "then": ""}]}}))
+    assert bad.calls == [] and bad.greeting == GREETING
