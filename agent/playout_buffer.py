@@ -3,7 +3,8 @@
 The model's turns arrive as segments of chunks; each chunk starts when the one before ends, a turn's first one
 late by the start delay: as late as the frames of recent turns arrived behind their cadence (`ArrivalJitter`),
 so a turn plays without a gap on a machine whose ticks jitter and starts promptly on one whose ticks are
-steady; a barge-in drops what is queued at once; clips queue after the model's words and never play over
+steady; within a turn, audio that keeps waiting longer than the jitter needs is played sooner (its excess cut
+from quiet stretches, `shorten`); a barge-in drops what is queued at once; clips queue after the model's words and never play over
 them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
 livekit-agents, sessions or models (agent/playout.py adapts it to the framework's audio output).
 """
@@ -29,6 +30,14 @@ JITTER_MARGIN_S = 0.01  # added to the lateness measured
 JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
 JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
+# within a turn, audio that waited longer than the measured jitter needs, for TRIM_AFTER chunks in a row, is
+# played sooner: the excess (at most TRIM_MAX_S at a time, at least TRIM_MIN_S) is cut from the chunk's
+# quietest stretch with a short crossfade, as NetEQ's accelerate does (a turn that began before the jitter
+# was measured waited a whole frame; it need not for the rest of the turn)
+TRIM_AFTER = 8
+TRIM_MIN_S = 0.01
+TRIM_MAX_S = 0.04
+TRIM_FADE_S = 0.0025
 HANDOVER_EARLY_S = 0.005  # a chunk goes to the sink this early, so a live sink never runs dry between chunks
 HISTORY = 1024  # playout events and spans kept per call (about a thousand chunks)
 
@@ -167,7 +176,9 @@ class PlayoutBuffer:
             "gaps": 0,
             "gap_s": 0.0,
             "dropped_s": 0.0,
+            "trimmed_s": 0.0,
         }
+        self._waits: deque[float] = deque(maxlen=TRIM_AFTER)  # how long the turn's last chunks sat queued
         # where the engine learns what the playout costs (its snapshot and /metrics): called with the audio
         # queued ahead of the ear, the gaps and their seconds, and the start delay, as each chunk starts
         # playing and on a cut (`SessionHandle.report_playout`)
@@ -340,13 +351,32 @@ class PlayoutBuffer:
             start = self._end if now - self._end < LATE_HANDOVER_S else now
             if chunk.kind == "model" and chunk.seg is not None and not chunk.seg.started:
                 start = max(start, chunk.arrived + self.start_delay_s)
+                self._waits.clear()
             if start - now > HANDOVER_EARLY_S:
                 await self._sleep(start - now - HANDOVER_EARLY_S)
                 continue
             self._queue.popleft()
+            if chunk.kind == "model":
+                self._trim(chunk, start - chunk.arrived)
             self._play(chunk, start)
             self._space.set()
             await self.sink.write(chunk.samples, start)
+
+    def _trim(self, chunk: _Chunk, waited: float) -> None:
+        """`chunk` sat `waited` seconds before playing: once TRIM_AFTER chunks in a row waited more than the
+        start delay the measured jitter needs (and the jitter has been measured), cut the excess from this
+        one, so the rest of the turn plays that much sooner."""
+        self._waits.append(waited)
+        if self.jitter.measured < self.jitter.warmup or len(self._waits) < TRIM_AFTER:
+            return
+        excess = min(min(self._waits) - self.start_delay_s, TRIM_MAX_S, chunk.duration / 2)
+        if excess < TRIM_MIN_S:
+            return
+        chunk.samples = shorten(chunk.samples, round(excess * self.rate), round(TRIM_FADE_S * self.rate))
+        cut = chunk.duration - chunk.samples.size / self.rate
+        chunk.duration -= cut
+        self.stats["trimmed_s"] += cut
+        self._waits.clear()
 
     def _play(self, chunk: _Chunk, start: float) -> None:
         """`chunk` is the one playing from `start`: the figures and the segment's start and gaps."""
@@ -392,3 +422,19 @@ class PlayoutBuffer:
             await aio.cancel_and_wait(self._task)
             self._task = None
         await self.sink.aclose()
+
+
+def shorten(x: np.ndarray, n: int, fade: int) -> np.ndarray:
+    """`x` (int16) without `n` samples: the quietest stretch of that length goes, and the samples either side
+    of it are crossfaded over `fade` samples, so no click is heard where it went."""
+    fade = max(1, min(fade, (x.size - n) // 2))
+    if n <= 0 or x.size < n + 2 * fade:
+        return x
+    f = x.astype(np.float32)
+    energy = np.concatenate([[0.0], np.cumsum(f * f)])
+    # the stretch [p, p + n + fade) whose energy is least, within the chunk
+    span = n + fade
+    p = int(np.argmin(energy[span:] - energy[:-span]))
+    ramp = np.linspace(0.0, 1.0, fade, dtype=np.float32)
+    joined = f[p : p + fade] * (1.0 - ramp) + f[p + n : p + n + fade] * ramp
+    return np.concatenate([x[:p], np.round(joined).astype(np.int16), x[p + n + fade :]])

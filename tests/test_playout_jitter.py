@@ -155,3 +155,37 @@ def test_on_a_steady_machine_a_turn_starts_promptly(adapt):
         assert firsts[1] < 0.04  # the measured jitter (scheduling of this loop) and the margin
     else:
         assert firsts[1] == pytest.approx(FRAME_S, abs=0.005)
+
+
+@pytest.mark.parametrize("adapt", [True, False], ids=["adapting", "fixed one frame"])
+def test_a_long_first_turn_plays_sooner_once_the_jitter_is_measured(adapt):
+    """A call's first turn starts a frame late (nothing measured yet). Once the steady frames have been
+    measured, the audio that waits beyond what the jitter needs is cut from the chunks' quietest stretches, a
+    little at a time, so the rest of the turn plays sooner, without a gap; with a fixed delay every frame
+    waits its whole frame to the end of the turn."""
+
+    async def main():
+        buf = PlayoutBuffer(Recorder(), FRAME_S)
+        if not adapt:
+            buf.jitter.warmup = 10**9
+        buf.start()
+        buf.begin_segment()
+        t0 = time.monotonic()
+        arrivals = []
+        for k in range(JITTER_WARMUP + 30):
+            await asyncio.sleep(max(0.0, t0 + k * FRAME_S - time.monotonic()))
+            arrivals.append(time.monotonic())
+            await buf.write((np.sin(np.arange(FRAME) * 0.3) * 8000).astype(np.int16))
+        buf.end_segment()
+        await buf.play_out(timeout=2.0)
+        await buf.aclose()
+        waits = [at - arrived for (_, at), arrived in zip(buf.sink.writes, arrivals, strict=True)]
+        return buf, waits
+
+    buf, waits = asyncio.run(main())
+    print([round(w * 1000) for w in waits], buf.stats)
+    assert buf.stats["gaps"] == 0 and waits[0] == pytest.approx(FRAME_S, abs=0.01)
+    if adapt:
+        assert max(waits[-8:]) < 0.045 and 0.03 < buf.stats["trimmed_s"] < FRAME_S
+    else:
+        assert min(waits[-8:]) == pytest.approx(FRAME_S, abs=0.01) and buf.stats["trimmed_s"] == 0
