@@ -3,9 +3,9 @@
 The model's turns arrive as segments of chunks; each chunk starts when the one before ends, a turn's first one
 late by the start delay: as late as the frames of recent turns arrived behind their cadence (`ArrivalJitter`),
 so a turn plays without a gap on a machine whose ticks jitter and starts promptly on one whose ticks are
-steady; within a turn, audio that keeps waiting longer than the jitter needs is played sooner (its excess cut
-from quiet stretches, `shorten`); a barge-in drops what is queued at once; clips queue after the model's words and never play over
-them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
+steady; within a turn, audio that keeps waiting longer than the jitter needs is played sooner (its excess
+cut from quiet stretches, `shorten`); a barge-in drops what is queued at once; clips queue after the model's
+words and never play over them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
 livekit-agents, sessions or models (agent/playout.py adapts it to the framework's audio output).
 """
 
@@ -28,13 +28,13 @@ MAX_START_DELAY_FRAMES = 3  # the start delay never grows beyond this (a machine
 MIN_START_DELAY_S = 0.01  # nor shrinks below this (the sink's own handover)
 JITTER_MARGIN_S = 0.01  # added to the lateness measured
 JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
-JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
+JITTER_WARMUP = 12  # frames measured (about a second of speech) before the delay follows them
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 # within a turn, audio that waited longer than the measured jitter needs, for TRIM_AFTER chunks in a row, is
 # played sooner: the excess (at most TRIM_MAX_S at a time, at least TRIM_MIN_S) is cut from the chunk's
 # quietest stretch with a short crossfade, as NetEQ's accelerate does (a turn that began before the jitter
 # was measured waited a whole frame; it need not for the rest of the turn)
-TRIM_AFTER = 8
+TRIM_AFTER = 4
 TRIM_MIN_S = 0.01
 TRIM_MAX_S = 0.04
 TRIM_FADE_S = 0.0025

@@ -23,8 +23,8 @@ from collections import deque
 import numpy as np
 
 WINDOW_TICKS = 25  # 2 s of ticks: every frame of them must have led by more than the margin
-MIN_MARGIN_S = 0.005
-STEP_S = 0.001  # the most the tick moves in one tick
+MIN_MARGIN_S = 0.008
+STEP_S = 0.01  # the most the tick moves in one tick
 
 
 class TickPhase:

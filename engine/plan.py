@@ -41,9 +41,9 @@ class Limits:
     result_ticks: int = 12  # tool results are prefilled within this many ticks of arriving (1 s)
     owed_rows: int = 8  # rows of one forced piece of work (the least recently served first)
     live_lag_frames: int = 12  # a live session's backlog beyond this sheds its silent frames
-    # a live session that had a frame to spare at this many ticks in a row (2 s) sheds one silent frame: a
+    # a live session that had a frame to spare at this many ticks in a row (1 s) sheds one silent frame: a
     # reserve that steady arrivals never touch is latency, not a jitter buffer (a late frame puts it back)
-    spare_ticks: int = 25
+    spare_ticks: int = 12
 
 
 @dataclass

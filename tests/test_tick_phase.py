@@ -29,7 +29,7 @@ def run(phase: TickPhase, arrivals: list[np.ndarray]) -> list[np.ndarray]:
 
 def test_one_callers_frames_draw_the_tick_to_just_after_they_arrive():
     """Frames that arrive 50 ms before the tick (2 ms of jitter): the tick moves to about the margin after
-    them, 1 ms a tick at most, and no frame ever arrives after its tick. Without the move each would wait
+    them, 10 ms a tick at most, and no frame ever arrives after its tick. Without the move each would wait
     50."""
     rng = np.random.default_rng(1)
     arrivals = [np.array([k * TICK - 0.05 + rng.uniform(-0.002, 0.002)]) for k in range(200)]
