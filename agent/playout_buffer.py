@@ -184,6 +184,11 @@ class PlayoutBuffer:
         # playing and on a cut (`SessionHandle.report_playout`)
         self.report: Callable[[float, int, float, float], None] | None = None
 
+    def fixed(self) -> None:
+        """The baseline the benchmarks compare with: every turn starts a frame late and nothing is trimmed,
+        whatever the jitter (the playout before it followed the measured jitter)."""
+        self.jitter.warmup = 10**9
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._pace(), name="chorus.playout")

@@ -142,6 +142,9 @@ class AgentSettings(EnvSettings):
     # a measurement tool, never for callers (engine/echo.py, benchmarks/livekit_latency.py): each caller
     # hears their own audio back through the whole path, the engine's tick included; the model runs unheard
     echo: bool = Field(False, validation_alias="CHORUS_ECHO", description="true or false")
+    # a benchmark's baseline, never for callers (EngineConfig.fixed_buffers): the buffers as they were before
+    # they followed the measured jitter
+    fixed_buffers: bool = Field(False, validation_alias="CHORUS_FIXED_BUFFERS", description="true or false")
     # the engine and its tick always run in a process of their own (engine/serve.py); the rooms are threads of
     # the worker's process (one rtc runtime for all, the fewest cores per room), or with true each room's
     # call in a process of its own (livekit-agents' process executor): for hosts with cores to spare
@@ -176,6 +179,7 @@ class AgentSettings(EnvSettings):
             "capacity_mode": self.capacity_mode,
             "refuse_when_overloaded": self.refuse_when_overloaded,
             "echo": self.echo,
+            "fixed_buffers": self.fixed_buffers,
             "device": self.device,
             "metrics_port": self.metrics_port,
             "show_words": self.show_words,

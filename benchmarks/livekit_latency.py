@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -510,6 +511,12 @@ async def session(
         "missed_deadlines": snap["missed_deadlines"] - before["missed_deadlines"],
         "slipped_ticks": snap["slipped_ticks"] - before["slipped_ticks"],
         "underruns": sum(s["underruns"] for s in ours),
+        # what the buffers cost over each call (engine/api.py SessionSnapshot): the caller audio the model
+        # missed for want of a frame, and the gaps in the agent's audio at the playout
+        "underrun_s": round(sum(s.get("underrun_s", 0.0) for s in ours), 2),
+        "playout_gaps": sum(s.get("playout_gaps", 0) for s in ours),
+        "playout_gap_s": round(sum(s.get("playout_gap_s", 0.0) for s in ours), 3),
+        "tick_shift_ms": snap.get("tick_shift_ms", 0.0),
         "skipped_frames": sum(s["skipped_frames"] for s in ours),
         "dropped_frames": sum(s["dropped_frames"] for s in ours),
         "frames": snap["echo"]["frames"] if snap.get("echo") else [],
@@ -523,7 +530,10 @@ async def session(
     return callers, engine
 
 
-def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | None = None) -> dict:
+def run(
+    n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | None = None, fixed: bool = False
+) -> dict:
+    """One measurement with a fresh worker (`fixed`: the fixed-buffer baseline, CHORUS_FIXED_BUFFERS)."""
     server = server_from_env()
     k = constants()
     os.environ["CHORUS_DATA_DIR"] = str(tmp)
@@ -534,7 +544,7 @@ def run(n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | 
 
     with open_store() as store:
         seed_hotel(store, dt.date.today())
-    worker = Worker(server, tmp, slots=n, CHORUS_ECHO="true")
+    worker = Worker(server, tmp, slots=n, CHORUS_ECHO="true", CHORUS_FIXED_BUFFERS=str(fixed).lower())
     worker.env.pop("CHORUS_TEACHER_FORCING", None)  # echo replaces whatever the model says: nothing to script
     with worker:
         try:
@@ -644,6 +654,10 @@ def report(res: dict) -> None:
         f"skipped {eng['skipped_frames']}, dropped {eng['dropped_frames']}"
     )
     print(
+        f"  buffers: underrun time {eng['underrun_s']} s, playout gaps {eng['playout_gaps']} "
+        f"({eng['playout_gap_s']} s), the tick moved {eng['tick_shift_ms']} ms toward the arrivals"
+    )
+    print(
         f"  echo flow: {res['own_tone_heard']} of {res['callers']} callers hear their own tone; "
         f"10 ms blocks without it {res['quiet_blocks']} of {res['blocks']} "
         f"(longest {res['longest_quiet_ms']} ms)"
@@ -679,14 +693,48 @@ def main() -> int:
     p.add_argument(
         "--dump", type=Path, default=None, help="a folder for each burst's times and what callers heard"
     )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="then the same with the fixed buffers (CHORUS_FIXED_BUFFERS): the buffers before they followed "
+        "the measured jitter",
+    )
+    p.add_argument(
+        "--busy", type=int, default=0, help="processes that each keep a core busy for the whole measurement"
+    )
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="chorus-lk-latency-") as tmp:
-        t0 = time.monotonic()
-        res = run(args.callers, args.seconds, args.seed, args.tone, Path(tmp), args.dump)
-        res["wall_s"] = round(time.monotonic() - t0, 1)
-    report(res)
-    print(json.dumps(res))
-    return 0 if res["bursts_timed"] else 1
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(args.busy)
+    ]
+    results = {}
+    try:
+        for fixed in (False, True) if args.baseline else (False,):
+            with tempfile.TemporaryDirectory(prefix="chorus-lk-latency-") as tmp:
+                t0 = time.monotonic()
+                res = run(args.callers, args.seconds, args.seed, args.tone, Path(tmp), args.dump, fixed)
+                res["wall_s"] = round(time.monotonic() - t0, 1)
+                res["busy_processes"] = args.busy
+            print("fixed buffers (the baseline):" if fixed else "buffers that follow the measured jitter:")
+            report(res)
+            results["fixed" if fixed else "adaptive"] = res
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    if args.baseline:
+        a, f = results["adaptive"], results["fixed"]
+        print(
+            "adaptive against fixed: mouth to ear p50 / p99 "
+            f"{a['figures_ms']['mouth_to_ear']['p50']} / {a['figures_ms']['mouth_to_ear']['p99']} ms against "
+            f"{f['figures_ms']['mouth_to_ear']['p50']} / {f['figures_ms']['mouth_to_ear']['p99']} ms; "
+            f"underrun time {a['engine']['underrun_s']} s against {f['engine']['underrun_s']} s; "
+            f"playout gaps {a['engine']['playout_gap_s']} s against {f['engine']['playout_gap_s']} s"
+        )
+        print(json.dumps(results))
+        return 0 if a["bursts_timed"] and f["bursts_timed"] else 1
+    print(json.dumps(results["adaptive"]))
+    return 0 if results["adaptive"]["bursts_timed"] else 1
 
 
 if __name__ == "__main__":

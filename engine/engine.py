@@ -36,7 +36,7 @@ from engine.handle import SessionHandle, delivery
 from engine.headroom import Headroom
 from engine.malloc import tune_malloc
 from engine.metrics import Accounting, SnapshotServer, publish
-from engine.phase import TickPhase
+from engine.phase import STEP_S, TickPhase
 from engine.privacy import mask_numbers
 from engine.runner import Runner
 from engine.scheduler import Scheduler
@@ -45,7 +45,8 @@ from engine.tokens import MAX_TOOLS
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 
-ADMISSION_TTL_S = 30.0  # how long an admitted caller's slot is held for the session to open
+ADMISSION_TTL_S = 90.0  # how long an admitted caller's slot is held for the session to open: a phone call
+# opens it once answered, and agent/phone.py waits up to 60 s while the phone rings
 
 log = logging.getLogger("chorus.engine")
 
@@ -80,7 +81,9 @@ class Engine:
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
         self.headroom = Headroom(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio)
-        self.phase = TickPhase(self.tick_ms / 1000)  # ticks start soon after the frames they take arrive
+        # ticks start soon after the frames they take arrive (the fixed-buffer baseline leaves them where they
+        # fell)
+        self.phase = TickPhase(self.tick_ms / 1000, step_s=0.0 if cfg.fixed_buffers else STEP_S)
         self._stop = threading.Event()
         self._closed = False  # the model released (by close)
         self._thread: threading.Thread | None = None

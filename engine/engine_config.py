@@ -60,6 +60,10 @@ class EngineConfig(BaseModel):
     )  # distinct new prompts admitted at once (each costs its prefill)
     max_backlog_s: float = Field(30.0, gt=0)  # caller audio held per session while paused
     cadence_locked_tools: bool = False  # baseline: one tool token per tick, results one token per tick
+    # baseline for benchmarks: the buffers as they were before they followed the measured jitter (a frame of
+    # reserve in every caller's inbox, the tick's phase left where it fell, the room's playout a fixed frame
+    # of start delay and no trimming); never for callers
+    fixed_buffers: bool = False
     # measurement only (engine/echo.py): every live slot's output is its own input frame, resampled; never for
     # callers
     echo: bool = False

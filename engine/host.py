@@ -325,6 +325,7 @@ class EngineHost:
             "tokens": e.model_cfg.tokens.model_dump(),
             "vocab_size": e.vocab_size,
             "max_result_chars": e.config.max_result_chars,
+            "fixed_buffers": e.config.fixed_buffers,
         }
 
     def _open(self, conn: _Conn, msg: dict[str, Any]) -> None:

@@ -44,6 +44,9 @@ class Limits:
     # a live session that had a frame to spare at this many ticks in a row (1 s) sheds one silent frame: a
     # reserve that steady arrivals never touch is latency, not a jitter buffer (a late frame puts it back)
     spare_ticks: int = 12
+    # caller frames a caught-up session keeps in reserve (0: none until a late arrival makes one; 1 is the
+    # fixed-buffer baseline, EngineConfig.fixed_buffers)
+    reserve_frames: int = 0
 
 
 @dataclass

@@ -43,6 +43,7 @@ class RemoteConfig:
 
     preset: str
     max_result_chars: int
+    fixed_buffers: bool = False  # the benchmarks' baseline (EngineConfig.fixed_buffers): the playout's too
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ class RemoteEngine:
         with connect(self.address, timeout) as sock:
             sock.sendall(encode({"op": "hello"}))
             hello = read_line(sock, bytearray())
-        self.config = RemoteConfig(hello["preset"], int(hello["max_result_chars"]))
+        self.config = RemoteConfig(
+            hello["preset"], int(hello["max_result_chars"]), bool(hello.get("fixed_buffers", False))
+        )
         self.model_cfg = RemoteModelConfig(ClockConfig(**hello["clock"]), TokenConfig(**hello["tokens"]))
         self.vocab_size = int(hello["vocab_size"])
         clock = self.model_cfg.clock

@@ -154,7 +154,8 @@ class Scheduler:
                 # silence beyond what one catch-up step a tick could clear by `live_by` is skipped as soon as
                 # it is found; at `live_by`, whatever is left beyond this tick's frame is skipped
                 ahead = s.live_by - tick
-                s.inbox.skip(len(s.inbox) - 1 - max(0, ahead), silent_only=ahead > 0, keep=1)
+                keep = 1 + lim.reserve_frames
+                s.inbox.skip(len(s.inbox) - keep - max(0, ahead), silent_only=ahead > 0, keep=keep)
             elif s.phase is Phase.LIVE:
                 backlog = len(s.inbox)
                 if backlog > lim.live_lag_frames + 1:
@@ -169,7 +170,7 @@ class Scheduler:
                         s.spare_ticks = 0
                     elif not s.speaking or self.catch_up_in_turns:
                         s.catch_up, s.spare_ticks = True, 0
-            if s.phase is Phase.REPLAY and len(s.inbox) <= 1:
+            if s.phase is Phase.REPLAY and len(s.inbox) <= 1 + lim.reserve_frames:
                 # caught up: this tick takes the one frame there is. No frame stays as a reserve: steady
                 # arrivals never need one, and a late arrival makes its own (the tick it misses hears
                 # silence, counted as an underrun; the late frame then waits behind the next)
@@ -263,7 +264,7 @@ class Scheduler:
                 return None
             return _call_work(sorted(calls, key=lambda s: s.t_call_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
-            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1]
+            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
             ready += [s for s in by_phase.get(Phase.LIVE, []) if s.catch_up and len(s.inbox) >= 1]
             fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
             return self._replay_work(ready[: fit[0]]) if fit else None

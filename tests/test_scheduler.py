@@ -479,3 +479,20 @@ def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while
     assert depth[:10] == [2] * 10 and depth[10:] == [1] * 5, depth
     assert listening.caught_up == 1 and listening.inbox.skipped == 0 and listening.underruns == 0
     assert listening.frames_consumed == listening.inbox.frames_in == 16
+
+
+def test_the_fixed_buffer_baseline_keeps_a_frame_in_reserve_for_the_call():
+    """The benchmarks' baseline (EngineConfig.fixed_buffers): back from replay a session keeps one frame in
+    reserve, and steady arrivals never shed it, as before the reserve followed the arrivals."""
+    from engine import build
+    from engine.engine_config import EngineConfig
+    from engine.presets import load_preset
+
+    lim = build.limits(EngineConfig(preset="tiny", fixed_buffers=True), load_preset("tiny"))
+    assert (lim.reserve_frames, lim.spare_ticks > 10**6) == (1, True)
+    sch = Scheduler(S, TOK, FRAME, lim)
+    s, _ = make_session(0, Phase.REPLAY)
+    s.live_by = 5
+    s.inbox.push(np.zeros(FRAME * 3, np.float32))
+    depth = frames_at_each_tick(sch, s, [1] * 60)
+    assert s.phase is Phase.LIVE and depth[-40:] == [2] * 40 and s.inbox.skipped <= 2, depth
