@@ -66,9 +66,9 @@ class CallObserver:
 
     def on_tool_resume(self) -> None: ...
 
-    def report_playout(self, report: Callable[[float, int, float, float], None]) -> None:
+    def report_playout(self, report: Callable[..., None]) -> None:
         """The engine session is open: tell it what the playout costs through `report` (queued seconds,
-        gaps, gap seconds, start delay; `SessionHandle.report_playout`)."""
+        gaps, gap seconds, start delay, when the last turn began to play; `SessionHandle.report_playout`)."""
 
 
 class TurnGate:

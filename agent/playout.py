@@ -143,7 +143,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         else:
             self._start_ack()
 
-    def report_playout(self, report: Callable[[float, int, float, float], None]) -> None:
+    def report_playout(self, report: Callable[..., None]) -> None:
         self.buffer.report = report
 
     def on_tool_resume(self) -> None:

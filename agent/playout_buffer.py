@@ -180,9 +180,10 @@ class PlayoutBuffer:
         }
         self._waits: deque[float] = deque(maxlen=TRIM_AFTER)  # how long the turn's last chunks sat queued
         # where the engine learns what the playout costs (its snapshot and /metrics): called with the audio
-        # queued ahead of the ear, the gaps and their seconds, and the start delay, as each chunk starts
-        # playing and on a cut (`SessionHandle.report_playout`)
-        self.report: Callable[[float, int, float, float], None] | None = None
+        # queued ahead of the ear, the gaps and their seconds, the start delay, and when the last turn's first
+        # chunk went to the sink, as each chunk starts playing and on a cut (`SessionHandle.report_playout`)
+        self.report: Callable[..., None] | None = None
+        self._turn_played_at = 0.0
 
     def fixed(self) -> None:
         """The baseline the benchmarks compare with: every turn starts a frame late and nothing is trimmed,
@@ -389,6 +390,8 @@ class PlayoutBuffer:
             self._retire(self._playing, start)
         self._playing, self._end = chunk, start + chunk.duration
         self.spans.append([chunk.kind, start, self._end])
+        if chunk.kind == "model" and chunk.seg is not None and not chunk.seg.started:
+            self._turn_played_at = start  # a turn's first chunk: when it goes to the sink
         self._report()
         if chunk.kind != "model":
             self.stats["clip_s"] += chunk.duration
@@ -410,7 +413,7 @@ class PlayoutBuffer:
     def _report(self) -> None:
         if self.report is not None:
             st = self.stats
-            self.report(self.queued_s, int(st["gaps"]), st["gap_s"], self.start_delay_s)
+            self.report(self.queued_s, int(st["gaps"]), st["gap_s"], self.start_delay_s, self._turn_played_at)
 
     async def play_out(self, timeout: float | None = None) -> None:
         """Until the open segment has ended and everything queued has played to its last sample, at most

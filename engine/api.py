@@ -135,6 +135,9 @@ class SessionSnapshot(BaseModel):
     start_delay_ms: float = 0.0
     playout_gaps: int = 0
     playout_gap_s: float = 0.0
+    # the agent's last turn: from the tick in which its text channel started it to its first sample handed to
+    # the agent's track (the room's playout); None before a turn has played
+    turn_start_ms: float | None = None
     label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
     caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
     speaking: bool = False  # the agent is in a turn of its own

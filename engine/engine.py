@@ -297,6 +297,7 @@ class Engine:
         sch.begin_tick(k, sessions, freed)
         sch.poll(t_start)
         plan = sch.plan_live(reset)
+        plan.t_start = t_start
         heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
         self.phase.observe(t_start - plan.arrived[heard])
         # execute and update: one batched live step for every live slot, its frames out to their sessions

@@ -113,10 +113,13 @@ class SessionHandle:
         pad = self._engine.tokens.pad if on else -1
         self._s.hold_text = self._s.hold_func = pad
 
-    def report_playout(self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float) -> None:
+    def report_playout(
+        self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
+    ) -> None:
         """The room's playout, for the snapshot and /metrics: audio queued ahead of the caller's ear, the
-        gaps of this call and their seconds, a turn's start delay (engine/link.py PLAYOUT_FIELDS)."""
-        self._s.playout[:] = (queued_s, gaps, gap_s, start_delay_s)
+        gaps of this call and their seconds, a turn's start delay, when the last turn's first sample went
+        to the track (time.monotonic; engine/link.py PLAYOUT_FIELDS)."""
+        self._s.playout[:] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

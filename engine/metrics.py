@@ -90,7 +90,7 @@ class _FiguresCollector:
             "chorus_playout_start_delay_seconds": "What a turn's first frame waits (the measured jitter)",
         }
         families = {name: GaugeMetricFamily(name, doc, labels=["slot"]) for name, doc in per_slot.items()}
-        for slot, reserve, queued_s, gaps, gap_s, delay_s in f.rows:
+        for slot, reserve, queued_s, gaps, gap_s, delay_s, *_ in f.rows:
             for name, value in zip(per_slot, (reserve, queued_s, gaps, gap_s, delay_s), strict=True):
                 families[name].add_metric([str(slot)], float(value))
         yield from families.values()

@@ -62,6 +62,7 @@ class LivePlan:
     quiet: np.ndarray | None = None  # [S] bool: replaying rows, agent channels forced silent, output withheld
     restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
     arrived: np.ndarray | None = None  # [S] float64: when the row's frame arrived (NaN: no frame)
+    t_start: float = float("nan")  # when the tick started (the engine's clock)
 
 
 @dataclass

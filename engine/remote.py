@@ -260,11 +260,13 @@ class RemoteHandle:
     def keep_private(self, *terms: str) -> None:
         self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})
 
-    def report_playout(self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float) -> None:
+    def report_playout(
+        self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
+    ) -> None:
         """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
         engine/link.py PLAYOUT_FIELDS; nothing is sent)."""
         if not self._closed:
-            self._link.playout[:] = (queued_s, gaps, gap_s, start_delay_s)
+            self._link.playout[:] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

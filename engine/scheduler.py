@@ -205,6 +205,7 @@ class Scheduler:
             if text == self.tok.bos and not s.speaking:
                 s.speaking = True
                 s.turns += 1
+                s.turn_at = plan.t_start
                 s.said.clear()
                 out.append(TurnStarted(plan.tick))
             if piece and s.speaking:

@@ -189,6 +189,7 @@ class Session:
     tool_calls: int = 0
     tool_errors: int = 0
     turns: int = 0  # the agent's turns so far
+    turn_at: float = float("nan")  # when the tick that started the agent's last turn began (engine's clock)
     speaking: bool = False
     # the text channel between tokens (the bytes of a character not yet whole): the tick thread's only
     text: TextStream = field(default_factory=TextStream)

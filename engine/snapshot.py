@@ -32,7 +32,8 @@ def session_row(
     s: Session, now: float, show_words: str = "off", heard_ms: float = math.nan, tick_s: float = 0.08
 ) -> SessionSnapshot:
     pieces = list(s.said)
-    queued_s, gaps, gap_s, delay_s = s.playout.tolist()
+    queued_s, gaps, gap_s, delay_s, played_at = s.playout.tolist()
+    turn_ms = (played_at - s.turn_at) * 1000
     return SessionSnapshot(
         id=s.id,
         slot=s.slot,
@@ -54,6 +55,7 @@ def session_row(
         start_delay_ms=round(delay_s * 1e3, 1),
         playout_gaps=int(gaps),
         playout_gap_s=round(gap_s, 3),
+        turn_start_ms=round(turn_ms, 1) if math.isfinite(turn_ms) and 0 <= turn_ms < 10_000 else None,
         label=s.label,
         caller=s.caller,
         speaking=s.speaking,

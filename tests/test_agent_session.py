@@ -102,12 +102,16 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
             await until(lambda: call.duplex.stats["speech_frames"] >= len(ids), "the forced turn")
             await until(lambda: call.output.stats["segments"] == 1 and call.output.queued_s == 0, "playout")
             await ticks_pass(engine)  # nothing more of the turn on its way
-            frames_in = next(s.frames_in for s in engine.snapshot().sessions if s.id == handle.id)
+            row = next(s for s in engine.snapshot().sessions if s.id == handle.id)
             stats, out = dict(call.duplex.stats), dict(call.output.stats)
             await call.aclose()
-            return len(ids), stats, out, frames_in
+            return len(ids), stats, out, row
 
-    k, stats, out, frames_in = asyncio.run(main())
+    k, stats, out, row = asyncio.run(main())
+    frames_in = row.frames_in
+    # the turn's start as the engine sees it: its tick to its first sample at the sink (the playout's start
+    # delay, a frame at the call's start, and the way through the framework)
+    assert row.turn_start_ms is not None and 0 < row.turn_start_ms < 500, row
     print(stats, out, "frames in", frames_in)
     assert stats["turns"] == 1 and stats["speech_frames"] == k
     assert out["model_s"] + out["trimmed_s"] == pytest.approx(k * FRAME_S, abs=1e-3)

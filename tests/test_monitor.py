@@ -87,6 +87,8 @@ def busy():
     run_ticks(w.engine, len(said) + 20)  # and at least a second of history
     a.report_playout(0.16, 2, 0.25, 0.03)  # what room_a's playout would report
     c.push_audio(np.zeros(1280, np.float32))  # room_c's caller frame, heard in the next tick
+    turn_at = next(s.turn_at for s in w.engine.pool.sessions.values() if s.id == c.id)
+    c.report_playout(0.0, 0, 0.0, 0.02, turn_at + 0.042)  # its turn's first sample went out 42 ms later
     run_ticks(w.engine, 1)
     yield w
     w.close()
@@ -180,6 +182,7 @@ def test_one_worker_shows_the_engines_figures_sessions_tool_calls_and_bookings(b
     heard = by_label["room_c"].heard_ms
     assert heard is not None and heard > 0 and c["heard (ms)"] == f"{heard:.0f}" and a["heard (ms)"] == ""
     assert c["inbox reserve"] == 0
+    assert (c["turn start (ms)"], a["turn start (ms)"]) == ("42", "")
 
     (call,) = table(at, {"tools", "tool ms"})
     assert (call["room"], call["tools"], call["ok"]) == ("room_a", "check_availability", True)

@@ -155,6 +155,7 @@ def session_rows(workers: list[Worker]) -> list[dict]:
                 "inbox reserve": s.reserve_frames,
                 "playout (ms)": f"{s.playout_ms:.0f}",
                 "start delay (ms)": f"{s.start_delay_ms:.0f}",
+                "turn start (ms)": "" if s.turn_start_ms is None else f"{s.turn_start_ms:.0f}",
                 "underruns": f"{s.underruns} ({s.underrun_s:g} s)",
                 "gaps": f"{s.playout_gaps} ({s.playout_gap_s:.2f} s)",
                 "tool calls": s.tool_calls,
