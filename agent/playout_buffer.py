@@ -113,7 +113,9 @@ class ArrivalJitter:
         """A frame of the current turn arrived at `arrived`; returns its lateness (seconds)."""
         due = arrived - self._k * self.frame_s  # when the first frame would have come, by this one's cadence
         self._k += 1
-        if self._anchor is None:
+        if self._anchor is None or due < self._anchor:
+            # the earliest cadence of the turn so far: frames that come earlier than the first did (the tick
+            # moved toward the callers' frames, engine/phase.py) set the cadence the later ones are late for
             self._anchor = due
         late = max(0.0, due - self._anchor)
         self.measured += 1
@@ -355,7 +357,10 @@ class PlayoutBuffer:
             chunk = self._queue[0]
             # back to back with the chunk before, unless the sink has run dry meanwhile (a real gap)
             start = self._end if now - self._end < LATE_HANDOVER_S else now
-            if chunk.kind == "model" and chunk.seg is not None and not chunk.seg.started:
+            dry = chunk.kind == "model" and chunk.seg is not None and chunk.seg.started and start == now
+            if chunk.kind == "model" and chunk.seg is not None and (not chunk.seg.started or dry):
+                # a turn's first chunk, or the first after its frames came too late for it (a gap): it waits
+                # the start delay, so the rest of the turn has the cushion the measured jitter needs
                 start = max(start, chunk.arrived + self.start_delay_s)
                 self._waits.clear()
             if start - now > HANDOVER_EARLY_S:

@@ -189,3 +189,25 @@ def test_a_long_first_turn_plays_sooner_once_the_jitter_is_measured(adapt):
         assert max(waits[-8:]) < 0.045 and 0.03 < buf.stats["trimmed_s"] < FRAME_S
     else:
         assert min(waits[-8:]) == pytest.approx(FRAME_S, abs=0.01) and buf.stats["trimmed_s"] == 0
+
+
+def test_after_a_gap_the_turn_waits_the_measured_jitter_so_the_next_late_frame_does_not_gap():
+    """A long turn, its cushion trimmed to the jitter measured on a steady machine; then a frame 100 ms late
+    (a gap: nothing measured had said so) and, ten frames later, one 120 ms late. After the first gap the turn
+    resumes with the start delay the late frame raised, so the second plays without one (resumed with no
+    cushion but the frame queued behind the late one, it gapped again)."""
+    late = {JITTER_WARMUP + 12: 0.10, JITTER_WARMUP + 22: 0.12}
+    buf, _ = run_turns([(JITTER_WARMUP + 30, late)], adapt=True)
+    print(buf.stats)
+    assert buf.stats["trimmed_s"] > 0.03  # the cushion had been trimmed before the late frames came
+    assert buf.stats["gaps"] == 1, buf.stats
+
+
+def test_lateness_is_against_the_earliest_cadence_of_the_turn():
+    """The engine's tick moving toward the callers' frames makes a turn's frames come a little earlier each
+    tick; a frame that then comes on the first frame's cadence is late by that much, not on time."""
+    j = ArrivalJitter(FRAME_S, FRAME_S, warmup=0)
+    j.begin_turn()
+    for k in range(10):
+        j.observe(10.0 + k * FRAME_S - 0.005 * k)  # 5 ms earlier each frame: 45 ms earlier by the tenth
+    assert j.observe(10.0 + 10 * FRAME_S) == pytest.approx(0.045, abs=1e-9)
