@@ -26,9 +26,9 @@ BUFFER_FRAMES = 2  # the playout buffer: at least this many engine frames of aud
 START_DELAY_FRAMES = 1  # a call's first turns wait one frame, until the jitter has been measured
 MAX_START_DELAY_FRAMES = 3  # the start delay never grows beyond this (a machine this late gaps instead)
 MIN_START_DELAY_S = 0.01  # nor shrinks below this (the sink's own handover)
-JITTER_MARGIN_S = 0.01  # added to the lateness measured
+JITTER_MARGIN_S = 0.02  # added to the lateness measured
 JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
-JITTER_WARMUP = 12  # frames measured (about a second of speech) before the delay follows them
+JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
 LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one before (the sink's own slack)
 # within a turn, audio that waited longer than the measured jitter needs, for TRIM_AFTER chunks in a row, is
 # played sooner: the excess (at most TRIM_MAX_S at a time, at least TRIM_MIN_S) is cut from the chunk's

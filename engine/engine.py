@@ -299,6 +299,8 @@ class Engine:
         plan = sch.plan_live(reset)
         plan.t_start = t_start
         heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
+        if sch.late:
+            self.phase.missed()
         self.phase.observe(t_start - plan.arrived[heard])
         # execute and update: one batched live step for every live slot, its frames out to their sessions
         result = self.runner.live(plan)

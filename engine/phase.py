@@ -25,6 +25,8 @@ import numpy as np
 WINDOW_TICKS = 25  # 2 s of ticks: every frame of them must have led by more than the margin
 MIN_MARGIN_S = 0.008
 STEP_S = 0.01  # the most the tick moves in one tick
+MAX_MARGIN_S = 0.04  # the margin a run of missed ticks can raise it to
+CALM_TICKS = 375  # 30 s without a frame missing its tick: the raised margin halves
 
 
 class TickPhase:
@@ -42,6 +44,9 @@ class TickPhase:
         self.min_margin_s = min_margin_s
         self.step_s = step_s
         self.shift_s = 0.0
+        self.floor_s = min_margin_s  # the margin's least: raised by missed ticks, back down in calm
+        self.misses = 0
+        self._calm = 0
         # the smallest lead of each recent tick, plus the shift when it was seen: minus the shift now, it is
         # what that frame would lead the tick by now
         self._leads: deque[float] = deque(maxlen=window)
@@ -50,7 +55,21 @@ class TickPhase:
     def margin_s(self) -> float:
         """What a frame must still lead by after a move: the recent leads' spread, at least the minimum."""
         spread = max(self._leads) - min(self._leads) if self._leads else 0.0
-        return max(self.min_margin_s, spread)
+        return max(self.floor_s, spread)
+
+    def missed(self) -> None:
+        """A caller's frame came after the tick it was meant for (a session with none in reserve found its
+        inbox empty) while the ticks ran early: the ticks move back by the margin, and the margin doubles
+        (up to MAX_MARGIN_S), halving again after CALM_TICKS ticks with no frame missed. Moving a tick later
+        never makes a frame miss it."""
+        self._calm = 0
+        if self.shift_s <= 0:
+            return
+        self.misses += 1
+        back = min(self.shift_s, self.margin_s)
+        self.shift_s -= back
+        self.floor_s = min(MAX_MARGIN_S, 2 * self.floor_s)
+        self._leads.clear()  # measured against ticks that have moved: measure again
 
     def observe(self, leads_s: np.ndarray) -> float:
         """One tick's frames arrived `leads_s` seconds before it started (a frame held longer leads by its
@@ -58,6 +77,9 @@ class TickPhase:
         leads = np.mod(leads_s[np.isfinite(leads_s)], self.tick_s)
         if not leads.size:
             return 0.0
+        self._calm += 1
+        if self._calm >= CALM_TICKS and self.floor_s > self.min_margin_s:
+            self.floor_s, self._calm = max(self.min_margin_s, self.floor_s / 2), 0
         self._leads.append(float(leads.min()) + self.shift_s)
         if len(self._leads) < (self._leads.maxlen or 0):
             return 0.0

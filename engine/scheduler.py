@@ -83,6 +83,7 @@ class Scheduler:
         self.tick = 0
         self.sessions: list[Session] = []
         self.underruns = 0
+        self.late = 0  # sessions whose frame for the last tick came after it (found at this tick's plan)
         # a reserve is caught up only outside the agent's turns (a quiet step would cut its speech), except in
         # echo mode, where the turn is nominal and the echoed frame is all there is (engine/echo.py)
         self.catch_up_in_turns = False
@@ -130,6 +131,7 @@ class Scheduler:
         force_func = np.full(S, -1, dtype=np.int64)
         restore: list[tuple[int, int]] = []
         arrived = np.full(S, np.nan)
+        late = 0
         lim = self.limits
         for s in sessions:
             if s.closed:
@@ -188,11 +190,17 @@ class Scheduler:
             if frame is None:
                 s.underruns += 1
                 self.underruns += 1
+                s.missed_tick = tick if s.fed_tick == tick - 1 else -2
             else:
+                # the last tick found no frame, and this one finds two: the last one's came after it (a
+                # caller who stops sending underruns, and is not late)
+                late += s.missed_tick == tick - 1 and s.reserve >= 1
+                s.fed_tick, s.missed_tick = tick, -2
                 audio[s.slot] = frame
                 arrived[s.slot] = s.inbox.popped_at
                 s.frames_consumed += 1
                 s.frames_replayed += quiet[s.slot]
+        self.late = late
         return LivePlan(tick, live, audio, force_text, force_func, reset, quiet, restore, arrived)
 
     def apply_live(self, plan: LivePlan, result: LiveResult) -> None:

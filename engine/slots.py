@@ -182,6 +182,8 @@ class Session:
     frames_consumed: int = 0
     frames_replayed: int = 0
     underruns: int = 0
+    fed_tick: int = -2  # the last tick that took a caller frame of this session
+    missed_tick: int = -2  # a tick that found no frame right after one that did (a late frame, or the end)
     reserve: int = 0  # caller frames left in the inbox after the last live tick took its own
     # the room's playout (engine/link.py PLAYOUT_FIELDS), written by the room: its shared memory for a room
     # in another process, else through the handle

@@ -41,7 +41,7 @@ def test_the_delay_is_one_frame_until_the_jitter_has_been_measured():
     turn(j, 0.0, JITTER_WARMUP - 1)
     assert j.delay(2.0) == FRAME_S
     turn(j, 3.0, 1)
-    assert j.delay(3.1) == pytest.approx(MIN_START_DELAY_S)
+    assert j.delay(3.1) == pytest.approx(max(MIN_START_DELAY_S, JITTER_MARGIN_S))
 
 
 def test_steady_frames_shrink_the_delay_and_a_late_one_raises_it_at_once_for_the_window():
@@ -58,7 +58,7 @@ def test_steady_frames_shrink_the_delay_and_a_late_one_raises_it_at_once_for_the
     assert j.delay(t + JITTER_WINDOW_S - 2.0) == pytest.approx(0.12 + JITTER_MARGIN_S)  # still in the window
     t = turn(j, t + 1.0, 20)
     t = turn(j, t + JITTER_WINDOW_S, 20)  # steady again, the late frame out of the window
-    assert j.delay(t) == pytest.approx(MIN_START_DELAY_S)
+    assert j.delay(t) == pytest.approx(max(MIN_START_DELAY_S, JITTER_MARGIN_S))
 
 
 def test_the_delay_never_drops_below_the_windows_lateness_and_is_capped():
@@ -184,11 +184,12 @@ def test_a_long_first_turn_plays_sooner_once_the_jitter_is_measured(adapt):
 
     buf, waits = asyncio.run(main())
     print([round(w * 1000) for w in waits], buf.stats)
-    assert buf.stats["gaps"] == 0 and waits[0] == pytest.approx(FRAME_S, abs=0.01)
+    # (bounds one way: a loaded machine only makes this loop late, never early)
+    assert buf.stats["gaps"] == 0 and waits[0] >= FRAME_S - 0.005
     if adapt:
-        assert max(waits[-8:]) < 0.045 and 0.03 < buf.stats["trimmed_s"] < FRAME_S
+        assert max(waits[-8:]) < 0.055 and 0.02 < buf.stats["trimmed_s"] < FRAME_S
     else:
-        assert min(waits[-8:]) == pytest.approx(FRAME_S, abs=0.01) and buf.stats["trimmed_s"] == 0
+        assert min(waits[-8:]) >= FRAME_S - 0.005 and buf.stats["trimmed_s"] == 0
 
 
 def test_after_a_gap_the_turn_waits_the_measured_jitter_so_the_next_late_frame_does_not_gap():

@@ -103,3 +103,38 @@ def test_the_engine_moves_its_ticks_toward_a_callers_arrivals():
         assert engine.snapshot().sessions[0].reserve_frames == 0
     finally:
         engine.close()
+
+
+def test_a_frame_that_misses_its_tick_moves_the_ticks_back_and_widens_the_margin():
+    """Locked on to frames that led by 8 ms, one comes after its tick (a busy core held it up): the ticks
+    move back by the margin and the margin doubles, so the next such delay is absorbed; after 30 s of calm
+    the margin halves again."""
+    phase = TickPhase(TICK)
+    arrivals = [np.array([k * TICK - 0.05]) for k in range(100)]
+    run(phase, arrivals)
+    locked, margin = phase.shift_s, phase.margin_s
+    assert 0.035 < locked < 0.045
+    phase.missed()
+    assert phase.shift_s == locked - margin and phase.floor_s == 2 * margin and phase.misses == 1
+    for _ in range(400):
+        phase.observe(np.array([0.02]))  # calm: every frame well ahead
+    assert phase.floor_s == margin
+
+
+def test_the_engine_counts_a_frame_that_came_late_but_not_a_caller_who_stopped_sending():
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock())
+    try:
+        h = engine.open_session(PROMPT, TOOLS)
+        frame = np.zeros(1280, np.float32)
+        late = []
+        for k in range(60):
+            if k == 41:
+                h.push_audio(np.zeros(2560, np.float32))  # tick 40's frame came after it, with tick 41's
+            elif k != 40 and k < 50:  # from tick 50 the caller sends nothing
+                h.push_audio(frame)
+            engine.run_tick(k, engine.clock.now + 60.0)
+            engine.clock.now += TICK
+            late.append(engine.scheduler.late)
+        assert late[41] == 1 and sum(late) == 1, late
+    finally:
+        engine.close()
