@@ -95,12 +95,8 @@ def server_from_env() -> Server:
 
 def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
-    from agent.playout_buffer import (
-        BUFFER_FRAMES,
-        MAX_START_DELAY_FRAMES,
-        MIN_START_DELAY_S,
-        START_DELAY_FRAMES,
-    )
+    from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
+    from agent.playout_timing import MAX_START_DELAY_FRAMES, MIN_START_DELAY_S
     from engine.echo import MARK
     from engine.model.codec_ops import cached_columns
     from engine.presets import load_preset

@@ -83,6 +83,7 @@ def limits(cfg: EngineConfig, model_cfg: ModelConfig) -> Limits:
         admission_ticks=ticks(cfg.admission_s),
         replay_ticks=ticks(cfg.replay_s),
         result_ticks=ticks(cfg.result_s),
+        catch_up_in_turns=cfg.echo,
         **({"reserve_frames": 1, "spare_ticks": 10**9} if cfg.fixed_buffers else {}),
     )
 

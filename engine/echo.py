@@ -71,13 +71,13 @@ class Echo:
                     "session": s.id,
                     "label": s.label,
                     "tick": plan.tick,
-                    "pushed": getattr(inbox, "popped_at", None),
+                    "pushed": inbox.popped_at,
                     "tick_start": t_tick,
                     "sent": None,
                     "onset": int(np.argmax(loud[slot])),
                     "loud": int(loud[slot].sum()),
                     "peak": round(float(np.abs(plan.audio[slot]).max()), 3),
-                    "backlog": getattr(inbox, "held", 0),
+                    "backlog": inbox.held,
                 }
             )
         self.marked += len(self._pending)

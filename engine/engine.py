@@ -76,7 +76,6 @@ class Engine:
             clock,
             encode_pool=self._encoder,
         )
-        self.scheduler.catch_up_in_turns = cfg.echo
         self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
@@ -308,7 +307,7 @@ class Engine:
             self.echo.apply(plan, result, sessions, t_start)
         sch.apply_live(plan, result)
         t_live = clock()
-        self.acct.record_heard(plan, t_live)
+        self.acct.record_heard(plan, heard, t_live)
         if self.echo is not None:
             self.echo.sent(t_live)
         # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,21 +35,16 @@ TICK_BUCKETS_MS = (5, 10, 20, 30, 40, 50, 60, 70, 80, 100, 150, 250, 500, 1000)
 HEARD_BUCKETS_MS = np.array([10, 20, 40, 60, 80, 100, 120, 160, 200, 300, 500, 1000], dtype=np.float64)
 
 
+@dataclass(frozen=True)
 class Figures:
     """What the engine's open sessions and counters say at a scrape (`engine/snapshot.py` `figures`)."""
 
-    def __init__(
-        self,
-        heard: np.ndarray,
-        heard_sum_ms: float,
-        underruns: int,
-        tick_s: float,
-        dropped: int,
-        rows: list[tuple[int, int, float, float, float, float]],
-    ) -> None:
-        self.heard, self.heard_sum_ms, self.underruns = heard, heard_sum_ms, underruns
-        self.tick_s, self.dropped = tick_s, dropped
-        self.rows = rows  # per open session: slot, inbox reserve, then the playout (link.PLAYOUT_FIELDS)
+    heard: np.ndarray  # histogram counts of HEARD_BUCKETS_MS, the last for beyond them
+    heard_sum_ms: float
+    underruns: int
+    tick_s: float
+    dropped: int
+    rows: list[tuple]  # per open session: slot, inbox reserve, then the playout (link.PLAYOUT_FIELDS)
 
 
 class _FiguresCollector:
@@ -178,18 +174,14 @@ class Accounting:
             self.overruns += 1
             self.prom["overruns"].inc()
 
-    def record_heard(self, plan: LivePlan, t: float) -> None:
-        """The live step's frames were handed out at `t`: how long each live row's frame had waited since it
-        arrived (array operations over the rows; a replaying row's output is withheld and not counted)."""
-        if plan.arrived is None:
-            return
+    def record_heard(self, plan: LivePlan, rows: np.ndarray, t: float) -> None:
+        """The live step's frames were handed out at `t`: how long the frame of each of `rows` (the live rows
+        whose output is heard) had waited since it arrived, in array operations over the rows."""
         if self.heard_ms.size != plan.arrived.size:
             self.heard_ms = np.full(plan.arrived.size, np.nan)
         self.heard_ms[plan.reset] = np.nan
         heard = (t - plan.arrived) * 1e3
-        ok = plan.live & np.isfinite(heard)
-        if plan.quiet is not None:
-            ok &= ~plan.quiet
+        ok = rows & np.isfinite(heard)
         if not ok.any():
             return
         got = heard[ok]

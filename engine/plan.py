@@ -47,6 +47,9 @@ class Limits:
     # caller frames a caught-up session keeps in reserve (0: none until a late arrival makes one; 1 is the
     # fixed-buffer baseline, EngineConfig.fixed_buffers)
     reserve_frames: int = 0
+    # a reserve is caught up only outside the agent's turns (a quiet step would cut its speech), except in
+    # echo mode, where the turn is nominal and the echoed frame is all there is (engine/echo.py)
+    catch_up_in_turns: bool = False
 
 
 @dataclass

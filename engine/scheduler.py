@@ -84,9 +84,6 @@ class Scheduler:
         self.sessions: list[Session] = []
         self.underruns = 0
         self.late = 0  # sessions whose frame for the last tick came after it (found at this tick's plan)
-        # a reserve is caught up only outside the agent's turns (a quiet step would cut its speech), except in
-        # echo mode, where the turn is nominal and the echoed frame is all there is (engine/echo.py)
-        self.catch_up_in_turns = False
 
     # -- the tick -------------------------------------------------------------------------------------
 
@@ -170,7 +167,7 @@ class Scheduler:
                 if s.spare_ticks >= lim.spare_ticks:
                     if s.inbox.skip(1, silent_only=True, keep=1):
                         s.spare_ticks = 0
-                    elif not s.speaking or self.catch_up_in_turns:
+                    elif not s.speaking or lim.catch_up_in_turns:
                         s.catch_up, s.spare_ticks = True, 0
             if s.phase is Phase.REPLAY and len(s.inbox) <= 1 + lim.reserve_frames:
                 # caught up: this tick takes the one frame there is. No frame stays as a reserve: steady

@@ -1,0 +1,88 @@
+"""How late the model's frames come, and how a played chunk is made shorter: the measurements and the one
+sound operation the playout (agent/playout_buffer.py) makes its decisions with. Knows samples and seconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+MAX_START_DELAY_FRAMES = 3  # the start delay never grows beyond this (a machine this late gaps instead)
+MIN_START_DELAY_S = 0.01  # nor shrinks below this (the sink's own handover)
+JITTER_MARGIN_S = 0.02  # added to the lateness measured
+JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
+JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
+
+
+class ArrivalJitter:
+    """How late the frames of the model's turns arrive behind their cadence, and the start delay that this
+    needs, as WebRTC's NetEQ sizes its buffer from packet arrivals.
+
+    Within a turn the k-th frame plays k frames after the first one, so it is late by how far behind that
+    cadence it arrived (what the first frame's start delay must cover for it to play without a gap). The
+    delay is the largest lateness seen in the last `window_s` seconds plus a margin, within
+    [MIN_START_DELAY_S, MAX_START_DELAY_FRAMES frames]: a late frame raises it at once, a steady run brings it
+    back down once the late one has left the window. Until `warmup` frames have been measured it is
+    `initial_s`. Times are the caller's clock (any monotonic seconds)."""
+
+    def __init__(
+        self,
+        frame_s: float,
+        initial_s: float,
+        *,
+        window_s: float = JITTER_WINDOW_S,
+        warmup: int = JITTER_WARMUP,
+    ) -> None:
+        self.frame_s, self.initial_s, self.window_s, self.warmup = frame_s, initial_s, window_s, warmup
+        self.max_s = MAX_START_DELAY_FRAMES * frame_s
+        self.measured = 0
+        self._peaks: deque[tuple[float, float]] = deque()  # the window's running maxima, lateness decreasing
+        self._anchor: float | None = None  # the turn's first frame's arrival
+        self._k = 0
+
+    def begin_turn(self) -> None:
+        self._anchor, self._k = None, 0
+
+    def observe(self, arrived: float) -> float:
+        """A frame of the current turn arrived at `arrived`; returns its lateness (seconds)."""
+        due = arrived - self._k * self.frame_s  # when the first frame would have come, by this one's cadence
+        self._k += 1
+        if self._anchor is None or due < self._anchor:
+            # the earliest cadence of the turn so far: frames that come earlier than the first did (the tick
+            # moved toward the callers' frames, engine/phase.py) set the cadence the later ones are late for
+            self._anchor = due
+        late = max(0.0, due - self._anchor)
+        self.measured += 1
+        while self._peaks and self._peaks[-1][1] <= late:  # a monotonic queue: the window's max in O(1)
+            self._peaks.pop()
+        self._peaks.append((arrived, late))
+        return late
+
+    def lateness(self, now: float) -> float:
+        """The largest lateness measured in the window ending at `now`."""
+        peaks = self._peaks
+        while peaks and peaks[0][0] < now - self.window_s:
+            peaks.popleft()
+        return peaks[0][1] if peaks else 0.0
+
+    def delay(self, now: float) -> float:
+        if self.measured < self.warmup:
+            return self.initial_s
+        return min(self.max_s, max(MIN_START_DELAY_S, self.lateness(now) + JITTER_MARGIN_S))
+
+
+def shorten(x: np.ndarray, n: int, fade: int) -> np.ndarray:
+    """`x` (int16) without `n` samples: the quietest stretch of that length goes, and the samples either side
+    of it are crossfaded over `fade` samples, so no click is heard where it went."""
+    fade = max(1, min(fade, (x.size - n) // 2))
+    if n <= 0 or x.size < n + 2 * fade:
+        return x
+    f = x.astype(np.float32)
+    energy = np.concatenate([[0.0], np.cumsum(f * f)])
+    # the stretch [p, p + n + fade) whose energy is least, within the chunk
+    span = n + fade
+    p = int(np.argmin(energy[span:] - energy[:-span]))
+    ramp = np.linspace(0.0, 1.0, fade, dtype=np.float32)
+    joined = f[p : p + fade] * (1.0 - ramp) + f[p + n : p + n + fade] * ramp
+    return np.concatenate([x[:p], np.round(joined).astype(np.int16), x[p + n + fade :]])
