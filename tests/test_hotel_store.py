@@ -68,12 +68,27 @@ def test_a_database_from_newer_code_is_refused(store):
         store.migrate()
 
 
-def test_both_dialects_have_the_same_migrations():
-    from tools.store.base import migrations
+def test_both_dialects_render_the_same_migrations_with_their_own_column_types():
+    from tools.store.schema import migrations
 
     sqlite, postgres = migrations("sqlite"), migrations("postgres")
     assert [(v, name) for v, name, _ in sqlite] == [(v, name) for v, name, _ in postgres]
     assert len(sqlite) == LATEST_VERSION
+    assert not any("{" in sql for _, _, sql in sqlite + postgres)  # every type placeholder is rendered
+    initial = {"sqlite": " ".join(sqlite[0][2].split()), "postgres": " ".join(postgres[0][2].split())}
+    assert "night TEXT NOT NULL" in initial["sqlite"] and "night DATE NOT NULL" in initial["postgres"]
+    assert "created_at TEXT NOT NULL" in initial["sqlite"]
+    assert "created_at TIMESTAMPTZ NOT NULL" in initial["postgres"]
+    assert "total_cents BIGINT NOT NULL" in initial["postgres"]
+
+
+def test_a_migration_placeholder_without_a_type_is_refused():
+    from tools.store import StoreError
+    from tools.store.schema import render
+
+    assert render("night {date} NOT NULL", "postgres") == "night DATE NOT NULL"
+    with pytest.raises(StoreError, match="placeholder"):
+        render("night {day} NOT NULL", "sqlite")
 
 
 def test_sqlite_runs_in_wal_mode(tmp_path):

@@ -1,10 +1,14 @@
-"""The booking database: SQLite by default, PostgreSQL when `DATABASE_URL` is set."""
+"""The booking database: SQLite by default, PostgreSQL when `DATABASE_URL` is set; `open_store` opens and
+migrates the one the settings name. The names callers use, gathered; no SQL of its own."""
 
 from __future__ import annotations
 
 from ..settings import StoreSettings
-from .base import LATEST_VERSION, Conflict, SchemaTooNew, Store, StoreError, Transient, Tx
+from .base import Store
+from .errors import Conflict, SchemaTooNew, StoreError, Transient
 from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType
+from .schema import LATEST_VERSION
+from .statements import Tx
 
 __all__ = [
     "LATEST_VERSION",

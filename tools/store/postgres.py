@@ -1,17 +1,6 @@
-"""PostgreSQL backend (psycopg 3): READ COMMITTED writers that lock the inventory rows they decide on.
-
-A booking reads its nights with `SELECT ... FOR UPDATE` in (room type, night) order, so concurrent
-writers of the same nights queue on row locks and each sees the previous one's commit; a unique key
-taken by a concurrent writer, a deadlock or a serialization failure retries the transaction. Reads
-run as REPEATABLE READ, READ ONLY snapshots. `schema` isolates a store inside one database (tests).
-Connections come from a `psycopg_pool.ConnectionPool` and are checked before use, so a connection the server
-dropped is replaced rather than failing a call; a call that finds none free within `wait_s` gets `Busy`.
-
-Every wait is bounded. A transaction with a deadline sets its own `statement_timeout` and `lock_timeout`,
-and the client cuts the connection at the deadline even when the server answers nothing at all (a stopped
-server still accepts bytes into its socket, so neither TCP keepalives nor the server's own timeouts end
-that wait). Each write transaction learns its transaction id at BEGIN, so a COMMIT whose answer was lost is
-settled with `pg_xact_status` on another connection. Needs PostgreSQL 14 or later.
+"""PostgreSQL backend (psycopg 3, PostgreSQL 14 or later): READ COMMITTED writers that lock the inventory
+rows they decide on, pooled connections checked before use, and every wait cut at the call's deadline. Knows
+psycopg and the server's timeouts; not the statements it runs (statements.py) or the retries (base.py).
 """
 
 from __future__ import annotations
@@ -31,15 +20,9 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import Busy
 from ..settings import SCHEMA_NAME
-from .base import (
-    Conflict,
-    Lost,
-    Store,
-    StoreError,
-    Transient,
-    Unavailable,
-    apply_migrations,
-)
+from .base import Store
+from .errors import Conflict, Lost, StoreError, Transient, Unavailable
+from .schema import apply_migrations
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +66,20 @@ class DeadlineConnection(psycopg.Connection[Any]):
 
 
 class PostgresStore(Store):
+    """A booking reads its nights with `SELECT ... FOR UPDATE` in (room type, night) order, so concurrent
+    writers of the same nights queue on row locks and each sees the previous one's commit; a unique key
+    taken by a concurrent writer, a deadlock or a serialization failure retries the transaction. Reads
+    run as REPEATABLE READ, READ ONLY snapshots. `schema` isolates a store inside one database (tests).
+    Connections come from a `psycopg_pool.ConnectionPool` and are checked before use, so a connection the
+    server dropped is replaced rather than failing a call; a call that finds none free within `wait_s` gets
+    `Busy`.
+
+    A transaction with a deadline sets its own `statement_timeout` and `lock_timeout`, and the client cuts
+    the connection at the deadline even when the server answers nothing at all (a stopped server still
+    accepts bytes into its socket, so neither TCP keepalives nor the server's own timeouts end that wait).
+    Each write transaction learns its transaction id at BEGIN, so a COMMIT whose answer was lost is settled
+    with `pg_xact_status` on another connection."""
+
     dialect = "postgres"
     lock_clause = " FOR UPDATE"
 
@@ -276,7 +273,7 @@ class PostgresStore(Store):
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK, self.schema))
             where = f"schema {self.schema!r}"
-            apply_migrations(conn.execute, self.dialect, where, "TIMESTAMPTZ", "%s", self.now())
+            apply_migrations(conn.execute, self.dialect, where, "%s", self.now())
 
     def drop_schema(self) -> None:
         """Delete this store's schema and everything in it (the tests' clean slate)."""

@@ -1,4 +1,5 @@
-"""Plain records the store reads and writes; the same on SQLite and PostgreSQL."""
+"""Plain records the store reads and writes, the same on SQLite and PostgreSQL, and the reading of dates
+and times a backend hands back as text. Knows nothing of SQL or of the hotel's rules."""
 
 from __future__ import annotations
 

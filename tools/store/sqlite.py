@@ -1,14 +1,6 @@
-"""SQLite backend: one file, WAL journal, writers serialised by `BEGIN IMMEDIATE` and a busy timeout.
-
-WAL lets readers run beside the single writer; `BEGIN IMMEDIATE` takes the write lock before the
-first read, so a booking's availability check and its update see the same rows (no lock upgrade,
-no SQLITE_BUSY_SNAPSHOT). `synchronous=FULL`: a committed booking survives a power cut. Connections come
-from a small pool of its own; a call that finds none free within `wait_s` gets `Busy`.
-
-Every wait is bounded: the busy timeout (how long a writer waits for the write lock) is at most
-`busy_timeout_s`, and for a transaction with a deadline, what is left of it. Errors are classified as
-on PostgreSQL: a lock not had in time is retried until the deadline, an I/O-level failure drops the
-connection and retries once on a fresh one, and anything else from SQLite is a `StoreError`.
+"""SQLite backend: one file in WAL mode, writers serialised by `BEGIN IMMEDIATE`, connections from a small
+pool of its own, and every wait bounded by a busy timeout and the call's deadline. Knows SQLite's locking
+and result codes; not the statements it runs (statements.py) or when a transaction is retried (base.py).
 """
 
 from __future__ import annotations
@@ -25,15 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Busy
-from .base import (
-    Conflict,
-    Lost,
-    Store,
-    StoreError,
-    Transient,
-    Unavailable,
-    apply_migrations,
-)
+from .base import Store
+from .errors import Conflict, Lost, StoreError, Transient, Unavailable
+from .schema import apply_migrations
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +107,16 @@ _REFUSED_NOW = {8, 9, 13}  # READONLY, INTERRUPT, FULL: the database cannot take
 
 
 class SqliteStore(Store):
+    """WAL lets readers run beside the single writer; `BEGIN IMMEDIATE` takes the write lock before the
+    first read, so a booking's availability check and its update see the same rows (no lock upgrade,
+    no SQLITE_BUSY_SNAPSHOT). `synchronous=FULL`: a committed booking survives a power cut. A call that
+    finds no pooled connection free within `wait_s` gets `Busy`.
+
+    The busy timeout (how long a writer waits for the write lock) is at most `busy_timeout_s`, and for a
+    transaction with a deadline, what is left of it. Errors are classified as on PostgreSQL: a lock not had
+    in time is retried until the deadline, an I/O-level failure drops the connection and retries once on a
+    fresh one, and anything else from SQLite is a `StoreError`."""
+
     dialect = "sqlite"
 
     def __init__(
@@ -204,7 +200,7 @@ class SqliteStore(Store):
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            apply_migrations(conn.execute, self.dialect, str(self.path), "TEXT", "?", self.now().isoformat())
+            apply_migrations(conn.execute, self.dialect, str(self.path), "?", self.now().isoformat())
             conn.execute("COMMIT")
         except BaseException:
             self._rollback(conn)

@@ -1,5 +1,6 @@
 -- The hotel, its room types, inventory per room type per night, reservations and the FAQ.
--- Dates are ISO-8601 text (YYYY-MM-DD), times UTC ISO-8601 text; money is integer cents.
+-- Money is integer cents. `{date}`, `{timestamp}` (UTC) and `{bigint}` are the dialect's column types
+-- (tools/store/schema.py: on SQLite dates and timestamps are ISO-8601 text).
 
 CREATE TABLE hotel (
     id                     INTEGER PRIMARY KEY CHECK (id = 1),
@@ -25,7 +26,7 @@ CREATE TABLE room_types (
 
 CREATE TABLE inventory (
     room_type  TEXT    NOT NULL REFERENCES room_types (code),
-    night      TEXT    NOT NULL,
+    night      {date}  NOT NULL,
     total      INTEGER NOT NULL CHECK (total >= 0),
     booked     INTEGER NOT NULL DEFAULT 0 CHECK (booked >= 0),
     rate_cents INTEGER NOT NULL CHECK (rate_cents >= 0),
@@ -34,21 +35,21 @@ CREATE TABLE inventory (
 );
 
 CREATE TABLE reservations (
-    code                   TEXT    PRIMARY KEY,
-    idempotency_key        TEXT    UNIQUE,
-    status                 TEXT    NOT NULL CHECK (status IN ('confirmed', 'cancelled')),
-    guest_name             TEXT    NOT NULL,
-    contact                TEXT    NOT NULL,
-    room_type              TEXT    NOT NULL REFERENCES room_types (code),
-    check_in               TEXT    NOT NULL,
-    check_out              TEXT    NOT NULL,
-    guests                 INTEGER NOT NULL CHECK (guests > 0),
-    subtotal_cents         INTEGER NOT NULL CHECK (subtotal_cents >= 0),
-    tax_cents              INTEGER NOT NULL CHECK (tax_cents >= 0),
-    total_cents            INTEGER NOT NULL CHECK (total_cents = subtotal_cents + tax_cents),
-    cancellation_fee_cents INTEGER NOT NULL DEFAULT 0 CHECK (cancellation_fee_cents >= 0),
-    created_at             TEXT    NOT NULL,
-    updated_at             TEXT    NOT NULL,
+    code                   TEXT        PRIMARY KEY,
+    idempotency_key        TEXT        UNIQUE,
+    status                 TEXT        NOT NULL CHECK (status IN ('confirmed', 'cancelled')),
+    guest_name             TEXT        NOT NULL,
+    contact                TEXT        NOT NULL,
+    room_type              TEXT        NOT NULL REFERENCES room_types (code),
+    check_in               {date}      NOT NULL,
+    check_out              {date}      NOT NULL,
+    guests                 INTEGER     NOT NULL CHECK (guests > 0),
+    subtotal_cents         {bigint}    NOT NULL CHECK (subtotal_cents >= 0),
+    tax_cents              {bigint}    NOT NULL CHECK (tax_cents >= 0),
+    total_cents            {bigint}    NOT NULL CHECK (total_cents = subtotal_cents + tax_cents),
+    cancellation_fee_cents {bigint}    NOT NULL DEFAULT 0 CHECK (cancellation_fee_cents >= 0),
+    created_at             {timestamp} NOT NULL,
+    updated_at             {timestamp} NOT NULL,
     CHECK (check_out > check_in)
 );
 
