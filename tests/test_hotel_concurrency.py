@@ -20,7 +20,7 @@ import hotel_support
 from hotel_support import TODAY, booking
 from tools.audit import audit
 from tools.errors import HotelError, SoldOut
-from tools.hotel import KEY_REUSED
+from tools.replies import KEY_REUSED
 
 CALLERS = 64
 REPO = Path(__file__).resolve().parents[1]

@@ -1,8 +1,6 @@
 """Hotel admin: `python -m tools seed | bookings | audit`.
-
-The database comes from the environment (and `.env` in the working directory): `DATABASE_URL` for
-PostgreSQL, otherwise a SQLite file under `CHORUS_DATA_DIR` (default ./data). A bad setting is one line on
-stderr and exit status 2.
+The database comes from the environment (and `.env`): `DATABASE_URL`, or a SQLite file under `CHORUS_DATA_DIR`
+(default ./data); a bad setting is one line on stderr and exit status 2. Knows the commands, not the rules.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Consistency check of a booking database: inventory counts against the reservations that hold them."""
+"""Consistency check of a booking database: inventory counts against the reservations that hold them.
+Reads through the store's statements and changes nothing; knows no SQL.
+"""
 
 from __future__ import annotations
 

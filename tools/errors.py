@@ -40,6 +40,15 @@ class NotAllowed(HotelError):
     code = "not_allowed"
 
 
+class NotSetUp(HotelError):
+    """The database holds no hotel yet (`python -m tools seed` makes one)."""
+
+    code = "not_set_up"
+
+    def __init__(self) -> None:
+        super().__init__("The reservation system is not available right now; the front desk can help.")
+
+
 class Busy(HotelError):
     """The database stayed locked, kept conflicting, lost its connection or did not answer within the call's
     deadline, and nothing was changed."""

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from .rules import counted
 from .store import FaqEntry, HotelPolicy, RoomType
 
 # Words that say nothing about the topic of a question.
@@ -54,7 +55,6 @@ def words(text: str) -> set[str]:
 
 def entries(faq: Sequence[FaqEntry], policy: HotelPolicy, rooms: Sequence[RoomType]) -> list[FaqEntry]:
     """The FAQ plus what the policy says, so those answers always agree with the rules the tools apply."""
-    nights = policy.late_cancel_fee_nights
     return [
         *faq,
         FaqEntry(
@@ -66,7 +66,7 @@ def entries(faq: Sequence[FaqEntry], policy: HotelPolicy, rooms: Sequence[RoomTy
             "cancellation policy",
             "cancel refund fee",
             f"Cancelling is free until {policy.free_cancel_days} days before arrival; after that it costs "
-            f"{nights} night{'s' if nights != 1 else ''}.",
+            f"{counted(policy.late_cancel_fee_nights, 'night')}.",
         ),
         FaqEntry(
             "room types",

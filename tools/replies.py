@@ -1,49 +1,36 @@
-"""What the tools say: room options for a stay, sold-out and too-many-guests answers, and a reservation
-as the model reads it. Pure functions of records; no database, no LiveKit."""
+"""What the tools say: the sentences of every answer and refusal the hotel's operations give (a failure of
+the system itself carries its own, errors.py), and a reservation as the model reads it. Pure functions of
+the store's records and a stay's options; no database, and no decisions.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
 from . import rules
 from .errors import InvalidRequest, SoldOut
-from .rules import Stay, money, spoken_date, spoken_night
-from .store import HotelPolicy, Night, Reservation, RoomType
+from .rules import Stay, counted, money, spoken_date, spoken_night
+from .stays import Option, cancellation_fee
+from .store import HotelPolicy, Reservation, RoomType
+
+NOT_FOUND = (
+    "I couldn't find a reservation with that confirmation code and last name. "
+    "Could you read me the code again, one character at a time?"
+)
+KEY_REUSED = (
+    "This request key was already used for a booking with other details; a different booking needs a new key."
+)
+ALREADY_CANCELLED = "That reservation is already cancelled; I can make a new booking instead."
+ALREADY_STARTED = "That stay has already started, so the front desk needs to make any change."
+WHAT_TO_CHANGE = "What should change: the dates, the room type or the number of guests?"
 
 
-@dataclass(frozen=True)
-class Option:
-    """One room type for one stay: how many rooms are free on every night, and the price."""
-
-    room: RoomType
-    rows: list[Night]
-    stay: Stay
-
-    @property
-    def rooms_left(self) -> int:
-        complete = len(self.rows) == self.stay.nights  # a night without inventory is not bookable
-        return min((r.free for r in self.rows), default=0) if complete else 0
-
-    def first_full_night(self) -> date:
-        have = {r.night: r for r in self.rows}
-        for night in self.stay.night_dates():
-            if night not in have or have[night].free <= 0:
-                return night
-        raise ValueError("no night of this stay is full")
-
-    def price(self, policy: HotelPolicy) -> rules.Price:
-        return rules.price_stay([r.rate_cents for r in self.rows], policy.tax_rate_bp)
+def _total(option: Option, policy: HotelPolicy) -> str:
+    return money(option.price(policy).total_cents, policy.currency)
 
 
-def options(rooms: dict[str, RoomType], rows: list[Night], stay: Stay) -> list[Option]:
-    """One Option per room type, in the hotel's order, from inventory rows of any types."""
-    by_type: dict[str, list[Night]] = {code: [] for code in rooms}
-    for row in rows:
-        if row.room_type in by_type:
-            by_type[row.room_type].append(row)
-    return [Option(rooms[code], by_type[code], stay) for code in rooms]
+# --- refusals ----------------------------------------------------------------------------------------
 
 
 def too_many_guests(room: RoomType, guests: int, rooms: dict[str, RoomType]) -> InvalidRequest:
@@ -58,8 +45,11 @@ def too_many_guests(room: RoomType, guests: int, rooms: dict[str, RoomType]) -> 
     return InvalidRequest(text)
 
 
-def sold_out(wanted: Option, everything: list[Option], guests: int, policy: HotelPolicy) -> SoldOut:
-    """`No Deluxe King rooms are left on Friday the 12th; a Standard Queen is available ... at $X.`"""
+def sold_out(
+    wanted: Option, everything: list[Option], guests: int, policy: HotelPolicy, *, changing: bool = False
+) -> SoldOut:
+    """`No Deluxe King rooms are left on Friday the 12th; a Standard Queen is available ... at $X.`, and when
+    `changing` a reservation, that it is unchanged."""
     text = f"No {wanted.room.name} rooms are left on {spoken_night(wanted.first_full_night())}"
     others = [
         o
@@ -67,22 +57,67 @@ def sold_out(wanted: Option, everything: list[Option], guests: int, policy: Hote
         if o.room.code != wanted.room.code and o.rooms_left > 0 and o.room.max_guests >= guests
     ]
     if others:
-        total = money(others[0].price(policy).total_cents, policy.currency)
+        total = _total(others[0], policy)
         text += f"; a {others[0].room.name} is available for those dates at {total} including tax."
     else:
         text += "; no other room is free for those dates either."
+    if changing:
+        text += " The reservation is unchanged."
     return SoldOut(text)
 
 
-def cancellation_fee(r: Reservation, policy: HotelPolicy, today: date) -> int:
-    return rules.cancellation_fee_cents(
-        r.total_cents,
-        r.nights,
-        r.check_in,
-        today,
-        free_days=policy.free_cancel_days,
-        fee_nights=policy.late_cancel_fee_nights,
-    )
+# --- answers -----------------------------------------------------------------------------------------
+
+
+def availability(
+    stay: Stay,
+    options: list[Option],
+    wanted: RoomType | None,
+    guests: int,
+    rooms: dict[str, RoomType],
+    policy: HotelPolicy,
+    today: date,
+) -> dict[str, Any]:
+    """The answer to a check of availability over every room type's `options` for `stay`, about the
+    `wanted` type or, without one, the types that sleep `guests`."""
+    fitting = [o for o in options if o.room.max_guests >= guests]
+    free = [o for o in fitting if o.rooms_left > 0]
+    result: dict[str, Any] = {
+        "check_in": stay.check_in.isoformat(),
+        "check_out": stay.check_out.isoformat(),
+        "dates": stay.spoken(today),
+        "guests": guests,
+        "available": [
+            {
+                "room_type": o.room.name,
+                "sleeps": o.room.max_guests,
+                "rooms_left": o.rooms_left,
+                "total": _total(o, policy),
+                "description": o.room.description,
+            }
+            for o in free
+        ],
+    }
+    if wanted is not None:
+        option = next(o for o in options if o.room.code == wanted.code)
+        if wanted.max_guests < guests:
+            result["message"] = too_many_guests(wanted, guests, rooms).message
+        elif option.rooms_left == 0:
+            result["message"] = sold_out(option, options, guests, policy).message
+        else:
+            result["message"] = (
+                f"Yes, a {wanted.name} is available {stay.spoken(today)}, "
+                f"for {_total(option, policy)} including tax."
+            )
+    elif not fitting:
+        largest = max(rooms.values(), key=lambda r: r.max_guests)
+        result["message"] = too_many_guests(largest, guests, rooms).message
+    elif not free:
+        result["message"] = f"We're fully booked {stay.spoken(today)}."
+    else:
+        offers = "; ".join(f"{o.room.name}, {_total(o, policy)}" for o in free)
+        result["message"] = f"Available {stay.spoken(today)}, totals including tax: {offers}."
+    return result
 
 
 def cancellation_terms(r: Reservation, policy: HotelPolicy, today: date) -> str:
@@ -115,4 +150,80 @@ def reservation_view(
         view["cancellation"] = cancellation_terms(r, policy, today)
     elif r.cancellation_fee_cents:
         view["cancellation_fee"] = money(r.cancellation_fee_cents, policy.currency)
+    return view
+
+
+def booked(
+    r: Reservation, repeated: bool, rooms: dict[str, RoomType], policy: HotelPolicy, today: date
+) -> dict[str, Any]:
+    """A booking made, or, `repeated`, the one made before with the same key."""
+    view = reservation_view(r, rooms, policy, today)
+    view["already_booked"] = repeated
+    what = "This booking was already made" if repeated else "Booked"
+    if repeated and r.status != "confirmed":
+        what = "This booking was made earlier and has since been cancelled"
+    view["message"] = (
+        f"{what}: {view['room_type']} for {r.guest_name}, {view['dates']}, {counted(r.guests, 'guest')}, "
+        f"{view['total']} including tax. The confirmation code is {view['confirmation_code_spoken']}."
+    )
+    return view
+
+
+def found(r: Reservation, rooms: dict[str, RoomType], policy: HotelPolicy, today: date) -> dict[str, Any]:
+    view = reservation_view(r, rooms, policy, today)
+    if r.status == "cancelled":
+        view["message"] = f"Reservation {view['confirmation_code_spoken']} was cancelled."
+    else:
+        view["message"] = (
+            f"Found it: {view['room_type']} for {r.guest_name}, {view['dates']}, "
+            f"{view['total']} including tax. {view['cancellation']}"
+        )
+    return view
+
+
+def fee_required(
+    r: Reservation, fee: int, rooms: dict[str, RoomType], policy: HotelPolicy, today: date
+) -> dict[str, Any]:
+    """A cancellation that costs `fee` cents, not made until the caller accepts it."""
+    view = reservation_view(r, rooms, policy, today)
+    view["status"] = "fee_required"
+    view["cancellation_fee"] = money(fee, policy.currency)
+    view["message"] = (
+        f"Not cancelled yet: cancelling within {policy.free_cancel_days} days of arrival costs "
+        f"{money(fee, policy.currency)}. Ask the caller whether to go ahead; "
+        "if they agree, call again with accept_fee true."
+    )
+    return view
+
+
+def cancelled(
+    r: Reservation, fee: int, rooms: dict[str, RoomType], policy: HotelPolicy, today: date
+) -> dict[str, Any]:
+    view = reservation_view(r, rooms, policy, today)
+    charge = f"A cancellation fee of {money(fee, policy.currency)} applies." if fee else "There is no charge."
+    view["message"] = f"Reservation {view['confirmation_code_spoken']} is cancelled. {charge}"
+    return view
+
+
+def unchanged(r: Reservation, rooms: dict[str, RoomType], policy: HotelPolicy, today: date) -> dict[str, Any]:
+    view = reservation_view(r, rooms, policy, today)
+    view["message"] = "That is already how the reservation stands; nothing changed."
+    return view
+
+
+def changed(
+    before: Reservation, after: Reservation, rooms: dict[str, RoomType], policy: HotelPolicy, today: date
+) -> dict[str, Any]:
+    view = reservation_view(after, rooms, policy, today)
+    diff = after.total_cents - before.total_cents
+    if diff > 0:
+        delta = f"{money(diff, policy.currency)} more than before"
+    elif diff < 0:
+        delta = f"{money(-diff, policy.currency)} less than before"
+    else:
+        delta = "the same as before"
+    view["message"] = (
+        f"Changed: {view['room_type']}, {view['dates']}, {counted(after.guests, 'guest')}. "
+        f"The new total is {view['total']} including tax, {delta}. The confirmation code stays the same."
+    )
     return view

@@ -1,14 +1,6 @@
-"""The tools the model sees: their argument schemas, descriptions, and readable validation errors.
-
-One pydantic model per tool is the single source of truth: `tool_specs()` renders them as OpenAI-style
-function schemas ({name, description, parameters}) and `parse_args()` validates what the model sent,
-turning any failure into one `InvalidRequest` sentence. Knows nothing about LiveKit or the database.
-
-The model accepts at most five tools, so the set follows the call's steps: check availability, book,
-find a reservation, change or cancel it, and answer questions about the hotel (`WEB_TOOLS`). A phone call
-also needs call control (agent/phone.py), so on the phone finding, changing and cancelling a reservation
-are one tool, `manage_reservation`, whose action picks the step (`PHONE_TOOLS`): the three take the same
-confirmation code and last name, and the model already picks change or cancel by an action.
+"""The tools the model sees: one pydantic model per tool renders its function schema (`tool_specs`) and
+validates what the model sent (`parse_args`), any failure becoming one `InvalidRequest` sentence. Knows the
+arguments and their bounds; nothing about LiveKit, the database or what a tool does.
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from . import rules
+from . import guests, rules
 from .errors import InvalidRequest
 
 MAX_GUESTS = 12
@@ -35,18 +27,18 @@ def _no_bool(value: Any) -> Any:
 
 def _name_as_sent(value: Any) -> Any:
     # before the ends are stripped: ten thousand spaces and "Al" is not a name; refused as any name too long
-    if isinstance(value, str) and len(value) > rules.NAME_SENT_MAX:
+    if isinstance(value, str) and len(value) > guests.NAME_SENT_MAX:
         message = "String should have at most {max_length} characters"
-        raise PydanticCustomError("string_too_long", message, {"max_length": rules.NAME_MAX})
+        raise PydanticCustomError("string_too_long", message, {"max_length": guests.NAME_MAX})
     return value
 
 
 def _name(value: str) -> str:
-    return rules.clean_name(value)
+    return guests.clean_name(value)
 
 
 def _contact(value: str) -> str:
-    return rules.clean_contact(value)
+    return guests.clean_contact(value)
 
 
 def _code(value: str) -> str:
@@ -198,6 +190,8 @@ TOOLS: dict[str, type[_Args]] = {
     "manage_reservation": ManageReservation,
 }
 
+# The model accepts at most five tools, so the set follows the call's steps: check availability, book, find a
+# reservation, change or cancel it, and answer questions about the hotel.
 WEB_TOOLS = (
     "check_availability",
     "book_room",
@@ -205,7 +199,9 @@ WEB_TOOLS = (
     "change_or_cancel_reservation",
     "hotel_info",
 )
-# the fifth place is the phone's call control (agent/phone.py)
+# A phone call also needs call control (agent/phone.py), so on the phone finding, changing and cancelling a
+# reservation are one tool, `manage_reservation`, whose action picks the step: the three take the same
+# confirmation code and last name, and the model already picks change or cancel by an action.
 PHONE_TOOLS = ("check_availability", "book_room", "manage_reservation", "hotel_info")
 
 
@@ -297,7 +293,7 @@ def _sentence(model: type[_Args], error: Mapping[str, Any]) -> str:
 
 def _hidden(what: str, name: str, hidden: str) -> str:
     return (
-        f"The {what} name {rules._clip(name, 30)!r} contains an invisible character, {hidden}; "
+        f"The {what} name {rules.clip(name, 30)!r} contains an invisible character, {hidden}; "
         "send the name without it."
     )
 
@@ -312,7 +308,7 @@ def explain(model: type[_Args], exc: ValidationError) -> str:
             if hidden := rules.hidden_character(key):  # its echo would read as a field the tool takes
                 sentence = _hidden("field", key, hidden)
             else:
-                unknown.append(repr(rules._clip(key, 30)))
+                unknown.append(repr(rules.clip(key, 30)))
                 continue
         else:
             sentence = _sentence(model, error)
@@ -336,7 +332,7 @@ def parse_args(name: str, raw: Any) -> _Args:
     if model is None:
         if hidden := rules.hidden_character(str(name)):
             raise InvalidRequest(_hidden("tool", str(name), hidden))
-        raise InvalidRequest(f"There is no tool called {rules._clip(str(name))!r}.")
+        raise InvalidRequest(f"There is no tool called {rules.clip(str(name))!r}.")
     if isinstance(raw, model):
         return raw
     if not isinstance(raw, Mapping):

@@ -1,8 +1,5 @@
-"""Seed data: one hotel with its room types, nightly rates and inventory, policies and FAQ.
-
-`seed(store, today)` is idempotent: it updates the hotel, room types and FAQ, and adds inventory
-nights that are missing up to the booking horizon, never touching nights that already exist (so
-bookings survive a re-seed). Tests pass their own `HotelSeed` (for example one room of a kind).
+"""Seed data: one hotel with its room types, nightly rates and inventory, policies and FAQ, and `seed`, which
+writes it and can run again. Knows the records the store takes; not the SQL or the hotel's rules.
 """
 
 from __future__ import annotations
@@ -117,7 +114,10 @@ DEFAULT_HOTEL = HotelSeed(
 
 
 def seed(store: Store, today: date, data: HotelSeed = DEFAULT_HOTEL) -> int:
-    """Write the hotel; returns how many inventory nights were added."""
+    """Write the hotel; returns how many inventory nights were added. It can run again: it updates the hotel,
+    room types and FAQ, and adds inventory nights that are missing up to the booking horizon, never touching
+    nights that already exist (so bookings survive a re-seed). Tests pass their own `HotelSeed` (for example
+    one room of a kind)."""
 
     def run(tx: Tx) -> int:
         tx.put_hotel(data.policy)

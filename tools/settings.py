@@ -1,9 +1,6 @@
-"""Where bookings live, from the environment: `StoreSettings`.
-
-`DATABASE_URL` (PostgreSQL) or a SQLite file under `CHORUS_DATA_DIR` (default ./data), the PostgreSQL schema,
-the pool size and how long a call waits for a free connection; read with `StoreSettings.from_env()`, a bad
-value is a one-line `SettingsError` (envsettings). Knows the store's variables; nothing of the agent's or the
-page's. Nothing happens at import.
+"""Where bookings live, from the environment: `StoreSettings.from_env()` reads `DATABASE_URL` or a SQLite file
+under `CHORUS_DATA_DIR`, the schema, the pool size and the wait for a connection; a bad value is a one-line
+`SettingsError`. Knows the store's variables, not the agent's or the page's; nothing happens at import.
 """
 
 from __future__ import annotations
