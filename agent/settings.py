@@ -149,6 +149,11 @@ class AgentSettings(EnvSettings):
     # the worker's process (one rtc runtime for all, the fewest cores per room), or with true each room's
     # call in a process of its own (livekit-agents' process executor): for hosts with cores to spare
     room_processes: bool = Field(False, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
+    # the engine's live step at this real-time priority (SCHED_FIFO; 0: normal priority); refused without
+    # CAP_SYS_NICE or RLIMIT_RTPRIO, and then said once in the log
+    tick_priority: int = Field(
+        1, ge=0, le=99, validation_alias="CHORUS_TICK_PRIORITY", description="a whole number from 0 to 99"
+    )
     # how much lower than the worker's a room process's CPU priority is (nice): the tick comes first
     room_nice: int = Field(
         5, ge=0, le=19, validation_alias="CHORUS_ROOM_NICE", description="a whole number from 0 to 19"
@@ -183,6 +188,7 @@ class AgentSettings(EnvSettings):
             "device": self.device,
             "metrics_port": self.metrics_port,
             "show_words": self.show_words,
+            "tick_priority": self.tick_priority,
         }
         return EngineConfig(**(fields | {k: v for k, v in overrides.items() if v is not None}))
 

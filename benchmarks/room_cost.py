@@ -27,6 +27,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -183,6 +184,10 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
                     break
                 time.sleep(0.5)
             joined = len(worker.snapshot()["sessions"])
+            if joined < rooms:  # what the worker said, before its log goes with the temporary folder
+                tail = worker.log.read_text(errors="replace").splitlines()[-40:]
+                print(f"{rooms - joined} of {rooms} rooms not joined; the worker's log:", file=sys.stderr)
+                print("\n".join(tail), file=sys.stderr)
             time.sleep(min(10.0, seconds / 2))  # past the prompts' prefill and the greetings' start
             busy_cpu, busy_live = measure(worker, seconds)
             snap = worker.snapshot()

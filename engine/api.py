@@ -194,6 +194,8 @@ class EngineSnapshot(BaseModel):
     # how much earlier than its nominal time each tick starts, moved toward the callers' frames' arrivals
     # (engine/phase.py)
     tick_shift_ms: float = 0.0
+    # the tick thread runs at a real-time priority (EngineConfig.tick_priority, engine/priority.py)
+    tick_realtime: bool = False
     # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
     history_step_s: float = 0.96
     history_max_ms: list[float] = []

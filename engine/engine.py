@@ -37,6 +37,7 @@ from engine.headroom import Headroom
 from engine.malloc import tune_malloc
 from engine.metrics import Accounting, SnapshotServer, publish
 from engine.phase import STEP_S, TickPhase
+from engine.priority import TickPriority
 from engine.privacy import mask_numbers
 from engine.runner import Runner
 from engine.scheduler import Scheduler
@@ -89,6 +90,7 @@ class Engine:
         self.collector = Collector(clock)  # full collections in the tick's slack
         self.tick = 0
         self.failure: BaseException | None = None
+        self.priority = TickPriority(cfg.tick_priority)  # the tick thread's (engine/priority.py)
         self.echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
         if cfg.echo:
             also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
@@ -249,6 +251,7 @@ class Engine:
     def _run(self) -> None:
         if self.device.type == "cpu":
             torch.set_num_threads(self.config.threads)  # OpenMP settings are per thread: set them here too
+        self.priority.start()
         try:
             with torch.inference_mode():
                 self._loop()
@@ -325,6 +328,7 @@ class Engine:
                 if work is None:
                     break
                 self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
+            self.priority.relax()  # paused work takes turns with the rooms
             served = served | {work.kind}
             if cadence and work.kind in ("call", "result"):
                 skip = skip | {work.kind}
@@ -335,6 +339,7 @@ class Engine:
                 sch.forget_prompts(self.runner.save_prompt(slot, key))
             for call_ms, ticks in done.calls:
                 self.acct.record_call(call_ms, ticks)
+        self.priority.restore()
         t_end = clock()
         self.acct.record_tick(
             (t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline, t_end > deadline

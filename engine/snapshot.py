@@ -132,6 +132,7 @@ def build(engine: Engine) -> EngineSnapshot:
         at=time.time(),  # wall-clock time for the page, not the engine's clock
         tick_budget_ms=engine.tick_ms,
         tick_shift_ms=round(engine.phase.shift_s * 1000, 1),
+        tick_realtime=engine.priority.realtime,
         history_step_s=per * engine.tick_ms / 1000,
         history_max_ms=hist_max,
         history_p50_ms=hist_p50,
