@@ -28,7 +28,7 @@ from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import RoomSink, WavSink
 from agent.transcript import RoomTranscript
-from engine.privacy import pseudonym
+from redaction import pseudonym
 
 if TYPE_CHECKING:
     from engine.config import ClockConfig
@@ -290,7 +290,7 @@ async def _start_in_room(
 
 def room_label(room: str) -> str:
     """The name a room goes by outside LiveKit (the monitoring page, the worker's log): `room-kqzvbxdt`, a
-    pseudonym of its name (engine/privacy.py). A room's name is its caller's choice, or their number (a SIP
+    pseudonym of its name (redaction/). A room's name is its caller's choice, or their number (a SIP
     dispatch rule names a call's room after it: `call-_+14155550123_AbCd`), so none of it is shown; the label
     is the same for the whole call, on every worker, and distinct between rooms. "" for no name."""
     return pseudonym("room", room) if room else ""

@@ -7,7 +7,7 @@ fields it knows to be personal are named `lk.pii.<what>`, and rooms (`room`, `ro
 name is its caller's choice or their number (`call-_+14155550123_AbCd`), a SIP participant's identity is their
 number (`sip_+14155550123`). `CallerDataMask`, a filter on the worker's log handlers (the one livekit-agents'
 CLI sets up prints every field: JSON in production, colored in dev), rewrites each record before it is
-formatted. Knows logging and the framework's field names; the rules on strings are engine/privacy.py's.
+formatted. Knows logging and the framework's field names; the rules on strings are redaction/'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from agent.call import room_label
-from engine.privacy import mask_numbers, pseudonym
+from redaction import mask_numbers, pseudonym
 
 REDACTED = "[redacted]"
 PII = "lk.pii."  # livekit-agents' mark on a personal field

@@ -145,7 +145,7 @@ class SessionSnapshot(BaseModel):
     turns: int = 0  # the agent's turns so far
     # the words of the agent's current or last turn (of its last SAID_PIECES text pieces, engine/slots.py)
     turn_words: int = 0
-    # the end of the agent's current or last turn, redacted (engine/privacy.py), at most LAST_WORDS
+    # the end of the agent's current or last turn, redacted (redaction/), at most LAST_WORDS
     # characters; "" unless the engine shows words (`EngineSnapshot.show_words`)
     last_words: str = ""
 

@@ -38,11 +38,11 @@ from engine.malloc import tune_malloc
 from engine.metrics import Accounting, SnapshotServer, publish
 from engine.phase import STEP_S, TickPhase
 from engine.priority import TickPriority
-from engine.privacy import mask_numbers
 from engine.runner import Runner
 from engine.scheduler import Scheduler
 from engine.slots import FrameInbox, Phase, Session, SlotPool
 from engine.tokens import MAX_TOOLS
+from redaction import mask_numbers
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 

@@ -73,7 +73,7 @@ class EngineConfig(BaseModel):
     echo: bool = False
     metrics_port: int | None = None  # serve /snapshot and /metrics on 127.0.0.1 (0: any free port)
     # the agent's words in the snapshot: "off" (counts only: turns, words) or "redacted" (the end of its
-    # current or last turn, personal data replaced as engine/privacy.py can, which misses some: monitoring.md)
+    # current or last turn, personal data replaced as redaction/ can, which misses some: monitoring.md)
     show_words: Literal["off", "redacted"] = "off"
     metrics_host: str = "127.0.0.1"
     start: bool = True  # start the tick thread at once

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.api import EngineClosed, Output
-from engine.privacy import private_values
 from engine.slots import Session
 from engine.tokens import forced_ids
+from redaction import private_values
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -94,7 +94,7 @@ class SessionHandle:
     def keep_private(self, *terms: str) -> None:
         """Words this conversation must never show in clear: a guest's name (each of its words too), a
         contact, a code. The snapshot's `last_words` replace them with "[name]" from now on
-        (engine/privacy.py). Callable from any thread; the terms live as long as the session."""
+        (redaction/). Callable from any thread; the terms live as long as the session."""
         fresh = tuple(t.strip()[:200] for t in terms if isinstance(t, str) and t.strip())
         with self._private_lock:
             self._s.private = tuple(dict.fromkeys(self._s.private + fresh))

@@ -19,8 +19,8 @@ import numpy as np
 
 from engine.api import EngineFull, Output
 from engine.link import PLAYOUT_FIELDS
-from engine.privacy import opaque_id
 from engine.tokens import ParsedCall, TextStream
+from redaction import opaque_id
 
 
 class Phase(enum.Enum):
@@ -196,7 +196,7 @@ class Session:
     # the text channel between tokens (the bytes of a character not yet whole): the tick thread's only
     text: TextStream = field(default_factory=TextStream)
     # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined and
-    # redacted (engine/privacy.py) only when a snapshot is taken
+    # redacted (redaction/) only when a snapshot is taken
     said: deque[str] = field(default_factory=lambda: deque(maxlen=SAID_PIECES))
     # what the snapshot must never show of this conversation in clear (guests' names, codes, contacts): the
     # agent's `keep_private`, and personal values of its tool calls and their results; replaced whole, never

@@ -3,7 +3,7 @@
 Computed on the caller's thread from counters and references the tick thread keeps (no per-tick copies, no
 lock the tick waits on held). No transcript leaves by default: a session shows how many turns the agent took
 and how many words its current or last one holds; only with `EngineConfig.show_words` "redacted" do its
-`last_words` carry the turn's end, redacted (engine/privacy.py) before it is cut to LAST_WORDS characters.
+`last_words` carry the turn's end, redacted (redaction/) before it is cut to LAST_WORDS characters.
 Knows sessions' public counters and the accounting; knows nothing of the model.
 """
 
@@ -18,8 +18,8 @@ import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
 from engine.metrics import Figures, history, pct, resident_bytes
-from engine.privacy import last_words
 from engine.slots import SAID_PIECES, Phase, Session
+from redaction import last_words
 
 if TYPE_CHECKING:
     from engine.engine import Engine

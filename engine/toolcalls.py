@@ -28,9 +28,9 @@ from engine.api import (
     TurnEnded,
 )
 from engine.plan import CallRecord, Limits, SlackOutcome
-from engine.privacy import opaque_id
 from engine.slots import Phase, Session
 from engine.tokens import Tokens, ToolCallError, parse_tool_call
+from redaction import opaque_id
 
 log = logging.getLogger("chorus.engine.toolcalls")
 

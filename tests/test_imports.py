@@ -119,3 +119,41 @@ def test_no_first_party_import_cycle():
         for component in found
     ]
     assert not found, f"import cycles: {detail}"
+
+
+# The README's layout rule: what each package may import of ours besides itself (a dotted name allows that
+# module and everything under it).
+MAY_IMPORT = {
+    "engine": {"redaction"},
+    "agent": {"engine", "tools", "prompts", "envsettings", "redaction"},
+    "tools": {"envsettings"},
+    "ui": {"engine.api", "tools", "envsettings", "redaction"},
+    "prompts": set(),
+    "envsettings": set(),
+    "redaction": set(),
+}
+
+
+def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of one package by another that MAY_IMPORT does not allow, as "a -> b"."""
+
+    def allowed(src: str, dst: str) -> bool:
+        package = src.split(".")[0]
+        if dst.split(".")[0] == package:
+            return True
+        return any(dst == ok or dst.startswith(ok + ".") for ok in MAY_IMPORT.get(package, ()))
+
+    return [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if not allowed(a, b)]
+
+
+def test_the_layering_check_finds_an_import_against_the_rule():
+    graph = {"ui.page": {"engine.api", "engine.slots"}, "engine.tick": {"agent.room"}, "tools.db": {"tools.x"}}
+    assert layering_breaches(graph) == ["engine.tick -> agent.room", "ui.page -> engine.slots"]
+
+
+def test_every_package_imports_only_what_the_layout_rule_allows():
+    modules = module_files()
+    assert {name.split(".")[0] for name in modules} == set(MAY_IMPORT), "a package the rule does not name"
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    breaches = layering_breaches(graph)
+    assert not breaches, f"imports against the README's layout rule: {breaches}"

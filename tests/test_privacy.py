@@ -1,4 +1,4 @@
-"""What leaves the worker of a conversation (engine/privacy.py): the redactor against what an agent may say,
+"""What leaves the worker of a conversation (redaction/): the redactor against what an agent may say,
 numbers in room labels and contacts cut to their last four digits, wherever they are shown."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from livekit import rtc
 
 from agent.call import describe_caller
-from engine.privacy import last_words, mask_numbers, private_values, redact
+from redaction import last_words, mask_numbers, private_values, redact
 from ui.privacy import mask_contact, mask_phones
 
 # (what the agent said, what must not be left of it: compared without case)
@@ -268,7 +268,7 @@ def test_a_name_in_a_log_messages_text_that_no_field_named():
 def test_session_and_call_ids_read_the_same_in_the_log_as_in_the_snapshot():
     """The ids an operator follows from the log to the page carry no digits, so the log's number mask never
     takes a run of them for a phone number (a hex id did: `session 4680c•••• 6476`)."""
-    from engine.privacy import opaque_id
+    from redaction import opaque_id
 
     ids = [opaque_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids) and all(len(i) == 12 for i in ids)

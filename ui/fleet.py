@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from engine.api import EngineSnapshot
-from engine.privacy import redact
+from redaction import redact
 from ui.privacy import mask_phones, shorten
 
 STATES = {

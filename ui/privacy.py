@@ -1,16 +1,16 @@
 """What the monitoring page may show of a person: masked phone numbers, names, contacts and codes, and
 transcripts cut short. Plain functions on strings; knows nothing of Streamlit, and of the engine only its
-string rules (engine/privacy.py)."""
+string rules (redaction/)."""
 
 from __future__ import annotations
 
-from engine.privacy import DOTS, mask_numbers
+from redaction import DOTS, mask_numbers
 
 
 def mask_phones(text: str) -> str:
     """Every phone-number-like run of five digits or more in `text` as "•••• 0958" (its last four digits only,
     whatever its grouping or country code); dates and short numbers stay. The engine's own rule
-    (`engine.privacy.mask_numbers`), applied again to what a worker sends."""
+    (`redaction.mask_numbers`), applied again to what a worker sends."""
     return mask_numbers(text)
 
 

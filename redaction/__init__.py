@@ -1,0 +1,23 @@
+"""What of a conversation may leave the worker: names that stand for a person's by a pseudonym, numbers by
+their last four digits (`redaction.names`), and the agent's words, where an operator asks for them, with
+personal data replaced (`redaction.words`). Plain functions on strings, the standard library only; the engine,
+the agent's log and the monitoring page all apply the same rules. Knows nothing of sessions, HTTP or the page.
+"""
+
+from redaction.names import DOTS, MIN_MASKED_DIGITS, mask_numbers, opaque_id, pseudonym
+from redaction.words import CODE, EMAIL, NAME, NUMBER, last_words, private_values, redact
+
+__all__ = [
+    "CODE",
+    "DOTS",
+    "EMAIL",
+    "MIN_MASKED_DIGITS",
+    "NAME",
+    "NUMBER",
+    "last_words",
+    "mask_numbers",
+    "opaque_id",
+    "private_values",
+    "pseudonym",
+    "redact",
+]
