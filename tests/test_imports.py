@@ -1,6 +1,7 @@
 """The first-party modules import one another without a cycle, counting the imports made inside functions (a
 cycle hidden in a function is still one: whichever side loads first sees the other half-built). Imports under
-`if TYPE_CHECKING:` never run and are not counted. Read from the source alone; nothing is imported.
+`if TYPE_CHECKING:` never run and are not counted. And the layering of the benchmarks and the tests: the tests
+may import the benchmarks' support, never the other way. Read from the source alone; nothing is imported.
 """
 
 from __future__ import annotations
@@ -119,3 +120,19 @@ def test_no_first_party_import_cycle():
         for component in found
     ]
     assert not found, f"import cycles: {detail}"
+
+
+def test_the_benchmarks_import_nothing_of_the_tests():
+    """What the end-to-end tests and the benchmarks share is benchmarks.support: no module under benchmarks/
+    imports a module of tests/ (or pytest), nor reaches one through sys.path."""
+    of_tests = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests", "pytest"}
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        named = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        named |= {
+            n.module.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        }
+        assert not named & of_tests, f"{path.relative_to(ROOT)} imports {sorted(named & of_tests)}"
+        assert "sys.path" not in ast.unparse(tree), f"{path.relative_to(ROOT)} changes sys.path"
