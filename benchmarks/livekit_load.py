@@ -18,63 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks.support.server import load_tester, server_from_env
+from benchmarks.support.worker import Worker, seeded
 
-from livekit_support import Server, Worker  # noqa: E402
-
-
-def server_from_env() -> Server:
-    url = os.environ.get("CHORUS_TEST_LIVEKIT_URL") or os.environ.get("LIVEKIT_URL")
-    key = os.environ.get("CHORUS_TEST_LIVEKIT_API_KEY") or os.environ.get("LIVEKIT_API_KEY")
-    secret = os.environ.get("CHORUS_TEST_LIVEKIT_API_SECRET") or os.environ.get("LIVEKIT_API_SECRET")
-    if not (url and key and secret):
-        raise SystemExit("livekit_load: no LiveKit server: run scripts/livekit.sh's start_livekit first")
-    return Server(url, key, secret)
-
-
-def load_tester() -> str:
-    path = os.environ.get("CHORUS_AGENT_LOAD_TEST")
-    if not path:
-        out = subprocess.run(
-            ["bash", "-c", "source scripts/livekit.sh && echo $AGENT_LOAD_TEST_BIN"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        path = out.stdout.strip()
-    if not Path(path).is_file():
-        raise SystemExit(f"livekit_load: no load tester at {path}: run scripts/livekit.sh's ensure_livekit")
-    return path
-
-
-def seeded(tmp: Path) -> None:
-    import datetime as dt
-
-    os.environ["CHORUS_DATA_DIR"] = str(tmp)
-    from tools.seed import seed
-    from tools.store import open_store
-
-    with open_store() as store:
-        seed(store, dt.date.today())
+PROG = "livekit_load"
 
 
 def run(rooms: int, seconds: float, echo_delay: float, tmp: Path) -> dict:
-    server = server_from_env()
+    server = server_from_env(PROG)
     seeded(tmp)
     with Worker(server, tmp, slots=rooms) as worker:
         t0 = time.monotonic()
         ticks0 = worker.snapshot()["ticks"]
         cmd = [
-            load_tester(),
+            load_tester(PROG),
             "--rooms",
             str(rooms),
             "--agent-name",

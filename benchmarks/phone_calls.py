@@ -32,16 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from benchmarks.livekit_load import seeded, server_from_env  # noqa: E402
-from benchmarks.room_cost import tree  # noqa: E402
-from livekit_support import RATE, Worker, agent_sip, caller_pcm, sessions_by_label  # noqa: E402
-from sip_support import PhoneCaller, find_bridge, inbound  # noqa: E402
+from benchmarks.support.callers import RATE, caller_pcm
+from benchmarks.support.machine import cmdline, cpu_seconds, tree
+from benchmarks.support.server import agent_sip, server_from_env
+from benchmarks.support.sip import PhoneCaller, find_bridge, inbound
+from benchmarks.support.stats import percentiles
+from benchmarks.support.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 ANSWER_WAIT_S = 120.0  # for the agent's track in every call
 JOIN_EVERY_S = 0.5  # between two calls' arrivals
 
@@ -50,34 +48,8 @@ def caller_number(i: int) -> str:
     return f"+1202555{i:04d}"  # fictional: 555 numbers
 
 
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """CPU seconds so far of each process (user + system)."""
-    out = {}
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[p] = (int(fields[11]) + int(fields[12])) / TICKS_PER_S
-    return out
-
-
-def percentiles(values: list[float]) -> dict:
-    v = np.asarray(values, dtype=np.float64)
-    if not v.size:
-        return {"n": 0, "p50": None, "p99": None, "max": None}
-    return {
-        "n": int(v.size),
-        **{k: round(float(np.percentile(v, q)), 1) for k, q in (("p50", 50), ("p99", 99))},
-        "max": round(float(v.max()), 1),
-    }
-
-
 def is_engine(pid: int) -> bool:
-    try:
-        return b"engine.serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return "engine.serve" in cmdline(pid)
 
 
 async def run_calls(server, worker: Worker, calls: list[dict], seconds: float) -> dict:
@@ -152,7 +124,7 @@ async def run_calls(server, worker: Worker, calls: list[dict], seconds: float) -
             for c, h0, h1 in zip(callers, heard0, heard1, strict=True)
         ],
         "window_s": round(wall, 1),
-        "turn_start_ms": percentiles(list(turn_starts.values())),
+        "turn_start_ms": {"n": len(turn_starts), **percentiles(list(turn_starts.values()))},
         "worker_cores": round(worker_cores, 3),
         "engine_cores": round(engine, 3),
         "snapshot": {
@@ -175,7 +147,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="the steady window measured")
     ap.add_argument("--log", type=Path, default=None, help="keep the worker's log here")
     args = ap.parse_args()
-    server = server_from_env()
+    server = server_from_env("phone_calls")
     if not os.environ.get("CHORUS_TEST_LIVEKIT_REDIS"):
         raise SystemExit("phone_calls: the LiveKit server runs without Redis, which its SIP API needs")
     bridge = find_bridge()

@@ -22,7 +22,6 @@ and load tester (as benchmarks/livekit_load.py). The last line is one JSON objec
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -33,25 +32,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.livekit_load import Worker, load_tester, seeded, server_from_env
+from benchmarks.support.machine import TICKS_PER_S, cmdline, tree
+from benchmarks.support.server import load_tester, server_from_env
+from benchmarks.support.worker import Worker, seeded
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            tasks = []
-        for t in tasks:  # a child belongs to the thread that started it
-            with contextlib.suppress(OSError):
-                todo += [int(k) for k in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
-    return out
+PROG = "room_cost"
 
 
 def threads(pid: int) -> dict[tuple[int, int], tuple[str, str, float]]:
@@ -82,13 +67,6 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def histogram(metrics_url: str) -> tuple[dict[float, float], float, float]:
@@ -165,13 +143,13 @@ def split(cpu: dict, engine_pid: int | None) -> dict:
 
 
 def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
-    server = server_from_env()
+    server = server_from_env(PROG)
     seeded(tmp)
     with Worker(server, tmp, slots=rooms, **env) as worker:
         time.sleep(3.0)  # the rooms' processes warm
         idle_cpu, idle_live = measure(worker, seconds)
         cmd = [
-            load_tester(),
+            load_tester(PROG),
             *("--rooms", str(rooms), "--agent-name", worker.agent_name, "--echo-speech-delay", "2s"),
             *("--duration", f"{seconds * 2 + 30 + rooms * 2}s"),
             *("--url", server.url, "--api-key", server.key, "--api-secret", server.secret),

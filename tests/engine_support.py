@@ -1,5 +1,6 @@
-"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a session's queued outputs,
-and code run with the kernels compiled."""
+"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a caller's audio, the engine's
+clock moved by hand and the ticks driven on it, a session's queued outputs, and code run with the kernels
+compiled. Knows nothing of LiveKit or the hotel."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+
+from engine.engine import Engine, EngineConfig
+from wait_support import await_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,6 +29,54 @@ TOOLS = [
 ]
 PROMPT = "You are the concierge of a small hotel."
 CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
+TICK_S = 0.08  # the clock's move from one hand-driven tick to the next (the model's frame)
+
+
+def caller_audio(seed: int, seconds: float) -> np.ndarray:
+    """A caller's voice at 16 kHz: a tone of the seed's own pitch with a little noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+
+
+class ManualClock:
+    """The engine's clock in the tests that drive ticks by hand: time moves only when the test says so. Ticks
+    driven with a deadline far away complete all pending paused work (prompt and result prefill, call tokens,
+    replay) within the tick, no step ever looks slow, and the test is deterministic whatever the machine's
+    load. Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def engine_on(clock: ManualClock | None = None, **config) -> Engine:
+    """An engine at the tiny preset with no tick thread, on `clock` (a fresh ManualClock by default)."""
+    return Engine(EngineConfig(preset="tiny", start=False, **config), clock=clock or ManualClock())
+
+
+def run_ticks(engine: Engine, start: int, n: int, deadline_s: float = 60.0) -> int:
+    """Ticks `start` .. `start + n - 1`, each with its deadline `deadline_s` ahead on the engine's clock (one
+    moved by hand: a ManualClock, or a clock with a `now` like it), moved on by TICK_S after each tick;
+    returns the next tick."""
+    for k in range(start, start + n):
+        engine.run_tick(k, engine.clock() + deadline_s)
+        engine.clock.now += TICK_S
+    return start + n
+
+
+async def ticks_pass(engine: Engine, n: int = 4) -> None:
+    """Wait for `n` more ticks of an engine running its own tick thread: whatever an earlier tick sent is then
+    through the session's queues."""
+    start = engine.tick
+    await await_until(lambda: engine.tick >= start + n, f"{n} more ticks")
 
 
 def drain(handle) -> list:

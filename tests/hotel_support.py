@@ -10,7 +10,6 @@ from `CHORUS_TEST_DATABASE_URL` (`.ci/run` starts one); without it those tests s
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -125,20 +124,3 @@ def booking(**overrides: object) -> dict[str, object]:
         del args["check_out"]
     args.update(overrides)
     return args
-
-
-async def ticks_pass(engine, n: int = 4) -> None:
-    """Wait for `n` more engine ticks: whatever an earlier tick sent is then through the session's queues."""
-    start = engine.tick
-    await until(lambda: engine.tick >= start + n, f"{n} more ticks")
-
-
-async def until(predicate, what: str, timeout: float = 90.0) -> None:
-    """Wait for an event, never for elapsed time: `timeout` only bounds a wait that would otherwise hang (the
-    machine is shared)."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None

@@ -27,7 +27,9 @@ from agent.playout_buffer import BUFFER_FRAMES
 from agent.sinks import ROOM_RATE, WavSink
 from engine.engine import Engine
 from engine.presets import load_preset
-from hotel_support import TODAY, booking, ticks_pass, until
+from engine_support import ticks_pass
+from hotel_support import TODAY, booking
+from wait_support import await_until
 
 CLOCK = load_preset("tiny").clock  # the engine's frame clock (the engine below runs the tiny preset)
 FRAME_S = CLOCK.frame_ms / 1000
@@ -96,11 +98,13 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
             )
             handle = await call.wait_open()
             inp.push(loud(1.0) // 4)
-            await until(lambda: call.duplex.stats["frames_out"] >= 5, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 5, "the session to go live")
             ids = turn(engine, " Good evening, how can I help you today?")
             handle.force_text(ids)
-            await until(lambda: call.duplex.stats["speech_frames"] >= len(ids), "the forced turn")
-            await until(lambda: call.output.stats["segments"] == 1 and call.output.queued_s == 0, "playout")
+            await await_until(lambda: call.duplex.stats["speech_frames"] >= len(ids), "the forced turn")
+            await await_until(
+                lambda: call.output.stats["segments"] == 1 and call.output.queued_s == 0, "playout"
+            )
             await ticks_pass(engine)  # nothing more of the turn on its way
             row = next(s for s in engine.snapshot().sessions if s.id == handle.id)
             stats, out = dict(call.duplex.stats), dict(call.output.stats)
@@ -140,17 +144,19 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             tok = engine.tokens
             handle.force_text(turn(engine, " Let me book that room for you right", end=False))
             args = booking(guest_name="Grace Hopper")
             handle.force_function([tok.pad] * 5 + tok.call_ids([{"name": "book_room", "arguments": args}]))
-            await until(lambda: call.duplex.paused, "the pause")
+            await await_until(lambda: call.duplex.paused, "the pause")
             queued_at_most = call.output.buffer.buffer_s  # what the playout held when the call cut the turn
             handle.force_text(turn(engine, " You are all set."))  # consumed once the session is live again
-            await until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
-            await until(lambda: call.duplex.stats["turns"] == 2 and not call.duplex.speaking, "the reply")
-            await until(lambda: call.output.queued_s == 0 and not call.output.clip_playing, "playout")
+            await await_until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
+            await await_until(
+                lambda: call.duplex.stats["turns"] == 2 and not call.duplex.speaking, "the reply"
+            )
+            await await_until(lambda: call.output.queued_s == 0 and not call.output.clip_playing, "playout")
             items = [
                 (i.type, getattr(i, "name", None), getattr(i, "output", None))
                 for i in call.session.history.items
@@ -204,20 +210,20 @@ def test_a_scripted_reply_follows_a_tool_pause_that_ended_between_two_polls(engi
     a fast tool pauses it still sees that its call paused the session, and its reply is then spoken."""
 
     async def main():
-        await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
+        await await_until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
         with fake_job_context():
             call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE))
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             force = Forcing(handle, engine.tokens, call.duplex)
             args = {"check_in": TODAY.isoformat(), "nights": 2, "guests": 2}
             force.call(engine.tokens.call_ids([{"name": "check_availability", "arguments": args}]))
             before = force.call_paused()
-            await until(lambda: call.duplex.stats["resumes"] == 1, "the pause to be over")
+            await await_until(lambda: call.duplex.stats["resumes"] == 1, "the pause to be over")
             after = (call.duplex.paused, force.call_paused())
             turns = call.duplex.stats["turns"]
             force.say(AFTER_TOOL)
-            await until(lambda: call.duplex.stats["turns"] == turns + 1, "the reply")
+            await await_until(lambda: call.duplex.stats["turns"] == turns + 1, "the reply")
             await call.aclose()
             return before, after
 
@@ -245,12 +251,16 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             inp.push(loud(30.0))  # the caller keeps talking over the whole turn
             ids = turn(engine, " The pool is open from seven in the morning until")
             handle.force_text(ids)
-            await until(lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the cut turn")
-            await until(lambda: call.output.queued_s == 0 and call.output.stats["segments"] == 1, "playout")
+            await await_until(
+                lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the cut turn"
+            )
+            await await_until(
+                lambda: call.output.queued_s == 0 and call.output.stats["segments"] == 1, "playout"
+            )
             await ticks_pass(engine)  # what the cut turn still had on its way has arrived (and been dropped)
             result = len(ids), dict(call.duplex.stats), dict(call.output.stats)
             await call.aclose()
@@ -313,11 +323,11 @@ def test_bad_input_48k_stereo_8k_mono_and_empty_frames(engine, hotel, tmp_path):
                 )
             for c in calls.values():
                 await c.wait_open()
-            await until(lambda: all(c.duplex.live for c in calls.values()), "the sessions to go live")
+            await await_until(lambda: all(c.duplex.live for c in calls.values()), "the sessions to go live")
             base = {n: c.duplex.stats["frames_out"] for n, c in calls.items()}
             for c in calls.values():
                 c.session.input.audio.go.set()
-            await until(
+            await await_until(
                 lambda: all(c.duplex.stats["frames_out"] - base[n] >= 30 for n, c in calls.items()), "2.4 s"
             )
             by_id = {s.id: s for s in engine.snapshot().sessions}
@@ -362,23 +372,23 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
     slow = SlowHotel(hotel)
 
     async def main():
-        await until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
+        await await_until(lambda: engine.occupancy == 0, "the earlier tests' slots to be freed")
         inp = PcmInput(CLOCK)
         with fake_job_context():
             call = await start_call(
                 engine, HotelAgent(slow), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             args = {"check_in": TODAY.isoformat(), "nights": 2, "guests": 2}
             handle.force_function(engine.tokens.call_ids([{"name": "check_availability", "arguments": args}]))
-            await until(slow.entered.is_set, "the tool to start")
+            await await_until(slow.entered.is_set, "the tool to start")
             inp.end()
             closing = asyncio.create_task(call.aclose())  # what the worker does when the caller leaves
-            await until(lambda: engine.occupancy == 0, "the slot to be freed")
+            await await_until(lambda: engine.occupancy == 0, "the slot to be freed")
             assert not slow.finished.is_set()  # freed while the tool still runs
             slow.release.set()
-            await until(slow.finished.is_set, "the late tool to finish")
+            await await_until(slow.finished.is_set, "the late tool to finish")
             await closing
             await ticks_pass(engine)  # the closed slot's tick has come and gone
             handle.submit_tool_result("late", "{}")  # a late answer to a closed session is ignored
@@ -388,7 +398,7 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "again.wav", OUT_RATE)
             )
             await again.wait_open()
-            await until(lambda: again.duplex.stats["frames_out"] >= 3, "the next call to go live")
+            await await_until(lambda: again.duplex.stats["frames_out"] >= 3, "the next call to go live")
             stats = dict(call.duplex.stats)
             await again.aclose()
             return leftover, stats
@@ -398,7 +408,7 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
     assert leftover == []
     assert stats["function_calls"] == 1 and stats["tool_results"] == 0 and stats["resumes"] == 0
     assert [r for r in hotel.reservations()] == []
-    asyncio.run(until(lambda: engine.occupancy == 0, "the last slot to be freed"))
+    asyncio.run(await_until(lambda: engine.occupancy == 0, "the last slot to be freed"))
 
 
 def test_caller_audio_before_the_slot_opens_reaches_the_engine(engine):
@@ -414,7 +424,7 @@ def test_caller_audio_before_the_slot_opens_reaches_the_engine(engine):
             session.push_audio(rtc.AudioFrame(chunk.tobytes(), IN_RATE, 1, chunk.size))
         held = (session.handle, session.stats["frames_held"])
         await session._update_session(instructions="You are the concierge.", tools=[])
-        await until(session.opened.is_set, "the slot to open")
+        await await_until(session.opened.is_set, "the slot to open")
         for _ in range(5):
             session.push_audio(rtc.AudioFrame(chunk.tobytes(), IN_RATE, 1, chunk.size))
         stats, frames_in = dict(session.stats), session.handle.frames_in
@@ -436,7 +446,7 @@ def test_a_forwarding_failure_is_counted_and_the_call_keeps_its_audio(engine, mo
         model = ChorusModel(engine)
         session = model.session()
         await session._update_session(instructions="You are the concierge.", tools=[])
-        await until(session.opened.is_set, "the slot to open")
+        await await_until(session.opened.is_set, "the slot to open")
         chunk = loud(FRAME_S)
         real = InputConverter.push
         calls = {"n": 0}
@@ -475,12 +485,12 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(
         with fake_job_context():
             call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE))
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             sizes = []
             guests = [("Ada Lovelace", "2030-03-12"), ("Grace Hopper", "2030-04-12")]
             for n in range(1, 13):
                 handle.force_text(turn(engine, f" Reply {n}."))
-                await until(
+                await await_until(
                     lambda n=n: call.duplex.stats["turns"] == n and not call.duplex.speaking, "a turn"
                 )
                 if n in (6, 12):  # a call after the history was trimmed (and a second one)
@@ -488,7 +498,7 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(
                     guest, check_in = guests.pop(0)
                     args = booking(guest_name=guest, check_in=check_in, nights=2)
                     handle.force_function(tok.call_ids([{"name": "book_room", "arguments": args}]))
-                    await until(
+                    await await_until(
                         lambda c=calls: call.duplex.stats["resumes"] == c, "the result to be consumed"
                     )
                 report = get_job_context().make_session_report(call.session)  # what the job would report
@@ -517,9 +527,11 @@ def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp
             sink = WavSink(tmp_path / "out.wav", rate)
             call = await start_call(engine, HotelAgent(hotel), sink=sink)
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             handle.force_text(turn(engine, " Thank you for calling, goodbye now."))
-            await until(lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the last turn")
+            await await_until(
+                lambda: call.duplex.stats["turns"] == 1 and not call.duplex.speaking, "the last turn"
+            )
             await call.aclose(play_out=True)
             return dict(call.duplex.stats), dict(call.output.stats)
 

@@ -19,7 +19,7 @@ import pytest
 
 from agent import room, worker
 from agent.settings import AgentSettings
-from hotel_support import until
+from wait_support import await_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 90.0
@@ -48,7 +48,7 @@ def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, 
         started = asyncio.Event()
         server.on("worker_started", started.set)
         run = asyncio.create_task(server.run(devmode=True, unregistered=True))
-        await until(started.is_set, "the worker to start")
+        await await_until(started.is_set, "the worker to start")
         engine = worker.shared_engine(settings)  # the worker's end of its engine's process
 
         def occupancy() -> float:
@@ -57,15 +57,15 @@ def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, 
         seen = []
         for i in range(4):
             await server.simulate_job(f"room-{i}", fake_job=True)
-        await until(lambda: occupancy() == 1.0, "four calls on the engine")
+        await await_until(lambda: occupancy() == 1.0, "four calls on the engine")
         seen.append((len(server.active_jobs), occupancy(), await available(server)))
         ctx, loop = jobs[0]
         loop.call_soon_threadsafe(ctx.shutdown, "the caller left")  # one caller's job ends
-        await until(lambda: occupancy() == 0.75, "the slot to be freed")
-        await until(lambda: len(server.active_jobs) == 3, "the job to end")
+        await await_until(lambda: occupancy() == 0.75, "the slot to be freed")
+        await await_until(lambda: len(server.active_jobs) == 3, "the job to end")
         seen.append((len(server.active_jobs), occupancy(), await available(server)))
         await server.aclose()
-        await until(lambda: occupancy() == 0.0, "every slot to be freed")
+        await await_until(lambda: occupancy() == 0.0, "every slot to be freed")
         await asyncio.wait_for(run, TIMEOUT_S)
         return seen
 

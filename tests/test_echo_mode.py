@@ -10,26 +10,13 @@ from engine.api import AudioFrame, ToolCallStarted, TurnEnded
 from engine.echo import MARK, Echo
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
-from engine_support import PROMPT, TOOLS, drain
+from engine_support import PROMPT, TOOLS, ManualClock, drain, run_ticks
 
 N_IN, N_OUT = 1280, 1764
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def engine_on(echo: bool) -> Engine:
-    return Engine(EngineConfig(preset="tiny", num_slots=2, start=False, echo=echo), clock=ManualClock())
-
-
-def tick(engine: Engine, k: int) -> None:
-    engine.run_tick(k, engine.clock() + 60.0)
-    engine.clock.now += 0.08
+    return Engine(EngineConfig(preset="tiny", num_slots=2, start=False, echo=echo), clock=ManualClock(100.0))
 
 
 def until_live(engine: Engine, handle, k: int = 0) -> int:
@@ -37,11 +24,9 @@ def until_live(engine: Engine, handle, k: int = 0) -> int:
     the next tick."""
     while handle.phase != "live":
         handle.push_audio(np.zeros(N_IN, np.float32))
-        tick(engine, k)
-        k += 1
+        k = run_ticks(engine, k, 1)
     while handle.backlog_frames:  # the frame kept as jitter buffer on resuming
-        tick(engine, k)
-        k += 1
+        k = run_ticks(engine, k, 1)
     drain(handle)
     return k
 
@@ -71,8 +56,7 @@ def test_a_pushed_frame_comes_back_resampled_in_the_next_ticks_output(echo_engin
         x = burst(i)
         h.push_audio(x)
         e.clock.now += 0.01
-        tick(e, k)
-        k += 1
+        k = run_ticks(e, k, 1)
         items = drain(h)
         out = [it.samples for it in items if isinstance(it, AudioFrame)]
         assert len(out) == 1 and out[0].shape == (N_OUT,)
@@ -95,9 +79,9 @@ def test_marked_frames_are_timed_in_the_snapshot(echo_engine):
     pushed = e.clock()
     h.push_audio(burst(1))
     e.clock.now += 0.03
-    tick(e, k)
+    run_ticks(e, k, 1)
     h.push_audio(np.zeros(N_IN, np.float32))  # unmarked: not logged
-    tick(e, k + 1)
+    run_ticks(e, k + 1, 1)
     echo = e.snapshot().echo
     assert echo["mark"] == MARK and echo["marked"] == before + 1
     r = echo["frames"][-1]
@@ -114,7 +98,7 @@ def test_echo_off_is_the_models_own_output_and_no_echo_state():
         k = until_live(e, h)
         x = burst(0)
         h.push_audio(x)
-        tick(e, k)
+        run_ticks(e, k, 1)
         out = [it.samples for it in drain(h) if isinstance(it, AudioFrame)]
         want = np.interp(np.arange(N_OUT) * N_IN / N_OUT, np.arange(N_IN), x)
         assert len(out) == 1 and not np.allclose(out[0], want, atol=1e-3)

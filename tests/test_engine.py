@@ -21,42 +21,7 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
-from engine_support import CALL, PROMPT, TOOLS, drain
-
-
-def caller_audio(seed: int, seconds: float) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(16000 * seconds)) / 16000
-    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(
-        np.float32
-    )
-
-
-class ManualClock:
-    """The engine's clock in these tests: time moves only when the test says so. Ticks are driven by hand with
-    a deadline far away, so all pending paused work (prompt and result prefill, call tokens, replay) completes
-    within the tick, no step ever looks slow, and the test is deterministic whatever the machine's load.
-    Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def engine_on(clock: ManualClock | None = None, **config) -> Engine:
-    return Engine(EngineConfig(preset="tiny", start=False, **config), clock=clock or ManualClock())
-
-
-def run_ticks(engine: Engine, start: int, n: int) -> int:
-    for k in range(start, start + n):
-        engine.run_tick(k, engine.clock() + 60.0)
-        engine.clock.advance(0.08)
-    return start + n
+from engine_support import CALL, PROMPT, TOOLS, ManualClock, caller_audio, drain, engine_on, run_ticks
 
 
 def frames(items) -> list[np.ndarray]:

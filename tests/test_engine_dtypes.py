@@ -10,6 +10,7 @@ import pytest
 
 from engine.api import AudioFrame, EngineClosed
 from engine.engine import Engine, EngineConfig
+from engine_support import ManualClock, caller_audio, run_ticks
 
 # the NeMo-built tiny model: random but structured weights, unlike the dummy weights' near-uniform logits
 MODEL = Path(__file__).parent / "fixtures" / "model"
@@ -22,22 +23,6 @@ SCRIPT = "Good evening, the deluxe room is free on those dates and costs one hun
 # near-ties); the audio is identical, the talker and the codec being fp32 under both policies.
 GREEDY_FLOOR = 0.85
 LOGIT_ABS = 0.3
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def caller(seed: int, seconds: float) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(16000 * seconds)) / 16000
-    return (0.3 * np.sin(2 * np.pi * (150 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(
-        np.float32
-    )
 
 
 def conversation(policy: str) -> tuple[list[list[AudioFrame]], np.ndarray, np.ndarray]:
@@ -66,12 +51,10 @@ def conversation(policy: str) -> tuple[list[list[AudioFrame]], np.ndarray, np.nd
         script = e.tokens.encode(SCRIPT)
         handles = [e.open_session(PROMPT, []) for _ in range(SLOTS)]
         for i, h in enumerate(handles):
-            h.push_audio(caller(i, TICKS * 0.08))
+            h.push_audio(caller_audio(i, TICKS * 0.08))
             h.force_text((script * TICKS)[i : i + TICKS])
             h.force_function([e.tokens.pad] * TICKS)
-        for k in range(TICKS):
-            e.run_tick(k, e.clock() + 60.0)
-            e.clock.now += 0.08
+        run_ticks(e, 0, TICKS)
         outs = []
         for h in handles:
             items = []
@@ -103,7 +86,7 @@ def test_the_gpu_policy_runs_the_engine_on_cpu_within_tolerance_of_fp32():
 def test_close_releases_the_model_and_is_idempotent():
     e = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock())
     h = e.open_session(PROMPT, [])
-    h.push_audio(caller(0, 0.4))
+    h.push_audio(caller_audio(0, 0.4))
     for k in range(3):
         e.run_tick(k, 60.0)
     held = (

@@ -2,7 +2,7 @@
 shared memory hears and says exactly what the same session in the engine's own process does; a room's
 process killed mid-call frees its slot and costs the others nothing; bad data on the channel is refused,
 counted and reaches no other session; an engine that fails or goes away ends every room's session with one
-SessionFailed, and nothing waits on it. Ticks are driven by hand (ManualClock), as in test_engine.py.
+SessionFailed, and nothing waits on it. Ticks are driven by hand (engine_support's ManualClock and run_ticks).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from engine.host import EngineHost
 from engine.link import IN_W
 from engine.remote import RemoteEngine
 from engine.wire import encode
-from engine_support import PROMPT, REPO, TOOLS
-from test_engine import caller_audio, engine_on, run_ticks
+from engine_support import PROMPT, REPO, TOOLS, caller_audio, engine_on, run_ticks
 
 FRAME = 1280
 

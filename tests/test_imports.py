@@ -1,6 +1,7 @@
 """The first-party modules import one another without a cycle, counting the imports made inside functions (a
 cycle hidden in a function is still one: whichever side loads first sees the other half-built). Imports under
-`if TYPE_CHECKING:` never run and are not counted. Read from the source alone; nothing is imported.
+`if TYPE_CHECKING:` never run and are not counted. And the layering of the benchmarks and the tests: the tests
+may import the benchmarks' support, never the other way. Read from the source alone; nothing is imported.
 """
 
 from __future__ import annotations
@@ -147,7 +148,11 @@ def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_layering_check_finds_an_import_against_the_rule():
-    graph = {"ui.page": {"engine.api", "engine.slots"}, "engine.tick": {"agent.room"}, "tools.db": {"tools.x"}}
+    graph = {
+        "ui.page": {"engine.api", "engine.slots"},
+        "engine.tick": {"agent.room"},
+        "tools.db": {"tools.x"},
+    }
     assert layering_breaches(graph) == ["engine.tick -> agent.room", "ui.page -> engine.slots"]
 
 
@@ -157,3 +162,19 @@ def test_every_package_imports_only_what_the_layout_rule_allows():
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     breaches = layering_breaches(graph)
     assert not breaches, f"imports against the README's layout rule: {breaches}"
+
+
+def test_the_benchmarks_import_nothing_of_the_tests():
+    """What the end-to-end tests and the benchmarks share is benchmarks.support: no module under benchmarks/
+    imports a module of tests/ (or pytest), nor reaches one through sys.path."""
+    of_tests = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests", "pytest"}
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        named = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        named |= {
+            n.module.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        }
+        assert not named & of_tests, f"{path.relative_to(ROOT)} imports {sorted(named & of_tests)}"
+        assert "sys.path" not in ast.unparse(tree), f"{path.relative_to(ROOT)} changes sys.path"

@@ -21,20 +21,11 @@ import numpy as np
 import pytest
 
 from agent.call import room_label
-from livekit_support import (
-    ALLOWED_INTERFACES,
-    RATE,
-    ROOT,
-    Caller,
-    Worker,
-    await_until,
-    caller_pcm,
-    interfaces,
-    read_wav,
-    require_livekit,
-    sessions_by_label,
-    wait_until,
-)
+from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
+from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
+from benchmarks.support.worker import Worker, sessions_by_label
+from livekit_support import POLL_S, require_livekit
+from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit
 
@@ -90,11 +81,13 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         assert caller.heard.longest_gap() < GAP_S, caller.heard.gaps()
         audio = caller.heard.audio().astype(np.float64)
         assert np.sqrt(np.mean(audio**2)) > 30.0  # the agent's voice, not digital silence
-        await await_until(lambda: caller.heard.transcripts, 10, what="a transcription from the agent")
+        await await_until(
+            lambda: caller.heard.transcripts, "a transcription from the agent", 10, every=POLL_S
+        )
         await caller.leave()
         left = asyncio.get_running_loop().time()
         await await_until(
-            lambda: room not in sessions_by_label(worker.snapshot()), 2.0, what="the slot freed"
+            lambda: room not in sessions_by_label(worker.snapshot()), "the slot freed", 2.0, every=POLL_S
         )
         caller.freed_after = asyncio.get_running_loop().time() - left
         return caller
@@ -109,7 +102,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         assert "thank you for calling" in heard.text().lower(), heard.transcripts
         assert worker.snapshot()["occupancy"] == 0.0
         # the job logs its end just after the engine freed its slot
-        wait_until(lambda: "call ended" in worker.log.read_text(), 5.0, what="the job's end")
+        wait_until(lambda: "call ended" in worker.log.read_text(), "the job's end", 5.0, every=POLL_S)
         print(
             f"frames in {caller.session_snapshot['frames_in']}, heard {len(heard.frames)} frames, "
             f"longest gap {heard.longest_gap() * 1000:.0f} ms, "
@@ -181,7 +174,7 @@ def test_a_caller_hears_accented_and_non_latin_words_whole_in_the_agents_transcr
     async def call(worker: Worker) -> Caller:
         caller = Caller(server, room_name(), worker.agent_name, metadata=script)
         await caller.join()
-        await await_until(lambda: caller.heard.transcripts, 60, what="the agent's transcription")
+        await await_until(lambda: caller.heard.transcripts, "the agent's transcription", 60, every=POLL_S)
         await caller.leave()
         return caller
 
@@ -225,10 +218,13 @@ def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_d
             await lk.room.remove_participant(who)
         finally:
             await lk.aclose()
-        await await_until(lambda: len(caller.heard.agents) == 2, 60, what="a second agent")
+        await await_until(lambda: len(caller.heard.agents) == 2, "a second agent", 60, every=POLL_S)
         second = next(a for a in caller.heard.agents if a != first)
         await await_until(
-            lambda: any(s == second for s, _, _ in caller.heard.transcripts), 60, what="the new agent's words"
+            lambda: any(s == second for s, _, _ in caller.heard.transcripts),
+            "the new agent's words",
+            60,
+            every=POLL_S,
         )
         await caller.leave()
         caller.first, caller.second = first, second
@@ -313,13 +309,18 @@ async def every_caller(worker: Worker, callers: list[Caller], done, timeout: flo
     for each caller still waiting, the worker's view of its session, what it received, and the worker's
     call-end lines, warnings and errors."""
     try:
-        await await_until(lambda: all(done(c) for c in callers), timeout, what=what)
+        await await_until(lambda: all(done(c) for c in callers), what, timeout, every=POLL_S)
     except AssertionError as e:
         rows = sessions_by_label(worker.snapshot())
         waiting = {c.room_name: (rows.get(c.room_name), c.heard.summary()) for c in callers if not done(c)}
         await asyncio.gather(*(c.leave() for c in callers))  # the calls end and log their counters
         with contextlib.suppress(AssertionError):
-            await await_until(lambda: worker.log.read_text().count("call ended") >= len(callers), 20)
+            await await_until(
+                lambda: worker.log.read_text().count("call ended") >= len(callers),
+                "every call's end",
+                20,
+                every=POLL_S,
+            )
         lines = [
             line
             for line in worker.log.read_text().splitlines()
@@ -343,7 +344,7 @@ def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(serv
             await asyncio.sleep(0.2)
         await asyncio.gather(*(asyncio.wait_for(c.first_audio.wait(), 60) for c in callers))
         await await_until(
-            lambda: all(c.heard.transcripts for c in callers), 60, what="every agent's greeting"
+            lambda: all(c.heard.transcripts for c in callers), "every agent's greeting", 60, every=POLL_S
         )
         snaps = [w.snapshot() for w in workers]
         await asyncio.gather(*(c.leave() for c in callers))

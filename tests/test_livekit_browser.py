@@ -28,8 +28,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.support.callers import caller_pcm
+from benchmarks.support.server import ROOT, token
+from benchmarks.support.worker import Worker, sessions_by_label
 from chromium_support import Browser, chromium_path
-from livekit_support import ROOT, Worker, caller_pcm, require_livekit, sessions_by_label, token, wait_until
+from livekit_support import POLL_S, require_livekit
+from wait_support import wait_until
 
 pytestmark = pytest.mark.livekit
 
@@ -157,7 +161,7 @@ def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir
 
             def page(what: str, timeout: float, expression: str):
                 try:
-                    return wait_until(lambda: browser.run(expression), timeout, what=what)
+                    return wait_until(lambda: browser.run(expression), what, timeout, every=POLL_S)
                 except AssertionError as e:
                     raise AssertionError(f"{e}\npage: {browser.caller()}\nworker:\n{worker.tail()}") from None
 
@@ -197,10 +201,7 @@ def test_a_browser_caller_is_dispatched_heard_and_answered_over_webrtc(store_dir
             browser.run("room.disconnect()")  # the caller hangs up
             left = time.monotonic()
             wait_until(
-                lambda: room not in sessions_by_label(worker.snapshot()),
-                2.0,
-                every=0.05,
-                what="the slot freed",
+                lambda: room not in sessions_by_label(worker.snapshot()), "the slot freed", 2.0, every=0.05
             )
             freed_s = time.monotonic() - left
             assert str(browser.run("caller.state")).startswith("disconnected"), browser.caller()["log"]

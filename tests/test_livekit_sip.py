@@ -15,7 +15,8 @@ import os
 
 import pytest
 
-from livekit_support import Server, agent_sip, require_livekit
+from benchmarks.support.server import Server, agent_sip
+from livekit_support import require_livekit
 
 pytestmark = pytest.mark.livekit
 

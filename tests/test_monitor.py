@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.metrics import SnapshotServer
-from engine_support import CALL, PROMPT, TOOLS, drain
+from engine_support import CALL, PROMPT, TOOLS, drain, run_ticks
 from hotel_support import booking, hotel, seeded_store
 from ui.fleet import ms
 from ui.privacy import mask_code, mask_contact, mask_name, mask_phones
@@ -40,10 +40,7 @@ class StepClock:
         return self.now
 
 
-def run_ticks(engine: Engine, n: int) -> None:
-    for _ in range(n):
-        engine.run_tick(engine.tick + 1, engine.clock() + 600.0)  # a far deadline: all paused work fits
-        engine.clock.now += 0.08
+FAR_S = 600.0  # each tick's deadline on the StepClock: far enough that all paused work fits
 
 
 class Worker:
@@ -60,7 +57,7 @@ class Worker:
             self.engine.open_session(PROMPT, TOOLS, label=label, caller=caller)
             for label, caller in labels[:sessions]
         ]
-        run_ticks(self.engine, 2)  # prompts prefilled: every session live
+        run_ticks(self.engine, self.engine.tick + 1, 2, FAR_S)  # prompts prefilled: every session live
 
     def close(self) -> None:
         self.server.close()
@@ -77,19 +74,21 @@ def busy():
     tok = w.engine.tokens
     a.force_function(tok.call_ids(CALL))
     phone.force_function(tok.call_ids(CALL))
-    run_ticks(w.engine, 3)
+    run_ticks(w.engine, w.engine.tick + 1, 3, FAR_S)
     call = next(o for o in drain(a) if isinstance(o, FunctionCall))
     a.submit_tool_result(call.call_id, json.dumps({"available": True}))
-    run_ticks(w.engine, 4)  # a's result prefilled and its held audio replayed: live again
+    run_ticks(
+        w.engine, w.engine.tick + 1, 4, FAR_S
+    )  # a's result prefilled and its held audio replayed: live again
     said = tok.encode(SAID)
     a.force_text([tok.bos, *said, tok.eos] + [tok.pad] * 400)
     c.force_text([tok.pad] * 4 + [tok.bos] + [tok.pad] * 400)
-    run_ticks(w.engine, len(said) + 20)  # and at least a second of history
+    run_ticks(w.engine, w.engine.tick + 1, len(said) + 20, FAR_S)  # and at least a second of history
     a.report_playout(0.16, 2, 0.25, 0.03)  # what room_a's playout would report
     c.push_audio(np.zeros(1280, np.float32))  # room_c's caller frame, heard in the next tick
     turn_at = next(s.turn_at for s in w.engine.pool.sessions.values() if s.id == c.id)
     c.report_playout(0.0, 0, 0.0, 0.02, turn_at + 0.042)  # its turn's first sample went out 42 ms later
-    run_ticks(w.engine, 1)
+    run_ticks(w.engine, w.engine.tick + 1, 1, FAR_S)
     yield w
     w.close()
 

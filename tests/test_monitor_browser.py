@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from chromium_support import Browser, chromium_path
 from engine.api import EngineSnapshot
+from wait_support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT = ROOT / "out" / "monitor" / "monitor.png"
@@ -42,16 +42,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, what: str, timeout: float = HANG_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def read_snapshot(url: str) -> EngineSnapshot | None:
     try:
         return EngineSnapshot.model_validate_json(urllib.request.urlopen(url, timeout=5).read())
@@ -69,7 +59,7 @@ def wait_for_page(ui: subprocess.Popen, page: str, log: Path) -> None:
         except OSError:
             return False
 
-    wait_until(healthy, "the Streamlit server")
+    wait_until(healthy, "the Streamlit server", HANG_S, every=0.25)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -120,9 +110,12 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
             assert sim.poll() is None, f"the simulation exited early:\n{sim_log.read_text()[-2000:]}"
             return None
 
-        url = wait_until(snapshot_url, "the simulation's snapshot URL")
+        url = wait_until(snapshot_url, "the simulation's snapshot URL", HANG_S, every=0.25)
         wait_until(
-            lambda: (s := read_snapshot(url)) and len(s.sessions) == ROOMS, f"{ROOMS} rooms in the engine"
+            lambda: (s := read_snapshot(url)) and len(s.sessions) == ROOMS,
+            f"{ROOMS} rooms in the engine",
+            HANG_S,
+            every=0.25,
         )
 
         port = free_port()

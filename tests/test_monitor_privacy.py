@@ -18,8 +18,8 @@ from agent.call import describe_caller, room_label
 from engine.api import FunctionCall, ToolResultConsumed
 from engine.engine import Engine, EngineConfig
 from engine.metrics import SnapshotServer
-from engine_support import PROMPT, TOOLS, drain
-from test_monitor import PAGE, StepClock, run_ticks, shown_text
+from engine_support import PROMPT, TOOLS, drain, run_ticks
+from test_monitor import FAR_S, PAGE, StepClock, shown_text
 from test_privacy import PHONE_ROOM, caller_room
 
 BOOK = {
@@ -119,7 +119,7 @@ def say(engine: Engine, handles: dict, said: dict) -> None:
         ids = tok.encode(words)
         longest = max(longest, len(ids))
         handles[room].force_text([tok.bos, *ids, tok.eos] + [tok.pad] * 400)
-    run_ticks(engine, longest + 10)
+    run_ticks(engine, engine.tick + 1, longest + 10, FAR_S)
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +133,18 @@ def talked():
     engine = Engine(config, clock=StepClock())
     server = SnapshotServer(engine.snapshot, port=0)
     handles = open_rooms(engine, list(SAID))
-    run_ticks(engine, 2)  # prompts prefilled: every session live
+    run_ticks(engine, engine.tick + 1, 2, FAR_S)  # prompts prefilled: every session live
     handles[NAMED_ROOM].keep_private("Grace Hopper")
     booked = handles["room_booked"]
     booked.force_function(engine.tokens.call_ids([{"name": "book_room", "arguments": BOOKED}]))
-    run_ticks(engine, 3)
+    run_ticks(engine, engine.tick + 1, 3, FAR_S)
     call = next(o for o in drain(booked) if isinstance(o, FunctionCall))
     booked.submit_tool_result(
         call.call_id, json.dumps({"guest_name": "Augusta Ada King", "status": "confirmed"})
     )
     while not any(isinstance(o, ToolResultConsumed) for o in drain(booked)):
-        run_ticks(engine, 1)
-    run_ticks(engine, 30)  # the held audio replayed: live again
+        run_ticks(engine, engine.tick + 1, 1, FAR_S)
+    run_ticks(engine, engine.tick + 1, 30, FAR_S)  # the held audio replayed: live again
     say(engine, handles, SAID)
     yield engine, server, {room: h.id for room, h in handles.items()}
     server.close()
@@ -157,7 +157,7 @@ def quiet():
     engine = Engine(EngineConfig(preset="tiny", num_slots=len(UNCAUGHT), start=False), clock=StepClock())
     server = SnapshotServer(engine.snapshot, port=0)
     handles = open_rooms(engine, list(UNCAUGHT))
-    run_ticks(engine, 2)
+    run_ticks(engine, engine.tick + 1, 2, FAR_S)
     say(engine, handles, UNCAUGHT)
     yield engine, server, {room: h.id for room, h in handles.items()}
     server.close()

@@ -22,8 +22,9 @@ from agent.sinks import WavSink
 from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from engine.engine import Engine
 from engine.presets import load_preset
-from hotel_support import ticks_pass, until
+from engine_support import ticks_pass
 from prompts import PROMPTS_DIR
+from wait_support import await_until
 
 CLOCK = load_preset("tiny").clock  # the engine's frame clock (the engine below runs the tiny preset)
 FRAME_S = CLOCK.frame_ms / 1000
@@ -78,24 +79,26 @@ def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_han
             )
             line.attach(call.output)
             handle = await call.wait_open()
-            await until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             inp.push(phone)
 
             def heard():
                 s = next(s for s in engine.snapshot().sessions if s.id == handle.id)
                 return s.frames_in, s.frames_consumed
 
-            await until(lambda: heard()[0] >= sent - 1 and heard()[1] == heard()[0], "the caller's words")
+            await await_until(
+                lambda: heard()[0] >= sent - 1 and heard()[1] == heard()[0], "the caller's words"
+            )
             await ticks_pass(engine, 6)  # anything still on its way has arrived
             frames_in, consumed = heard()
             out_before = call.duplex.stats["frames_out"]
 
             tok = engine.tokens
             handle.force_function(tok.call_ids([{"name": "call_control", "arguments": {"action": "end"}}]))
-            await until(lambda: call.duplex.paused, "the pause")
+            await await_until(lambda: call.duplex.paused, "the pause")
             goodbye = [tok.bos, *tok.encode(" Thank you for calling, goodbye."), tok.eos]
             handle.force_text(goodbye)
-            await until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
+            await await_until(lambda: call.duplex.stats["resumes"] == 1, "the result to be consumed")
             removed_while_speaking = []
 
             def watch():
@@ -103,7 +106,7 @@ def test_a_phone_caller_on_8khz_mulaw_is_heard_frame_for_frame_and_the_agent_han
                     removed_while_speaking.append(True)
                 return line.outcome is not None
 
-            await until(watch, "the hang-up")
+            await await_until(watch, "the hang-up")
             items = [(i.type, getattr(i, "name", None)) for i in call.session.history.items]
             stats = dict(call.duplex.stats)
             # when the line was hung up: what played, and the quiet stretches the playout cut once the turn

@@ -28,8 +28,9 @@ from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
 from agent.playout import PlayoutOutput, WavSink
 from agent.room import concierge_for
 from agent.settings import AgentSettings
-from hotel_support import booking, until
+from hotel_support import booking
 from twirp_fake import KEY, SECRET
+from wait_support import await_until
 
 HOTEL_NUMBER = "+14155550100"
 GUEST_NUMBER = "+447700900123"
@@ -154,7 +155,7 @@ def test_the_jobs_end_drops_a_hand_over_still_waiting_and_lets_one_under_way_fin
         assert waiting.pending.cancelled() and not livekit.calls("RemoveParticipant")
         acting = line_for()  # no output attached: it acts at once
         acting.request("end")
-        await until(lambda: acting.acting, "the hang-up to start")
+        await await_until(lambda: acting.acting, "the hang-up to start")
         await acting.aclose()
         await out.aclose()
         return acting

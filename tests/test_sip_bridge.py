@@ -21,18 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from livekit_support import (
-    RATE,
-    Server,
-    Worker,
-    agent_sip,
-    await_until,
-    caller_pcm,
-    require_livekit,
-    sessions_by_label,
-    wait_until,
-)
-from sip_support import PhoneCaller, find_bridge, inbound
+from benchmarks.support.callers import RATE, caller_pcm
+from benchmarks.support.server import Server, agent_sip
+from benchmarks.support.sip import PhoneCaller, find_bridge, inbound
+from benchmarks.support.worker import Worker, sessions_by_label
+from livekit_support import POLL_S, require_livekit
+from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit
 
@@ -113,7 +107,9 @@ def test_an_inbound_call_is_put_in_a_room_by_the_servers_dispatch_rule_and_answe
                 await caller.activate()
                 speaking = asyncio.ensure_future(caller.speak(caller_pcm("caller_booking.wav")[: 4 * RATE]))
                 await asyncio.wait_for(caller.first_speech.wait(), 20)
-                await await_until(lambda: caller.heard.transcripts, 10, what="a transcription from the agent")
+                await await_until(
+                    lambda: caller.heard.transcripts, "a transcription from the agent", 10, every=POLL_S
+                )
                 await speaking
                 snapshot = worker.snapshot()
                 assert call["room"] in sessions_by_label(snapshot)
@@ -132,8 +128,10 @@ def test_an_inbound_call_is_put_in_a_room_by_the_servers_dispatch_rule_and_answe
         assert phone.attributes["sip.callStatus"] == "active"
         assert phone.attributes["sip.phoneNumber"] == CALLER_NUMBER
         # the agent took the caller for a phone caller: the phone concierge, not the web one
-        wait_until(lambda: "sip caller joined" in worker.log.read_text(), 5.0, what="the job's SIP caller")
-        wait_until(lambda: "call ended" in worker.log.read_text(), 10.0, what="the call's end")
+        wait_until(
+            lambda: "sip caller joined" in worker.log.read_text(), "the job's SIP caller", 5.0, every=POLL_S
+        )
+        wait_until(lambda: "call ended" in worker.log.read_text(), "the call's end", 10.0, every=POLL_S)
         # the caller's number is in no line of the worker's log (livekit-agents' own records, with their
         # participant and room fields, included) and nowhere in the snapshot
         digits = CALLER_NUMBER.lstrip("+")
@@ -300,7 +298,7 @@ def test_when_the_phone_caller_hangs_up_the_agents_slot_is_free_within_2_s(phone
         finally:
             await caller.leave()
         left = asyncio.get_running_loop().time()
-        await await_until(lambda: phone.session(call["room"]) is None, 2.0, what="the slot freed")
+        await await_until(lambda: phone.session(call["room"]) is None, "the slot freed", 2.0, every=POLL_S)
         return caller, asyncio.get_running_loop().time() - left, participants
 
     caller, freed_after, participants = asyncio.run(main())
@@ -319,7 +317,9 @@ def test_the_agents_end_of_call_removes_the_caller_after_the_goodbye_has_played(
         caller = PhoneCaller(phone.server, call)
         await caller.join()
         try:
-            await await_until(lambda: caller.disconnected, 40, what="the caller removed from the room")
+            await await_until(
+                lambda: caller.disconnected, "the caller removed from the room", 40, every=POLL_S
+            )
             return caller
         finally:
             await caller.leave()
@@ -333,7 +333,7 @@ def test_the_agents_end_of_call_removes_the_caller_after_the_goodbye_has_played(
     assert any("goodbye" in t.lower() for t in said), said  # the whole goodbye turn had reached the caller
     last_speech = max(t for t, f in zip(caller.heard.times, caller.heard.frames) if np.abs(f).max() > 300)
     assert last_speech < at, (last_speech, at)
-    wait_until(lambda: phone.session(call["room"]) is None, 5.0, what="the slot freed")
+    wait_until(lambda: phone.session(call["room"]) is None, "the slot freed", 5.0, every=POLL_S)
     from livekit import api
 
     rooms = asyncio.run(_with_api(phone.server, lambda lk: lk.room.list_rooms(api.ListRoomsRequest())))
@@ -357,13 +357,17 @@ def test_a_transfer_reaches_the_bridge_with_the_front_desk_and_the_call_id_and_f
             caller = PhoneCaller(phone.server, call)
             await caller.join()
             try:
-                await await_until(lambda: bridge.entries("TransferSIPParticipant"), 40, what="the transfer")
+                await await_until(
+                    lambda: bridge.entries("TransferSIPParticipant"), "the transfer", 40, every=POLL_S
+                )
                 referred = asyncio.get_running_loop().time()
                 # not before the agent had said so: its words had all reached the caller
                 assert "front desk" in caller.heard.text().lower(), caller.heard.transcripts
                 # the stand-in leaves the caller in the room (a real bridge leaves once the REFER is done):
                 # the agent's part is over, and its slot is free while the caller is still there
-                await await_until(lambda: phone.session(call["room"]) is None, 3.0, what="the slot freed")
+                await await_until(
+                    lambda: phone.session(call["room"]) is None, "the slot freed", 3.0, every=POLL_S
+                )
                 freed = asyncio.get_running_loop().time() - referred
                 assert caller.disconnected is None
                 return caller, freed
@@ -393,14 +397,18 @@ def test_keypad_presses_are_counted_without_their_digits_and_0_puts_the_caller_t
                 before = caller.heard.audible_samples
                 # the call goes on: the agent is still there and speaking
                 await await_until(
-                    lambda: caller.heard.audible_samples > before + RATE, 15, what="more speech"
+                    lambda: caller.heard.audible_samples > before + RATE, "more speech", 15, every=POLL_S
                 )
                 assert phone.session(call["room"]) is not None and not bridge.entries(
                     "TransferSIPParticipant"
                 )
                 await caller.press("0")
-                await await_until(lambda: bridge.entries("TransferSIPParticipant"), 15, what="the transfer")
-                await await_until(lambda: phone.session(call["room"]) is None, 3.0, what="the slot freed")
+                await await_until(
+                    lambda: bridge.entries("TransferSIPParticipant"), "the transfer", 15, every=POLL_S
+                )
+                await await_until(
+                    lambda: phone.session(call["room"]) is None, "the slot freed", 3.0, every=POLL_S
+                )
                 return caller
             finally:
                 await caller.leave()
@@ -408,7 +416,7 @@ def test_keypad_presses_are_counted_without_their_digits_and_0_puts_the_caller_t
         asyncio.run(main())
         (sent,) = bridge.entries("TransferSIPParticipant")
     assert (sent["sip_call_id"], sent["transfer_to"]) == (call_id, f"tel:{FRONT_DESK}")
-    wait_until(lambda: "call ended" in phone.log_since(mark), 10.0, what="the call's end")
+    wait_until(lambda: "call ended" in phone.log_since(mark), "the call's end", 10.0, every=POLL_S)
     said = messages(phone.log_since(mark))
     presses = [m.split(": ", 1)[1] for m in said if "keypad" in m]
     assert len(presses) == 4, presses  # three presses, and 0's meaning
@@ -457,9 +465,9 @@ def test_a_booking_made_on_the_phone_carries_the_callers_number_which_no_log_lin
         caller = PhoneCaller(phone.server, call)
         await caller.join()
         try:
-            await await_until(booked, 40, what="the booking")
+            await await_until(booked, "the booking", 40, every=POLL_S)
             await await_until(
-                lambda: "thanks for waiting" in caller.heard.text().lower(), 20, what="the reply"
+                lambda: "thanks for waiting" in caller.heard.text().lower(), "the reply", 20, every=POLL_S
             )
             return json.dumps(phone.worker.snapshot())
         finally:
@@ -467,7 +475,7 @@ def test_a_booking_made_on_the_phone_carries_the_callers_number_which_no_log_lin
 
     snapshot = asyncio.run(main())
     assert booked() == [(number, check_in.isoformat(), "confirmed")]
-    wait_until(lambda: "call ended" in phone.log_since(mark), 10.0, what="the call's end")
+    wait_until(lambda: "call ended" in phone.log_since(mark), "the call's end", 10.0, every=POLL_S)
     digits = number.lstrip("+")
     assert digits not in phone.log_since(mark) and digits not in snapshot
 
@@ -485,7 +493,7 @@ def test_a_ringing_call_is_not_talked_over_the_agent_speaks_once_it_is_answered(
             await caller.activate()
             await asyncio.wait_for(caller.first_speech.wait(), 30)
             spoke = asyncio.get_running_loop().time() - caller.answered_at
-            await await_until(lambda: caller.heard.transcripts, 10, what="the greeting's words")
+            await await_until(lambda: caller.heard.transcripts, "the greeting's words", 10, every=POLL_S)
             return caller, spoke
         finally:
             await caller.leave()
@@ -549,7 +557,7 @@ def test_agent_sip_call_reaches_the_bridge_and_the_agent_speaks_first_with_the_c
         try:
             assert caller.room.local_participant.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP
             await asyncio.wait_for(caller.first_speech.wait(), 30)  # the callee says nothing: the agent first
-            await await_until(lambda: caller.heard.transcripts, 10, what="the agent's words")
+            await await_until(lambda: caller.heard.transcripts, "the agent's words", 10, every=POLL_S)
             assert caller.sent_samples == 0
             return caller
         finally:

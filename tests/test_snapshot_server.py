@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from engine.api import EngineSnapshot
 from engine.engine import Engine, EngineConfig
 from engine.metrics import ServeLimits, SnapshotServer
+from wait_support import wait_until
 
 HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs
 OPEN = ServeLimits(client_rate=1000.0, client_burst=1000, max_rate=1000.0)  # nothing refused for its rate
@@ -187,23 +188,15 @@ def test_a_tight_loop_client_gets_429s_and_the_snapshot_is_built_once_per_interv
         server.close()
 
 
-def until(predicate, what: str):
-    """The first truthy value of `predicate()`, asked again and again; HANG_S bounds a wait
-    that would hang."""
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_snapshot_is_built_again_after_the_interval():
     builds = Builds()
     server = SnapshotServer(builds, limits=replace(OPEN, interval_s=0.2))
     try:
         first = request(server.port)[2]
         assert request(server.port)[2] == first == b'{"n":1}' and builds.n == 1  # within the interval: cached
-        assert until(lambda: request(server.port)[2] == b'{"n":2}', "the next interval's snapshot")
+        assert wait_until(
+            lambda: request(server.port)[2] == b'{"n":2}', "the next interval's snapshot", HANG_S
+        )
         assert builds.n == 2
     finally:
         server.close()
@@ -243,7 +236,7 @@ def test_the_tick_keeps_its_counts_while_a_client_floods_the_endpoint():
             snap = EngineSnapshot.model_validate_json(body) if status == 200 else None
             return snap if snap is not None and snap.ticks == engine.acct.ticks else None
 
-        snap = until(counted, "a snapshot with every tick")
+        snap = wait_until(counted, "a snapshot with every tick", HANG_S)
         assert snap.missed_deadlines == 0 and snap.slipped_ticks == 0
     finally:
         stop.set()

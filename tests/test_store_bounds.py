@@ -17,7 +17,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
@@ -33,11 +33,13 @@ from tools.audit import audit
 from tools.errors import Busy, HotelError, Unconfirmed
 from tools.hotel import Hotel
 from tools.store import Store
+from wait_support import wait_until
 
 APP = "chorus-hotel"  # the application_name of the store's connections
 SLOW_GUEST = "Slow Commit"  # a booking for this guest spends a while inside its COMMIT (slow_commits)
 LOCKED = "wait_event_type = 'Lock'"  # a backend waiting for a row lock
 IN_COMMIT = "wait_event = 'PgSleep'"  # a backend inside the slow COMMIT
+HANG_S = 20.0  # no wait below takes this long unless the store hangs
 
 
 def tool_timeout_s() -> float:
@@ -87,15 +89,6 @@ def backends(conn: psycopg.Connection, where: str = "true") -> list[int]:
 
 def terminate(conn: psycopg.Connection, pid: int) -> None:
     conn.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-
-def until(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    """Wait for an event; `timeout` only bounds a wait that would otherwise hang."""
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextmanager
@@ -167,7 +160,7 @@ def guests_booked(store: Store, guest: str) -> list[str]:
 
 def settle_backends(conn: psycopg.Connection) -> None:
     """Wait until no backend of the store is inside a statement or a transaction."""
-    until(lambda: not backends(conn, "state <> 'idle'"), "the store's backends to finish")
+    wait_until(lambda: not backends(conn, "state <> 'idle'"), "the store's backends to finish", HANG_S)
 
 
 # --- a frozen server --------------------------------------------------------------------------------------
@@ -235,9 +228,10 @@ def test_a_frozen_server_answers_every_call_in_time_and_the_rows_agree_with_the_
         calls["waits on a row lock"] = Call(hotel, "book_room", booking(), "s1")
         calls["waits on the same lock"] = Call(hotel, "book_room", booking(guest_name="Grace Hopper"), "s2")
         calls["inside its COMMIT"] = Call(hotel, "book_room", suite, "s3")
-        until(
+        wait_until(
             lambda: len(backends(watch, LOCKED)) == 2 and backends(watch, IN_COMMIT),
             "two bookings waiting on the lock and one inside its COMMIT",
+            HANG_S,
         )
         with frozen(server):
             frozen_at = time.monotonic()
@@ -294,12 +288,13 @@ def test_a_connection_ended_during_a_booking_is_retried_once_on_another_and_book
     watch = admin(pg)
     with rows_locked(pg, "deluxe_king", "2030-03-12", "2030-03-14"):
         call = Call(hotel, "book_room", booking(), "s1")
-        until(lambda: backends(watch, LOCKED), "the booking to wait on its nights")
+        wait_until(lambda: backends(watch, LOCKED), "the booking to wait on its nights", HANG_S)
         (first,) = backends(watch, LOCKED)
         terminate(watch, first)
-        until(
+        wait_until(
             lambda: call.done or backends(watch, LOCKED) not in ([], [first]),
             "the call to answer, or its retry to wait on the nights",
+            HANG_S,
         )
     call.wait()
     print(f"\nanswered after {call.took_s:.2f} s: {call.said}")
@@ -336,7 +331,7 @@ def test_a_connection_ended_inside_the_commit_is_settled_as_rolled_back_and_book
     hotel = hotel_support.hotel(pg)
     watch = admin(pg)
     call = Call(hotel, "book_room", booking(guest_name=SLOW_GUEST), "s1")
-    until(lambda: backends(watch, IN_COMMIT), "the booking to be inside its COMMIT")
+    wait_until(lambda: backends(watch, IN_COMMIT), "the booking to be inside its COMMIT", HANG_S)
     (first,) = backends(watch, IN_COMMIT)
     terminate(watch, first)
     retries = set()

@@ -9,7 +9,7 @@ import numpy as np
 
 from engine.engine import Engine, EngineConfig
 from engine.phase import MIN_MARGIN_S, TickPhase
-from engine_support import PROMPT, TOOLS
+from engine_support import PROMPT, TOOLS, ManualClock
 
 TICK = 0.08
 
@@ -75,19 +75,11 @@ def test_frames_that_drift_past_the_tick_are_caught_again():
     assert np.mean(np.mod(leads[500:], TICK) < 0.015) > 0.85
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_engine_moves_its_ticks_toward_a_callers_arrivals():
     """Through the engine: a caller's frame pushed 50 ms before each tick. Once the session is live its
     frames' leads draw the tick earlier (the snapshot shows by how much) and the model hears each frame in
     the tick it was pushed for."""
-    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock())
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock(100.0))
     try:
         h = engine.open_session(PROMPT, TOOLS)
         frame = np.zeros(1280, np.float32)
@@ -122,7 +114,7 @@ def test_a_frame_that_misses_its_tick_moves_the_ticks_back_and_widens_the_margin
 
 
 def test_the_engine_counts_a_frame_that_came_late_but_not_a_caller_who_stopped_sending():
-    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock())
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False), clock=ManualClock(100.0))
     try:
         h = engine.open_session(PROMPT, TOOLS)
         frame = np.zeros(1280, np.float32)

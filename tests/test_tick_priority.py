@@ -15,8 +15,7 @@ import pytest
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.priority import TickPriority
-from engine_support import CALL, PROMPT, TOOLS, drain
-from test_engine import ManualClock
+from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, run_ticks
 
 
 def realtime_allowed() -> bool:
@@ -32,13 +31,6 @@ def realtime_allowed() -> bool:
 def normal_policy_after():
     yield
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # the test's thread as it was
-
-
-def run_ticks(engine: Engine, start: int, n: int) -> int:
-    for k in range(start, start + n):
-        engine.run_tick(k, engine.clock() + 60.0)
-        engine.clock.advance(0.08)
-    return start + n
 
 
 @pytest.mark.skipif(not realtime_allowed(), reason="this process may not take a real-time priority")

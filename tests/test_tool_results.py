@@ -1,7 +1,7 @@
 """What the model reads back after a tool call, at the tiny preset with dummy weights: a result with lone
 surrogates (text no encoder takes) is cleaned and kept, a result that still cannot be encoded is counted as a
 failed call, and a tool name with an invisible character in it is answered by naming the character. Calls are
-teacher-forced and ticks driven by hand on a clock that moves only when told (as in test_engine.py)."""
+teacher-forced and ticks driven by hand on a clock that moves only when told (engine_support.ManualClock)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,7 @@ import pytest
 
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
-from engine_support import CALL, PROMPT, TOOLS, drain
-from test_engine import ManualClock
-
-
-def run_ticks(engine: Engine, start: int, n: int) -> int:
-    for k in range(start, start + n):
-        engine.run_tick(k, engine.clock() + 60.0)
-        engine.clock.advance(0.08)
-    return start + n
+from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, run_ticks
 
 
 @pytest.fixture

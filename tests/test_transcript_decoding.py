@@ -14,7 +14,7 @@ from engine.api import AudioFrame, TurnEnded, TurnStarted
 from engine.config import TokenConfig
 from engine.engine import Engine, EngineConfig
 from engine.tokens import TextStream, Tokens
-from engine_support import PROMPT, TOOLS, drain
+from engine_support import PROMPT, TOOLS, ManualClock, drain, run_ticks
 
 TOK = Tokens(TokenConfig())
 PHRASES = ["Booked for José García", " the café", "Müller", "東京", "Ελλάδα", " 😀 see you", "naïve façade"]
@@ -69,22 +69,6 @@ def test_control_tokens_inside_a_character_leave_it_whole_and_a_turns_end_drops_
 # -- through the engine -------------------------------------------------------------------------------------
 
 
-class StepClock:
-    """The engine's clock: moves only as the test steps ticks."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def tick(engine: Engine, n: int) -> None:
-    for _ in range(n):
-        engine.run_tick(engine.tick + 1, engine.clock() + 60.0)  # a far deadline: all paused work fits
-        engine.clock.now += 0.08
-
-
 def turns(outputs: list) -> list[str]:
     """The text of each turn in `outputs`, as a caller's transcript has it (frames' text inside a turn)."""
     said, going = [], False
@@ -103,7 +87,7 @@ def turns(outputs: list) -> list[str]:
 def engine():
     # the snapshot's words on (off by default: counts only), to see them whole
     config = EngineConfig(preset="tiny", num_slots=1, start=False, show_words="redacted")
-    e = Engine(config, clock=StepClock())
+    e = Engine(config, clock=ManualClock())
     yield e
     e.close()
 
@@ -111,12 +95,12 @@ def engine():
 def test_a_sessions_frames_and_snapshot_carry_whole_words(engine):
     h = engine.open_session(PROMPT, TOOLS)
     try:
-        tick(engine, 2)  # the prompt prefilled: live
+        run_ticks(engine, engine.tick + 1, 2)  # the prompt prefilled: live
         long = " ".join(PHRASES)
         booked = "Booked for José García at the café"
         forced = [TOK.bos, *TOK.encode(long), TOK.eos, TOK.pad, TOK.bos, *TOK.encode(booked), TOK.eos]
         h.force_text(forced + [TOK.pad] * 4)
-        tick(engine, len(forced) + 4)
+        run_ticks(engine, engine.tick + 1, len(forced) + 4)
         outputs = drain(h)
         texts = [o.text for o in outputs if isinstance(o, AudioFrame)]
         print(turns(outputs))
@@ -127,26 +111,26 @@ def test_a_sessions_frames_and_snapshot_carry_whole_words(engine):
         assert row.last_words == "Booked for [name] [name] at the café"  # names redacted whole, no fragment
     finally:
         h.close()
-        tick(engine, 1)
+        run_ticks(engine, engine.tick + 1, 1)
 
 
 def test_a_character_left_unfinished_is_dropped_and_the_slots_next_session_starts_clean(engine):
     lead = TOK.encode("é")[0]
     first = engine.open_session(PROMPT, TOOLS)
-    tick(engine, 2)
+    run_ticks(engine, engine.tick + 1, 2)
     first.force_text([TOK.bos, *TOK.encode(" caf"), lead, TOK.eos, TOK.bos, *TOK.encode(" ok"), lead])
-    tick(engine, 9)
+    run_ticks(engine, engine.tick + 1, 9)
     assert turns(drain(first)) == [" caf", " ok"]
     first.close()  # mid-character, on the slot the next session gets
-    tick(engine, 1)
+    run_ticks(engine, engine.tick + 1, 1)
     second = engine.open_session(PROMPT, TOOLS)
     try:
-        tick(engine, 2)
+        run_ticks(engine, engine.tick + 1, 2)
         assert second.slot == first.slot
         words = " Müller"
         second.force_text([TOK.bos, *TOK.encode(words), TOK.eos, TOK.pad])
-        tick(engine, len(TOK.encode(words)) + 3)
+        run_ticks(engine, engine.tick + 1, len(TOK.encode(words)) + 3)
         assert turns(drain(second)) == [words]
     finally:
         second.close()
-        tick(engine, 1)
+        run_ticks(engine, engine.tick + 1, 1)

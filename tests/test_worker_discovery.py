@@ -22,7 +22,7 @@ from livekit.agents.cli.tcp_console import TcpAudioInput, TcpAudioOutput
 from agent import room, worker
 from agent.playout import PlayoutOutput
 from agent.settings import AgentSettings
-from hotel_support import until
+from wait_support import await_until
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "agent" / "worker.py"
@@ -189,16 +189,16 @@ def test_the_console_hears_the_playout_with_its_clips(seeded_env, monkeypatch):
     async def main():
         server = worker.build_server(AgentSettings(slots=1, http_port=0, room_processes=False))
         run = asyncio.create_task(server.run(devmode=True, unregistered=True))
-        await until(lambda: not server._closed, "the worker to start")
+        await await_until(lambda: not server._closed, "the worker to start")
         await server.simulate_job("console-room", agent_identity="console", fake_job=True)
-        await until(lambda: calls and calls[0].handle is not None, "the call's engine slot")
+        await await_until(lambda: calls and calls[0].handle is not None, "the call's engine slot")
         call = calls[0]
         engine = worker.shared_engine(AgentSettings(slots=1))
         wiring = (call.session.output.audio is call.output, call.output.sink.speaker is speaker)
         call_ids = engine.tokens.call_ids([{"name": "hotel_info", "arguments": {"topic": "parking"}}])
         call.handle.force_function(call_ids)
-        await until(lambda: call.output.stats["clip_s"] > 0, "the acknowledgement clip to play")
-        await until(lambda: speaker.received_s > 0, "audio at the console")
+        await await_until(lambda: call.output.stats["clip_s"] > 0, "the acknowledgement clip to play")
+        await await_until(lambda: speaker.received_s > 0, "audio at the console")
         played = call.output.stats["model_s"] + call.output.stats["clip_s"]
         got = speaker.received_s
         await server.aclose()

@@ -1,5 +1,6 @@
 """Phone calls through the real LiveKit server's SIP machinery, for the tests and the benchmark: the bridge
-stand-in (scripts/sip-bridge), the inbound call it asks the server for, and a caller on a phone line.
+stand-in (scripts/sip-bridge), the inbound call it asks the server for, and a caller on a phone line. Knows
+nothing of the agent's side of the call beyond what the bridge would see.
 
 LiveKit's SIP bridge does not build here, so scripts/sip-bridge stands in for its control plane: over psrpc on
 the server's Redis it asks the server to authenticate the trunk and evaluate the dispatch rules, and signs the
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from livekit_support import RATE, ROOT, Caller, Server
+from benchmarks.support.callers import RATE, Caller
+from benchmarks.support.server import ROOT, Server
 
 BRIDGE_DIR = ROOT / "scripts" / "sip-bridge"
 

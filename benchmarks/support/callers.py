@@ -1,0 +1,187 @@
+"""Callers that are real WebRTC participants (the `livekit` rtc SDK): each joins a room with a token that
+dispatches the agent, publishes a caller WAV as a 48 kHz microphone track, and records the agent's audio
+and transcription text as it arrives. Knows nothing of the worker behind the room, nor of what a test or a
+benchmark makes of what was heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.support.server import ROOT, Server, token
+
+CALLERS = ROOT / "prompts" / "callers"
+RATE = 48_000  # a browser's microphone track
+FRAME = RATE // 20  # 50 ms handed to the SDK at a time (it sends 10 ms packets); fewer wake-ups per caller
+RECV_MS = 80  # the agent's audio is read in 80 ms frames, one engine frame (gaps are judged at 200 ms)
+SPEECH_PEAK = 300  # int16: the agent's speech peaks far above this; silence through WebRTC stays near 0
+
+
+def caller_pcm(name: str = "caller_booking.wav", rate: int = RATE) -> np.ndarray:
+    """A committed caller WAV (16 kHz) as int16 at `rate`, resampled linearly."""
+    pcm, src = read_wav(CALLERS / name)
+    n = int(round(pcm.size * rate / src))
+    x = np.interp(np.arange(n) * src / rate, np.arange(pcm.size), pcm.astype(np.float64))
+    return np.round(x).astype(np.int16)
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """int16 mono samples and the rate of a 16-bit mono WAV (read here: importing the agent's modules would
+    stall a caller's event loop for as long as livekit-agents takes to import)."""
+    with wave.open(str(path), "rb") as w:
+        assert (w.getsampwidth(), w.getnchannels()) == (2, 1), path
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16), w.getframerate()
+
+
+@dataclass
+class Heard:
+    """What a caller received from the agent: audio frames with their arrival times,
+    and transcription text."""
+
+    frames: list[np.ndarray] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # loop.time() at each frame's arrival
+    transcripts: list[tuple[str, str, dict]] = field(default_factory=list)  # (sender, text, attributes)
+    sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
+    agent_identity: str | None = None  # the room's first agent
+    agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
+    agent_joined_at: float | None = None
+    audible_samples: int = 0  # samples received in frames that are not silence
+    tracks: int = 0  # audio tracks subscribed
+
+    def summary(self) -> dict:
+        """What a failed wait shows of one caller's reception: tracks, frames, their loudest sample, words."""
+        peak = int(max((np.abs(f).max(initial=0) for f in self.frames), default=0))
+        return {
+            "agents": len(self.agents),
+            "tracks": self.tracks,
+            "frames": len(self.frames),
+            "peak": peak,
+            "audible_s": round(self.audible_s(), 2),
+            "longest_gap_s": round(self.longest_gap(), 2),
+            "words": [t for _, t, _ in self.transcripts],
+        }
+
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.frames) if self.frames else np.zeros(0, np.int16)
+
+    def audible_s(self) -> float:
+        """Seconds of the received audio in frames that are not silence (speech, through WebRTC)."""
+        return self.audible_samples / RATE
+
+    def longest_gap(self) -> float:
+        """The longest wait between two received frames after the first (seconds)."""
+        return float(np.diff(self.times).max()) if len(self.times) > 1 else 0.0
+
+    def gaps(self, over: float = 0.1) -> list[tuple[float, float]]:
+        """(seconds after the first frame, length) of every wait between frames longer than `over`."""
+        t = np.asarray(self.times)
+        d = np.diff(t)
+        return [(round(float(t[i] - t[0]), 2), round(float(d[i]), 3)) for i in np.flatnonzero(d > over)]
+
+    def text(self) -> str:
+        return " ".join(t for _, t, _ in self.transcripts)
+
+
+class Caller:
+    """One caller: joins `room` with a token that dispatches `agent_name`, publishes a microphone track, and
+    records the agent's audio and the `lk.transcription` text streams."""
+
+    def __init__(
+        self, server: Server, room: str, agent_name: str, identity: str = "caller", metadata: str = ""
+    ):
+        self.server, self.room_name, self.identity = server, room, identity
+        self.jwt = token(server, room, identity, agent_name, metadata)
+        self.heard = Heard()
+        self.sent_samples = 0
+        self.agent_joined = asyncio.Event()
+        self.first_audio = asyncio.Event()  # any frame of the agent's track (silence too)
+        self.first_speech = asyncio.Event()  # the first frame of the agent's track that is not silence
+        self._tasks: list[asyncio.Task] = []
+
+    async def join(self) -> None:
+        from livekit import rtc
+
+        from agent import rtc_ffi
+
+        # the callers' rooms share this process's FFI client as the worker's rooms share the worker's: routed,
+        # and their events handed to the loop in batches (the SDK's own queue wakes the loop once per event)
+        rtc_ffi.install()
+        self.room = rtc.Room()
+        loop = asyncio.get_running_loop()
+
+        def on_participant(p: rtc.RemoteParticipant) -> None:
+            if p.kind != rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
+                return
+            self.heard.agents.add(p.identity)
+            if self.heard.agent_identity is None:
+                self.heard.agent_identity, self.heard.agent_joined_at = p.identity, loop.time()
+                self.agent_joined.set()
+
+        def on_track(track: rtc.Track, _pub, p: rtc.RemoteParticipant) -> None:
+            if track.kind == rtc.TrackKind.KIND_AUDIO:
+                self.heard.sources.add(p.identity)
+                self.heard.tracks += 1
+                self._tasks.append(asyncio.ensure_future(self._record(track)))
+
+        def on_text(reader: rtc.TextStreamReader, sender: str) -> None:
+            async def consume() -> None:
+                try:
+                    text = await reader.read_all()
+                except rtc.data_stream.StreamError:  # its sender left mid-stream (an agent gone)
+                    return
+                self.heard.transcripts.append((sender, text, dict(reader.info.attributes or {})))
+
+            self._tasks.append(asyncio.ensure_future(consume()))
+
+        self.room.on("participant_connected", on_participant)
+        self.room.on("track_subscribed", on_track)
+        self.room.register_text_stream_handler("lk.transcription", on_text)
+        await self.room.connect(self.server.url, self.jwt)
+        for p in self.room.remote_participants.values():
+            on_participant(p)
+        self.source = rtc.AudioSource(RATE, 1, queue_size_ms=200)
+        track = rtc.LocalAudioTrack.create_audio_track("microphone", self.source)
+        await self.room.local_participant.publish_track(track, self.publish_options())
+
+    def publish_options(self):
+        """How the microphone track is published: as a browser does (Opus, with RED)."""
+        from livekit import rtc
+
+        return rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+
+    async def _record(self, track) -> None:
+        from livekit import rtc
+
+        loop = asyncio.get_running_loop()
+        async for ev in rtc.AudioStream(track, sample_rate=RATE, num_channels=1, frame_size_ms=RECV_MS):
+            samples = np.frombuffer(ev.frame.data, dtype=np.int16).copy()
+            self.heard.frames.append(samples)
+            self.heard.times.append(loop.time())
+            self.first_audio.set()
+            if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives
+                self.heard.audible_samples += samples.size
+                self.first_speech.set()
+
+    async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:
+        """Publish `pcm` in real time (`capture_frame` paces the frames), then silence up to `seconds`."""
+        from livekit import rtc
+
+        total = pcm.size if seconds is None else max(pcm.size, int(seconds * RATE))
+        pcm = np.concatenate([pcm, np.zeros(total - pcm.size, np.int16)])
+        for i in range(0, pcm.size - FRAME + 1, FRAME):
+            frame = rtc.AudioFrame(pcm[i : i + FRAME].tobytes(), RATE, 1, FRAME)
+            await self.source.capture_frame(frame)
+            self.sent_samples += FRAME
+
+    async def leave(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.room.disconnect()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,109 @@
+"""The LiveKit server the benchmarks and the end-to-end tests run against (scripts/livekit.sh's
+start_livekit, inside a network namespace with no way out made by netns_up), the tokens callers join it
+with, and the tools beside it: `python -m agent sip` and LiveKit's agent load tester. Knows nothing of the
+worker's own figures or of the callers' audio.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# scripts/livekit.sh: loopback and the veth pair with both ends here
+ALLOWED_INTERFACES = {"lo", "lkv0", "lkv1"}
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    key: str
+    secret: str
+
+    @property
+    def http_url(self) -> str:
+        return self.url.replace("ws://", "http://").replace("wss://", "https://")
+
+
+def interfaces() -> set[str]:
+    """This network namespace's interfaces (from /sys, as `ip link` lists them)."""
+    return set(os.listdir("/sys/class/net"))
+
+
+def leaks() -> list[str]:
+    """The interfaces of this namespace that lead out of it (none inside one made by netns_up)."""
+    return sorted(interfaces() - ALLOWED_INTERFACES)
+
+
+def server_from_env(prog: str, *, confined: bool = False) -> Server:
+    """The server a benchmark runs against: CHORUS_TEST_LIVEKIT_URL/_API_KEY/_API_SECRET, else
+    LIVEKIT_URL/_API_KEY/_API_SECRET; `confined`: only inside a namespace with no way out. Else SystemExit,
+    naming `prog`."""
+    url = os.environ.get("CHORUS_TEST_LIVEKIT_URL") or os.environ.get("LIVEKIT_URL")
+    key = os.environ.get("CHORUS_TEST_LIVEKIT_API_KEY") or os.environ.get("LIVEKIT_API_KEY")
+    secret = os.environ.get("CHORUS_TEST_LIVEKIT_API_SECRET") or os.environ.get("LIVEKIT_API_SECRET")
+    if not (url and key and secret):
+        raise SystemExit(
+            f"{prog}: no LiveKit server: set CHORUS_TEST_LIVEKIT_URL/_API_KEY/_API_SECRET "
+            "(scripts/livekit.sh's start_livekit, inside a namespace made by netns_up) "
+            "or LIVEKIT_URL/_API_KEY/_API_SECRET"
+        )
+    if confined and leaks():
+        raise SystemExit(
+            f"{prog}: this network namespace has interfaces that lead out of it: {leaks()} "
+            "(run it inside one made by scripts/livekit.sh's netns_up)"
+        )
+    return Server(url, key, secret)
+
+
+def token(server: Server, room: str, identity: str, agent_name: str | None = None, metadata: str = "") -> str:
+    """A caller's join token; with `agent_name` the room dispatches that agent when the caller joins (as
+    `python -m agent token` makes them), with `metadata` as the job's metadata."""
+    from livekit import api
+
+    t = (
+        api.AccessToken(server.key, server.secret)
+        .with_identity(identity)
+        .with_grants(api.VideoGrants(room_join=True, room=room))
+    )
+    if agent_name:
+        dispatch = api.RoomAgentDispatch(agent_name=agent_name, metadata=metadata)
+        t = t.with_room_config(api.RoomConfiguration(agents=[dispatch]))
+    return t.to_jwt()
+
+
+def agent_sip(server: Server, *args: str, agent_name: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m agent sip ...` against the server (for `agent_name`'s agent, when given)."""
+    env = {**os.environ, "LIVEKIT_URL": server.url, "LIVEKIT_API_KEY": server.key}
+    env["LIVEKIT_API_SECRET"] = server.secret
+    if agent_name:
+        env["LIVEKIT_AGENT_NAME"] = agent_name
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "sip", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def load_tester(prog: str) -> str:
+    """LiveKit's agent load tester (scripts/agent-load-test): $CHORUS_AGENT_LOAD_TEST, else where
+    scripts/livekit.sh's ensure_livekit builds it. Else SystemExit, naming `prog`."""
+    path = os.environ.get("CHORUS_AGENT_LOAD_TEST")
+    if not path:
+        out = subprocess.run(
+            ["bash", "-c", "source scripts/livekit.sh && echo $AGENT_LOAD_TEST_BIN"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        path = out.stdout.strip()
+    if not Path(path).is_file():
+        raise SystemExit(f"{prog}: no load tester at {path}: run scripts/livekit.sh's ensure_livekit")
+    return path
