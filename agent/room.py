@@ -25,6 +25,7 @@ from livekit.agents import JobContext, JobProcess, cli
 from agent import room_connect, rtc_ffi
 from agent.call import ConsoleSink, start_call
 from agent.drain import goodbye_on_drain
+from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
 from agent.playout import RoomSink
 from agent.settings import AgentSettings
@@ -129,7 +130,9 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.add_shutdown_callback(redispatch_if_lost)
     # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
     # never cancelled (agent/room_connect.py)
-    await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
+    joins = join_gate(settings.joins_at_once)
+    async with joins.turn():
+        await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
     caller = await _wait_for_caller(ctx)
     if caller is None:
         return
@@ -154,14 +157,15 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     if line is not None and not await _answered(ctx, caller, line, sink):
         ctx.shutdown("the caller left")
         return
-    call = await start_call(
-        engine,
-        agent,
-        sink=sink,
-        room=ctx.room,
-        participant=caller.identity,
-        admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
-    )
+    async with joins.turn():
+        call = await start_call(
+            engine,
+            agent,
+            sink=sink,
+            room=ctx.room,
+            participant=caller.identity,
+            admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
+        )
     opened = True
     call.session.on("close", lambda _ev: left.set())
     if line is not None:

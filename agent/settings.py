@@ -154,6 +154,11 @@ class AgentSettings(EnvSettings):
     tick_priority: int = Field(
         1, ge=0, le=99, validation_alias="CHORUS_TICK_PRIORITY", description="a whole number from 0 to 99"
     )
+    # how many of a worker process's rooms join at once (connect, then start the call; 0: no limit): callers
+    # who arrive together wait their turn rather than stall the calls already live (agent/joins.py)
+    joins_at_once: int = Field(
+        2, ge=0, le=1024, validation_alias="CHORUS_JOINS_AT_ONCE", description="a whole number from 0 to 1024"
+    )
     # how much lower than the worker's a room process's CPU priority is (nice): the tick comes first
     room_nice: int = Field(
         5, ge=0, le=19, validation_alias="CHORUS_ROOM_NICE", description="a whole number from 0 to 19"

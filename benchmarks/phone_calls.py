@@ -41,7 +41,7 @@ from benchmarks.support.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
 ANSWER_WAIT_S = 120.0  # for the agent's track in every call
-JOIN_EVERY_S = 0.5  # between two calls' arrivals
+JOIN_EVERY_S = 0.5  # between two calls' arrivals (--apart)
 
 
 def caller_number(i: int) -> str:
@@ -52,12 +52,14 @@ def is_engine(pid: int) -> bool:
     return "engine.serve" in cmdline(pid)
 
 
-async def run_calls(server, worker: Worker, calls: list[dict], seconds: float) -> dict:
+async def run_calls(
+    server, worker: Worker, calls: list[dict], seconds: float, apart: float = JOIN_EVERY_S
+) -> dict:
     speech = caller_pcm("caller_booking.wav")
     everyone = [PhoneCaller(server, call) for call in calls]
 
     async def ring(c: PhoneCaller, i: int) -> None:
-        await asyncio.sleep(JOIN_EVERY_S * i)  # the calls come in one after another, as calls do
+        await asyncio.sleep(apart * i)  # the calls come in one after another, as calls do
         await c.join()
 
     await asyncio.gather(*(ring(c, i) for i, c in enumerate(everyone)))
@@ -95,11 +97,15 @@ async def run_calls(server, worker: Worker, calls: list[dict], seconds: float) -
         before, snap0, t0 = cpu_seconds(pids), worker.snapshot(), time.monotonic()
         heard0 = [c.heard.audible_s() for c in callers]
         turn_starts: dict[tuple[str, int], float] = {}  # (session, turn) -> its tick to its first sample out
+        queued: list[
+            float
+        ] = []  # each call's playout queue (ms ahead of the caller's ear), every half second
         while time.monotonic() < t0 + seconds:
             await asyncio.sleep(0.5)
             for s in (await asyncio.to_thread(worker.snapshot))["sessions"]:
                 if s.get("turn_start_ms") is not None:
                     turn_starts.setdefault((s["id"], s["turns"]), s["turn_start_ms"])
+                queued.append(s.get("playout_ms", 0.0))
         after, snap1, t1 = cpu_seconds(pids), worker.snapshot(), time.monotonic()
         heard1 = [c.heard.audible_s() for c in callers]
         for t in talking:
@@ -125,6 +131,7 @@ async def run_calls(server, worker: Worker, calls: list[dict], seconds: float) -
         ],
         "window_s": round(wall, 1),
         "turn_start_ms": {"n": len(turn_starts), **percentiles(list(turn_starts.values()))},
+        "playout_queued_ms": percentiles(queued),
         "worker_cores": round(worker_cores, 3),
         "engine_cores": round(engine, 3),
         "snapshot": {
@@ -146,6 +153,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=30.0, help="the steady window measured")
     ap.add_argument("--log", type=Path, default=None, help="keep the worker's log here")
+    ap.add_argument(
+        "--apart",
+        type=float,
+        default=JOIN_EVERY_S,
+        help="seconds between two arrivals (0: all at once)",
+    )
     args = ap.parse_args()
     server = server_from_env("phone_calls")
     if not os.environ.get("CHORUS_TEST_LIVEKIT_REDIS"):
@@ -172,7 +185,7 @@ def main() -> None:
                 calls.append(json.loads(out.stdout))
             print(f"{len(calls)} calls placed through the server's dispatch rule; answering...", flush=True)
             t = time.monotonic()
-            res = asyncio.run(run_calls(server, worker, calls, args.seconds))
+            res = asyncio.run(run_calls(server, worker, calls, args.seconds, args.apart))
             res["setup_s"] = round(time.monotonic() - t, 1)
             if res["unanswered"]:
                 log = worker.log.read_text(errors="replace").splitlines()
@@ -198,7 +211,8 @@ def main() -> None:
     ts = res["turn_start_ms"]
     print(
         f"  a turn's start, its tick to its first sample on the agent's track: p50 {ts['p50']} ms, p99 "
-        f"{ts['p99']} ms, max {ts['max']} ms ({ts['n']} turns)"
+        f"{ts['p99']} ms, max {ts['max']} ms ({ts['n']} turns); the playout's queue p50 "
+        f"{res['playout_queued_ms']['p50']} ms, max {res['playout_queued_ms']['max']} ms"
     )
     print(
         f"  worker {res['worker_cores']} cores (rooms), engine {res['engine_cores']} cores; "
