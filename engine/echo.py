@@ -23,8 +23,7 @@ from collections import deque
 import numpy as np
 
 from engine.config import ClockConfig
-from engine.plan import LivePlan, LiveResult
-from engine.slots import Session
+from engine.plan import LivePlan, LiveResult, Tick
 from engine.tokens import Tokens
 
 MARK = 0.25  # an input sample louder than this marks its frame (about -12 dBFS)
@@ -32,8 +31,9 @@ KEEP = 8192  # marked frames kept for the snapshot (newest)
 
 
 class Echo:
-    """Replaces a tick's live output by its input (`apply`, before the scheduler scatters it) and logs marked
-    frames' timings (`sent`, once the frames are handed out)."""
+    """A tick observer (engine/plan.py `TickObserver`): replaces a tick's live output by its input (`live`,
+    before the scheduler scatters it) and logs marked frames' timings (`sent`, once the frames are handed
+    out)."""
 
     def __init__(self, clock: ClockConfig, tokens: Tokens, keep: int = KEEP) -> None:
         n_in, n_out = clock.input_samples, clock.output_samples
@@ -51,7 +51,7 @@ class Echo:
         """[S, n_in] -> [S, n_out], linear interpolation."""
         return audio[:, self._i0] * (1.0 - self._w) + audio[:, self._i1] * self._w
 
-    def apply(self, plan: LivePlan, result: LiveResult, sessions: list[Session], t_tick: float) -> None:
+    def live(self, tick: Tick, plan: LivePlan, result: LiveResult) -> None:
         result.audio[:] = self.resample(plan.audio)
         result.text[plan.live] = self.text
         result.func[:] = self.func
@@ -60,7 +60,7 @@ class Echo:
         hot = np.flatnonzero(heard & loud.any(axis=1))
         if not hot.size:
             return
-        by_slot = {s.slot: s for s in sessions if not s.closed}
+        by_slot = {s.slot: s for s in tick.sessions if not s.closed}
         for slot in hot.tolist():
             s = by_slot.get(slot)
             if s is None:
@@ -72,7 +72,7 @@ class Echo:
                     "label": s.label,
                     "tick": plan.tick,
                     "pushed": inbox.popped_at,
-                    "tick_start": t_tick,
+                    "tick_start": tick.t_start,
                     "sent": None,
                     "onset": int(np.argmax(loud[slot])),
                     "loud": int(loud[slot].sum()),

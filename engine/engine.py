@@ -37,10 +37,12 @@ from engine.headroom import Headroom
 from engine.malloc import tune_malloc
 from engine.metrics import Accounting, SnapshotServer, publish
 from engine.phase import STEP_S, TickPhase
+from engine.plan import TickObserver
 from engine.priority import TickPriority
 from engine.runner import Runner
 from engine.scheduler import Scheduler
-from engine.slots import FrameInbox, Phase, Session, SlotPool
+from engine.session import Phase, Session
+from engine.slots import FrameInbox, SlotPool
 from engine.tokens import MAX_TOOLS
 from redaction import mask_numbers
 
@@ -69,6 +71,7 @@ class Engine:
         self.pool = SlotPool(cfg.num_slots, clock)
         # tool results are tokenised off the tick thread
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-tokens")
+        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.scheduler = Scheduler(
             cfg.num_slots,
             self.tokens,
@@ -76,8 +79,8 @@ class Engine:
             build.limits(cfg, self.model_cfg),
             clock,
             encode_pool=self._encoder,
+            prompts=self.runner.prompts,  # the runner's: it saves and loads, the scheduler asks what is in
         )
-        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
         self.headroom = Headroom(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio)
@@ -88,10 +91,12 @@ class Engine:
         self._closed = False  # the model released (by close)
         self._thread: threading.Thread | None = None
         self.collector = Collector(clock)  # full collections in the tick's slack
-        self.tick = 0
+        self.tick = 0  # the tick running or last run, for other threads (the tick itself passes its own)
         self.failure: BaseException | None = None
         self.priority = TickPriority(cfg.tick_priority)  # the tick thread's (engine/priority.py)
         self.echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
+        # what watches every tick (engine/plan.py TickObserver): echo mode, else nothing
+        self.observers: list[TickObserver] = [self.echo] if self.echo is not None else []
         if cfg.echo:
             also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
             log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
@@ -155,7 +160,6 @@ class Engine:
         def make(session_id: str, slot: int) -> Session:
             box = FrameInbox(frame, self._max_backlog, clock=self.clock)
             box.source = source
-            extra = {} if playout is None else {"playout": playout}
             return Session(
                 session_id,
                 slot,
@@ -167,7 +171,7 @@ class Engine:
                 label=mask_numbers(str(label))[:80],
                 caller=str(caller)[:80],
                 opened_at=self.clock(),
-                **extra,
+                playout=playout,
             )
 
         session = self.pool.open(make, admission)
@@ -296,23 +300,22 @@ class Engine:
         for s in freed:
             self.acct.closed_dropped += s.inbox.dropped
             self.acct.closed_skipped += s.inbox.skipped
-        sch.begin_tick(k, sessions, freed)
-        sch.poll(t_start)
-        plan = sch.plan_live(reset)
-        plan.t_start = t_start
+        tick = sch.begin_tick(k, sessions, freed, t_start)
+        sch.poll(tick, t_start)
+        plan = sch.plan_live(tick, reset)
         heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
-        if sch.late:
+        if plan.late:
             self.phase.missed()
         self.phase.observe(t_start - plan.arrived[heard])
         # execute and update: one batched live step for every live slot, its frames out to their sessions
         result = self.runner.live(plan)
-        if self.echo is not None:
-            self.echo.apply(plan, result, sessions, t_start)
-        sch.apply_live(plan, result)
+        for observer in self.observers:
+            observer.live(tick, plan, result)
+        sch.apply_live(tick, plan, result)
         t_live = clock()
         self.acct.record_heard(plan, heard, t_live)
-        if self.echo is not None:
-            self.echo.sent(t_live)
+        for observer in self.observers:
+            observer.sent(t_live)
         # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed
         until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
         cadence = self.config.cadence_locked_tools
@@ -320,11 +323,11 @@ class Engine:
         served: frozenset[str] = frozenset()
         while not self._stop.is_set():
             now = clock()
-            sch.poll(now)
+            sch.poll(tick, now)
             budget_ms = (until - now) * 1e3
-            work = sch.next_tool_work(budget_ms, skip, served) if budget_ms > 0 else None
+            work = sch.next_tool_work(tick, budget_ms, skip, served) if budget_ms > 0 else None
             if work is None:
-                work = sch.owed_work()
+                work = sch.owed_work(tick)
                 if work is None:
                     break
                 self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
@@ -334,9 +337,9 @@ class Engine:
                 skip = skip | {work.kind}
             t = clock()
             res = self.runner.tool(work)
-            done = sch.apply_tool(work, res, (clock() - t) * 1e3)
+            done = sch.apply_tool(tick, work, res, (clock() - t) * 1e3)
             for slot, key in done.saves:
-                sch.forget_prompts(self.runner.save_prompt(slot, key))
+                self.runner.save_prompt(slot, key)
             for call_ms, ticks in done.calls:
                 self.acct.record_call(call_ms, ticks)
         self.priority.restore()

@@ -1,7 +1,9 @@
 """What a conversation holds of the engine: `SessionHandle`, made by `Engine.open_session`.
 
-Every method is callable from the session's own thread or event loop; none waits on the tick. Knows one
-session's slot state and inbox; knows nothing of LiveKit, rooms or hotels.
+Every method is callable from the session's own thread or event loop; none waits on the tick. What the tick
+acts on (tool results, forced tokens, padding) goes through the session's `requests` queue, which the tick
+thread drains; the handle writes only the inbox, `private` (under its lock) and the room's playout figures.
+Knows one session's slot state and inbox; knows nothing of LiveKit, rooms or hotels.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.api import EngineClosed, Output
-from engine.slots import Session
+from engine.session import Session
 from engine.tokens import forced_ids
 from redaction import private_values
 
@@ -50,7 +52,7 @@ class SessionHandle:
     @property
     def speaking(self) -> bool:
         """The agent is in a turn of its own."""
-        return self._s.speaking
+        return self._s.turn.speaking
 
     @property
     def backlog_frames(self) -> int:
@@ -74,7 +76,7 @@ class SessionHandle:
         private from now on: names, contacts, codes (`privacy.private_values`)."""
         if self._s.closed:
             return
-        call = self._s.pending.get(call_id)
+        call = self._s.call.pending.get(call_id)  # a read: the tick replaces the dict, never changes it here
         if call is not None:
             self.keep_private(*private_values(call.arguments), *private_values(_json_object(output)))
         # every character is prefilled on the tick: a longer result is cut, and the model reads a
@@ -82,14 +84,7 @@ class SessionHandle:
         output, cap = str(output), self._engine.config.max_result_chars
         if len(output) > cap:
             output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
-        self._s.incoming.put(
-            {
-                "call_id": call_id,
-                "name": call.name if call else "",
-                "output": output,
-                "is_error": bool(is_error),
-            }
-        )
+        self._s.requests.put(("result", {"call_id": call_id, "output": output, "is_error": bool(is_error)}))
 
     def keep_private(self, *terms: str) -> None:
         """Words this conversation must never show in clear: a guest's name (each of its words too), a
@@ -101,17 +96,16 @@ class SessionHandle:
 
     def force_text(self, tokens: list[int] | str) -> None:
         """Teacher forcing: the text channel emits these tokens (one per position) instead of its own."""
-        self._s.force_text.extend(self._ids(tokens))
+        self._s.requests.put(("text", self._ids(tokens)))
 
     def force_function(self, tokens: list[int] | str) -> None:
         """Teacher forcing of the function channel (e.g. a complete tool call from `Tokens.call_ids`)."""
-        self._s.force_func.extend(self._ids(tokens))
+        self._s.requests.put(("func", self._ids(tokens)))
 
     def pad_between(self, on: bool = True) -> None:
         """Teacher forcing: between forced tokens both channels emit the padding token in live steps
         (`on`), or the model's own again."""
-        pad = self._engine.tokens.pad if on else -1
-        self._s.hold_text = self._s.hold_func = pad
+        self._s.requests.put(("hold", self._engine.tokens.pad if on else -1))
 
     def report_playout(
         self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0

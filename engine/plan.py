@@ -1,15 +1,15 @@
-"""The types the scheduler hands the runner and the engine, one tick's worth: the live batch's inputs and
-outputs, a piece of paused work and its result, what that work finished, the limits that bound each phase,
-and the cost model that decides what fits in a tick's slack."""
+"""The types the scheduler hands the runner and the engine, one tick's worth: the tick itself, the live
+batch's inputs and outputs, a piece of paused work and its result, what that work finished, the limits that
+bound each phase, and the cost model that decides what fits in a tick's slack."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
-from engine.slots import Session
+from engine.session import Session
 
 WorkKind = Literal["call", "result", "replay", "prompt"]
 PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
@@ -52,6 +52,16 @@ class Limits:
     catch_up_in_turns: bool = False
 
 
+@dataclass(slots=True)
+class Tick:
+    """One tick as the engine drives it: its number, when it started and the sessions open at its start. Made
+    by `Scheduler.begin_tick` and passed to every scheduler call of the tick; nothing keeps it after."""
+
+    number: int
+    sessions: list[Session]
+    t_start: float = float("nan")  # the engine's clock
+
+
 @dataclass
 class LivePlan:
     """Inputs of the live step, one row per slot; rows that are not live are computed but change nothing."""
@@ -66,6 +76,7 @@ class LivePlan:
     restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
     arrived: np.ndarray | None = None  # [S] float64: when the row's frame arrived (NaN: no frame)
     t_start: float = float("nan")  # when the tick started (the engine's clock)
+    late: int = 0  # sessions whose frame for the last tick came after it (found by this plan)
 
 
 @dataclass
@@ -73,6 +84,16 @@ class LiveResult:
     text: np.ndarray  # [S] int64
     func: np.ndarray  # [S] int64
     audio: np.ndarray  # [S, 1764] float32
+
+
+class TickObserver(Protocol):
+    """What watches every tick from outside the plan (echo mode, engine/echo.py): `live` is given the live
+    step's result before its frames go out (and may replace them), `sent` the time they went out. The engine
+    holds none unless one is configured, so a tick without one calls nothing."""
+
+    def live(self, tick: Tick, plan: LivePlan, result: LiveResult) -> None: ...
+
+    def sent(self, t: float) -> None: ...
 
 
 @dataclass

@@ -10,7 +10,6 @@ pipeline and the plan types.
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 
@@ -20,6 +19,7 @@ import torch
 from engine.graph import StepGraph, StepGraphs, pow2_at_least, pow2_pieces
 from engine.model.pipeline import PROMPT_STAGES, LiveOutput, Pipeline, all_inactive
 from engine.plan import LivePlan, LiveResult, ToolResult, ToolWork
+from engine.prompt_cache import PromptCache
 
 TRACE_WARMUP = 3  # runs of a traced step before it serves
 
@@ -75,8 +75,8 @@ class Runner:
         self.force_func = torch.full((S,), -1, dtype=torch.long, device=device)
         self.reset_mask = torch.zeros(S, dtype=torch.bool, device=device)
         self.quiet = torch.zeros(S, dtype=torch.bool, device=device)
-        self.prompts: OrderedDict[int, dict] = OrderedDict()  # prompt key -> the slot state a prompt sets
-        self.prompt_cache_size = prompt_cache_size
+        # prompt key -> the slot state a prompt sets: the runner saves and loads, the scheduler asks for keys
+        self.prompts = PromptCache(prompt_cache_size)
         n_out = pipeline.cfg.clock.output_samples
         self._out = torch.empty(S, 2 + n_out, dtype=torch.float32)  # one host buffer for all outputs
         if device.type == "cuda":
@@ -95,8 +95,7 @@ class Runner:
             self.reset_mask.copy_(torch.from_numpy(plan.reset))
             self.p.reset(self.reset_mask)
         for slot, key in plan.restore:
-            self.p.load_slot(slot, self.prompts[key])
-            self.prompts.move_to_end(key)
+            self.p.load_slot(slot, self.prompts.load(key))
         self.audio.copy_(torch.from_numpy(plan.audio))
         self.active.copy_(torch.from_numpy(plan.live))
         self.force_text.copy_(torch.from_numpy(plan.force_text))
@@ -110,13 +109,9 @@ class Runner:
         host = self._out.numpy().copy()
         return LiveResult(host[:, 0].astype(np.int64), host[:, 1].astype(np.int64), host[:, 2:])
 
-    def save_prompt(self, slot: int, key: int) -> list[int]:
-        """Keep the state of a slot that just prefilled a prompt; returns the keys evicted for room."""
-        self.prompts[key] = self.p.save_slot(slot, PROMPT_STAGES)
-        evicted = []
-        while len(self.prompts) > self.prompt_cache_size:
-            evicted.append(self.prompts.popitem(last=False)[0])
-        return evicted
+    def save_prompt(self, slot: int, key: int) -> None:
+        """Keep the state of a slot that just prefilled a prompt (the cache evicts for room)."""
+        self.prompts.save(key, self.p.save_slot(slot, PROMPT_STAGES))
 
     # -- slack work: one step per bucket (engine/graph.py), captured on CUDA, eager elsewhere ----------
 

@@ -1,14 +1,9 @@
 """The tick's plan and its bookkeeping: who is live, what paused work runs this tick, and what a result means.
 
-One tick, as `Engine.run_tick` drives it (tool calls' own life is `engine/toolcalls.py`):
-
-    sch.begin_tick(k, sessions, freed)       # the tick's number and sessions: every call below reads them
-    sch.poll(now)                            # tool results in, late ones timed out, their prefills started
-    plan = sch.plan_live(reset)              # -> LivePlan: the inputs of the one batched live step
-    sch.apply_live(plan, runner.live(plan))  # frames, turns and calls out to their sessions
-    while work := sch.next_tool_work(budget_ms) or sch.owed_work():  # what fits, then what is owed
-        done = sch.apply_tool(work, runner.tool(work), ms)          # -> SlackOutcome
-        sch.forget_prompts(runner.save_prompt(slot, key))          # for each of done.saves
+One tick, as `Engine.run_tick` drives it, is sketched in docs/architecture.md ("One tick"); a tool call's own
+life is `engine/toolcalls.py`. The scheduler keeps no tick: `begin_tick` returns the `Tick` (number, start,
+sessions) that every other call of the tick is given. The prompt cache it consults (`engine/prompt_cache.py`)
+is the runner's, filled by `Runner.save_prompt` for each of `SlackOutcome.saves`.
 
 CPU-only and model-free: it works on numpy arrays and hand-made results, so it is tested without a model.
 
@@ -33,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from functools import partial
 
 import numpy as np
 
@@ -50,11 +46,13 @@ from engine.plan import (
     LivePlan,
     LiveResult,
     SlackOutcome,
+    Tick,
     ToolResult,
     ToolWork,
     WorkKind,
 )
-from engine.slots import Phase, Session
+from engine.prompt_cache import PromptCache
+from engine.session import Phase, Session
 from engine.tokens import Tokens
 from engine.toolcalls import ToolCalls
 
@@ -70,8 +68,10 @@ class Scheduler:
         limits: Limits | None = None,
         clock: Callable[[], float] = time.monotonic,
         encode_pool: Executor | None = None,
+        prompts: PromptCache | None = None,
     ) -> None:
-        """`encode_pool` is where tool results are tokenised, off the tick thread (None: inline)."""
+        """`encode_pool` is where tool results are tokenised, off the tick thread (None: inline); `prompts` is
+        the runner's prompt cache (None: one of its own, for tests without a runner)."""
         self.S = num_slots
         self.clock = clock
         self.tok = tokens
@@ -79,25 +79,28 @@ class Scheduler:
         self.limits = limits or Limits()
         self.costs = CostModel()
         self.calls = ToolCalls(tokens, self.limits, clock, encode_pool)
-        self._cached: set[int] = set()  # prompts whose prefilled state the runner holds (by key)
-        self.tick = 0
-        self.sessions: list[Session] = []
+        self.prompts = prompts if prompts is not None else PromptCache(8)
         self.underruns = 0
-        self.late = 0  # sessions whose frame for the last tick came after it (found at this tick's plan)
 
     # -- the tick -------------------------------------------------------------------------------------
 
-    def begin_tick(self, tick: int, sessions: list[Session], freed: list[Session] = ()) -> None:
-        """Tick `tick` begins over the open `sessions`; `freed` closed since the last tick (a call they were
-        making is forgotten). Every other method of this tick works on these."""
-        self.tick = tick
-        self.sessions = sessions
+    def begin_tick(
+        self, number: int, sessions: list[Session], freed: list[Session] = (), t_start: float = math.nan
+    ) -> Tick:
+        """Tick `number` begins over the open `sessions`; `freed` closed since the last tick (a call they were
+        making is forgotten). Every other method of this tick is given the Tick returned."""
         for s in freed:
             self.calls.forget(s)
+        return Tick(number, sessions, t_start)
 
-    def poll(self, now: float) -> None:
-        """Between steps: gather submitted tool results, time out late ones, start their prefills."""
-        self.calls.poll(self.sessions, self.tick, now)
+    def poll(self, tick: Tick, now: float) -> None:
+        """Between steps: what the agents asked for (forced tokens, tool results) taken in, late results timed
+        out, their prefills started."""
+        receive = partial(self.calls.receive, now=now)
+        for s in tick.sessions:
+            if not s.closed:
+                s.take_requests(receive)
+        self.calls.poll(tick.sessions, tick.number, now)
 
     @property
     def call_log(self) -> deque[CallRecord]:
@@ -107,19 +110,15 @@ class Scheduler:
     @property
     def cached_prompts(self) -> frozenset[int]:
         """The prompts whose prefilled state the runner holds (read across threads by admission)."""
-        return frozenset(self._cached)
-
-    def forget_prompts(self, keys: list[int]) -> None:
-        """The runner's prompt cache no longer holds these prompts (evicted for room)."""
-        self._cached.difference_update(keys)
+        return self.prompts.keys
 
     # -- the live step --------------------------------------------------------------------------------
 
-    def plan_live(self, reset: np.ndarray) -> LivePlan:
+    def plan_live(self, tick: Tick, reset: np.ndarray) -> LivePlan:
         """Every LIVE and REPLAY session steps in the live batch (REPLAY quietly: its held audio goes in, the
         agent channels are forced silent and nothing comes out); a PROMPT session whose prompt is cached
         gets the cached state instead of a prefill. `reset`: the rows freed since the last tick."""
-        tick, sessions = self.tick, self.sessions
+        k = tick.number
         S = self.S
         live = np.zeros(S, dtype=bool)
         quiet = np.zeros(S, dtype=bool)
@@ -130,29 +129,29 @@ class Scheduler:
         arrived = np.full(S, np.nan)
         late = 0
         lim = self.limits
-        for s in sessions:
+        for s in tick.sessions:
             if s.closed:
                 continue
             s.inbox.pull()  # a room in another process: its frames since the last tick
-            if s.live_by is None:  # first seen: opened since the last tick
-                s.live_by = tick + lim.admission_ticks
-            if s.phase is Phase.PROMPT and s.prefill_pos == 0 and s.prompt_key in self._cached:
+            p, f = s.progress, s.feed
+            if p.live_by is None:  # first seen: opened since the last tick
+                p.live_by = k + lim.admission_ticks
+            if s.phase is Phase.PROMPT and p.prefill_pos == 0 and s.prompt_key in self.prompts:
                 restore.append((s.slot, s.prompt_key))
-                s.prefill_ids = []
-                s.phase = Phase.REPLAY
+                s.enter(Phase.REPLAY, k)
             if s.phase is Phase.PROMPT:
                 # positions due this tick: the prompt is done two thirds into the admission bound, and a
                 # short one at once
-                due = s.live_by - lim.admission_ticks // 3
-                left = len(s.prefill_ids) - s.prefill_pos
-                s.owed = max(math.ceil(left / max(1, due - tick)), min(left, lim.prefill_chunk))
+                due = p.live_by - lim.admission_ticks // 3
+                left = p.left
+                p.owed = max(math.ceil(left / max(1, due - k)), min(left, lim.prefill_chunk))
             elif s.phase is Phase.PREFILL:  # result positions due this tick, at least a chunk
-                left = len(s.prefill_ids) - s.prefill_pos
-                s.owed = max(math.ceil(left / max(1, s.prefill_by - tick)), min(left, lim.result_chunk))
+                left = p.left
+                p.owed = max(math.ceil(left / max(1, p.prefill_by - k)), min(left, lim.result_chunk))
             elif s.phase is Phase.REPLAY:
                 # silence beyond what one catch-up step a tick could clear by `live_by` is skipped as soon as
                 # it is found; at `live_by`, whatever is left beyond this tick's frame is skipped
-                ahead = s.live_by - tick
+                ahead = p.live_by - k
                 keep = 1 + lim.reserve_frames
                 s.inbox.skip(len(s.inbox) - keep - max(0, ahead), silent_only=ahead > 0, keep=keep)
             elif s.phase is Phase.LIVE:
@@ -163,63 +162,72 @@ class Scheduler:
                 # hears the reserve in a quiet step while the agent is not speaking (nothing of the caller is
                 # lost; an 80 ms frame of the agent's silence is); a late arrival leaves the inbox empty at a
                 # tick, and the next frame to arrive is the reserve again
-                s.spare_ticks = s.spare_ticks + 1 if backlog >= 2 else 0
-                if s.spare_ticks >= lim.spare_ticks:
+                f.spare_ticks = f.spare_ticks + 1 if backlog >= 2 else 0
+                if f.spare_ticks >= lim.spare_ticks:
                     if s.inbox.skip(1, silent_only=True, keep=1):
-                        s.spare_ticks = 0
-                    elif not s.speaking or lim.catch_up_in_turns:
-                        s.catch_up, s.spare_ticks = True, 0
+                        f.spare_ticks = 0
+                    elif not s.turn.speaking or lim.catch_up_in_turns:
+                        f.catch_up, f.spare_ticks = True, 0
             if s.phase is Phase.REPLAY and len(s.inbox) <= 1 + lim.reserve_frames:
                 # caught up: this tick takes the one frame there is. No frame stays as a reserve: steady
                 # arrivals never need one, and a late arrival makes its own (the tick it misses hears
                 # silence, counted as an underrun; the late frame then waits behind the next)
-                self.calls.resume(s, tick)
+                self.calls.resume(s, k)
             if s.phase is Phase.LIVE:
                 live[s.slot] = True
-                force_text[s.slot] = s.force_text.popleft() if s.force_text else s.hold_text
-                force_func[s.slot] = s.force_func.popleft() if s.force_func else s.hold_func
+                forcing = s.forcing
+                force_text[s.slot] = forcing.text.popleft() if forcing.text else forcing.hold_text
+                force_func[s.slot] = forcing.func.popleft() if forcing.func else forcing.hold_func
             elif s.phase is Phase.REPLAY:
                 live[s.slot] = quiet[s.slot] = True
             else:
                 continue
             frame = s.inbox.pop()
-            s.reserve = s.inbox.held
+            f.reserve = s.inbox.held
             if frame is None:
-                s.underruns += 1
+                f.underruns += 1
                 self.underruns += 1
-                s.missed_tick = tick if s.fed_tick == tick - 1 else -2
+                f.missed_tick = k if f.fed_tick == k - 1 else -2
             else:
                 # the last tick found no frame, and this one finds two: the last one's came after it (a
                 # caller who stops sending underruns, and is not late)
-                late += s.missed_tick == tick - 1 and s.reserve >= 1
-                s.fed_tick, s.missed_tick = tick, -2
+                late += f.missed_tick == k - 1 and f.reserve >= 1
+                f.fed_tick, f.missed_tick = k, -2
                 audio[s.slot] = frame
                 arrived[s.slot] = s.inbox.popped_at
-                s.frames_consumed += 1
-                s.frames_replayed += quiet[s.slot]
-        self.late = late
-        return LivePlan(tick, live, audio, force_text, force_func, reset, quiet, restore, arrived)
+                f.frames_consumed += 1
+                f.frames_replayed += quiet[s.slot]
+        return LivePlan(
+            k, live, audio, force_text, force_func, reset, quiet, restore, arrived, tick.t_start, late
+        )
 
-    def apply_live(self, plan: LivePlan, result: LiveResult) -> None:
-        for s in self.sessions:
+    def apply_live(self, tick: Tick, plan: LivePlan, result: LiveResult) -> None:
+        """The live step's frames, turns and calls out to their sessions (on the tick thread)."""
+        for s in tick.sessions:
             if not plan.live[s.slot] or plan.quiet[s.slot]:
                 continue
             out: list[Output] = []
             text, func = int(result.text[s.slot]), int(result.func[s.slot])
-            piece = self.tok.text(s.text, text)  # whole characters only: a split one waits for its last byte
-            if text == self.tok.bos and not s.speaking:
-                s.speaking = True
-                s.turns += 1
-                s.turn_at = plan.t_start
-                s.said.clear()
+            turn = s.turn
+            piece = self.tok.text(
+                turn.text, text
+            )  # whole characters only: a split one waits for its last byte
+            if text == self.tok.bos and not turn.speaking:
+                turn.speaking = True
+                turn.turns += 1
+                turn.started_at = plan.t_start
+                turn.said.clear()
                 out.append(TurnStarted(plan.tick))
-            if piece and s.speaking:
-                s.said.append(piece)  # mostly the vocabulary's own string: nothing is copied
+            if piece and turn.speaking:
+                turn.said.append(piece)  # mostly the vocabulary's own string: nothing is copied
             out.append(AudioFrame(plan.tick, result.audio[s.slot], piece))
-            if text == self.tok.eos and s.speaking:
-                s.speaking = False
+            if text == self.tok.eos and turn.speaking:
+                turn.speaking = False
                 out.append(TurnEnded(plan.tick))
             if func == self.tok.call_start:
+                if turn.speaking:  # a call interrupts the model's own turn
+                    turn.speaking = False
+                    out.append(TurnEnded(plan.tick))
                 self.calls.start(s, plan.tick, out)
             s.deliver(out)
 
@@ -239,7 +247,11 @@ class Scheduler:
         return None
 
     def next_tool_work(
-        self, budget_ms: float, skip: frozenset[str] = frozenset(), served: frozenset[str] = frozenset()
+        self,
+        tick: Tick,
+        budget_ms: float,
+        skip: frozenset[str] = frozenset(),
+        served: frozenset[str] = frozenset(),
     ) -> ToolWork | None:
         """The most urgent piece of slack work predicted to fit in budget_ms, or None.
 
@@ -249,7 +261,7 @@ class Scheduler:
         kind at most once per tick).
         """
         by_phase: dict[Phase, list[Session]] = {}
-        for s in self.sessions:
+        for s in tick.sessions:
             if not s.closed:
                 by_phase.setdefault(s.phase, []).append(s)
         kinds = [k for k in PRIORITY if k not in skip]
@@ -268,10 +280,10 @@ class Scheduler:
             fit = self._fit("call", len(calls), 1, budget_ms) if calls else None
             if not fit:
                 return None
-            return _call_work(sorted(calls, key=lambda s: s.t_call_start)[: fit[0]])
+            return _call_work(sorted(calls, key=lambda s: s.call.t_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
             ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
-            ready += [s for s in by_phase.get(Phase.LIVE, []) if s.catch_up and len(s.inbox) >= 1]
+            ready += [s for s in by_phase.get(Phase.LIVE, []) if s.feed.catch_up and len(s.inbox) >= 1]
             fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
             return self._replay_work(ready[: fit[0]]) if fit else None
         phase, chunk = (
@@ -281,28 +293,28 @@ class Scheduler:
         group = self._prompt_leaders(group) if kind == "prompt" else sorted(group, key=_furthest_first)
         if not group:
             return None
-        t_max = min(chunk, lim.max_chunk, *(len(s.prefill_ids) - s.prefill_pos for s in group))
+        t_max = min(chunk, lim.max_chunk, *(s.progress.left for s in group))
         fit = self._fit(kind, len(group), t_max, budget_ms)
         return self._prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
 
-    def owed_work(self) -> ToolWork | None:
+    def owed_work(self, tick: Tick) -> ToolWork | None:
         """The next piece of work due this tick whatever the budget, or None: a call-token step for sessions
         calling a tool that have not moved this tick, then the result and prompt positions due this tick
         (`owed_rows` rows at a time, the least recently served first). Catch-up is not forced: the replay
         bound holds by skipping held audio."""
-        tick, lim = self.tick, self.limits
-        open_ = [s for s in self.sessions if not s.closed]
+        k, lim = tick.number, self.limits
+        open_ = [s for s in tick.sessions if not s.closed]
 
         def first(group: list[Session]) -> list[Session]:
-            return sorted(group, key=lambda s: (s.progress_tick, s.opened_at))[: lim.owed_rows]
+            return sorted(group, key=lambda s: (s.progress.tick, s.opened_at))[: lim.owed_rows]
 
-        if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress_tick != tick]:
+        if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress.tick != k]:
             return _call_work(first(calls))
-        if results := [s for s in open_ if s.phase is Phase.PREFILL and s.owed > 0]:
+        if results := [s for s in open_ if s.phase is Phase.PREFILL and s.progress.owed > 0]:
             group = first(results)
             return self._prefill_work("result", group, self._owed_chunk(group))
         leaders = self._prompt_leaders([s for s in open_ if s.phase is Phase.PROMPT])
-        if group := [s for s in leaders if s.owed > 0][: lim.owed_rows]:
+        if group := [s for s in leaders if s.progress.owed > 0][: lim.owed_rows]:
             return self._prefill_work("prompt", group, self._owed_chunk(group))
         return None
 
@@ -311,20 +323,20 @@ class Scheduler:
         same prompt start from its state once it is cached."""
         leaders: dict[int, Session] = {}
         for s in sorted(prompting, key=_furthest_first):
-            if s.prompt_key not in self._cached:
+            if s.prompt_key not in self.prompts:
                 leaders.setdefault(s.prompt_key, s)
         return list(leaders.values())
 
     def _owed_chunk(self, group: list[Session]) -> int:
         return min(
             self.limits.max_chunk,
-            max(s.owed for s in group),
-            *(len(s.prefill_ids) - s.prefill_pos for s in group),
+            max(s.progress.owed for s in group),
+            *(s.progress.left for s in group),
         )
 
     @staticmethod
     def _prefill_work(kind: WorkKind, group: list[Session], T: int) -> ToolWork:
-        ids = np.array([s.prefill_ids[s.prefill_pos : s.prefill_pos + T] for s in group], dtype=np.int64)
+        ids = np.array([s.progress.upcoming(T) for s in group], dtype=np.int64)
         return ToolWork(kind, group, _slots(group), ids)
 
     def _replay_work(self, group: list[Session]) -> ToolWork:
@@ -333,48 +345,52 @@ class Scheduler:
         for s in group:
             audio[s.slot] = s.inbox.pop()
             active[s.slot] = True
-            s.frames_consumed += 1
-            s.frames_replayed += 1
+            f = s.feed
+            f.frames_consumed += 1
+            f.frames_replayed += 1
             if s.phase is Phase.LIVE:
-                s.catch_up = False
-                s.caught_up += 1
+                f.catch_up = False
+                f.caught_up += 1
         return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
 
-    def apply_tool(self, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:
+    def apply_tool(self, tick: Tick, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:
         """Account one piece of slack work that took `ms`: positions advance, call tokens are read, finished
         prefills move on to replay. Returns what the engine acts on."""
         done = SlackOutcome()
         T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
         self.costs.observe(work.kind, len(work.sessions), T, ms)
+        k = tick.number
         for s in work.sessions:
-            s.progress_tick = self.tick
+            s.progress.tick = k
         if work.kind == "call":
             for s, token in zip(work.sessions, result.func, strict=True):
-                if s.force_func:
-                    s.force_func.popleft()
-                self.calls.token(s, self.tick, int(token), done)
+                if s.forcing.func:
+                    s.forcing.func.popleft()
+                if self.calls.token(s, k, int(token), done):  # refused: the rest of a forced call goes too
+                    s.forcing.func.clear()
         elif work.kind in ("result", "prompt"):
             for s in work.sessions:
-                s.prefill_pos += T
-                s.owed -= T
-                if s.prefill_pos >= len(s.prefill_ids):
-                    if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
-                        s.live_by = self.tick + self.limits.replay_ticks
-                    elif s.prompt_key not in self._cached:
-                        self._cached.add(s.prompt_key)
-                        done.saves.append((s.slot, s.prompt_key))
-                    s.prefill_ids, s.prefill_pos = [], 0
-                    s.phase = Phase.REPLAY
+                p = s.progress
+                p.prefill_pos += T
+                p.owed -= T
+                if p.prefill_pos < len(p.prefill_ids):
+                    continue
+                if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
+                    s.enter(Phase.REPLAY, k, by=k + self.limits.replay_ticks)
+                    continue
+                if s.prompt_key not in self.prompts and all(key != s.prompt_key for _, key in done.saves):
+                    done.saves.append((s.slot, s.prompt_key))  # the engine has the runner keep its state
+                s.enter(Phase.REPLAY, k)
         return done
 
 
 def _furthest_first(s: Session) -> tuple[int, float]:
-    return -s.prefill_pos, s.opened_at
+    return -s.progress.prefill_pos, s.opened_at
 
 
 def _call_work(group: list[Session]) -> ToolWork:
     """One call-token step for `group`, with each session's forced function token (-1: the model's own)."""
-    forced = np.array([[s.force_func[0] if s.force_func else -1] for s in group], dtype=np.int64)
+    forced = np.array([[s.forcing.func[0] if s.forcing.func else -1] for s in group], dtype=np.int64)
     return ToolWork("call", group, _slots(group), forced)
 
 

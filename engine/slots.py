@@ -1,44 +1,27 @@
-"""Slots and the sessions that hold them: the pool's free list, each session's phase, inbox and counters.
+"""Slots and what feeds the sessions that hold them: the pool's free list and reservations, each session's
+inbox of caller frames (the session itself is engine/session.py).
 
-Thread-safe where other threads touch it (push_audio, submit_tool_result, open, close); everything else is
-read and written by the tick thread only. Knows numpy and the engine contract; knows nothing of the model.
+Thread-safe where other threads touch it (push_audio, open, close, reserve); everything else is read and
+written by the tick thread only. Knows numpy and the engine contract; knows nothing of the model.
 """
 
 from __future__ import annotations
 
-import enum
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.api import EngineFull, Output
-from engine.link import PLAYOUT_FIELDS
-from engine.tokens import ParsedCall, TextStream
+from engine.api import EngineFull
 from redaction import opaque_id
 
-
-class Phase(enum.Enum):
-    PROMPT = "prompt"  # system prompt being prefilled (a guaranteed share of every tick, plus the slack)
-    LIVE = "live"  # in the live batch: hears 80 ms, says 80 ms per tick
-    TOOL_CALL = "tool_call"  # paused; tool-call tokens generated unpaced (guaranteed share + slack)
-    WAITING = "waiting"  # paused; function calls emitted, waiting for results
-    PREFILL = "prefill"  # paused; results being prefilled in chunks (guaranteed share + slack)
-    REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent; live
-    # again by a tick fixed on entry (`Session.live_by`): held audio that cannot be caught up by
-    # then is skipped
-
-
-PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
-
+if TYPE_CHECKING:
+    from engine.session import Session
 
 SILENT_RMS = 0.003  # a frame quieter than this (about -50 dBFS) is silence: the first audio skipped
-SAID_PIECES = 64  # text pieces of the agent's current (or last) turn kept for the snapshot's `last_words`
 
 
 class FrameInbox:
@@ -129,81 +112,6 @@ class FrameInbox:
 
     def __len__(self) -> int:
         return len(self._frames)
-
-
-@dataclass
-class Session:
-    """Engine-side state of one conversation (the tick thread's view)."""
-
-    id: str
-    slot: int
-    tools: frozenset[str]
-    inbox: FrameInbox
-    deliver: Callable[[list[Output]], None]
-    phase: Phase = Phase.PROMPT
-    # what the agent calls this conversation and its caller ("web", "phone"), numbers cut to their last four
-    # digits: shown by the snapshot, never interpreted or logged by the engine
-    label: str = ""
-    caller: str = ""
-    # the ids a PROMPT or PREFILL phase still has to prefill, and how far it got
-    prefill_ids: list[int] = field(default_factory=list)
-    prefill_pos: int = 0
-    prompt_key: int = 0  # sessions with the same prompt share one prefill
-    # teacher forcing: tokens that replace the model's own, one per position, per channel
-    force_text: deque[int] = field(default_factory=deque)
-    force_func: deque[int] = field(default_factory=deque)
-    # ...and what each channel emits in a live step between forced tokens (-1: the model's own): the padding
-    # that keeps dummy weights silent however late the forcing script's next message comes
-    hold_text: int = -1
-    hold_func: int = -1
-    # the tool call in progress
-    call_tokens: list[int] = field(default_factory=list)
-    pending: dict[str, ParsedCall] = field(default_factory=dict)
-    call_names: tuple[str, ...] = ()  # the tools of the call in progress (or the last one)
-    call_failed: bool = False  # ...and whether any of its results was an error
-    results: dict[str, dict] = field(default_factory=dict)
-    incoming: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    response: Future | None = None  # the results' tokens, being encoded off the tick thread
-    wait_deadline: float = 0.0
-    t_call_start: float = 0.0
-    call_ms: float = 0.0
-    t_last_result: float = 0.0
-    # progress bounds, in ticks: the session is live by `live_by` (set on opening and on entering REPLAY),
-    # its tool results are prefilled by `prefill_by`; `owed` prompt or result positions are due this tick;
-    # `progress_tick` is the last tick its paused work advanced
-    spare_ticks: int = 0  # live ticks in a row that found a frame to spare in the inbox (Limits.spare_ticks)
-    catch_up: bool = False  # a live session whose reserve the slack hears in a quiet step this tick
-    caught_up: int = 0  # reserve frames heard that way
-    live_by: int | None = None
-    prefill_by: int = 0
-    owed: int = 0
-    progress_tick: int = -1
-    # counters
-    frames_consumed: int = 0
-    frames_replayed: int = 0
-    underruns: int = 0
-    fed_tick: int = -2  # the last tick that took a caller frame of this session
-    missed_tick: int = -2  # a tick that found no frame right after one that did (a late frame, or the end)
-    reserve: int = 0  # caller frames left in the inbox after the last live tick took its own
-    # the room's playout (engine/link.py PLAYOUT_FIELDS), written by the room: its shared memory for a room
-    # in another process, else through the handle
-    playout: np.ndarray = field(default_factory=lambda: np.zeros(len(PLAYOUT_FIELDS)))
-    tool_calls: int = 0
-    tool_errors: int = 0
-    turns: int = 0  # the agent's turns so far
-    turn_at: float = float("nan")  # when the tick that started the agent's last turn began (engine's clock)
-    speaking: bool = False
-    # the text channel between tokens (the bytes of a character not yet whole): the tick thread's only
-    text: TextStream = field(default_factory=TextStream)
-    # the text pieces of the agent's current (or last) turn: appended by the tick thread (no copy), joined and
-    # redacted (redaction/) only when a snapshot is taken
-    said: deque[str] = field(default_factory=lambda: deque(maxlen=SAID_PIECES))
-    # what the snapshot must never show of this conversation in clear (guests' names, codes, contacts): the
-    # agent's `keep_private`, and personal values of its tool calls and their results; replaced whole, never
-    # extended in place
-    private: tuple[str, ...] = ()
-    closed: bool = False
-    opened_at: float = 0.0  # on the engine's clock
 
 
 class SlotPool:

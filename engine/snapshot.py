@@ -18,7 +18,7 @@ import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
 from engine.metrics import Figures, history, pct, resident_bytes
-from engine.slots import SAID_PIECES, Phase, Session
+from engine.session import SAID_PIECES, Phase, Session
 from redaction import last_words
 
 if TYPE_CHECKING:
@@ -31,25 +31,26 @@ CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
 def session_row(
     s: Session, now: float, show_words: str = "off", heard_ms: float = math.nan, tick_s: float = 0.08
 ) -> SessionSnapshot:
-    pieces = list(s.said)
+    turn, feed, call = s.turn, s.feed, s.call
+    pieces = list(turn.said)
     queued_s, gaps, gap_s, delay_s, played_at = s.playout.tolist()
-    turn_ms = (played_at - s.turn_at) * 1000
+    turn_ms = (played_at - turn.started_at) * 1000
     return SessionSnapshot(
         id=s.id,
         slot=s.slot,
         phase=s.phase.value,
         age_s=round(now - s.opened_at, 1),
         frames_in=s.inbox.frames_in,
-        frames_consumed=s.frames_consumed,
-        frames_replayed=s.frames_replayed,
-        underruns=s.underruns,
+        frames_consumed=feed.frames_consumed,
+        frames_replayed=feed.frames_replayed,
+        underruns=feed.underruns,
         dropped_frames=s.inbox.dropped,
-        tool_calls=s.tool_calls,
-        tool_errors=s.tool_errors,
+        tool_calls=call.count,
+        tool_errors=call.errors,
         backlog_frames=len(s.inbox),
         skipped_frames=s.inbox.skipped,
-        underrun_s=round(s.underruns * tick_s, 2),
-        reserve_frames=s.reserve,
+        underrun_s=round(feed.underruns * tick_s, 2),
+        reserve_frames=feed.reserve,
         heard_ms=round(heard_ms, 1) if math.isfinite(heard_ms) else None,
         playout_ms=round(queued_s * 1e3, 1),
         start_delay_ms=round(delay_s * 1e3, 1),
@@ -58,12 +59,12 @@ def session_row(
         turn_start_ms=round(turn_ms, 1) if math.isfinite(turn_ms) and 0 <= turn_ms < 10_000 else None,
         label=s.label,
         caller=s.caller,
-        speaking=s.speaking,
-        calling=list(s.call_names) if s.phase in CALLING else [],
-        turns=s.turns,
+        speaking=turn.speaking,
+        calling=list(call.names) if s.phase in CALLING else [],
+        turns=turn.turns,
         turn_words=len("".join(pieces).split()),
         last_words=last_words(
-            pieces, s.private, LAST_WORDS, truncated=len(pieces) == SAID_PIECES, going=s.speaking
+            pieces, s.private, LAST_WORDS, truncated=len(pieces) == SAID_PIECES, going=turn.speaking
         )
         if show_words == "redacted"
         else "",
@@ -153,7 +154,7 @@ def figures(engine: Engine) -> Figures:
         sch.underruns,
         engine.tick_ms / 1000,
         a.closed_dropped + sum(s.inbox.dropped for s in sessions),
-        [(s.slot, s.reserve, *s.playout.tolist()) for s in sessions],
+        [(s.slot, s.feed.reserve, *s.playout.tolist()) for s in sessions],
     )
 
 

@@ -3,10 +3,12 @@
 The live step's function channel emits start-of-call: `start` pauses the session (TOOL_CALL). The slack's
 call steps then produce its tokens one by one (`token`) until end-of-call, when the call is parsed and each
 function call goes out to the agent (WAITING), or the call is rejected in words the model reads back.
-`poll` gathers the submitted results between steps and times out the ones later than `tool_timeout_s`; the
-complete results are tokenised off the tick thread (`encode_pool`), and their prefill is due within
-`result_ticks` (PREFILL). After the replay the scheduler brings the session back (`resume`), and the call
-is logged for the snapshot. The scheduler owns the phases around it; this owns what happens to the call.
+`receive` takes the submitted results in (from the session's requests, on the tick thread) and `poll` times
+out the ones later than `tool_timeout_s` between steps; the complete results are tokenised off the tick
+thread (`encode_pool`), and their prefill is due within `result_ticks` (PREFILL). After the replay the
+scheduler brings the session back (`resume`), and the call is logged for the snapshot. The scheduler owns the
+phases around it; this owns what happens to the call: the session's `call` part (engine/session.py) is
+written here only, and its phases change through `Session.enter`.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ from engine.api import (
     ToolCallRejected,
     ToolCallStarted,
     ToolResultConsumed,
-    TurnEnded,
 )
 from engine.plan import CallRecord, Limits, SlackOutcome
-from engine.slots import Phase, Session
+from engine.session import Phase, Session
 from engine.tokens import Tokens, ToolCallError, parse_tool_call
 from redaction import opaque_id
 
@@ -51,110 +52,120 @@ class ToolCalls:
         self._started.pop(s.id, None)
 
     def start(self, s: Session, tick: int, out: list[Output]) -> None:
-        """The live step of `tick` emitted start-of-call for `s`: it pauses, and a turn it speaks ends."""
-        s.phase = Phase.TOOL_CALL
-        s.progress_tick = tick  # its first call token comes from this tick's live step
-        s.call_tokens = []
-        s.call_names, s.call_failed = (), False
-        s.t_call_start = self.clock()
-        s.tool_calls += 1
+        """The live step of `tick` emitted start-of-call for `s`: it pauses (the scheduler ended a turn it
+        was speaking)."""
+        s.enter(Phase.TOOL_CALL, tick)
+        s.progress.tick = tick  # its first call token comes from this tick's live step
+        c = s.call
+        c.tokens = []
+        c.names, c.failed = (), False
+        c.t_start = self.clock()
+        c.count += 1
         self._started[s.id] = tick
-        if s.speaking:  # a call interrupts the model's own turn
-            s.speaking = False
-            out.append(TurnEnded(tick))
         out.append(ToolCallStarted(tick))
 
-    def token(self, s: Session, tick: int, token: int, done: SlackOutcome) -> None:
-        """A token of `s`'s call from a call step of `tick`; at end-of-call the call is read and sent out."""
+    def token(self, s: Session, tick: int, token: int, done: SlackOutcome) -> bool:
+        """A token of `s`'s call from a call step of `tick`; at end-of-call the call is read and sent out.
+        True when the call was refused (too long, or unreadable)."""
+        c = s.call
         if token != self.tok.call_end:
-            s.call_tokens.append(token)
-            if len(s.call_tokens) >= self.limits.max_call_tokens:
+            c.tokens.append(token)
+            if len(c.tokens) >= self.limits.max_call_tokens:
                 self._reject(s, tick, f"the tool call exceeded {self.limits.max_call_tokens} tokens")
-            return
+                return True
+            return False
         now = self.clock()
-        s.call_ms = (now - s.t_call_start) * 1e3
-        done.calls.append((s.call_ms, tick - self._started.pop(s.id, tick)))
+        c.ms = (now - c.t_start) * 1e3
+        done.calls.append((c.ms, tick - self._started.pop(s.id, tick)))
         try:
-            calls = parse_tool_call(self.tok.decode(s.call_tokens))
+            calls = parse_tool_call(self.tok.decode(c.tokens))
         except ToolCallError as e:
             self._reject(s, tick, str(e))
-            return
+            return True
         except Exception as e:  # whatever the model wrote, it is this session's bad call, never the tick's
             self._reject(s, tick, f"the tool call cannot be read ({type(e).__name__})")
-            return
+            return True
         out: list[Output] = []
-        s.pending, s.results = {}, {}
-        s.call_names = tuple(call.name for call in calls)
+        pending: dict = {}  # filled, then set whole: the handle reads it from the agent's thread
+        c.results = {}
+        c.names = tuple(call.name for call in calls)
         for call in calls:
             call_id = "call_" + opaque_id()
-            s.pending[call_id] = call
+            pending[call_id] = call
             if call.name not in s.tools:
-                s.results[call_id] = _error(call.name, _no_such_tool(call.name))
-                s.tool_errors += 1
+                c.results[call_id] = _error(call.name, _no_such_tool(call.name))
+                c.errors += 1
                 out.append(ToolCallRejected(tick, f"unknown tool {call.name!r}"))
             else:
                 out.append(FunctionCall(tick, call_id, call.name, json.dumps(call.arguments)))
-        s.phase = Phase.WAITING
-        s.wait_deadline = now + self.limits.tool_timeout_s
-        s.t_last_result = 0.0
+        c.pending = pending
+        s.enter(Phase.WAITING, tick)
+        c.wait_deadline = now + self.limits.tool_timeout_s
+        c.t_last_result = 0.0
         s.deliver(out)
+        return False
+
+    def receive(self, s: Session, result: dict, now: float) -> None:
+        """A result the agent submitted (taken from the session's requests on the tick thread): kept when it
+        answers a function call still waiting for one, else dropped."""
+        c = s.call
+        call = c.pending.get(result["call_id"])
+        if call is not None and result["call_id"] not in c.results:
+            c.results[result["call_id"]] = {**result, "name": call.name}
+            c.t_last_result = now
 
     def poll(self, sessions: list[Session], tick: int, now: float) -> None:
-        """Between steps: gather submitted results, time out late ones, start prefills."""
+        """Between steps: time out late results, start prefills of complete ones."""
         for s in sessions:
             if s.phase is not Phase.WAITING or s.closed:
                 continue
-            if s.response is not None:  # the results are in; their tokens are on their way
-                if s.response.done():
+            c = s.call
+            if c.response is not None:  # the results are in; their tokens are on their way
+                if c.response.done():
                     self._prefill_response(s, tick, self._response_ids(s))
                 continue
-            while not s.incoming.empty():
-                r = s.incoming.get_nowait()
-                if r["call_id"] in s.pending and r["call_id"] not in s.results:
-                    s.results[r["call_id"]] = r
-                    s.t_last_result = now
-            if len(s.results) < len(s.pending) and now >= s.wait_deadline:
-                for call_id, call in s.pending.items():
-                    if call_id not in s.results:
-                        s.results[call_id] = _error(
+            if len(c.results) < len(c.pending) and now >= c.wait_deadline:
+                for call_id, call in c.pending.items():
+                    if call_id not in c.results:
+                        c.results[call_id] = _error(
                             call.name, f"the tool did not answer within {self.limits.tool_timeout_s:g} s"
                         )
-                        s.tool_errors += 1
-                s.t_last_result = now
-            if len(s.results) == len(s.pending):
-                ordered = [s.results[c] for c in s.pending]
+                        c.errors += 1
+                c.t_last_result = now
+            if len(c.results) == len(c.pending):
+                ordered = [c.results[i] for i in c.pending]
                 self._begin_result_prefill(s, tick, [_public(r) for r in ordered])
 
     def resume(self, s: Session, tick: int) -> None:
         """`s` is live again at `tick`; a call it was back from is logged and reported."""
-        s.phase = Phase.LIVE
-        if s.t_call_start > 0:
-            resume_ms = (self.clock() - s.t_last_result) * 1e3
-            tool_ms = max(0.0, (s.t_last_result - s.t_call_start) * 1e3 - s.call_ms)
+        s.enter(Phase.LIVE, tick)
+        c = s.call
+        if c.t_start > 0:
+            resume_ms = (self.clock() - c.t_last_result) * 1e3
+            tool_ms = max(0.0, (c.t_last_result - c.t_start) * 1e3 - c.ms)
             self.log.append(
-                CallRecord(
-                    s.id, s.label, s.call_names, not s.call_failed, time.time(), s.call_ms, tool_ms, resume_ms
-                )
+                CallRecord(s.id, s.label, c.names, not c.failed, time.time(), c.ms, tool_ms, resume_ms)
             )
-            s.deliver([ToolResultConsumed(tick, s.call_ms, resume_ms)])
-            s.t_call_start = 0.0
+            s.deliver([ToolResultConsumed(tick, c.ms, resume_ms)])
+            c.t_start = 0.0
 
     def _reject(self, s: Session, tick: int, reason: str) -> None:
-        s.tool_errors += 1
-        s.call_ms = (self.clock() - s.t_call_start) * 1e3
+        c = s.call
+        c.errors += 1
+        c.ms = (self.clock() - c.t_start) * 1e3
         self._started.pop(s.id, None)
         s.deliver([ToolCallRejected(tick, reason)])
-        s.t_last_result = self.clock()
+        c.t_last_result = self.clock()
         self._begin_result_prefill(s, tick, [{"error": f"Your tool call could not be run: {reason}."}])
-        s.force_func.clear()
 
     def _begin_result_prefill(self, s: Session, tick: int, results: list[dict]) -> None:
         """The results are complete: their tokens are encoded by `encode_pool` (off the tick thread: a long
         result would otherwise stall every session), and the prefill starts on the first poll after."""
-        s.pending, s.results = {}, {}
-        s.call_failed = any("error" in r for r in results)
-        if not s.t_last_result:
-            s.t_last_result = self.clock()
+        c = s.call
+        c.pending, c.results = {}, {}
+        c.failed = any("error" in r for r in results)
+        if not c.t_last_result:
+            c.t_last_result = self.clock()
         if self.encode_pool is None:
             try:
                 ids = self._encode(results)
@@ -162,16 +173,17 @@ class ToolCalls:
                 ids = self._unread(s, e)
             self._prefill_response(s, tick, ids)
             return
-        s.phase = Phase.WAITING
-        s.response = self.encode_pool.submit(self._encode, results)
+        if s.phase is not Phase.WAITING:  # a refused call waits for its answer's tokens too
+            s.enter(Phase.WAITING, tick)
+        c.response = self.encode_pool.submit(self._encode, results)
 
     def _encode(self, results: list[dict]) -> list[int]:
         """The tokens of `results`, their text made encodable first (on `encode_pool`)."""
         return self.tok.response_ids([{k: _encodable(v) for k, v in r.items()} for r in results])
 
     def _response_ids(self, s: Session) -> list[int]:
-        """The encoded results of a finished `s.response`."""
-        response, s.response = s.response, None
+        """The encoded results of a finished `s.call.response`."""
+        response, s.call.response = s.call.response, None
         try:
             return response.result()
         except Exception as e:
@@ -181,17 +193,15 @@ class ToolCalls:
         """The results could not be encoded: the model still hears that its call came back, and the call
         counts as failed."""
         log.error("session %s: the tool results could not be tokenised (%s)", s.id, type(e).__name__)
-        s.tool_errors += 1
-        s.call_failed = True
+        s.call.errors += 1
+        s.call.failed = True
         return self.tok.response_ids([{"error": "the tool results could not be read"}])
 
     def _prefill_response(self, s: Session, tick: int, ids: list[int]) -> None:
-        s.phase = Phase.PREFILL
         # within `result_ticks`; a result too long for that at one chunk a tick takes one chunk a tick, so
         # an oversized result never forces more than a chunk a tick onto everyone else's cadence
-        s.prefill_by = tick + max(self.limits.result_ticks, math.ceil(len(ids) / self.limits.result_chunk))
-        s.prefill_ids = ids
-        s.prefill_pos = 0
+        by = tick + max(self.limits.result_ticks, math.ceil(len(ids) / self.limits.result_chunk))
+        s.enter(Phase.PREFILL, tick, ids=ids, by=by)
 
 
 def _encodable(value: object) -> object:

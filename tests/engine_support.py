@@ -1,6 +1,6 @@
 """Helpers the engine and kernel tests share: a concierge prompt with one tool, a caller's audio, the engine's
-clock moved by hand and the ticks driven on it, a session's queued outputs, and code run with the kernels
-compiled. Knows nothing of LiveKit or the hotel."""
+clock moved by hand and the ticks driven on it (and the poll between them), a session's queued outputs, and
+code run with the kernels compiled. Knows nothing of LiveKit or the hotel."""
 
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ def run_ticks(engine: Engine, start: int, n: int, deadline_s: float = 60.0) -> i
         engine.run_tick(k, engine.clock() + deadline_s)
         engine.clock.now += TICK_S
     return start + n
+
+
+def poll_between_ticks(engine: Engine) -> None:
+    """What the tick's first call does, between two ticks driven by hand: the sessions' requests and tool
+    results taken in, and a result whose tokens are ready put to prefill."""
+    sch = engine.scheduler
+    sch.poll(sch.begin_tick(engine.tick, list(engine.pool.sessions.values())), engine.clock())
 
 
 async def ticks_pass(engine: Engine, n: int = 4) -> None:

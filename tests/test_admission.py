@@ -41,7 +41,8 @@ def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
 
 
 def _session(session_id: str, slot: int):
-    from engine.slots import FrameInbox, Session
+    from engine.session import Session
+    from engine.slots import FrameInbox
 
     return Session(session_id, slot, frozenset(), FrameInbox(1280, 8), lambda items: None)
 

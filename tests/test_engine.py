@@ -21,7 +21,17 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
-from engine_support import CALL, PROMPT, TOOLS, ManualClock, caller_audio, drain, engine_on, run_ticks
+from engine_support import (
+    CALL,
+    PROMPT,
+    TOOLS,
+    ManualClock,
+    caller_audio,
+    drain,
+    engine_on,
+    poll_between_ticks,
+    run_ticks,
+)
 
 
 def frames(items) -> list[np.ndarray]:
@@ -275,11 +285,11 @@ def test_a_huge_tool_result_is_cut_with_a_note_the_model_reads():
         k = run_ticks(e, k, 3)
         call = next(i for i in drain(h) if isinstance(i, FunctionCall))
         h.submit_tool_result(call.call_id, "x" * 1_000_000)
-        e.scheduler.poll(e.clock())  # the result's tokens are encoded off the tick thread
-        assert h.phase == "waiting" and h._s.response is not None
-        h._s.response.result(timeout=30)
-        e.scheduler.poll(e.clock())
-        ids = h._s.prefill_ids
+        poll_between_ticks(e)  # the result's tokens are encoded off the tick thread
+        assert h.phase == "waiting" and h._s.call.response is not None
+        h._s.call.response.result(timeout=30)
+        poll_between_ticks(e)
+        ids = h._s.progress.prefill_ids
         text = e.tokens.decode(ids)
         assert "the result was cut: 1000000 characters, the first 1000 kept" in text
         assert len(ids) < 2000

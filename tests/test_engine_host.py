@@ -254,7 +254,7 @@ def test_bad_data_on_the_channel_is_refused_counted_and_reaches_no_other_session
     assert bad.stats["refused"] == 7  # each refusal answered on the connection that sent it
     assert good.stats["refused"] == 0
     good_session = engine.pool.sessions
-    assert all(not s.force_text and s.incoming.empty() for s in good_session.values())
+    assert all(not s.forcing.text and s.requests.empty() for s in good_session.values())
     assert len(good_session) == 2  # neither session was closed by the garbage
 
 

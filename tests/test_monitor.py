@@ -86,7 +86,7 @@ def busy():
     run_ticks(w.engine, w.engine.tick + 1, len(said) + 20, FAR_S)  # and at least a second of history
     a.report_playout(0.16, 2, 0.25, 0.03)  # what room_a's playout would report
     c.push_audio(np.zeros(1280, np.float32))  # room_c's caller frame, heard in the next tick
-    turn_at = next(s.turn_at for s in w.engine.pool.sessions.values() if s.id == c.id)
+    turn_at = next(s.turn.started_at for s in w.engine.pool.sessions.values() if s.id == c.id)
     c.report_playout(0.0, 0, 0.0, 0.02, turn_at + 0.042)  # its turn's first sample went out 42 ms later
     run_ticks(w.engine, w.engine.tick + 1, 1, FAR_S)
     yield w

@@ -18,9 +18,10 @@ from engine.api import (
     TurnStarted,
 )
 from engine.config import TokenConfig
-from engine.plan import Limits, LivePlan, LiveResult, ToolResult
+from engine.plan import Limits, LivePlan, LiveResult, Tick, ToolResult
 from engine.scheduler import Scheduler
-from engine.slots import FrameInbox, Phase, Session
+from engine.session import Phase, Session
+from engine.slots import FrameInbox
 from engine.tokens import Tokens
 
 S, FRAME = 8, 1280
@@ -43,10 +44,10 @@ def sched(encode_pool=None, **limits) -> Scheduler:
     return Scheduler(S, TOK, FRAME, Limits(**limits), encode_pool=encode_pool)
 
 
-def live_plan(sch: Scheduler, tick: int, sessions: list[Session], reset: np.ndarray) -> LivePlan:
-    """Tick `tick` begins over `sessions`, and its live batch is planned."""
-    sch.begin_tick(tick, sessions)
-    return sch.plan_live(reset)
+def live_plan(sch: Scheduler, k: int, sessions: list[Session], reset: np.ndarray) -> tuple[Tick, LivePlan]:
+    """Tick `k` begins over `sessions`, and its live batch is planned: the tick and its plan."""
+    tick = sch.begin_tick(k, sessions)
+    return tick, sch.plan_live(tick, reset)
 
 
 def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
@@ -64,20 +65,20 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
     sessions[0].inbox.push(np.ones(FRAME, np.float32) * 0.5)
     for s in sessions[1:6]:
         s.inbox.push(np.ones(FRAME * 3, np.float32))
-    plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
+    t, plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
     # a replaying session steps quietly in the live batch: its held audio goes in, nothing comes out
     assert plan.live.tolist() == [True, False, False, False, False, True, True, False]
     assert plan.quiet.tolist() == [False, False, False, False, False, True, False, False]
     assert np.all(plan.audio[0] == 0.5) and np.all(plan.audio[5] == 1) and np.all(plan.audio[1:5] == 0)
     # slot 6 had no frame: it is still stepped (silence), and the underrun is counted
-    assert sessions[6].underruns == 1 and sch.underruns == 1
+    assert sessions[6].feed.underruns == 1 and sch.underruns == 1
     # paused sessions keep their audio for later
     assert all(len(s.inbox) == 3 for s in sessions[1:5]) and len(sessions[5].inbox) == 2
     # two frames at planning time: still replaying (one would stay behind as a frame of latency)
-    plan = live_plan(sch, 1, sessions, np.zeros(S, bool))
+    t, plan = live_plan(sch, 1, sessions, np.zeros(S, bool))
     assert sessions[5].phase is Phase.REPLAY and plan.quiet[5] and len(sessions[5].inbox) == 1
     # one frame at planning time (this tick's): caught up, live again, nothing held back
-    plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
+    t, plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
     assert sessions[5].phase is Phase.LIVE and plan.live[5] and not plan.quiet[5]
     assert len(sessions[5].inbox) == 0
 
@@ -85,31 +86,33 @@ def test_every_live_slot_is_in_the_batch_and_paused_ones_never_are():
 def test_tool_work_is_never_planned_past_the_budget():
     sch = sched(prefill_chunk=64)
     s, _ = make_session(0, Phase.PROMPT)
-    s.prefill_ids = list(range(40, 140))
-    sch.begin_tick(sch.tick, [s])
+    s.progress.prefill_ids = list(range(40, 140))
+    t = sch.begin_tick(0, [s])
     sch.costs.observe("prompt", 1, 64, 30.0)
     sch.costs.observe("prompt", 1, 32, 12.0)
     sch.costs.observe("prompt", 1, 16, 6.0)
     # unmeasured shapes are predicted from the nearest measured one, scaled by positions x rows
-    assert sch.next_tool_work(budget_ms=5.0).tokens.shape == (1, 8)  # 16 positions cost 6 ms: 8 cost 3
-    assert sch.next_tool_work(budget_ms=0.3) is None  # even one position is predicted at 0.375 ms
-    w = sch.next_tool_work(budget_ms=13.0)
+    assert sch.next_tool_work(t, budget_ms=5.0).tokens.shape == (1, 8)  # 16 positions cost 6 ms: 8 cost 3
+    assert sch.next_tool_work(t, budget_ms=0.3) is None  # even one position is predicted at 0.375 ms
+    w = sch.next_tool_work(t, budget_ms=13.0)
     assert w.kind == "prompt" and w.tokens.shape == (1, 32)
-    w = sch.next_tool_work(budget_ms=100.0)
+    w = sch.next_tool_work(t, budget_ms=100.0)
     assert w.tokens.shape == (1, 64)
     c, _ = make_session(1, Phase.TOOL_CALL)
-    sch.begin_tick(sch.tick, [s, c])
+    t = sch.begin_tick(0, [s, c])
     sch.costs.observe("call", 1, 1, 4.0)
-    assert sch.next_tool_work(budget_ms=3.0).kind == "prompt"  # the call does not fit; a smaller prefill does
-    assert sch.next_tool_work(budget_ms=4.5).kind == "call"
-    assert sch.next_tool_work(budget_ms=7.0).kind == "call"  # calls come first when both fit
+    assert (
+        sch.next_tool_work(t, budget_ms=3.0).kind == "prompt"
+    )  # the call does not fit; a smaller prefill does
+    assert sch.next_tool_work(t, budget_ms=4.5).kind == "call"
+    assert sch.next_tool_work(t, budget_ms=7.0).kind == "call"  # calls come first when both fit
     # a group too big for the budget is split: half the rows
     many = [make_session(i, Phase.PROMPT)[0] for i in range(8)]
     for i, m in enumerate(many):
-        m.prefill_ids, m.prompt_key = list(range(40, 140)), i  # eight different prompts
-    sch.begin_tick(sch.tick, many)
+        m.progress.prefill_ids, m.prompt_key = list(range(40, 140)), i  # eight different prompts
+    t = sch.begin_tick(0, many)
     sch.costs.observe("prompt", 8, 1, 8.0)
-    w = sch.next_tool_work(budget_ms=4.5)
+    w = sch.next_tool_work(t, budget_ms=4.5)
     assert w.tokens.shape == (4, 1)
 
 
@@ -118,30 +121,33 @@ def test_sessions_with_the_same_prompt_share_one_prefill():
     same = [make_session(i, Phase.PROMPT)[0] for i in range(4)]
     other, _ = make_session(4, Phase.PROMPT)
     for s in same:
-        s.prefill_ids, s.prompt_key = list(range(40, 140)), 7
-    other.prefill_ids, other.prompt_key = list(range(40, 100)), 8
-    live_plan(sch, 0, same + [other], np.zeros(S, bool))
-    w = sch.next_tool_work(1000.0)
+        s.progress.prefill_ids, s.prompt_key = list(range(40, 140)), 7
+    other.progress.prefill_ids, other.prompt_key = list(range(40, 100)), 8
+    t, _ = live_plan(sch, 0, same + [other], np.zeros(S, bool))
+    w = sch.next_tool_work(t, 1000.0)
     assert w.kind == "prompt" and sorted(w.slots.tolist()) == [0, 4]  # one per distinct prompt
     saves = []
     while w is not None and w.kind == "prompt":
-        saves += sch.apply_tool(w, ToolResult(), 1.0).saves
-        w = sch.next_tool_work(1000.0)
+        done = sch.apply_tool(t, w, ToolResult(), 1.0)
+        for _, key in done.saves:  # the runner keeps the state, as the engine has it do at once
+            sch.prompts.save(key, {})
+        saves += done.saves
+        w = sch.next_tool_work(t, 1000.0)
     assert sorted(saves) == [(0, 7), (4, 8)] and same[0].phase is Phase.REPLAY
     assert sch.cached_prompts == {7, 8}
     assert all(s.phase is Phase.PROMPT for s in same[1:])
-    plan = live_plan(sch, 1, same + [other], np.zeros(S, bool))
+    t, plan = live_plan(sch, 1, same + [other], np.zeros(S, bool))
     assert sorted(plan.restore) == [(1, 7), (2, 7), (3, 7)]
     assert all(s.phase is not Phase.PROMPT for s in same)
 
 
-def run_call(sch: Scheduler, s: Session, text: str, forced_end: bool = True) -> None:
+def run_call(sch: Scheduler, t: Tick, s: Session, text: str, forced_end: bool = True) -> None:
     """Feed the call's tokens as if the model produced them, one call step each."""
     ids = TOK.encode(text) + ([TOK.call_end] if forced_end else [])
-    for t in ids:
-        w = sch.next_tool_work(100.0)
+    for token in ids:
+        w = sch.next_tool_work(t, 100.0)
         assert w.kind == "call" and w.sessions == [s]
-        sch.apply_tool(w, ToolResult(func=np.array([t])), 1.0)
+        sch.apply_tool(t, w, ToolResult(func=np.array([token])), 1.0)
 
 
 def test_the_tool_path_in_order():
@@ -149,14 +155,14 @@ def test_the_tool_path_in_order():
     s, got = make_session(3)
     other, other_got = make_session(5)
     sessions = [s, other]
-    plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
+    t, plan = live_plan(sch, 0, sessions, np.zeros(S, bool))
     text = np.full(S, TOK.pad)
     text[3] = TOK.bos
     func = np.full(S, TOK.pad)
     func[3] = TOK.call_start
     audio = np.zeros((S, 1764), np.float32)
     audio[3] = 0.25
-    sch.apply_live(plan, LiveResult(text, func, audio))
+    sch.apply_live(t, plan, LiveResult(text, func, audio))
     started, frame, ended, call_started = got
     # the turn opens with this frame, and the call that starts on it interrupts the model's own turn
     assert (started, ended, call_started) == (TurnStarted(0), TurnEnded(0), ToolCallStarted(0))
@@ -164,9 +170,9 @@ def test_the_tool_path_in_order():
     assert np.array_equal(frame.samples, audio[3])  # the session's own row of the result
     assert s.phase is Phase.TOOL_CALL and other.phase is Phase.LIVE
     # the next live batch leaves the paused slot out
-    assert not live_plan(sch, 1, sessions, np.zeros(S, bool)).live[3]
+    assert not live_plan(sch, 1, sessions, np.zeros(S, bool))[1].live[3]
     got.clear()
-    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {"guests": 2}}]</TOOLCALL>')
+    run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {"guests": 2}}]</TOOLCALL>')
     assert s.phase is Phase.WAITING
     (call,) = got
     assert isinstance(call, FunctionCall) and call.name == "check_availability"
@@ -174,36 +180,44 @@ def test_the_tool_path_in_order():
     # caller keeps talking while paused: held, not dropped
     for _ in range(3):
         s.inbox.push(np.full(FRAME, 0.1, np.float32))
-    s.incoming.put(
-        {"call_id": call.call_id, "name": "check_availability", "output": '{"rooms": 3}', "is_error": False}
+    s.requests.put(
+        (
+            "result",
+            {
+                "call_id": call.call_id,
+                "name": "check_availability",
+                "output": '{"rooms": 3}',
+                "is_error": False,
+            },
+        )
     )
-    sch.poll(time.monotonic())
+    sch.poll(t, time.monotonic())
     assert s.phase is Phase.PREFILL
     expected = TOK.response_ids([{"name": "check_availability", "output": '{"rooms": 3}'}])
-    assert s.prefill_ids == expected
+    assert s.progress.prefill_ids == expected
     chunks = []
     while s.phase is Phase.PREFILL:
-        w = sch.next_tool_work(100.0)
+        w = sch.next_tool_work(t, 100.0)
         chunks.append(w.tokens[0].tolist())
-        sch.apply_tool(w, ToolResult(), 1.0)
+        sch.apply_tool(t, w, ToolResult(), 1.0)
     assert sum(chunks, []) == expected and len(chunks) > 1 and all(len(c) <= 16 for c in chunks)
     assert s.phase is Phase.REPLAY
     replayed = 0
     while s.phase is Phase.REPLAY:
-        w = sch.next_tool_work(100.0)
+        w = sch.next_tool_work(t, 100.0)
         if w is None:
             break
         assert w.kind == "replay" and w.active[3] and w.active.sum() == 1
         replayed += 1
-        sch.apply_tool(w, ToolResult(), 1.0)
+        sch.apply_tool(t, w, ToolResult(), 1.0)
     # the slack replays every held frame; the frame that arrives for the next tick is taken live
     assert replayed == 3 and s.phase is Phase.REPLAY and len(s.inbox) == 0
     s.inbox.push(np.zeros(FRAME, np.float32))
-    underruns = s.underruns
-    plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
-    assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3] and s.underruns == underruns
+    underruns = s.feed.underruns
+    t, plan = live_plan(sch, 2, sessions, np.zeros(S, bool))
+    assert s.phase is Phase.LIVE and plan.live[3] and not plan.quiet[3] and s.feed.underruns == underruns
     assert isinstance(got[-1], ToolResultConsumed)
-    assert s.frames_consumed == s.inbox.frames_in == 4
+    assert s.feed.frames_consumed == s.inbox.frames_in == 4
     # the other session saw only its own frames
     assert all(isinstance(e, AudioFrame) for e in other_got)
 
@@ -219,31 +233,32 @@ def test_the_tool_path_in_order():
 def test_a_malformed_call_gets_an_error_result_and_the_session_carries_on(text, reason):
     sch = sched()
     s, got = make_session(2, Phase.TOOL_CALL)
-    sch.begin_tick(sch.tick, [s])
-    run_call(sch, s, text)
+    t = sch.begin_tick(0, [s])
+    run_call(sch, t, s, text)
     rejected = [e for e in got if isinstance(e, ToolCallRejected)]
     assert rejected and reason in rejected[0].reason
-    assert s.phase is Phase.PREFILL and s.tool_errors == 1
-    assert "could not be run" in TOK.decode(s.prefill_ids)
+    assert s.phase is Phase.PREFILL and s.call.errors == 1
+    assert "could not be run" in TOK.decode(s.progress.prefill_ids)
 
 
 def test_unknown_tools_and_timeouts_become_error_results():
     sch = sched(tool_timeout_s=0.05)
     s, got = make_session(1, Phase.TOOL_CALL)
-    sch.begin_tick(sch.tick, [s])
+    t = sch.begin_tick(0, [s])
     run_call(
         sch,
+        t,
         s,
         '<TOOLCALL>[{"name": "launch_rocket", "arguments": {}}, '
         '{"name": "check_availability", "arguments": {}}]</TOOLCALL>',
     )
     assert [type(e) for e in got] == [ToolCallRejected, FunctionCall]
-    sch.poll(time.monotonic())
+    sch.poll(t, time.monotonic())
     assert s.phase is Phase.WAITING  # still waiting for the known tool
     time.sleep(0.06)
-    sch.poll(time.monotonic())
+    sch.poll(t, time.monotonic())
     assert s.phase is Phase.PREFILL
-    text = TOK.decode(s.prefill_ids)
+    text = TOK.decode(s.progress.prefill_ids)
     assert "no tool named 'launch_rocket'" in text and "did not answer within" in text
 
 
@@ -252,22 +267,22 @@ def test_a_result_polled_at_the_start_of_a_tick_is_due_by_that_tick_plus_the_bou
     due `result_ticks` after the tick that takes it in, not after the tick before."""
     sch = sched(result_ticks=12)
     s, got = make_session(1, Phase.TOOL_CALL)
-    sch.begin_tick(4, [s])
-    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+    t = sch.begin_tick(4, [s])
+    run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
     (call,) = [e for e in got if isinstance(e, FunctionCall)]
-    s.incoming.put({"call_id": call.call_id, "name": call.name, "output": "{}", "is_error": False})
-    sch.begin_tick(5, [s])
-    sch.poll(time.monotonic())
-    assert s.phase is Phase.PREFILL and s.prefill_by == 5 + 12
+    s.requests.put(("result", {"call_id": call.call_id, "output": "{}", "is_error": False}))
+    t = sch.begin_tick(5, [s])
+    sch.poll(t, time.monotonic())
+    assert s.phase is Phase.PREFILL and s.progress.prefill_by == 5 + 12
 
 
 def test_a_runaway_call_is_cut_at_the_token_limit():
     sch = sched(max_call_tokens=16)
     s, got = make_session(0, Phase.TOOL_CALL)
-    sch.begin_tick(sch.tick, [s])
+    t = sch.begin_tick(0, [s])
     for _ in range(16):
-        w = sch.next_tool_work(100.0)
-        sch.apply_tool(w, ToolResult(func=np.array([TOK.encode("a")[0]])), 1.0)
+        w = sch.next_tool_work(t, 100.0)
+        sch.apply_tool(t, w, ToolResult(func=np.array([TOK.encode("a")[0]])), 1.0)
     assert s.phase is Phase.PREFILL
     assert "exceeded 16 tokens" in got[-1].reason
 
@@ -298,21 +313,21 @@ def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
     s, got = make_session(1, Phase.TOOL_CALL)
     other, _ = make_session(4)
     sessions = [s, other]
-    sch.begin_tick(sch.tick, sessions)
-    run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+    t = sch.begin_tick(0, sessions)
+    run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
     (call,) = [e for e in got if isinstance(e, FunctionCall)]
     output = json.dumps({"rooms": ["a quiet room facing the garden"] * 400})  # about 13,000 characters
-    s.incoming.put({"call_id": call.call_id, "name": call.name, "output": output, "is_error": False})
+    s.requests.put(("result", {"call_id": call.call_id, "output": output, "is_error": False}))
     for tick in range(1, 4):  # the tokens are not ready: the session waits, the other one is live
-        sch.poll(time.monotonic())
+        sch.poll(t, time.monotonic())
         assert s.phase is Phase.WAITING and len(pool.jobs) == 1
-        plan = live_plan(sch, tick, sessions, np.zeros(S, bool))
+        t, plan = live_plan(sch, tick, sessions, np.zeros(S, bool))
         assert plan.live[4] and not plan.live[1]
-        assert sch.next_tool_work(100.0) is None  # nothing of the waiting session's on the tick
+        assert sch.next_tool_work(t, 100.0) is None  # nothing of the waiting session's on the tick
     pool.run_all()
-    sch.poll(time.monotonic())
+    sch.poll(t, time.monotonic())
     assert s.phase is Phase.PREFILL
-    assert s.prefill_ids == TOK.response_ids([{"name": "check_availability", "output": output}])
+    assert s.progress.prefill_ids == TOK.response_ids([{"name": "check_availability", "output": output}])
 
 
 def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_the_bound():
@@ -321,19 +336,27 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
     sch = sched(result_chunk=16, result_ticks=4)
     for n_chars, most_owed in ((10, None), (8000, 16)):
         s, got = make_session(2, Phase.TOOL_CALL)
-        sch.begin_tick(sch.tick, [s])
-        run_call(sch, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
+        t = sch.begin_tick(0, [s])
+        run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
         (call,) = [e for e in got if isinstance(e, FunctionCall)]
-        s.incoming.put(
-            {"call_id": call.call_id, "name": call.name, "output": "x " * (n_chars // 2), "is_error": False}
+        s.requests.put(
+            (
+                "result",
+                {
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "output": "x " * (n_chars // 2),
+                    "is_error": False,
+                },
+            )
         )
-        sch.poll(time.monotonic())
-        total, owed, ticks = len(s.prefill_ids), [], 0
+        sch.poll(t, time.monotonic())
+        total, owed, ticks = len(s.progress.prefill_ids), [], 0
         while s.phase is Phase.PREFILL:
-            live_plan(sch, ticks, [s], np.zeros(S, bool))
-            owed.append(s.owed)
-            while (w := sch.owed_work()) is not None:  # no slack at all: only what is owed runs
-                sch.apply_tool(w, ToolResult(), 1.0)
+            t, _ = live_plan(sch, ticks, [s], np.zeros(S, bool))
+            owed.append(s.progress.owed)
+            while (w := sch.owed_work(t)) is not None:  # no slack at all: only what is owed runs
+                sch.apply_tool(t, w, ToolResult(), 1.0)
             ticks += 1
         if most_owed is None:
             assert ticks <= 4 and total > 16, (owed, total)  # within the bound: up to 4 x 16 positions
@@ -345,12 +368,12 @@ def test_a_rejected_call_is_answered_through_the_encoder_pool_too():
     pool = HeldPool()
     sch = sched(encode_pool=pool)
     s, got = make_session(2, Phase.TOOL_CALL)
-    sch.begin_tick(sch.tick, [s])
-    run_call(sch, s, "check_availability(2)")
+    t = sch.begin_tick(0, [s])
+    run_call(sch, t, s, "check_availability(2)")
     assert isinstance(got[-1], ToolCallRejected) and s.phase is Phase.WAITING
     pool.run_all()
-    sch.poll(time.monotonic())
-    assert s.phase is Phase.PREFILL and "could not be run" in TOK.decode(s.prefill_ids)
+    sch.poll(t, time.monotonic())
+    assert s.phase is Phase.PREFILL and "could not be run" in TOK.decode(s.progress.prefill_ids)
 
 
 def test_the_tokenizer_lets_go_of_the_gil_while_it_encodes():
@@ -405,7 +428,7 @@ def frames_at_each_tick(sch: Scheduler, s: Session, arrivals: list[int], loud: b
         for _ in range(n):
             s.inbox.push(np.full(FRAME, 0.5 if loud else 0.0, np.float32))
         depth.append(len(s.inbox))
-        live_plan(sch, k, [s], np.zeros(S, bool))
+        t, _ = live_plan(sch, k, [s], np.zeros(S, bool))
     return depth
 
 
@@ -419,7 +442,7 @@ def test_a_frame_the_steady_arrivals_never_need_is_shed_after_a_while():
     s.inbox.push(np.zeros(FRAME, np.float32))  # the reserve
     depth = frames_at_each_tick(sch, s, [1] * 30)
     assert depth[:10] == [2] * 10 and depth[10:] == [1] * 20, depth
-    assert s.inbox.skipped == 1 and s.underruns == 0
+    assert s.inbox.skipped == 1 and s.feed.underruns == 0
 
 
 def test_speech_is_never_shed_and_jittery_arrivals_keep_their_reserve():
@@ -432,7 +455,7 @@ def test_speech_is_never_shed_and_jittery_arrivals_keep_their_reserve():
     jittery, _ = make_session(1)
     jittery.inbox.push(np.zeros(FRAME, np.float32))
     depth = frames_at_each_tick(sch, jittery, [0, 2] * 15)
-    assert jittery.inbox.skipped == 0 and jittery.underruns == 0 and min(depth) == 1, depth
+    assert jittery.inbox.skipped == 0 and jittery.feed.underruns == 0 and min(depth) == 1, depth
 
 
 def test_a_session_back_from_replay_holds_no_frame_until_an_arrival_comes_late():
@@ -441,14 +464,14 @@ def test_a_session_back_from_replay_holds_no_frame_until_an_arrival_comes_late()
     the reserve it needs (the tick it missed hears silence, counted), and steady arrivals shed it again."""
     sch = sched(spare_ticks=10, live_lag_frames=12)
     s, _ = make_session(0, Phase.REPLAY)
-    s.live_by = 5
+    s.progress.live_by = 5
     s.inbox.push(np.zeros(FRAME * 3, np.float32))  # held while the prompt was prefilled
     depth = frames_at_each_tick(sch, s, [1] * 10)
     assert s.phase is Phase.LIVE and depth[-4:] == [1] * 4, depth  # each frame taken in the tick it came for
-    assert s.underruns == 0
+    assert s.feed.underruns == 0
     # one arrival a tick late: that tick underruns once, and the late frame then waits behind the next
     depth = frames_at_each_tick(sch, s, [0, 2] + [1] * 5)
-    assert s.underruns == 1 and depth[2:] == [2] * 5, depth
+    assert s.feed.underruns == 1 and depth[2:] == [2] * 5, depth
     # steady arrivals for `spare_ticks`: the reserve goes again (its oldest silent frame)
     depth = frames_at_each_tick(sch, s, [1] * 12)
     assert depth[-2:] == [1, 1] and s.inbox.skipped >= 1, depth
@@ -461,10 +484,10 @@ def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while
     its speech)."""
     sch = sched(spare_ticks=10)
     talking, _ = make_session(0)
-    talking.speaking = True
+    talking.turn.speaking = True
     talking.inbox.push(np.full(FRAME, 0.5, np.float32))  # the reserve
     assert frames_at_each_tick(sch, talking, [1] * 15, loud=True) == [2] * 15
-    assert sch.next_tool_work(100.0) is None and not talking.catch_up
+    assert sch.next_tool_work(sch.begin_tick(15, [talking]), 100.0) is None and not talking.feed.catch_up
 
     listening, _ = make_session(1)
     listening.inbox.push(np.full(FRAME, 0.5, np.float32))
@@ -472,13 +495,13 @@ def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while
     for k in range(15):
         listening.inbox.push(np.full(FRAME, 0.5, np.float32))
         depth.append(len(listening.inbox))
-        live_plan(sch, k, [listening], np.zeros(S, bool))
-        while (w := sch.next_tool_work(100.0)) is not None:
+        t, _ = live_plan(sch, k, [listening], np.zeros(S, bool))
+        while (w := sch.next_tool_work(t, 100.0)) is not None:
             assert w.kind == "replay" and w.active.tolist() == [False, True] + [False] * (S - 2)
-            sch.apply_tool(w, ToolResult(), 1.0)
+            sch.apply_tool(t, w, ToolResult(), 1.0)
     assert depth[:10] == [2] * 10 and depth[10:] == [1] * 5, depth
-    assert listening.caught_up == 1 and listening.inbox.skipped == 0 and listening.underruns == 0
-    assert listening.frames_consumed == listening.inbox.frames_in == 16
+    assert listening.feed.caught_up == 1 and listening.inbox.skipped == 0 and listening.feed.underruns == 0
+    assert listening.feed.frames_consumed == listening.inbox.frames_in == 16
 
 
 def test_the_fixed_buffer_baseline_keeps_a_frame_in_reserve_for_the_call():
@@ -492,7 +515,7 @@ def test_the_fixed_buffer_baseline_keeps_a_frame_in_reserve_for_the_call():
     assert (lim.reserve_frames, lim.spare_ticks > 10**6) == (1, True)
     sch = Scheduler(S, TOK, FRAME, lim)
     s, _ = make_session(0, Phase.REPLAY)
-    s.live_by = 5
+    s.progress.live_by = 5
     s.inbox.push(np.zeros(FRAME * 3, np.float32))
     depth = frames_at_each_tick(sch, s, [1] * 60)
     assert s.phase is Phase.LIVE and depth[-40:] == [2] * 40 and s.inbox.skipped <= 2, depth

@@ -11,7 +11,7 @@ import pytest
 
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
-from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, run_ticks
+from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, poll_between_ticks, run_ticks
 
 
 @pytest.fixture
@@ -32,12 +32,12 @@ def waiting_call(engine: Engine):
 
 def prefilled_text(engine: Engine, h) -> str:
     """The text of the result prefill `h` is given, once the encoding pool has made it."""
-    engine.scheduler.poll(engine.clock())  # the result's tokens are encoded off the tick thread
-    assert h.phase == "waiting" and h._s.response is not None
-    concurrent.futures.wait([h._s.response], timeout=30)
-    engine.scheduler.poll(engine.clock())
+    poll_between_ticks(engine)  # the result's tokens are encoded off the tick thread
+    assert h.phase == "waiting" and h._s.call.response is not None
+    concurrent.futures.wait([h._s.call.response], timeout=30)
+    poll_between_ticks(engine)
     assert h.phase == "prefill"
-    return engine.tokens.decode(h._s.prefill_ids)
+    return engine.tokens.decode(h._s.progress.prefill_ids)
 
 
 def tool_errors(engine: Engine, h) -> int:
