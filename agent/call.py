@@ -31,8 +31,8 @@ from agent.transcript import RoomTranscript
 from redaction import pseudonym
 
 if TYPE_CHECKING:
-    from engine.config import ClockConfig
     from engine.engine import Engine, SessionHandle
+    from engine.stage_config import ClockConfig
 
 log = logging.getLogger("chorus.agent.call")
 

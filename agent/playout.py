@@ -23,7 +23,7 @@ from agent.acks import AckClips
 from agent.duplex import CallObserver
 from agent.playout_buffer import PlayoutBuffer, Sink
 from agent.sinks import RoomSink, WavSink
-from engine.config import ClockConfig
+from engine.stage_config import ClockConfig
 
 __all__ = ["ACK_FALLBACK_S", "AckClips", "PlayoutOutput", "RoomSink", "WavSink"]
 

@@ -17,10 +17,10 @@ from engine.api import (
     TurnEnded,
     TurnStarted,
 )
-from engine.config import TokenConfig
 from engine.plan import Limits, LivePlan, LiveResult, ToolResult
 from engine.scheduler import Scheduler
 from engine.slots import FrameInbox, Phase, Session
+from engine.stage_config import TokenConfig
 from engine.tokens import Tokens
 
 S, FRAME = 8, 1280
