@@ -45,7 +45,7 @@ info: $(STAMP)
 	$(PY) -m engine info --preset nemotron-voicechat-11b
 
 bench: $(STAMP)
-	$(PY) -m engine.bench thinker --preset tiny
+	$(PY) -m benchmarks.engine_bench thinker --preset tiny
 
 # The tested versions, from this venv: editable installs and local version labels (torch's +cpu) left out.
 constraints: $(STAMP)

@@ -20,19 +20,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, llm, room_io
-from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
 from agent.acks import AckClips
 from agent.duplex import ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
-from agent.sinks import RoomSink, WavSink
+from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
 from redaction import pseudonym
 
 if TYPE_CHECKING:
-    from engine.config import ClockConfig
     from engine.engine import Engine, SessionHandle
+    from engine.stage_config import ClockConfig
 
 log = logging.getLogger("chorus.agent.call")
 
@@ -89,36 +88,6 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     if ch > 1:
         pcm = pcm.reshape(-1, ch).astype(np.int32).mean(axis=1).astype(np.int16)
     return pcm, rate
-
-
-class ConsoleSink:
-    """The console's speaker (`lk agent console`), fed by the playout as a room's track is. The console puts
-    its own audio output on the session when the session starts; `start_call` then plays into that output
-    through this sink and puts the playout back in front, so a developer hears what a caller hears."""
-
-    def __init__(self, sample_rate: int = CONSOLE_SAMPLE_RATE) -> None:
-        self.sample_rate = sample_rate
-        self.speaker: io.AudioOutput | None = None
-
-    def attach(self, output: io.AudioOutput) -> None:
-        """Play into the far end of `output`'s chain (the console's speaker, past its transcript sync)."""
-        while output.next_in_chain is not None:
-            output = output.next_in_chain
-        if output.sample_rate not in (None, self.sample_rate):
-            raise ValueError(f"console: its speaker plays {output.sample_rate} Hz, not {self.sample_rate} Hz")
-        self.speaker = output
-
-    async def write(self, samples: np.ndarray, at: float) -> None:
-        if self.speaker is not None:
-            frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
-            await self.speaker.capture_frame(frame)
-
-    def cut(self, at: float) -> None:
-        if self.speaker is not None:
-            self.speaker.clear_buffer()
-
-    async def aclose(self) -> None:
-        self.speaker = None
 
 
 @dataclass
@@ -195,19 +164,19 @@ async def start_call(
     engine: Engine,
     agent: Agent,
     *,
-    sink: WavSink | RoomSink | ConsoleSink,
+    sink: CallSink,
     audio_input: io.AudioInput | None = None,
     room: rtc.Room | None = None,
     participant: str | None = None,
     acks: bool = True,
     label: str | None = None,
     caller: str | None = None,
-    admission: object | None = None,
+    admission: str | None = None,
 ) -> Call:
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
     `caller` name the call on the monitoring page (default: the room's label, `room_label`, and "phone" for a
     SIP participant, else "web").
-    `admission` is the engine slot reserved when the worker accepted the job (`Engine.admit`)."""
+    `admission` is the job whose engine slot the worker reserved on accepting it (`RemoteEngine.admit`)."""
     clock = engine.model_cfg.clock
     output = PlayoutOutput(sink, clock=clock, acks=AckClips(sink.sample_rate) if acks else None)
     if getattr(engine.config, "fixed_buffers", False):  # the benchmarks' baseline: a frame, always
@@ -240,7 +209,7 @@ async def start_call(
 
 async def _start_in_room(
     call: Call,
-    sink: WavSink | RoomSink | ConsoleSink,
+    sink: CallSink,
     room: rtc.Room,
     participant: str | None,
     clock: ClockConfig,
@@ -268,18 +237,17 @@ async def _start_in_room(
             rtc.ParticipantKind.PARTICIPANT_KIND_SIP,
         ],
     )
-    if isinstance(sink, RoomSink) and sink.track_sid is None:  # a phone call's may be up while it rings
-        await sink.start(room)
-    if not isinstance(sink, ConsoleSink):
+    await sink.join(room)  # a phone call's track may be up already, while it rang
+    if not sink.on_session_output:
         session.output.audio = output
     # no session host: the framework would publish every session event (each state change, each item) to
     # the room as a byte stream, for a remote client to observe the session; Chorus's operators watch the
     # monitoring page, and on a loaded worker those sends queued behind the room's audio
     await session.start(agent=call.agent, room=room, room_options=opts, record=False, session_host=False)
-    if not isinstance(sink, ConsoleSink):
-        call.transcript = RoomTranscript(room, sink.track_sid if isinstance(sink, RoomSink) else None)
+    if not sink.on_session_output:
+        call.transcript = RoomTranscript(room, sink.track_sid)
         session.output.transcription = call.transcript
-    if isinstance(sink, ConsoleSink) and session.output.audio is not None:
+    elif session.output.audio is not None:
         # the console put its speaker on the session (none in its text mode): the playout goes in front;
         # the console's transcript sync, paired with that speaker, passes its text to nothing
         sink.attach(session.output.audio)

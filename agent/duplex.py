@@ -110,10 +110,10 @@ class ChorusModel(llm.DuplexModel):
         observer: CallObserver | None = None,
         label: str = "",
         caller: str = "",
-        admission: object | None = None,
+        admission: str | None = None,
     ) -> None:
         """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page;
-        `admission` is the slot the engine reserved for this call (its first session takes it)."""
+        `admission` is the job whose slot the engine reserved for this call (its first session takes it)."""
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )

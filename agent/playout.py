@@ -22,10 +22,7 @@ from livekit.agents import io
 from agent.acks import AckClips
 from agent.duplex import CallObserver
 from agent.playout_buffer import PlayoutBuffer, Sink
-from agent.sinks import RoomSink, WavSink
-from engine.config import ClockConfig
-
-__all__ = ["ACK_FALLBACK_S", "AckClips", "PlayoutOutput", "RoomSink", "WavSink"]
+from engine.stage_config import ClockConfig
 
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
 

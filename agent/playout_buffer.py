@@ -40,7 +40,7 @@ HISTORY = 1024  # playout events and spans kept per call (about a thousand chunk
 
 
 class Sink(Protocol):
-    """What the buffer plays into (agent/sinks.py, agent/call.py's ConsoleSink)."""
+    """What the buffer plays into (agent/sinks.py)."""
 
     sample_rate: int
 

@@ -23,12 +23,12 @@ from livekit import rtc
 from livekit.agents import JobContext, JobProcess, cli
 
 from agent import room_connect, rtc_ffi
-from agent.call import ConsoleSink, start_call
+from agent.call import start_call
 from agent.drain import goodbye_on_drain
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
-from agent.playout import RoomSink
 from agent.settings import AgentSettings
+from agent.sinks import ConsoleSink, RoomSink
 from engine.collector import freeze_long_lived
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
 if TYPE_CHECKING:
-    from engine.config import ClockConfig
     from engine.engine import Engine
+    from engine.stage_config import ClockConfig
     from tools.hotel import Hotel
 
 log = logging.getLogger("chorus.agent.simulate")

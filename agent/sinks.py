@@ -1,8 +1,9 @@
-"""Where the agent's voice lands: a WAV file written on the wall clock, or a room's published audio track.
+"""Where the agent's voice lands: a WAV file written on the wall clock, a room's published audio track, or the
+console's speaker (`lk agent console`). Knows audio files, LiveKit's rtc audio source and the console's audio
+output; nothing of turns, sessions or the engine (agent/playout_buffer.py decides what plays when).
 
 A sink takes int16 mono chunks at its own rate with the moment each starts playing, and can cut the chunk now
-playing. Knows audio files and LiveKit's rtc audio source; nothing of turns, sessions or the engine
-(agent/playout_buffer.py decides what plays when).
+playing (`Sink`); a call wires it into its room by what `CallSink` says of it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,48 @@ import logging
 import time
 import wave
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from livekit import rtc
+from livekit.agents import io
+from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
+
+from agent.playout_buffer import Sink
 
 log = logging.getLogger("chorus.agent.sinks")
 
 ROOM_RATE = 48_000  # a room track's rate: WebRTC's Opus runs at 48 kHz
 
 
-class WavSink:
+class CallSink(Sink, Protocol):
+    """A sink as a call wires it (agent/call.py). In a room, `join` readies it (publishes its track, if it has
+    one not yet published); `track_sid` is the room track the agent's words go out with (None: none). A sink
+    `on_session_output` plays into the audio output the session starts with (the console's speaker, handed to
+    `attach`), and the playout then takes that output's place; the others are the session's output."""
+
+    track_sid: str | None
+    on_session_output: bool
+
+    async def join(self, room: rtc.Room) -> None: ...
+
+    def attach(self, output: io.AudioOutput) -> None: ...
+
+
+class _OwnOutput:
+    """A sink with an output of its own (a file, a track): the playout is the session's audio output."""
+
+    track_sid: str | None = None
+    on_session_output = False
+
+    async def join(self, room: rtc.Room) -> None:
+        pass
+
+    def attach(self, output: io.AudioOutput) -> None:
+        raise TypeError(f"{type(self).__name__} plays into its own output, not the session's")
+
+
+class WavSink(_OwnOutput):
     """A room's loudspeaker as a file: audio lands at its play time on the wall clock, silence in between."""
 
     def __init__(self, path: str | Path, sample_rate: int) -> None:
@@ -69,7 +102,7 @@ class WavSink:
             self._w.close()
 
 
-class RoomSink:
+class RoomSink(_OwnOutput):
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
     prefill, a pause between turns) it carries 100 ms frames of silence, as a phone line carries its hiss,
@@ -94,6 +127,11 @@ class RoomSink:
         self._silence_queued = False  # the last capture was the filler's: what is queued is silence
         self.track_sid: str | None = None  # the published track's, once `start` has published it
         self.stalls = 0  # captures given up after CAPTURE_WAIT_S
+
+    async def join(self, room: rtc.Room) -> None:
+        """The track published, unless it is already (a phone call's is, while it rings)."""
+        if self.track_sid is None:
+            await self.start(room)
 
     async def start(self, room: rtc.Room) -> None:
         """Publish the track; a server too busy to answer in time is asked again (PUBLISH_TRIES in all)."""
@@ -150,3 +188,39 @@ class RoomSink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._filler
         await self.source.aclose()
+
+
+class ConsoleSink:
+    """The console's speaker (`lk agent console`), fed by the playout as a room's track is. The console puts
+    its own audio output on the session when the session starts; `start_call` then plays into that output
+    through this sink and puts the playout back in front, so a developer hears what a caller hears."""
+
+    track_sid = None  # the agent's words stay in the console (its transcript sync passes them to nothing)
+    on_session_output = True
+
+    def __init__(self, sample_rate: int = CONSOLE_SAMPLE_RATE) -> None:
+        self.sample_rate = sample_rate
+        self.speaker: io.AudioOutput | None = None
+
+    async def join(self, room: rtc.Room) -> None:
+        pass
+
+    def attach(self, output: io.AudioOutput) -> None:
+        """Play into the far end of `output`'s chain (the console's speaker, past its transcript sync)."""
+        while output.next_in_chain is not None:
+            output = output.next_in_chain
+        if output.sample_rate not in (None, self.sample_rate):
+            raise ValueError(f"console: its speaker plays {output.sample_rate} Hz, not {self.sample_rate} Hz")
+        self.speaker = output
+
+    async def write(self, samples: np.ndarray, at: float) -> None:
+        if self.speaker is not None:
+            frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
+            await self.speaker.capture_frame(frame)
+
+    def cut(self, at: float) -> None:
+        if self.speaker is not None:
+            self.speaker.clear_buffer()
+
+    async def aclose(self) -> None:
+        self.speaker = None

@@ -4,13 +4,14 @@ each room's call in a process of its own (agent/room.py) that reaches the engine
 
 `server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
 agent/worker.py`, `lk agent dev`, `lk agent console`; `python -m agent dev|start|console` runs the same
-object). Building it reads the settings and sizes the startup timeout; the engine is built when the worker
-runs, before the first room's process starts, and LiveKit credentials are needed only to connect. Rooms run
-in livekit-agents' process executor (threads of this process with `CHORUS_ROOM_PROCESSES=false`, and under
-the console). The worker reports the engine's load scaled to the LiveKit server's target load
-(`CHORUS_LOAD_TARGET`, the server's `agents.target_load`, 0.7 by default) with that as its threshold, so
-LiveKit offers rooms until the last slot is taken and none once the engine has no headroom left; a job is
-accepted only with a slot reserved for it (`on_request`), which its room's session takes.
+object), built when first looked up, not on import. Building it reads the settings and sizes the startup
+timeout; the engine is built when the worker runs, before the first room's process starts, and LiveKit
+credentials are needed only to connect. Rooms run in livekit-agents' process executor (threads of this process
+with `CHORUS_ROOM_PROCESSES=false`, and under the console). The worker reports the engine's load scaled to the
+LiveKit server's target load (`CHORUS_LOAD_TARGET`, the server's `agents.target_load`, 0.7 by default) with
+that as its threshold, so LiveKit offers rooms until the last slot is taken and none once the engine has no
+headroom left; a job is accepted only with a slot reserved for it (`on_request`), which its room's session
+takes.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ class ChorusServer(DrainingServer):
 
 def _server_from_env() -> AgentServer:
     """The environment's worker; a bad setting is one line and exit status 2, also when livekit-agents' own
-    CLI (`python -m livekit.agents start agent/worker.py`, `lk agent ...`) imports this file."""
+    CLI (`python -m livekit.agents start agent/worker.py`, `lk agent ...`) looks the server up."""
     try:
         return build_server(AgentSettings.from_env())
     except ValueError as e:  # SettingsError
@@ -215,5 +216,16 @@ def _server_from_env() -> AgentServer:
         raise SystemExit(2) from None
 
 
-server = _server_from_env()
-"""The worker livekit-agents' CLI discovers in this module (see the module docstring)."""
+def __getattr__(name: str) -> Any:
+    """`server`: the worker livekit-agents' CLI discovers in this module (see the module docstring), built
+    from the environment when first asked for, not on import."""
+    if name != "server":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    global server
+    server = _server_from_env()
+    return server
+
+
+def __dir__() -> list[str]:
+    """The module's names and `server`: livekit-agents' discovery looks it up among them."""
+    return sorted({*globals(), "server"})

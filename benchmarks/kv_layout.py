@@ -33,11 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
 from engine.dtype_policy import DtypePolicy, dtype_policy
 from engine.info import GB, WORKSPACE_GB, report
 from engine.model.pipeline import STAGES, build_stages
 from engine.presets import load_preset
+from engine.stage_config import ModelConfig
 from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 
 PRESET = "nemotron-voicechat-11b"

@@ -1,4 +1,6 @@
-"""`python -m engine info|demo`: size a preset, or step the model for many slots and print figures."""
+"""`python -m engine info`: size a preset (parameters, weight and state bytes, sessions per GPU, and with
+`--slots` the predicted peak memory). Knows the presets and the sizing (engine/info.py, engine/memory.py);
+builds no engine. The engine's benchmarks and demo are under benchmarks/ (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -28,30 +30,21 @@ def main(argv: list[str] | None = None) -> int:
         help="also predict the peak device memory with this many slots (traced on the meta device: seconds)",
     )
     add_window_arguments(info)
-    demo = sub.add_parser("demo", help="step the model for many slots and print timings")
-    demo.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    demo.add_argument("--sessions", type=int, default=64)
-    demo.add_argument("--seconds", type=float, default=20.0)
-    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     args = parser.parse_args(argv)
 
-    if args.command == "info":
-        from engine.info import print_report, report
+    from engine.info import print_report, report
 
-        policy = "capacity" if args.capacity else "gpu"  # the GPU's policies ("auto" on CUDA)
-        cfg = windows(load_preset(args.preset), args)
-        r = report(cfg, args.gpu_mem_gb, policy)
-        print_report(r)
-        if args.slots:
-            from engine.memory import peak_report, print_peak
+    policy = "capacity" if args.capacity else "gpu"  # the GPU's policies ("auto" on CUDA)
+    cfg = windows(load_preset(args.preset), args)
+    r = report(cfg, args.gpu_mem_gb, policy)
+    print_report(r)
+    if args.slots:
+        from engine.memory import peak_report, print_peak
 
-            r["peak"] = peak_report(cfg, r, args.slots)
-            print_peak(r["peak"])
-        print(json.dumps(r))
-        return 0
-    from engine.bench import demo as run_demo
-
-    return run_demo(args.preset, args.sessions, args.seconds, args.device)
+        r["peak"] = peak_report(cfg, r, args.slots)
+        print_peak(r["peak"])
+    print(json.dumps(r))
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import ModelConfig
 from engine.dtype_policy import DtypePolicy, dtype_policy
 from engine.engine_config import EngineConfig
 from engine.graph import pow2_at_least
@@ -22,6 +21,7 @@ from engine.model.weights import load_checkpoint, model_config
 from engine.presets import load_preset
 from engine.runner import Runner
 from engine.scheduler import Limits, Scheduler
+from engine.stage_config import ModelConfig
 from engine.tokens import Tokens
 from engine.windows import talker_window, with_windows
 

@@ -22,8 +22,8 @@ from collections import deque
 
 import numpy as np
 
-from engine.config import ClockConfig
 from engine.plan import LivePlan, LiveResult, Tick
+from engine.stage_config import ClockConfig
 from engine.tokens import Tokens
 
 MARK = 0.25  # an input sample louder than this marks its frame (about -12 dBFS)

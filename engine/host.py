@@ -1,10 +1,11 @@
-"""The engine's door for rooms that run in other processes: one Unix socket, one connection per session.
+"""The engine's door for rooms that run in other processes: one Unix socket, one connection per session (each
+an engine/host_conn.py `RoomConn`), and the worker's admissions, load and drain. Knows the engine's session
+API, sockets and the shared-memory layout; nothing of LiveKit or rooms.
 
 A room's process (engine/remote.py) connects, asks for a session and gets back, with the answer, the
 session's shared memory (engine/link.py) and an eventfd that the tick signals when it has written frames.
-From then on caller audio and agent audio cross through the shared memory: the tick reads a room's caller
-frames once a tick (the inbox's `source`) and writes its output frames there (the session's sink), with no
-Python object, pickle or socket per frame. What is left crosses the socket as one JSON object a line:
+From then on caller audio and agent audio cross through the shared memory, with no Python object, pickle or
+socket per frame. What is left crosses the socket as one JSON object a line:
 
 - the worker -> engine: `admit` (a slot reserved for a job it is about to accept), `release`, `load`,
   `drain` (passed on to every room with a session);
@@ -19,8 +20,7 @@ A connection that closes, for whatever reason (the room's process killed include
 the slot is free at the next tick. A message that is not a JSON object, names an unknown operation or another
 session, or is longer than MAX_LINE is refused and counted (`stats`); the connection stays, and nothing of it
 reaches another session. The socket lives in the abstract namespace (no file to clean up) and is reachable by
-this machine's processes only. Knows the engine's session API, sockets and the shared-memory layout; nothing
-of LiveKit or rooms.
+this machine's processes only.
 """
 
 from __future__ import annotations
@@ -37,38 +37,19 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from engine.api import AudioFrame, EngineError, Output
+from engine.api import EngineError
+from engine.host_conn import RoomConn, apply_session_op
 from engine.link import Layout, SessionLink
-from engine.wire import MAX_LINE, encode, error_message, event_message
+from engine.wire import MAX_LINE, encode, error_message
 
 if TYPE_CHECKING:
     from engine.engine import Engine
-    from engine.handle import SessionHandle
-    from engine.slots import FrameInbox
 
 log = logging.getLogger("chorus.engine.host")
 
 MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
-FORCE_MAX = 4096  # teacher-forced tokens in one message
 ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
 RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
-
-
-class _Conn:
-    """One room connection and the session it holds."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.rx = bytearray()
-        self.tx = bytearray()
-        self.handle: SessionHandle | None = None
-        self.link: SessionLink | None = None
-        self.efd = -1
-        self.closed = False
-        # the tick thread's view of the rings (only it reads and writes these)
-        self.in_r = 0
-        self.out_w = 0
-        self.events = 0
 
 
 class EngineHost:
@@ -88,8 +69,8 @@ class EngineHost:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._listen, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._outbox: deque[tuple[_Conn, bytes]] = deque()  # from the tick thread and `drain`
-        self._conns: set[_Conn] = set()
+        self._outbox: deque[tuple[RoomConn, bytes]] = deque()  # from the tick thread and `drain`
+        self._conns: set[RoomConn] = set()
         self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
         self._admissions: dict[str, tuple[object, float]] = {}  # job -> (the engine's admission, when)
         self._lock = threading.Lock()
@@ -148,7 +129,7 @@ class EngineHost:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                     else:
-                        conn: _Conn = key.data
+                        conn: RoomConn = key.data
                         if mask & selectors.EVENT_READ:
                             self._read(conn)
                         if mask & selectors.EVENT_WRITE and not conn.closed:
@@ -170,12 +151,12 @@ class EngineHost:
             except (BlockingIOError, InterruptedError):
                 return
             sock.setblocking(False)
-            conn = _Conn(sock)
+            conn = RoomConn(sock, self.stats, self._post)
             self._conns.add(conn)
             self.stats["connections"] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: RoomConn) -> None:
         try:
             data = conn.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -197,7 +178,7 @@ class EngineHost:
             del conn.rx[: end + 1]
             self._message(conn, line)
 
-    def _message(self, conn: _Conn, line: bytes) -> None:
+    def _message(self, conn: RoomConn, line: bytes) -> None:
         if len(line) > MAX_LINE:
             self._refuse(conn, "a message longer than the limit")
             return
@@ -229,57 +210,29 @@ class EngineHost:
         if handle is None or msg.get("session") != handle.id:
             self._refuse(conn, "a message for a session this connection does not hold")
             return
+        if op == "close":
+            self._drop(conn)
+            return
         try:
-            if op == "result":
-                call_id, output = msg.get("call_id"), msg.get("output")
-                if not isinstance(call_id, str) or not isinstance(output, str):
-                    raise ValueError("result: call_id and output must be strings")
-                handle.submit_tool_result(call_id, output, bool(msg.get("is_error", False)))
-            elif op == "force":
-                ids = msg.get("ids")
-                if not isinstance(ids, list) or len(ids) > FORCE_MAX or not all(type(i) is int for i in ids):
-                    raise ValueError(f"force: ids must be a list of at most {FORCE_MAX} integers")
-                if msg.get("channel") == "text":
-                    handle.force_text(ids)
-                elif msg.get("channel") == "function":
-                    handle.force_function(ids)
-                else:
-                    raise ValueError("force: channel must be text or function")
-            elif op == "pad_between":
-                if not isinstance(msg.get("on"), bool):
-                    raise ValueError("pad_between: on must be true or false")
-                handle.pad_between(msg["on"])
-            elif op == "private":
-                terms = msg.get("terms")
-                if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
-                    raise ValueError("private: terms must be a list of strings")
-                handle.keep_private(*terms[:64])
-            elif op == "close":
-                self._drop(conn)
-            else:
-                raise ValueError(f"unknown operation {op[:40]!r}")
+            apply_session_op(handle, op, msg)
         except ValueError as e:
             self._refuse(conn, str(e))
 
-    def _control(self, conn: _Conn, op: str, msg: dict[str, Any]) -> None:
+    def _control(self, conn: RoomConn, op: str, msg: dict[str, Any]) -> None:
         """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
         by a job that ended before it opened its session (`release`), and the engine's load."""
         e = self.engine
         job = msg.get("admission")
         if op == "load":
-            self._send(
-                conn,
-                encode(
-                    {
-                        "op": "load",
-                        "load": e.load,
-                        "occupancy": e.occupancy,
-                        "available": e.pool.available,
-                        "num_slots": e.config.num_slots,
-                        "up": e.failure is None,
-                    }
-                ),
-            )
+            reply = {
+                "op": "load",
+                "load": e.load,
+                "occupancy": e.occupancy,
+                "available": e.pool.available,
+                "num_slots": e.config.num_slots,
+                "up": e.failure is None,
+            }
+            self._send(conn, encode(reply))
             return
         if not isinstance(job, str) or not 0 < len(job) <= 200:
             self._refuse(conn, f"{op}: admission must name a job")
@@ -310,7 +263,7 @@ class EngineHost:
             held = self._admissions.pop(job, None)
         return held[0] if held is not None else None
 
-    def _refuse(self, conn: _Conn, why: str) -> None:
+    def _refuse(self, conn: RoomConn, why: str) -> None:
         self.stats["bad_messages"] += 1
         if self.stats["bad_messages"] in (1, 10, 100, 1000) or self.stats["bad_messages"] % 10000 == 0:
             log.warning("refused a room's message (%s); %d refused so far", why, self.stats["bad_messages"])
@@ -328,7 +281,7 @@ class EngineHost:
             "fixed_buffers": e.config.fixed_buffers,
         }
 
-    def _open(self, conn: _Conn, msg: dict[str, Any]) -> None:
+    def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
         if conn.handle is not None:
             self._refuse(conn, "this connection already holds a session")
             return
@@ -345,11 +298,11 @@ class EngineHost:
             handle = self.engine.open_session(
                 prompt,
                 tools,
-                sink=lambda items, c=conn: self._deliver(c, items),
+                sink=conn.deliver,
                 label=str(msg.get("label", "")),
                 caller=str(msg.get("caller", "")),
                 admission=admission,
-                source=lambda inbox, c=conn: self._pull(c, inbox),
+                source=conn.pull,
                 playout=link.playout,
             )
         except (EngineError, ValueError, TypeError) as e:
@@ -373,38 +326,10 @@ class EngineHost:
             if not conn.closed:
                 conn.sock.setblocking(False)
 
-    # -- the tick thread's side (keep it cheap: no syscall but one eventfd write, nothing allocated) ------
-
-    def _pull(self, conn: _Conn, inbox: FrameInbox) -> None:
-        """The room's caller frames written since the last tick, into the session's inbox."""
-        link = conn.link
-        if link is None or conn.closed:
-            return
-        frames, stamps, conn.in_r, lost = link.take_caller(conn.in_r)
-        if lost < 0:
-            self.stats["bad_counters"] += 1
-        else:
-            self.stats["lost_frames"] += lost
-        if frames.size:
-            inbox.push(frames.reshape(-1), at=stamps)
-
-    def _deliver(self, conn: _Conn, items: list[Output]) -> None:
-        link = conn.link
-        if link is None or conn.closed:
-            return
-        wrote = False
-        for item in items:
-            if type(item) is AudioFrame:
-                link.put_agent(conn.out_w, item.samples, item.text, item.tick, conn.events)
-                conn.out_w += 1
-                wrote = True
-            else:
-                conn.events += 1
-                self._outbox.append((conn, encode(event_message(conn.events, conn.out_w, item))))
-                self._wake()
-        if wrote:
-            with contextlib.suppress(OSError):
-                os.eventfd_write(conn.efd, 1)
+    def _post(self, conn: RoomConn, msg: bytes) -> None:
+        """An event from the tick thread, for this thread to send (the tick never touches a socket)."""
+        self._outbox.append((conn, msg))
+        self._wake()
 
     # -- sending ----------------------------------------------------------------------------------------
 
@@ -413,7 +338,7 @@ class EngineHost:
             conn, msg = self._outbox.popleft()
             self._send(conn, msg)
 
-    def _send(self, conn: _Conn, msg: bytes) -> None:
+    def _send(self, conn: RoomConn, msg: bytes) -> None:
         if conn.closed:
             return
         if threading.current_thread() is not self._thread:
@@ -430,7 +355,7 @@ class EngineHost:
             return
         self._flush(conn)
 
-    def _flush(self, conn: _Conn) -> None:
+    def _flush(self, conn: RoomConn) -> None:
         try:
             n = conn.sock.send(conn.tx)
             del conn.tx[:n]
@@ -443,7 +368,7 @@ class EngineHost:
         with contextlib.suppress(KeyError, ValueError):
             self._sel.modify(conn.sock, want, conn)
 
-    def _drop(self, conn: _Conn) -> None:
+    def _drop(self, conn: RoomConn) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -456,7 +381,7 @@ class EngineHost:
         self._conns.discard(conn)
         self._release_link(conn)
 
-    def _release_link(self, conn: _Conn) -> None:
+    def _release_link(self, conn: RoomConn) -> None:
         """The tick may be writing to a session closed a moment ago: its shared memory is unmapped only with
         the last reference to it (the session's sink, gone when the pool frees the slot), and its eventfd is
         closed RETIRE_S later, so that no write can reach a descriptor number that was reused."""

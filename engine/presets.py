@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from engine.config import CodecConfig, ModelConfig, PerceptionConfig, TalkerConfig, ThinkerConfig
+from engine.stage_config import CodecConfig, ModelConfig, PerceptionConfig, TalkerConfig, ThinkerConfig
 
 
 def _tiny() -> ModelConfig:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
-from engine.config import ClockConfig, TokenConfig
 from engine.link import OUT_R, OUT_W, Layout, SessionLink
+from engine.stage_config import ClockConfig, TokenConfig
 from engine.tokens import forced_ids
 from engine.wire import ADDRESS_ENV, connect, decode_event, encode, raise_error, read_line
 
@@ -129,7 +129,7 @@ class RemoteEngine:
         loop: asyncio.AbstractEventLoop | None = None,
         label: str = "",
         caller: str = "",
-        admission: object | None = None,
+        admission: str | None = None,
     ) -> RemoteHandle:
         """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
@@ -139,7 +139,7 @@ class RemoteEngine:
         buf = bytearray()
         try:
             msg = {"op": "open", "prompt": prompt, "tools": tools or [], "label": label, "caller": caller}
-            if isinstance(admission, str):
+            if admission is not None:
                 msg["admission"] = admission
             sock.sendall(encode(msg))
             while b"\n" not in buf:  # the answer comes alone, with the descriptors

@@ -5,10 +5,10 @@
 #
 # Runs, each step bounded in time and recorded even when it fails:
 #   1. the CUDA tests (kernels, the dense dispatch path, the captured live and slack steps vs eager): pytest -m gpu
-#   2. engine.bench pipeline at 1, 64 and 256 slots (per stage, and the step as one CUDA graph)
+#   2. benchmarks.engine_bench pipeline at 1, 64 and 256 slots (per stage, and the step as one CUDA graph)
 #   3. the talker's decode attention, reference against the kernel, at several filled lengths
 #   4. one live step under the profiler: kernel launches, GPU-busy vs wall, peak memory vs its prediction
-#   5. engine.bench serve: 64 sessions, 16 calling tools, 60 s, with the tick plot
+#   5. benchmarks.engine_bench serve: 64 sessions, 16 calling tools, 60 s, with the tick plot
 #   6. a bounded sweep: the most sessions with zero missed deadlines
 # and writes OUT_DIR/<step>.json, OUT_DIR/<step>.log, OUT_DIR/serve-64.png and OUT_DIR/summary.json (also the
 # last line printed).
@@ -78,13 +78,13 @@ TESTS=(tests/test_kernels.py tests/test_graph.py tests/test_slack_graphs.py)
 [ -f tests/test_decode_attention.py ] && TESTS+=(tests/test_decode_attention.py)
 step gpu_tests 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider "${TESTS[@]}" \
   --junitxml="$OUT_DIR/gpu_tests.xml"
-step pipeline 150 "$PY" -m engine.bench pipeline --preset "$PRESET" --device "$DEVICE" --slots "$SLOTS" \
+step pipeline 150 "$PY" -m benchmarks.engine_bench pipeline --preset "$PRESET" --device "$DEVICE" --slots "$SLOTS" \
   --steps 30 --warmup 5 "${WIN[@]}"
 step attention 60 "$PY" benchmarks/decode_attention.py --device "$DEVICE" --dtype bf16
-step profile 60 "$PY" -m engine.profile_step --preset "$PRESET" --device "$DEVICE" --slots "$SESSIONS" "${WIN[@]}"
-step serve 150 "$PY" -m engine.bench serve --preset "$PRESET" --device "$DEVICE" --sessions "$SESSIONS" \
+step profile 60 "$PY" -m benchmarks.profile_step --preset "$PRESET" --device "$DEVICE" --slots "$SESSIONS" "${WIN[@]}"
+step serve 150 "$PY" -m benchmarks.engine_bench serve --preset "$PRESET" --device "$DEVICE" --sessions "$SESSIONS" \
   --tool-sessions "$TOOL_SESSIONS" --seconds "$SECONDS_" --baseline-seconds 0 --plot "$OUT_DIR/serve-64.png" "${WIN[@]}"
-step sweep $((SWEEP_BUDGET_S + 90)) "$PY" -m engine.bench serve --sweep --preset "$PRESET" --device "$DEVICE" \
+step sweep $((SWEEP_BUDGET_S + 90)) "$PY" -m benchmarks.engine_bench serve --sweep --preset "$PRESET" --device "$DEVICE" \
   --sessions "$SESSIONS" --sweep-seconds 10 --sweep-max "$SWEEP_MAX" --sweep-budget-s "$SWEEP_BUDGET_S" \
   --baseline-seconds 0 "${WIN[@]}"
 

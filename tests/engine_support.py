@@ -1,6 +1,7 @@
-"""Helpers the engine and kernel tests share: a concierge prompt with one tool, a caller's audio, the engine's
-clock moved by hand and the ticks driven on it (and the poll between them), a session's queued outputs, and
-code run with the kernels compiled. Knows nothing of LiveKit or the hotel."""
+"""Helpers the engine and kernel tests share: a call of the concierge's tool (its prompt and tool are
+benchmarks/support/concierge.py), a caller's audio, the engine's clock moved by hand and the ticks driven on
+it (and the poll between them), a session's queued outputs, and code run with the kernels compiled. Knows
+nothing of LiveKit or the hotel."""
 
 from __future__ import annotations
 
@@ -16,18 +17,7 @@ from wait_support import await_until
 
 REPO = Path(__file__).resolve().parent.parent
 
-# a prompt and one tool, and a call of it (what the model is forced to say)
-TOOLS = [
-    {
-        "name": "check_availability",
-        "description": "Rooms free on given dates.",
-        "parameters": {
-            "type": "object",
-            "properties": {"guests": {"type": "integer", "description": "Guests"}},
-        },
-    },
-]
-PROMPT = "You are the concierge of a small hotel."
+# a call of the concierge's tool (what the model is forced to say)
 CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
 TICK_S = 0.08  # the clock's move from one hand-driven tick to the next (the model's frame)
 
@@ -45,7 +35,7 @@ class ManualClock:
     """The engine's clock in the tests that drive ticks by hand: time moves only when the test says so. Ticks
     driven with a deadline far away complete all pending paused work (prompt and result prefill, call tokens,
     replay) within the tick, no step ever looks slow, and the test is deterministic whatever the machine's
-    load. Deadlines on the wall clock are measured by `engine.bench serve`, not here."""
+    load. Deadlines on the wall clock are measured by `benchmarks.engine_bench serve`, not here."""
 
     def __init__(self, now: float = 0.0) -> None:
         self.now = now

@@ -6,11 +6,12 @@ off the same pushes give the model's own output, and nothing of echo mode is the
 import numpy as np
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, ToolCallStarted, TurnEnded
 from engine.echo import MARK, Echo
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
-from engine_support import PROMPT, TOOLS, ManualClock, drain, run_ticks
+from engine_support import ManualClock, drain, run_ticks
 
 N_IN, N_OUT = 1280, 1764
 

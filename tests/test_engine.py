@@ -8,6 +8,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import (
     AudioFrame,
     EngineFull,
@@ -21,17 +22,7 @@ from engine.api import (
 )
 from engine.engine import Engine, EngineConfig
 from engine.slots import FrameInbox
-from engine_support import (
-    CALL,
-    PROMPT,
-    TOOLS,
-    ManualClock,
-    caller_audio,
-    drain,
-    engine_on,
-    poll_between_ticks,
-    run_ticks,
-)
+from engine_support import CALL, ManualClock, caller_audio, drain, engine_on, poll_between_ticks, run_ticks
 
 
 def frames(items) -> list[np.ndarray]:

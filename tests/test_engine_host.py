@@ -20,12 +20,13 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
 from engine.host import EngineHost
 from engine.link import IN_W
 from engine.remote import RemoteEngine
 from engine.wire import encode
-from engine_support import PROMPT, REPO, TOOLS, caller_audio, engine_on, run_ticks
+from engine_support import REPO, caller_audio, engine_on, run_ticks
 
 FRAME = 1280
 

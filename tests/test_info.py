@@ -1,4 +1,4 @@
-"""`engine info` sizes the real preset from meta tensors; the bench and demo print their JSON last."""
+"""`engine info` sizes the real preset from meta tensors; the engine's bench prints its JSON last."""
 
 import json
 import subprocess
@@ -98,7 +98,18 @@ def test_cli_prints_json_last():
 
 def test_thinker_bench_reports_each_batch_size():
     out = subprocess.run(
-        [sys.executable, "-m", "engine.bench", "thinker", "--slots", "1,4", "--steps", "5", "--warmup", "1"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.engine_bench",
+            "thinker",
+            "--slots",
+            "1,4",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+        ],
         capture_output=True,
         text=True,
         check=True,

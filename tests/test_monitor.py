@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.metrics import SnapshotServer
-from engine_support import CALL, PROMPT, TOOLS, drain, run_ticks
+from engine_support import CALL, drain, run_ticks
 from hotel_support import booking, hotel, seeded_store
 from ui.fleet import ms
 from ui.privacy import mask_code, mask_contact, mask_name, mask_phones

@@ -17,11 +17,11 @@ from engine.api import (
     TurnEnded,
     TurnStarted,
 )
-from engine.config import TokenConfig
 from engine.plan import Limits, LivePlan, LiveResult, Tick, ToolResult
 from engine.scheduler import Scheduler
 from engine.session import Phase, Session
 from engine.slots import FrameInbox
+from engine.stage_config import TokenConfig
 from engine.tokens import Tokens
 
 S, FRAME = 8, 1280

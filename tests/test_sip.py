@@ -25,9 +25,10 @@ from livekit import api
 from agent import sip
 from agent.hotel import HotelAgent, tool_schemas
 from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
-from agent.playout import PlayoutOutput, WavSink
+from agent.playout import PlayoutOutput
 from agent.room import concierge_for
 from agent.settings import AgentSettings
+from agent.sinks import WavSink
 from hotel_support import booking
 from twirp_fake import KEY, SECRET
 from wait_support import await_until

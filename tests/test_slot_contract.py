@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.config import ModelConfig
 from engine.dtype_policy import DtypePolicy, dtype_policy
 from engine.info import report
 from engine.model.pipeline import DTYPES, PROMPT_STAGES, STAGES, Pipeline
 from engine.presets import load_preset
+from engine.stage_config import ModelConfig
 from engine.tokens import Tokens
 
 CFG = load_preset("tiny")

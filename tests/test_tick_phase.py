@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.engine import Engine, EngineConfig
 from engine.phase import MIN_MARGIN_S, TickPhase
-from engine_support import PROMPT, TOOLS, ManualClock
+from engine_support import ManualClock
 
 TICK = 0.08
 

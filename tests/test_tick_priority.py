@@ -12,10 +12,11 @@ import os
 
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
 from engine.priority import TickPriority
-from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, run_ticks
+from engine_support import CALL, ManualClock, drain, run_ticks
 
 
 def realtime_allowed() -> bool:

@@ -9,9 +9,10 @@ import concurrent.futures
 
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.engine import Engine, EngineConfig
-from engine_support import CALL, PROMPT, TOOLS, ManualClock, drain, poll_between_ticks, run_ticks
+from engine_support import CALL, ManualClock, drain, poll_between_ticks, run_ticks
 
 
 @pytest.fixture

@@ -10,11 +10,12 @@ import random
 
 import pytest
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, TurnEnded, TurnStarted
-from engine.config import TokenConfig
 from engine.engine import Engine, EngineConfig
+from engine.stage_config import TokenConfig
 from engine.tokens import TextStream, Tokens
-from engine_support import PROMPT, TOOLS, ManualClock, drain, run_ticks
+from engine_support import ManualClock, drain, run_ticks
 
 TOK = Tokens(TokenConfig())
 PHRASES = ["Booked for José García", " the café", "Müller", "東京", "Ελλάδα", " 😀 see you", "naïve façade"]

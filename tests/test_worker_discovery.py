@@ -92,6 +92,22 @@ def test_the_cli_finds_the_worker_with_its_name_load_threshold_executor_and_star
     assert server.load_fnc() >= server._load_threshold  # and none with none free
 
 
+def test_importing_the_worker_reads_no_setting_and_builds_nothing(monkeypatch):
+    """A plain `import agent.worker` builds no server: a bad setting is reported only when the CLI looks the
+    server up (one line and exit status 2, the next test's)."""
+    import agent
+
+    monkeypatch.setenv("CHORUS_SLOTS", "sixty")
+    monkeypatch.delitem(sys.modules, "agent.worker", raising=False)
+    monkeypatch.delattr(agent, "worker", raising=False)
+    module = importlib.import_module("agent.worker")
+    assert "server" not in vars(module) and module._engine is None
+    assert "server" in dir(module)  # what livekit-agents' discovery lists
+    with pytest.raises(SystemExit) as refused:
+        module.server  # noqa: B018 (the lookup builds it)
+    assert refused.value.code == 2
+
+
 def test_the_startup_timeout_can_be_set(clean_env, monkeypatch):
     monkeypatch.setenv("CHORUS_STARTUP_TIMEOUT_S", "900")
     _, server, _ = discover(monkeypatch)

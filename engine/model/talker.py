@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.config import TalkerConfig
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
 from engine.model.talker_backbone import Attention, TalkerBackbone
 from engine.model.talker_heads import (
@@ -32,6 +31,7 @@ from engine.model.talker_heads import (
     uniform_noise,
     unmasking_schedule,
 )
+from engine.stage_config import TalkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-"""`python -m engine.profile_step`: one live step looked at closely, eager and as a captured graph.
+"""`python -m benchmarks.profile_step`: one live step looked at closely, eager and as a captured graph.
 
 For the live step of a preset at N slots (every slot active) it reports: the operators the step dispatches
 and whether anything in it would stop a CUDA graph capture (engine/graph.py's audit); on CUDA, under the
 profiler, the kernels one eager step launches, the GPU-busy time against the wall time of an eager step and
 of a graph replay, and the peak device memory against the prediction of `engine info --slots`
-(engine/memory.py). Last line: one JSON object.
+(engine/memory.py). Last line: one JSON object. Knows the pipeline and torch's profiler; nothing of sessions.
 """
 
 from __future__ import annotations
@@ -132,7 +132,9 @@ def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: in
 
 def main(argv: list[str] | None = None) -> int:
     tune_malloc()  # the allocator the engine runs with
-    ap = argparse.ArgumentParser(prog="python -m engine.profile_step", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.profile_step", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--device", default=None)

@@ -1,9 +1,10 @@
-"""`python -m engine.bench serve`: the capacity benchmark on the wall clock.
+"""`python -m benchmarks.engine_bench serve`: the capacity benchmark on the wall clock.
 
 N sessions hear caller audio in real time; some of them call tools again and again (a forced call of a given
 length, answered after a given latency with a result of a given length; teacher forcing, since dummy weights
 decide nothing). Reports tick times, deadlines, frames and tool latencies, plus the same workload with
 cadence-locked tools (one tool token per tick) and a naive per-session loop. Last line: one JSON object.
+Knows the engine's session API and its counters; nothing of LiveKit or rooms.
 """
 
 from __future__ import annotations
@@ -15,22 +16,11 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall, Output, ToolResultConsumed
 from engine.engine import Engine, EngineConfig
 from engine.metrics import pct
 from engine.presets import load_preset
-
-TOOLS = [
-    {
-        "name": "check_availability",
-        "description": "Rooms free on given dates.",
-        "parameters": {
-            "type": "object",
-            "properties": {"note": {"type": "string", "description": "Free text"}},
-        },
-    }
-]
-PROMPT = "You are the concierge of a small hotel. Answer briefly."
 
 
 def _call_of_length(engine: Engine, n: int) -> list[int]:

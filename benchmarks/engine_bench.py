@@ -1,7 +1,8 @@
-"""Benchmarks beside the code: `python -m engine.bench thinker|pipeline`, and the engine demo.
+"""The engine's benchmarks: `python -m benchmarks.engine_bench thinker|pipeline|serve`.
 
 Each warms up first, reports p50/p99 milliseconds against the 80 ms tick, and prints one JSON object as
-its last line. Dummy weights: the timing of a dummy model of a shape is the timing of the real one.
+its last line. Dummy weights: the timing of a dummy model of a shape is the timing of the real one. Knows
+the pipeline's stages and the engine (serve: benchmarks/engine_serve.py); nothing of LiveKit.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import time
 
 import torch
 
-from engine.config import ModelConfig
+from benchmarks.engine_serve import add_arguments, main_serve
 from engine.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
 from engine.malloc import tune_malloc
 from engine.presets import PRESETS, load_preset
+from engine.stage_config import ModelConfig
 from engine.windows import add_window_arguments, windows
 
 TICK_MS = 80.0
@@ -183,41 +185,9 @@ def _graphed_step_ms(p, b: int, device: torch.device, warmup: int, steps: int) -
     return ms
 
 
-def demo(preset: str, sessions: int, seconds: float, device_name: str | None) -> int:
-    """The engine demo: `sessions` conversations on the wall clock, a quarter of them calling tools (forced
-    calls: dummy weights decide nothing), then the figures; last line JSON."""
-    from engine.bench_serve import run_workload
-    from engine.engine import EngineConfig
-
-    cfg = EngineConfig(preset=preset, num_slots=sessions, device=device_name)
-    print(
-        f"Chorus engine demo: {sessions} sessions ({sessions // 4} calling tools), {seconds:g} s, "
-        f"preset {preset}, dummy weights",
-        flush=True,
-    )
-    r = run_workload(
-        cfg,
-        sessions,
-        sessions // 4,
-        seconds,
-        call_tokens=40,
-        result_tokens=200,
-        tool_latency_s=0.3,
-        call_every_s=2.0,
-    )
-    r.pop("live_series_ms")
-    print(
-        f"live step p50 {r['live_ms_p50']} ms, p99 {r['live_ms_p99']} ms (tick: {TICK_MS:g} ms); "
-        f"missed deadlines {r['missed_deadlines']}; tool calls {r['tool_calls']} "
-        f"({r['tool_call_ticks_p50']} ticks p50)"
-    )
-    print(json.dumps({"preset": preset, "sessions": sessions, "seconds": seconds, **r}))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     tune_malloc()  # the allocator the engine runs with, for the stages measured without an engine too
-    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_bench", description=__doc__)
     parser.add_argument("what", choices=["thinker", "pipeline", "serve"])
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     parser.add_argument("--slots", default="1,16,64", help="comma-separated batch sizes")
@@ -236,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-graph", dest="graph", action="store_false", help="pipeline: skip the captured-graph timing"
     )
-    from engine.bench_serve import add_arguments, main_serve
-
     add_arguments(parser)
     add_window_arguments(parser)
     args = parser.parse_args(argv)
