@@ -42,7 +42,7 @@ from engine.priority import TickPriority
 from engine.runner import Runner
 from engine.scheduler import Scheduler
 from engine.session import Phase, Session
-from engine.slots import FrameInbox, SlotPool
+from engine.slots import FrameInbox, Reservation, SlotPool
 from engine.tokens import MAX_TOOLS
 from redaction import mask_numbers
 
@@ -122,7 +122,7 @@ class Engine:
         sink: Callable[[list[Output]], None] | None = None,
         label: str = "",
         caller: str = "",
-        admission: object | None = None,
+        admission: Reservation | None = None,
         source: Callable[[FrameInbox], None] | None = None,
         playout: np.ndarray | None = None,
     ) -> SessionHandle:
@@ -181,7 +181,7 @@ class Engine:
         )
         return SessionHandle(self, session, outputs)
 
-    def admit(self, ttl_s: float = ADMISSION_TTL_S) -> object:
+    def admit(self, ttl_s: float = ADMISSION_TTL_S) -> Reservation:
         """Admission of a caller the worker is about to accept: the engine is up and has headroom, and a slot
         is reserved for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise). The session
         opened with it (`open_session(admission=...)`) gets that slot: the decision is made once, before the
@@ -191,7 +191,7 @@ class Engine:
         self._check_headroom()
         return self.pool.reserve(ttl_s)
 
-    def release(self, admission: object) -> None:
+    def release(self, admission: Reservation) -> None:
         self.pool.release(admission)
 
     def _check_up(self) -> None:

@@ -44,6 +44,7 @@ from engine.wire import MAX_LINE, encode, error_message
 
 if TYPE_CHECKING:
     from engine.engine import Engine
+    from engine.slots import Reservation
 
 log = logging.getLogger("chorus.engine.host")
 
@@ -72,7 +73,7 @@ class EngineHost:
         self._outbox: deque[tuple[RoomConn, bytes]] = deque()  # from the tick thread and `drain`
         self._conns: set[RoomConn] = set()
         self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
-        self._admissions: dict[str, tuple[object, float]] = {}  # job -> (the engine's admission, when)
+        self._admissions: dict[str, tuple[Reservation, float]] = {}  # job -> (the engine's admission, when)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -251,14 +252,14 @@ class EngineHost:
         self.hold_admission(job, admission)
         self._send(conn, encode({"op": "admitted", "admission": job}))
 
-    def hold_admission(self, job: str, admission: object) -> None:
+    def hold_admission(self, job: str, admission: Reservation) -> None:
         now = time.monotonic()
         with self._lock:
             self._admissions[job] = (admission, now)
             for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
                 del self._admissions[key]
 
-    def take_admission(self, job: str) -> object | None:
+    def take_admission(self, job: str) -> Reservation | None:
         with self._lock:
             held = self._admissions.pop(job, None)
         return held[0] if held is not None else None

@@ -114,6 +114,13 @@ class FrameInbox:
         return len(self._frames)
 
 
+class Reservation:
+    """A slot promised to a caller the worker is about to accept (`SlotPool.reserve`): opaque, compared by
+    identity, redeemed once by `SlotPool.open` or given back by `SlotPool.release`."""
+
+    __slots__ = ()
+
+
 class SlotPool:
     """A fixed number of slots, a free list, and the sessions holding them."""
 
@@ -125,7 +132,7 @@ class SlotPool:
         self.sessions: dict[int, Session] = {}
         self._to_reset: set[int] = set()  # opened since the last tick: the model must reset these rows
         self._closed: list[Session] = []  # closed since the last tick (their final counters)
-        self._reserved: dict[object, float] = {}  # reservation ticket -> when it lapses (on the clock)
+        self._reserved: dict[Reservation, float] = {}  # reservation ticket -> when it lapses (on the clock)
 
     @property
     def occupancy(self) -> float:
@@ -147,17 +154,17 @@ class SlotPool:
                 del self._reserved[ticket]
         return len(self._reserved)
 
-    def reserve(self, ttl_s: float) -> object:
+    def reserve(self, ttl_s: float) -> Reservation:
         """Promise a slot for `ttl_s` seconds: a ticket that `open` redeems, or EngineFull. Admission decides
         once, when a caller is accepted; the session that follows within the ticket's life gets its slot."""
         with self._lock:
             if len(self._free) - self._held(self.clock()) <= 0:
                 raise EngineFull(self._full())
-            ticket = object()
+            ticket = Reservation()
             self._reserved[ticket] = self.clock() + ttl_s
             return ticket
 
-    def release(self, ticket: object) -> None:
+    def release(self, ticket: Reservation) -> None:
         """Give an unredeemed reservation back (the caller never came)."""
         with self._lock:
             self._reserved.pop(ticket, None)
@@ -165,7 +172,7 @@ class SlotPool:
     def _full(self) -> str:
         return f"all {self.num_slots} slots are in use; route the caller to another worker or retry later"
 
-    def open(self, make: Callable[[str, int], Session], ticket: object | None = None) -> Session:
+    def open(self, make: Callable[[str, int], Session], ticket: Reservation | None = None) -> Session:
         """A slot for a new session: the one `ticket` reserved, or a free slot no reservation holds."""
         with self._lock:
             redeemed = ticket is not None and self._reserved.pop(ticket, None) is not None
