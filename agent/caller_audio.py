@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 from livekit import rtc
-from livekit.agents.utils.audio import AudioByteStream
 
 
 class InputConverter:
@@ -18,9 +17,10 @@ class InputConverter:
 
     def __init__(self, rate: int, frame: int) -> None:
         self.rate = rate
+        self.frame = frame
         self._rate: int | None = None
         self._resampler: rtc.AudioResampler | None = None
-        self._chunks = AudioByteStream(rate, 1, samples_per_channel=frame)
+        self._pending = np.zeros(0, np.int16)  # samples at `rate` not yet a whole frame
 
     def push(self, frame: rtc.AudioFrame) -> list[np.ndarray]:
         n, ch, rate = frame.samples_per_channel, frame.num_channels, frame.sample_rate
@@ -42,10 +42,20 @@ class InputConverter:
                     rate, self.rate, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
                 )
             )
-        mono = rtc.AudioFrame(pcm.tobytes(), rate, 1, n)
-        frames.extend(self._resampler.push(mono) if self._resampler is not None else [mono])
-        out = []
-        for f in frames:
-            for chunk in self._chunks.push(f.data):
-                out.append(np.frombuffer(chunk.data, dtype=np.int16).copy())
+        out: list[np.ndarray] = []
+        for f in frames:  # what the resampler held of the previous rate
+            out += self._cut(np.frombuffer(f.data, dtype=np.int16)[: f.samples_per_channel])
+        if self._resampler is None:  # at the engine's rate already (the room's stream is made so)
+            return out + self._cut(pcm)
+        for f in self._resampler.push(rtc.AudioFrame(pcm.tobytes(), rate, 1, n)):
+            out += self._cut(np.frombuffer(f.data, dtype=np.int16)[: f.samples_per_channel])
         return out
+
+    def _cut(self, pcm: np.ndarray) -> list[np.ndarray]:
+        """`pcm` (at `rate`) after what is pending, as whole frames; the rest waits for the next push."""
+        if not self._pending.size and pcm.size == self.frame:
+            return [pcm.copy()]  # one whole frame, the usual case: no joining, no cutting
+        joined = np.concatenate([self._pending, pcm])
+        whole = joined.size // self.frame * self.frame
+        self._pending = joined[whole:].copy()
+        return [joined[i : i + self.frame].copy() for i in range(0, whole, self.frame)]
