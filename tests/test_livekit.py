@@ -110,6 +110,9 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         )
 
 
+SLOW_DB_S = 1.5  # how long the booking waits for the database in the scripted tool call
+
+
 def booking_rows(store_dir: Path) -> list[tuple]:
     with sqlite3.connect(store_dir / "hotel.sqlite3") as db:
         return db.execute("SELECT guest_name, check_in, status FROM reservations").fetchall()
@@ -138,10 +141,23 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
         loop = asyncio.get_running_loop()
         speaking = asyncio.ensure_future(caller.speak(speech, seconds=12.0))
         end = loop.time() + 14
+        # once the call pauses, another writer holds the hotel's database for SLOW_DB_S, so the booking waits
+        # as it would on a busy database and the caller has something to hear the clip over (a tool that
+        # answers within the clip's own start is rightly not covered by one)
+        holder: sqlite3.Connection | None = None
+        held_at: float | None = None
         while loop.time() < end and not speaking.done():
             s = sessions_by_label(worker.snapshot()).get(room)
             if s:
                 phases.append(s["phase"])
+                if holder is None and s["phase"] != "live":
+                    holder = sqlite3.connect(store_dir / "hotel.sqlite3", isolation_level=None)
+                    holder.execute("BEGIN IMMEDIATE")
+                    held_at = loop.time()
+            if held_at is not None and loop.time() - held_at > SLOW_DB_S:
+                holder.execute("ROLLBACK")
+                holder.close()
+                held_at = None
             await asyncio.sleep(0.1)
         await speaking
         await caller.leave()
