@@ -42,14 +42,10 @@ class InputConverter:
                     rate, self.rate, num_channels=1, quality=rtc.AudioResamplerQuality.MEDIUM
                 )
             )
-        out: list[np.ndarray] = []
-        for f in frames:  # what the resampler held of the previous rate
-            out += self._cut(np.frombuffer(f.data, dtype=np.int16)[: f.samples_per_channel])
-        if self._resampler is None:  # at the engine's rate already (the room's stream is made so)
-            return out + self._cut(pcm)
-        for f in self._resampler.push(rtc.AudioFrame(pcm.tobytes(), rate, 1, n)):
-            out += self._cut(np.frombuffer(f.data, dtype=np.int16)[: f.samples_per_channel])
-        return out
+        if self._resampler is not None:
+            frames.extend(self._resampler.push(rtc.AudioFrame(pcm.tobytes(), rate, 1, n)))
+        out = [c for f in frames for c in self._cut(_samples(f))]  # what the resampler held first
+        return out if self._resampler is not None else out + self._cut(pcm)  # at the engine's rate already
 
     def _cut(self, pcm: np.ndarray) -> list[np.ndarray]:
         """`pcm` (at `rate`) after what is pending, as whole frames; the rest waits for the next push."""
@@ -59,3 +55,7 @@ class InputConverter:
         whole = joined.size // self.frame * self.frame
         self._pending = joined[whole:].copy()
         return [joined[i : i + self.frame].copy() for i in range(0, whole, self.frame)]
+
+
+def _samples(frame: rtc.AudioFrame) -> np.ndarray:
+    return np.frombuffer(frame.data, dtype=np.int16)[: frame.samples_per_channel]

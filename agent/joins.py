@@ -20,7 +20,6 @@ class JoinGate:
     event loops. `waited` counts the joins that had to wait their turn."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
         self._sem = threading.BoundedSemaphore(limit) if limit > 0 else None
         self.waited = 0
 

@@ -55,7 +55,3 @@ class TickPriority:
         if self.relaxed:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.priority))
             self.relaxed = False
-
-    def policy(self) -> int:
-        """The calling thread's policy now (os.SCHED_FIFO, os.SCHED_OTHER, ...)."""
-        return os.sched_getscheduler(0)
