@@ -2,7 +2,9 @@
 tool calls run by the framework against a real SQLite hotel, acknowledgement clips, barge-in, bad input.
 
 Dummy weights decide nothing, so turns and tool calls are made by teacher forcing: the text channel is forced
-with start-of-turn ... end-of-turn, the function channel with the real token sequence of a tool call.
+with start-of-turn ... end-of-turn, the function channel with the real token sequence of a tool call, and both
+are held at padding in between (which turns the weights would start depends on when each caller frame was
+heard, and a loaded machine changes that).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             inp.push(loud(1.0) // 4)
             await await_until(lambda: call.duplex.stats["frames_out"] >= 5, "the session to go live")
             ids = turn(engine, " Good evening, how can I help you today?")
@@ -144,6 +147,7 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             tok = engine.tokens
             handle.force_text(turn(engine, " Let me book that room for you right", end=False))
@@ -251,6 +255,7 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
                 engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             inp.push(loud(30.0))  # the caller keeps talking over the whole turn
             ids = turn(engine, " The pool is open from seven in the morning until")
@@ -379,6 +384,7 @@ def test_caller_leaves_during_a_tool_call(engine, hotel, tmp_path):
                 engine, HotelAgent(slow), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
             )
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             args = {"check_in": TODAY.isoformat(), "nights": 2, "guests": 2}
             handle.force_function(engine.tokens.call_ids([{"name": "check_availability", "arguments": args}]))
@@ -485,6 +491,7 @@ def test_a_long_call_keeps_a_bounded_history_and_its_tools_still_answer_once(
         with fake_job_context():
             call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE))
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             sizes = []
             guests = [("Ada Lovelace", "2030-03-12"), ("Grace Hopper", "2030-04-12")]
@@ -527,6 +534,7 @@ def test_a_call_ended_on_the_agents_side_plays_its_last_words(engine, hotel, tmp
             sink = WavSink(tmp_path / "out.wav", rate)
             call = await start_call(engine, HotelAgent(hotel), sink=sink)
             handle = await call.wait_open()
+            handle.pad_between(True)  # no turn or call of the dummy weights' own
             await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
             handle.force_text(turn(engine, " Thank you for calling, goodbye now."))
             await await_until(
