@@ -139,26 +139,26 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
         await asyncio.wait_for(caller.first_audio.wait(), 30)
         phases: list[str] = []
         loop = asyncio.get_running_loop()
+        # another writer holds the hotel's database from before the call until SLOW_DB_S after the call was
+        # seen to pause, so the booking waits as it would on a busy database and the caller has something to
+        # hear the clip over (a tool that answers within the clip's own start is rightly not covered by one)
+        holder = sqlite3.connect(store_dir / "hotel.sqlite3", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        paused_at: float | None = None
         speaking = asyncio.ensure_future(caller.speak(speech, seconds=12.0))
         end = loop.time() + 14
-        # once the call pauses, another writer holds the hotel's database for SLOW_DB_S, so the booking waits
-        # as it would on a busy database and the caller has something to hear the clip over (a tool that
-        # answers within the clip's own start is rightly not covered by one)
-        holder: sqlite3.Connection | None = None
-        held_at: float | None = None
-        while loop.time() < end and not speaking.done():
-            s = sessions_by_label(worker.snapshot()).get(room)
-            if s:
-                phases.append(s["phase"])
-                if holder is None and s["phase"] != "live":
-                    holder = sqlite3.connect(store_dir / "hotel.sqlite3", isolation_level=None)
-                    holder.execute("BEGIN IMMEDIATE")
-                    held_at = loop.time()
-            if held_at is not None and loop.time() - held_at > SLOW_DB_S:
-                holder.execute("ROLLBACK")
-                holder.close()
-                held_at = None
-            await asyncio.sleep(0.1)
+        try:
+            while loop.time() < end and not speaking.done():
+                s = sessions_by_label(worker.snapshot()).get(room)
+                if s:
+                    phases.append(s["phase"])
+                    if paused_at is None and s["phase"] != "live":
+                        paused_at = loop.time()
+                if paused_at is not None and holder.in_transaction and loop.time() - paused_at > SLOW_DB_S:
+                    holder.execute("ROLLBACK")
+                await asyncio.sleep(0.1)
+        finally:
+            holder.close()  # whatever happened, the database is free again
         await speaking
         await caller.leave()
         return caller, phases
