@@ -3,20 +3,22 @@ callers.
 
 `python -m benchmarks.room_cost --rooms 1 4 8 16 --seconds 20` starts, for each N, a worker as a user does
 (`python -m agent start`, tiny preset, N slots, teacher forcing so the agents speak; `--processes`: each room
-in a process of its own), measures it idle for
-`--seconds` (the live step with no room), then runs the load tester with N rooms and measures a steady window
-of `--seconds` once every room is in its call. CPU comes from /proc: per process of the worker's tree (the
-worker, its forkserver, each room's process) and per thread, split into Python threads (those that carry the
-process's own name: CPython does not name its threads for the OS) and native ones (the rtc SDK's tokio,
-audio and network threads, which name themselves). The engine's process (`engine.serve`) is counted apart;
-its busiest Python thread is the tick. A room's cost is what the tree spends with N rooms beyond what it
-spends idle, over N; its Python share the same for the Python threads outside the engine's process.
-The live step's p50 and p99 over each window come from the engine's Prometheus histogram
-(`chorus_live_step_seconds`, interpolated within its buckets) and its mean from the histogram's sum.
+in a process of its own), measures it idle for `--seconds` (the live step with no room), then serving N
+sessions with no room behind them (benchmarks/support/headless.py: the engine's own socket and shared memory,
+fed and teacher-forced as the rooms are; what the rooms add to the step is measured against this), then runs
+the load tester with N rooms and measures a steady window of `--seconds` once every room is in its call. CPU
+comes from /proc: per process of the worker's tree (the worker, its forkserver, each room's process) and per
+thread, split into Python threads (those that carry the process's own name: CPython does not name its threads
+for the OS) and native ones (the rtc SDK's tokio, audio and network threads, which name themselves). The
+engine's process (`engine.serve`) is counted apart; its busiest Python thread is the tick. A room's cost is
+what the tree spends with N rooms beyond what it spends idle, over N; its Python share the same for the Python
+threads outside the engine's process. The live step's p50 and p99 over each window come from the engine's
+Prometheus histogram (`chorus_live_step_seconds`, interpolated within its buckets) and its mean from the
+histogram's sum.
 
-Per N it prints the worker tree's cores, each room's cores in total and in Python, the live step idle and
-with rooms, memory per room process, and the rooms per core this implies. Needs scripts/livekit.sh's server
-and load tester (as benchmarks/livekit_load.py). The last line is one JSON object.
+Per N it prints the worker tree's cores, each room's cores in total and in Python, the live step idle, with N
+sessions and no rooms, and with the rooms, memory per room process, and the rooms per core this implies. Needs
+scripts/livekit.sh's server and load tester (as benchmarks/livekit_load.py). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.support.headless import HeadlessSessions, engine_address
 from benchmarks.support.machine import TICKS_PER_S, cmdline, tree
 from benchmarks.support.server import load_tester, server_from_env
 from benchmarks.support.worker import Worker, seeded
@@ -142,12 +145,31 @@ def split(cpu: dict, engine_pid: int | None) -> dict:
     }
 
 
+def available(worker: Worker) -> bool:
+    """No session on the engine, and the worker's last word to LiveKit on its capacity was that it has room
+    (a worker the headless sessions filled said it was full, and a room dispatched before it says otherwise
+    waits for another worker)."""
+    log = worker.log.read_text(errors="replace")
+    full, free = log.rfind("marking as unavailable"), log.rfind("marking as available")
+    return not worker.snapshot()["sessions"] and full < free
+
+
 def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
     server = server_from_env(PROG)
     seeded(tmp)
     with Worker(server, tmp, slots=rooms, **env) as worker:
         time.sleep(3.0)  # the rooms' processes warm
         idle_cpu, idle_live = measure(worker, seconds)
+        engine_pid = next((p for p in tree(worker.proc.pid)[1:] if "engine.serve" in cmdline(p)), None)
+        if engine_pid is None:
+            raise SystemExit(f"{PROG}: the worker runs no engine process")
+        # the same engine serving as many sessions with no room behind them: what the rooms add to its step
+        with HeadlessSessions(engine_address(engine_pid), rooms):
+            time.sleep(min(10.0, seconds / 2))  # past the prompts' prefill and the greetings' start
+            alone_cpu, alone_live = measure(worker, seconds)
+        deadline = time.monotonic() + 30
+        while not available(worker) and time.monotonic() < deadline:  # their slots free, and LiveKit told
+            time.sleep(0.2)
         cmd = [
             load_tester(PROG),
             *("--rooms", str(rooms), "--agent-name", worker.agent_name, "--echo-speech-delay", "2s"),
@@ -171,7 +193,6 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
             snap = worker.snapshot()
             main_pid = worker.proc.pid
             kids = tree(main_pid)[1:]
-            engine_pid = next((p for p in kids if "engine.serve" in cmdline(p)), None)
             servers = [p for p in kids if "forkserver" in cmdline(p)]
             # the rooms' processes are the forkserver's children (their command line is the forkserver's)
             room_pids = [p for f in servers[:1] for p in tree(f)[1:]]
@@ -181,6 +202,7 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
             tester.kill()
             tester.wait(10)
     idle, busy = split(idle_cpu, engine_pid), split(busy_cpu, engine_pid)
+    alone = split(alone_cpu, engine_pid)
     per_room = (busy["worker_tree"] - idle["worker_tree"]) / max(joined, 1)
     per_room_python = (busy["rooms_python"] - idle["rooms_python"]) / max(joined, 1)
     return {
@@ -189,8 +211,15 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
         "seconds": seconds,
         "idle": idle,
         "busy": busy,
+        "sessions_no_rooms": {"engine_process": alone["engine_process"], "tick_thread": alone["tick_thread"]},
         "live_idle_ms": idle_live,
+        "live_sessions_ms": alone_live,
         "live_rooms_ms": busy_live,
+        # the live step with the rooms over the same engine serving as many sessions with no room (p50, p99)
+        "rooms_over_sessions": [
+            round(busy_live[q] / alone_live[q], 3) if busy_live[q] and alone_live[q] else None
+            for q in ("p50", "p99")
+        ],
         "per_room_cores": round(per_room, 4),
         "per_room_python_cores": round(per_room_python, 4),
         "rooms_per_core": round(1 / per_room, 1) if per_room > 0 else None,
@@ -220,13 +249,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="chorus-room-cost-") as tmp:
             r = run(n, args.seconds, Path(tmp), env)
         results.append(r)
-        b, li, lr = r["busy"], r["live_idle_ms"], r["live_rooms_ms"]
+        b, li, ls, lr = r["busy"], r["live_idle_ms"], r["live_sessions_ms"], r["live_rooms_ms"]
         print(
             f"{n:3d} rooms ({r['joined']} joined): worker tree {b['worker_tree']:.2f} cores (engine's tick "
             f"{b['tick_thread']:.2f}, rooms' Python {b['rooms_python']:.2f}, "
             f"rooms' native {b['rooms_native']:.2f}); "
             f"per room {r['per_room_cores']:.3f} cores, {r['per_room_python_cores']:.3f} in Python; "
-            f"live step p50/p99 {li['p50']}/{li['p99']} ms idle, {lr['p50']}/{lr['p99']} ms with rooms; "
+            f"live step p50/p99 {li['p50']}/{li['p99']} ms idle, "
+            f"{ls['p50']}/{ls['p99']} ms with {n} sessions and no rooms, "
+            f"{lr['p50']}/{lr['p99']} ms with the rooms; "
             f"room process RSS {r['room_process_rss_mb']['median']} MB; missed {r['missed_deadlines']}",
             flush=True,
         )
