@@ -105,13 +105,16 @@ class WavSink(_OwnOutput):
 class RoomSink(_OwnOutput):
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
-    prefill, a pause between turns) it carries 100 ms frames of silence, as a phone line carries its hiss,
+    prefill, a pause between turns) it carries 400 ms frames of silence, as a phone line carries its hiss,
     so a caller's jitter buffer never runs dry and restarts. Speech never waits behind that silence: the
     first frame written after it drops what is still queued of it. (Each capture is a request to the rtc
-    runtime and a callback back, on the room's loop: ten a second while idle, not twenty-five.)"""
+    runtime and a callback back, on the room's loop: two and a half a second while idle.) The source's
+    queue holds QUEUE_MS, so a capture made with at most half a filler frame queued is taken at once and
+    never holds up the speech behind it."""
 
     IDLE_FILL_S = 0.06
-    FILL_FRAME_S = 0.1
+    FILL_FRAME_S = 0.4
+    QUEUE_MS = 1000  # above a filler frame and a half: the runtime takes such a capture at once
     # a capture the rtc runtime has not taken this long after it was due is given up (and counted), so a
     # stalled runtime costs the call that audio, never the rest of its turns
     CAPTURE_WAIT_S = 2.0
@@ -119,7 +122,7 @@ class RoomSink(_OwnOutput):
 
     def __init__(self, sample_rate: int = ROOM_RATE) -> None:
         self.sample_rate = sample_rate
-        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=200)
+        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=self.QUEUE_MS)
         self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
         self._spoken = 0.0  # when the last audio written (not filled) has played
         self._filler: asyncio.Task | None = None
