@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.call import read_wav
-from agent.forcing import GREETING, REPLIES, REPLY_EVERY_S
+from agent.forcing import GREETING, REPLIES, REPLY_EVERY_S, Forcing
 from engine.api import AudioFrame
 from engine.remote import RemoteEngine
 from prompts import PROMPTS_DIR, load_prompt
@@ -66,9 +66,7 @@ class HeadlessSessions:
             engine.open_session(prompt, tool_specs(), label=f"headless-{i}", caller="web")
             for i in range(self.n)
         ]
-        for h in handles:
-            h.pad_between(True)
-        self._tok = engine.tokens
+        self._scripts = [Forcing(h, engine.tokens, None) for h in handles]  # padding between its turns
         self._clock = engine.model_cfg.clock
         deadline = time.monotonic() + LIVE_WAIT_S
         for h in handles:  # live: its first frame out
@@ -84,9 +82,6 @@ class HeadlessSessions:
             out.append(h.outputs.get_nowait())
         self.frames_out += sum(isinstance(o, AudioFrame) for o in out)
         return out
-
-    def _say(self, h, words: str) -> None:
-        h.force_text([self._tok.bos, *self._tok.encode(words), self._tok.eos])
 
     async def _run(self, handles: list) -> None:
         pcm, rate = read_wav(PROMPTS_DIR / "callers" / "caller_booking.wav")
@@ -110,7 +105,7 @@ class HeadlessSessions:
                     h.push_audio(frames[(k + i) % len(frames)])
                     self._take(h)
                     if now >= due[i]:
-                        self._say(h, REPLIES[(said[i] - 1) % len(REPLIES)] if said[i] else GREETING)
+                        self._scripts[i].say(REPLIES[(said[i] - 1) % len(REPLIES)] if said[i] else GREETING)
                         said[i] += 1
                         due[i] = now + REPLY_EVERY_S
                 k += 1
