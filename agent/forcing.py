@@ -74,12 +74,14 @@ class Script:
     `calls` (each a dict with `at_s`, seconds after the greeting, `name`, `arguments`, and `then`, the words
     said once the tool's result is in, AFTER_TOOL when not given). A call the hotel placed
     (`python -m agent sip call`, metadata `{"direction": "outbound", "reason": ...}`) is greeted with
-    CALLING and the reason."""
+    CALLING and the reason. `reconnect_at_s`: a fault to inject, the agent's own room connection rebuilt (the
+    rtc SDK's full reconnect, as after a network loss) that many seconds after the call opened."""
 
     greet: bool = True
     greeting: str = GREETING
     reply_every_s: float = REPLY_EVERY_S
     calls: list[dict] = field(default_factory=list)
+    reconnect_at_s: float | None = None
 
     @classmethod
     def from_metadata(cls, metadata: str | None) -> Script:
@@ -107,6 +109,7 @@ class Script:
                 greeting=_words(raw.get("greeting", greeting)),
                 reply_every_s=float(raw.get("reply_every_s", REPLY_EVERY_S)),
                 calls=sorted(calls, key=lambda c: c["at_s"]),
+                reconnect_at_s=None if raw.get("reconnect_at_s") is None else float(raw["reconnect_at_s"]),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             log.warning(

@@ -27,6 +27,7 @@ from agent.call import start_call
 from agent.drain import goodbye_on_drain
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
+from agent.presence import CallerPresence
 from agent.settings import AgentSettings
 from agent.sinks import ConsoleSink, RoomSink
 from engine.collector import freeze_long_lived
@@ -44,6 +45,7 @@ CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, in
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 REDISPATCH_KEY = "chorus_redispatched"  # in a job's metadata: how often its room's agent was dispatched again
 REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
+REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
 
 _lock = threading.Lock()
 _hotel: Any = None
@@ -141,7 +143,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     kind = "sip" if caller.kind == rtc.ParticipantKind.PARTICIPANT_KIND_SIP else "standard"
     kind = "console" if console else kind
     log.info("job %s: %s caller joined", ctx.job.id, kind)
-    left = _left_event(ctx, caller)
+    presence = CallerPresence(ctx.room, caller.identity, job=ctx.job.id)
+    left = presence.left
     hotel = await asyncio.to_thread(shared_hotel)
     agent, line = concierge_for(
         settings,
@@ -167,18 +170,19 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
         )
     opened = True
-    call.session.on("close", lambda _ev: left.set())
+    call.session.on("close", lambda _ev: presence.end("the session closed"))
     if line is not None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
-    _run_alongside(ctx, call, engine, line, settings, left)
+    _run_alongside(ctx, call, engine, line, settings, presence)
     try:
         done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
         await _first(*done)
     finally:
         await call.aclose()
-        log.info("job %s: call ended (%s)", ctx.job.id, call_figures(call, line))
+        why = presence.reason or "the agent ended it"
+        log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
     )
@@ -224,47 +228,52 @@ async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
         return None
 
 
-def _left_event(ctx: JobContext, caller: rtc.RemoteParticipant) -> asyncio.Event:
-    """Set when the caller leaves the room or the room is gone."""
-    left = asyncio.Event()
-
-    def on_left(p: rtc.RemoteParticipant) -> None:
-        if p.identity == caller.identity:
-            left.set()
-
-    ctx.room.on("participant_disconnected", on_left)
-    ctx.room.on("disconnected", lambda *_: left.set())
-    return left
-
-
-def _run_alongside(ctx: JobContext, call, engine, line, settings: AgentSettings, left: asyncio.Event) -> None:
+def _run_alongside(
+    ctx: JobContext, call, engine, line, settings: AgentSettings, presence: CallerPresence
+) -> None:
     """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
-    a draining worker speaks, and the shutdown callbacks that stop them and end the wait on `left`."""
+    a draining worker speaks, and the shutdown callbacks that stop them and end the call (`presence`)."""
     script: asyncio.Task | None = None
+    fault: asyncio.Task | None = None
     if settings.teacher_forcing:
         from agent.forcing import Script, run_script
 
-        script = asyncio.create_task(run_script(call, engine, Script.from_metadata(ctx.job.metadata)))
+        lines = Script.from_metadata(ctx.job.metadata)
+        script = asyncio.create_task(run_script(call, engine, lines))
+        if lines.reconnect_at_s is not None:
+            fault = asyncio.create_task(_reconnect_at(ctx, lines.reconnect_at_s))
 
     async def hang_up() -> None:
         if line is not None:
             await line.act("end")  # the phone call ends (the SIP bridge sends BYE); a failure is logged
-        left.set()
+        presence.end("the worker drained and said goodbye")
 
     goodbye = asyncio.create_task(
         goodbye_on_drain(call, engine, hang_up, before=script.cancel if script else None)
     )
 
     async def stop_tasks(_reason: str = "") -> None:
-        for task in (script, goodbye):
+        for task in (script, goodbye, fault):
             if task is not None:
                 task.cancel()
 
-    async def on_shutdown(_reason: str = "") -> None:
-        left.set()
+    async def on_shutdown(reason: str = "") -> None:
+        presence.end(f"the job was shut down ({reason or 'no reason given'})")
 
     ctx.add_shutdown_callback(stop_tasks)
     ctx.add_shutdown_callback(on_shutdown)
+
+
+async def _reconnect_at(ctx: JobContext, after_s: float) -> None:
+    """A scripted fault (dummy weights only): the room's connection rebuilt by the rtc SDK's full reconnect
+    `after_s` into the call, as the SDK does by itself after a network loss. Every remote participant leaves
+    and joins again on the agent's side while it happens."""
+    await asyncio.sleep(after_s)
+    log.info("job %s: scripted fault: the room's connection is rebuilt (a full reconnect)", ctx.job.id)
+    try:
+        await ctx.room.simulate_scenario(rtc.SimulateScenarioKind.SIMULATE_FULL_RECONNECT)
+    except RuntimeError as e:
+        log.warning("job %s: the scripted reconnect failed (%s)", ctx.job.id, e)
 
 
 async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
@@ -288,9 +297,14 @@ async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
     room = ctx.job.room.name
     try:
         async with LiveKit(settings) as lk:
-            people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room))
-            callers = [p for p in people.participants if p.kind in CALLER_KINDS]
-            if not callers:
+            for look in range(REDISPATCH_LOOKS):  # a caller dropped with the agent may be rejoining
+                if look:
+                    await asyncio.sleep(REDISPATCH_LOOK_S)
+                people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room))
+                if any(p.kind in CALLER_KINDS for p in people.participants):
+                    break
+            else:
+                log.info("job %s: the room's connection was lost and no caller is left in it", ctx.job.id)
                 return False
             meta[REDISPATCH_KEY] = count + 1
             await lk.call(
@@ -311,7 +325,7 @@ async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
     return True
 
 
-def call_figures(call, line: PhoneLine | None = None) -> str:
+def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence | None = None) -> str:
     """A finished call's counters for the log: frames, turns, barge-ins, what played, what the engine's rings
     lost, a phone caller's keypad presses (no words, no digits, no numbers of the caller's)."""
     d = call.duplex.stats if call.duplex is not None else {}
@@ -327,6 +341,8 @@ def call_figures(call, line: PhoneLine | None = None) -> str:
         parts.append(f"capture_stalls {stalls}")
     if call.transcript is not None:
         parts += [f"text_{k} {v}" for k, v in call.transcript.stats.items()]
+    if presence is not None:
+        parts += [f"caller_lost {presence.lost}", f"caller_rejoins {presence.rejoins}"]
     if line is not None:
         parts.append(f"dtmf {line.dtmf}")
     return ", ".join(parts)

@@ -273,6 +273,74 @@ def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_d
     assert "thank you for calling" in words
 
 
+def test_a_caller_who_rejoins_keeps_their_call(server, store_dir):
+    """A caller's new connection (a reloaded page, or the SDK's full reconnect after their network dropped)
+    replaces their old one, which the server closes (DUPLICATE_IDENTITY). The agent holds the call for them
+    (agent/presence.py) instead of ending it: on the new connection the caller hears the same agent's voice
+    and words again."""
+
+    async def call(worker: Worker) -> tuple[Caller, Caller]:
+        # (an identity that is no word of the log's: the log shows a caller's identity as a label)
+        first = Caller(server, room_name(), worker.agent_name, identity=f"guest-{uuid.uuid4().hex[:6]}")
+        await first.join()
+        await asyncio.wait_for(first.first_speech.wait(), 60)
+        again = Caller(server, first.room_name, worker.agent_name, identity=first.identity)
+        await again.join()
+        await await_until(
+            lambda: again.heard.transcripts and again.first_speech.is_set(),
+            "the agent's voice and words on the new connection",
+            60,
+            every=POLL_S,
+            seen=again.heard.summary,
+        )
+        await again.leave()
+        await first.leave()
+        return first, again
+
+    with Worker(server, store_dir, slots=2) as worker:
+        first, again = asyncio.run(call(worker))
+        wait_until(lambda: "call ended" in worker.log.read_text(), "the call's end", 10.0, every=POLL_S)
+        (ended,) = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
+    assert again.heard.agents == first.heard.agents, (first.heard.agents, again.heard.agents)  # one agent
+    assert again.heard.sources == first.heard.agents
+    assert "caller_lost 1, caller_rejoins 1" in ended, ended
+    assert "the caller left (CLIENT_INITIATED)" in ended, ended
+
+
+def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir):
+    """The agent's room connection is rebuilt mid-call (the rtc SDK's full reconnect, which it makes by itself
+    after a network loss; forced here by the job's script). While it happens every remote participant leaves
+    and joins again on the agent's side, the caller too: the call waits for them (agent/presence.py) and goes
+    on, and the caller hears the agent's voice and words after it."""
+    meta = json.dumps({"script": {"reconnect_at_s": 3}})
+
+    async def call(worker: Worker) -> tuple[Caller, int, int]:
+        identity = f"guest-{uuid.uuid4().hex[:6]}"
+        caller = Caller(server, room_name(), worker.agent_name, identity=identity, metadata=meta)
+        await caller.join()
+        await asyncio.wait_for(caller.first_speech.wait(), 60)
+        await await_until(
+            lambda: "scripted fault" in worker.log.read_text(), "the agent's reconnect", 30, every=POLL_S
+        )
+        words, audible = len(caller.heard.transcripts), caller.heard.audible_samples
+        await await_until(
+            lambda: len(caller.heard.transcripts) > words and caller.heard.audible_samples > audible + RATE,
+            "the agent's words and a second of its voice after its reconnect",
+            60,
+            every=POLL_S,
+            seen=caller.heard.summary,
+        )
+        await caller.leave()
+        return caller, words, audible
+
+    with Worker(server, store_dir, slots=2) as worker:
+        caller, words, audible = asyncio.run(call(worker))
+        wait_until(lambda: "call ended" in worker.log.read_text(), "the call's end", 10.0, every=POLL_S)
+        (ended,) = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
+    assert len(caller.heard.agents) == 1, caller.heard.agents  # the same agent, not a new dispatch
+    assert "caller_rejoins 1" in ended and "the caller left (CLIENT_INITIATED)" in ended, ended
+
+
 @pytest.mark.parametrize("n", [CALLERS_AT_ONCE])
 def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir, n):
     """n jobs in one process on one engine. On a 2-core machine that also runs the server and the callers'

@@ -142,7 +142,10 @@ def test_an_outbound_call_no_bridge_can_place_is_one_line_and_leaves_no_room(ser
         assert len(lines) == 1 and lines[0].startswith("sip call: "), out.stderr  # no traceback
         assert "+15550199" not in out.stderr + out.stdout  # the guest's number is personal data
         rooms_after = lk(server, lambda lk, api: lk.room.list_rooms(api.ListRoomsRequest()))
-        assert {r.name for r in rooms_after.rooms} == {r.name for r in rooms_before.rooms}
+        # no room was left behind (rooms of earlier tests may close meanwhile: an empty room outlives its
+        # last participant by the server's departure timeout)
+        new_rooms = {r.name for r in rooms_after.rooms} - {r.name for r in rooms_before.rooms}
+        assert not new_rooms, new_rooms
         print("real server, no SIP bridge:", lines[0])
     finally:
         lk(server, lambda lk, api: lk.sip.delete_trunk(api.DeleteSIPTrunkRequest(sip_trunk_id=trunk_id)))

@@ -53,6 +53,8 @@ class Heard:
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
     tracks: int = 0  # audio tracks subscribed
+    agents_left: list[str] = field(default_factory=list)  # why each agent that left did (a DisconnectReason)
+    connection: list[str] = field(default_factory=list)  # the caller's own: reconnecting, reconnected, ...
 
     def summary(self) -> dict:
         """What a failed wait shows of one caller's reception: tracks, frames, their loudest sample, words."""
@@ -65,6 +67,8 @@ class Heard:
             "audible_s": round(self.audible_s(), 2),
             "longest_gap_s": round(self.longest_gap(), 2),
             "words": [t for _, t, _ in self.transcripts],
+            "agents_left": self.agents_left,
+            "connection": self.connection,
         }
 
     def audio(self) -> np.ndarray:
@@ -139,7 +143,19 @@ class Caller:
 
             self._tasks.append(asyncio.ensure_future(consume()))
 
+        def on_participant_left(p: rtc.RemoteParticipant) -> None:
+            if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
+                self.heard.agents_left.append(rtc.DisconnectReason.Name(p.disconnect_reason or 0))
+
+        def on_connection(state: str):
+            return lambda *args: self.heard.connection.append(
+                " ".join([state, *(rtc.DisconnectReason.Name(a) for a in args if isinstance(a, int))])
+            )
+
         self.room.on("participant_connected", on_participant)
+        self.room.on("participant_disconnected", on_participant_left)
+        for state in ("reconnecting", "reconnected", "disconnected"):
+            self.room.on(state, on_connection(state))
         self.room.on("track_subscribed", on_track)
         self.room.register_text_stream_handler("lk.transcription", on_text)
         await self.room.connect(self.server.url, self.jwt)
