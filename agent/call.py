@@ -245,7 +245,7 @@ async def _start_in_room(
     # monitoring page, and on a loaded worker those sends queued behind the room's audio
     await session.start(agent=call.agent, room=room, room_options=opts, record=False, session_host=False)
     if not sink.on_session_output:
-        call.transcript = RoomTranscript(room, sink.track_sid)
+        call.transcript = RoomTranscript(room, lambda: sink.track_sid)
         session.output.transcription = call.transcript
     elif session.output.audio is not None:
         # the console put its speaker on the session (none in its text mode): the playout goes in front;

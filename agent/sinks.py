@@ -149,7 +149,13 @@ class RoomSink(_OwnOutput):
                     raise
                 log.warning("the agent's track was not published (%s); trying again", e)
         self.track_sid = publication.sid
+        room.on("local_track_republished", self._republished)
         self._filler = asyncio.create_task(self._fill())
+
+    def _republished(self, publication: rtc.LocalTrackPublication, previous_sid: str) -> None:
+        """The rtc SDK's full reconnect published the track again, under a new id."""
+        if previous_sid == self.track_sid:
+            self.track_sid = publication.sid
 
     async def _capture(self, samples: np.ndarray, *, silence: bool = False) -> None:
         async with self._one_at_a_time:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from livekit import rtc
@@ -45,10 +46,17 @@ class _Turn:
 
 
 class RoomTranscript(io.TextOutput):
-    """The agent's transcription on the room (see the module docstring). `track_sid`: the agent's audio track,
-    named on every stream so a client can pair the words with the voice."""
+    """The agent's transcription on the room (see the module docstring). `track_sid`: the agent's audio track
+    (or a function that gives its id as it is now: a full reconnect publishes it again under a new one), named
+    on every stream so a client can pair the words with the voice."""
 
-    def __init__(self, room: rtc.Room, track_sid: str | None = None, *, wait_s: float = WAIT_S) -> None:
+    def __init__(
+        self,
+        room: rtc.Room,
+        track_sid: str | Callable[[], str | None] | None = None,
+        *,
+        wait_s: float = WAIT_S,
+    ) -> None:
         super().__init__(label="chorus-transcript", next_in_chain=None)
         self._room, self._track_sid, self._wait_s = room, track_sid, wait_s
         self._turns: deque[_Turn] = deque()
@@ -107,8 +115,9 @@ class RoomTranscript(io.TextOutput):
 
     def _attrs(self, *, final: bool) -> dict[str, str]:
         attrs = {FINAL: "true" if final else "false"}
-        if self._track_sid:
-            attrs[TRACK_ID] = self._track_sid
+        sid = self._track_sid() if callable(self._track_sid) else self._track_sid
+        if sid:
+            attrs[TRACK_ID] = sid
         return attrs
 
     async def _write_turns(self) -> None:

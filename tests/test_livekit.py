@@ -339,6 +339,9 @@ def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir)
         (ended,) = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
     assert len(caller.heard.agents) == 1, caller.heard.agents  # the same agent, not a new dispatch
     assert "caller_rejoins 1" in ended and "the caller left (CLIENT_INITIATED)" in ended, ended
+    # the words after it name the agent's track as the caller now hears it (republished under a new id)
+    named = caller.heard.transcripts[-1][2].get("lk.transcribed_track_id")
+    assert named == caller.heard.track_sids[-1], (named, caller.heard.track_sids)
 
 
 @pytest.mark.parametrize("n", [CALLERS_AT_ONCE])

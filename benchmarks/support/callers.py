@@ -53,6 +53,7 @@ class Heard:
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
     tracks: int = 0  # audio tracks subscribed
+    track_sids: list[str] = field(default_factory=list)  # theirs, in order
     agents_left: list[str] = field(default_factory=list)  # why each agent that left did (a DisconnectReason)
     connection: list[str] = field(default_factory=list)  # the caller's own: reconnecting, reconnected, ...
 
@@ -131,6 +132,7 @@ class Caller:
             if track.kind == rtc.TrackKind.KIND_AUDIO:
                 self.heard.sources.add(p.identity)
                 self.heard.tracks += 1
+                self.heard.track_sids.append(track.sid)
                 self._tasks.append(asyncio.ensure_future(self._record(track)))
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:
