@@ -10,8 +10,9 @@ the caller hears nothing more.
 `RoomTranscript` takes the text at once and returns. One task per call writes it: one stream per turn
 (its segment), opened at the turn's first words, written with whatever arrived since the last write
 (pieces coalesce while a write is in flight, so a slow runtime costs fewer writes, not a backlog),
-closed with `lk.transcription_final` when the turn ends. Every native wait is bounded; a turn whose
-stream stalls or fails is abandoned and counted, and the next turn gets a stream of its own. Knows
+closed with `lk.transcription_final` when the turn ends. Every native wait is bounded (a stream's opening
+longest, since the first waits for the agent's data channel); a turn whose stream stalls or fails is abandoned
+and counted, and the next turn gets a stream of its own. Knows
 livekit-agents' text output and the rtc text streams; nothing of the engine."""
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from livekit.agents.types import TOPIC_TRANSCRIPTION as TOPIC
 log = logging.getLogger("chorus.agent.transcript")
 
 WAIT_S = 5.0  # the longest one native request of a stream may take before its turn's text is given up
+# ... but opening one: the first stream waits for the agent's data channel to the server, which a worker busy
+# with a burst of joining rooms can take many seconds to set up; a greeting's words are kept that long
+OPEN_WAIT_S = 20.0
 MAX_TURNS = 8  # turns waiting for their stream; beyond, the oldest not yet begun is dropped (and counted)
 
 
@@ -56,9 +60,10 @@ class RoomTranscript(io.TextOutput):
         track_sid: str | Callable[[], str | None] | None = None,
         *,
         wait_s: float = WAIT_S,
+        open_wait_s: float = OPEN_WAIT_S,
     ) -> None:
         super().__init__(label="chorus-transcript", next_in_chain=None)
-        self._room, self._track_sid, self._wait_s = room, track_sid, wait_s
+        self._room, self._track_sid, self._wait_s, self._open_wait_s = room, track_sid, wait_s, open_wait_s
         self._turns: deque[_Turn] = deque()
         self._open: _Turn | None = None  # the turn being captured
         self._wake = asyncio.Event()
@@ -159,7 +164,7 @@ class RoomTranscript(io.TextOutput):
             if turn.writer is None:
                 attrs = {**self._attrs(final=False), SEGMENT_ID: turn.id}
                 turn.writer = await asyncio.wait_for(
-                    self._room.local_participant.stream_text(topic=TOPIC, attributes=attrs), self._wait_s
+                    self._room.local_participant.stream_text(topic=TOPIC, attributes=attrs), self._open_wait_s
                 )
                 self.stats["turns"] += 1
             await asyncio.wait_for(turn.writer.write(text), self._wait_s)

@@ -31,6 +31,8 @@ class FakeRoom:
         self.writers: list[FakeWriter] = []
         self.gate = asyncio.Event()  # writes wait on it: cleared, a stalled runtime
         self.gate.set()
+        self.opens = asyncio.Event()  # stream openings wait on it: cleared, a data channel not yet up
+        self.opens.set()
         self.local_participant = self
 
     def isconnected(self) -> bool:
@@ -38,6 +40,7 @@ class FakeRoom:
 
     async def stream_text(self, *, topic: str, attributes: dict[str, str]) -> FakeWriter:
         assert topic == TOPIC
+        await self.opens.wait()
         w = FakeWriter(self, attributes)
         self.writers.append(w)
         return w
@@ -119,3 +122,30 @@ def test_turns_waiting_behind_a_stall_are_bounded():
     texts = ["".join(w.texts) for w in room.writers]
     assert texts[0] == " turn 0." and texts[-1] == " turn 19."  # the first (in flight) and the newest survive
     assert len(texts) + dropped == 20
+
+
+def test_a_stream_slow_to_open_still_carries_its_turn_and_one_that_never_opens_costs_that_turn():
+    """A worker busy with joining rooms can take seconds to set up the agent's data channel, which the first
+    stream waits for: the greeting's words wait with it (longer than any write may), and are not lost."""
+
+    async def run():
+        room = FakeRoom()
+        out = RoomTranscript(room, None, wait_s=0.05, open_wait_s=1.0)
+        room.opens.clear()
+        await out.capture_text(" Hello, thank you for calling.")
+        out.flush()
+        await asyncio.sleep(0.3)  # longer than a write may take, shorter than an opening may
+        room.opens.set()
+        await settle()
+        late = [("".join(w.texts), w.closed_with) for w in room.writers]
+        room.opens.clear()
+        await out.capture_text(" never sent")
+        out.flush()
+        await asyncio.sleep(1.2)
+        failed = out.stats["failed"]
+        await out.aclose()
+        return late, failed
+
+    late, failed = asyncio.run(run())
+    assert late == [(" Hello, thank you for calling.", {FINAL: "true"})]
+    assert failed == 1
