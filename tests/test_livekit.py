@@ -409,27 +409,35 @@ def test_many_callers_on_one_worker_each_hear_their_own_agent(server, store_dir,
         assert "thank you for calling the Grand Hotel" in c.heard.text(), c.heard.transcripts
 
 
-async def every_caller(worker: Worker, callers: list[Caller], done, timeout: float, what: str) -> None:
+async def every_caller(
+    worker: Worker | list[Worker], callers: list[Caller], done, timeout: float, what: str
+) -> None:
     """Until `done(caller)` holds for every caller; on a timeout the calls end and the AssertionError shows,
-    for each caller still waiting, the worker's view of its session, what it received, and the worker's
+    for each caller still waiting, the workers' view of its session, what it received, and the workers'
     call-end lines, warnings and errors."""
+    workers = worker if isinstance(worker, list) else [worker]
     try:
         await await_until(lambda: all(done(c) for c in callers), what, timeout, every=POLL_S)
     except AssertionError as e:
-        rows = sessions_by_label(worker.snapshot())
+        rows = {}
+        for w in workers:
+            with contextlib.suppress(OSError, ValueError):
+                rows.update(sessions_by_label(w.snapshot()))
         waiting = {c.room_name: (rows.get(c.room_name), c.heard.summary()) for c in callers if not done(c)}
         await asyncio.gather(*(c.leave() for c in callers))  # the calls end and log their counters
         with contextlib.suppress(AssertionError):
             await await_until(
-                lambda: worker.log.read_text().count("call ended") >= len(callers),
+                lambda: sum(w.log.read_text().count("call ended") for w in workers) >= len(callers),
                 "every call's end",
                 20,
                 every=POLL_S,
             )
         lines = [
-            line
-            for line in worker.log.read_text().splitlines()
-            if ("call ended" in line or "WARNING" in line or "ERROR" in line) and "loop blocked" not in line
+            f"worker {i}: {line}"
+            for i, w in enumerate(workers)
+            for line in w.log.read_text().splitlines()
+            if ("call ended" in line or "WARNING" in line or "ERROR" in line or "turned away" in line)
+            and "loop blocked" not in line
         ]
         raise AssertionError(f"{e}: {waiting}; {lines}") from None
 
@@ -447,10 +455,8 @@ def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(serv
         for c in callers:  # 0.2 s apart: all inside LiveKit's 0.5 s load sampling
             await c.join()
             await asyncio.sleep(0.2)
-        await asyncio.gather(*(asyncio.wait_for(c.first_audio.wait(), 60) for c in callers))
-        await await_until(
-            lambda: all(c.heard.transcripts for c in callers), "every agent's greeting", 60, every=POLL_S
-        )
+        await every_caller(workers, callers, lambda c: c.first_audio.is_set(), 60, "every agent's audio")
+        await every_caller(workers, callers, lambda c: c.heard.transcripts, 60, "every agent's greeting")
         snaps = [w.snapshot() for w in workers]
         await asyncio.gather(*(c.leave() for c in callers))
         return callers, snaps

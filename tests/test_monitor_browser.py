@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.support.worker import free_port
 from chromium_support import Browser, chromium_path
 from engine.api import EngineSnapshot
 from wait_support import wait_until
@@ -34,12 +34,6 @@ METRICS_JS = """(() => {
 
 
 UPDATED_JS = "(document.body.innerText.match(/Updated \\d\\d:\\d\\d:\\d\\d/) || [null])[0]"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_snapshot(url: str) -> EngineSnapshot | None:

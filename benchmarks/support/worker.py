@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,9 +24,22 @@ from benchmarks.support.server import ROOT, Server
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free now, below the kernel's ephemeral range: a port the kernel handed out (bind to 0) may
+    be given again to any outgoing connection (a caller's, the server's) before the worker binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(10_001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 def get_json(url: str, timeout: float = 2.0) -> dict:
@@ -51,7 +65,8 @@ class Worker:
     def __init__(self, server: Server, tmp: Path, *, slots: int = 4, name: str | None = None, **env: str):
         self.server, self.slots = server, slots
         self.agent_name = name or f"chorus-test-{uuid.uuid4().hex[:8]}"
-        self.metrics_port, self.http_port = free_port(), free_port()
+        self.metrics_port = free_port()
+        self.http_port = next(p for p in iter(free_port, None) if p != self.metrics_port)
         self.log = tmp / f"worker-{self.agent_name}-{self.http_port}.log"
         self.env = {
             **os.environ,
