@@ -21,8 +21,10 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, llm, room_io
 
+from agent import caller_pump
 from agent.acks import AckClips
-from agent.duplex import ChorusModel, ChorusSession
+from agent.caller_pump import CallerAudio
+from agent.duplex import VOICED_ENERGY, ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import CallSink
@@ -240,10 +242,12 @@ async def _start_in_room(
     await sink.join(room)  # a phone call's track may be up already, while it rang
     if not sink.on_session_output:
         session.output.audio = output
+    native = None if sink.on_session_output else native_caller_audio(call, clock)  # the console's: its mic
     # no session host: the framework would publish every session event (each state change, each item) to
     # the room as a byte stream, for a remote client to observe the session; Chorus's operators watch the
     # monitoring page, and on a loaded worker those sends queued behind the room's audio
-    await session.start(agent=call.agent, room=room, room_options=opts, record=False, session_host=False)
+    with native.making_input() if native is not None else contextlib.nullcontext():
+        await session.start(agent=call.agent, room=room, room_options=opts, record=False, session_host=False)
     if not sink.on_session_output:
         call.transcript = RoomTranscript(room, lambda: sink.track_sid)
         session.output.transcription = call.transcript
@@ -254,6 +258,20 @@ async def _start_in_room(
         session.output.audio = output
         session.output.transcription = None
         log.info("console: the agent's audio goes through the playout to the console's speaker")
+
+
+def native_caller_audio(call: Call, clock: ClockConfig) -> CallerAudio | None:
+    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/caller_pump.py),
+    when this process has the native callback and the engine is a ring away (not in this process)."""
+    from engine.remote import RemoteEngine
+
+    lib = caller_pump.installed()
+    if lib is None or not isinstance(call.model.engine, RemoteEngine) or not caller_pump.install_room_input():
+        return None
+    call.model.caller_audio = caller_pump.CallerAudio(
+        lib, rate=clock.input_rate, frame=clock.input_samples, loud=VOICED_ENERGY, frame_ms=clock.frame_ms
+    )
+    return call.model.caller_audio
 
 
 def room_label(room: str) -> str:

@@ -41,6 +41,7 @@ from engine.api import (
 )
 
 if TYPE_CHECKING:
+    from agent.caller_pump import CallerAudio
     from engine.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.duplex")
@@ -122,6 +123,9 @@ class ChorusModel(llm.DuplexModel):
         self.session_label, self.caller_kind = label, caller  # (`label` is the framework's own property)
         self.sessions: list[ChorusSession] = []
         self.admission = admission
+        # the caller's audio when it goes to the engine's ring natively (agent/caller_pump.py), not through
+        # `ChorusSession.push_audio`: its ring is handed over when the slot opens
+        self.caller_audio: CallerAudio | None = None
 
     @property
     def model(self) -> str:
@@ -297,6 +301,11 @@ class ChorusSession(llm.DuplexSession):
                 return
             while self._held:  # what the caller said while the slot was opening, in order
                 handle.push_audio(self._held.popleft())
+            if self._model.caller_audio is not None:  # the native caller audio's held frames, then the rest
+                try:
+                    self._model.caller_audio.attach(handle)
+                except EngineError as e:
+                    log.warning("session %s: the caller's audio has no ring: %s", handle.id, e)
             self.handle = handle
             report = getattr(handle, "report_playout", None)
             if report is not None:
@@ -374,9 +383,11 @@ class ChorusSession(llm.DuplexSession):
             return
         self.speaking = False
         # a caller who spoke just now and a sentence left unfinished: the model stopped for the caller
-        barge_in = (
-            time.monotonic() - self._voiced_at < BARGE_IN_WINDOW_S
-            and not self._turn_text.rstrip().endswith(_SENTENCE_END)
+        voiced_at = self._voiced_at
+        if self._model.caller_audio is not None:
+            voiced_at = max(voiced_at, self._model.caller_audio.voiced_at)
+        barge_in = time.monotonic() - voiced_at < BARGE_IN_WINDOW_S and not self._turn_text.rstrip().endswith(
+            _SENTENCE_END
         )
         if barge_in:
             self.stats["barge_ins"] += 1

@@ -95,7 +95,7 @@ def proc_is_own_process() -> bool:
 def prewarm(proc: JobProcess) -> None:
     """A room's process (or, under the thread executor, a job runner) before its job: the rtc SDK's FFI
     client, the engine's door and its tokenizer, then the long-lived objects frozen out of the collector."""
-    rtc_ffi.install()  # before any job of this process can touch the rtc SDK
+    rtc_ffi.install(room_settings().native_caller_audio)  # before any job of this process touches the rtc SDK
     if proc_is_own_process():
         # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
         # cannot: on a machine short of cores the rooms yield first
@@ -335,6 +335,11 @@ def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence |
     parts = [f"{k} {d[k]}" for k in keys if k in d]
     names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
     parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
+    native = call.model.caller_audio
+    if native is not None:  # the caller's audio went to the ring natively (agent/caller_pump.py)
+        n = native.stats()
+        parts += [f"native_in {int(n['frames'])}", f"native_ring_full {int(n['ring_full'])}"]
+        parts += [f"native_held {int(n['held'])}", f"native_bad {int(n['bad'])}"]
     parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
     stalls = getattr(call.output.sink, "stalls", None)
     if stalls is not None:

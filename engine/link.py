@@ -78,6 +78,21 @@ class Layout:
         return np.array([MAGIC, self.in_samples, self.out_samples, self.in_frames, self.out_frames], np.int64)
 
 
+@dataclass(frozen=True)
+class CallerRing:
+    """Where a session's caller ring lies in this process: the mapping's address and the byte offsets of the
+    write and read counters, the frames and their write times. For a writer outside Python (the room's native
+    caller audio, agent/caller_pump.py), which must stop writing before the mapping is closed."""
+
+    base: int
+    in_w: int
+    in_r: int
+    frames_at: int
+    stamps_at: int
+    frames: int
+    samples: int
+
+
 class LinkError(ValueError):
     """A session's shared memory is not what this side expects."""
 
@@ -190,6 +205,15 @@ class SessionLink:
         self.stamps[w % frames] = at
         self.set(IN_W, w + 1)
         return True
+
+    def caller_ring(self) -> CallerRing:
+        """The caller ring's place in memory, for a writer outside Python (it takes over the write counter
+        from its value now)."""
+        lay = self.layout
+        base = self.counters.ctypes.data  # the mapping's first byte
+        return CallerRing(
+            base, IN_W * LINE, IN_R * LINE, lay.in_offset, lay.stamp_offset, lay.in_frames, lay.in_samples
+        )
 
     def events_before(self, r: int) -> int:
         """How many of the session's events came before agent record `r`."""

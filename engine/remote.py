@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
-from engine.link import OUT_R, OUT_W, Layout, SessionLink
+from engine.link import IN_W, OUT_R, OUT_W, CallerRing, Layout, SessionLink
 from engine.stage_config import ClockConfig, TokenConfig
 from engine.tokens import forced_ids
 from engine.wire import ADDRESS_ENV, connect, decode_event, encode, raise_error, read_line
@@ -194,6 +194,7 @@ class RemoteHandle:
         self._out_r = 0
         self._events: dict[int, tuple[int, Output]] = {}  # seq -> (frames before it, event)
         self._next_event = 1
+        self._on_close: list[Callable[[], None]] = []
         self.stats = {"frames_in": 0, "ring_full": 0, "frames_out": 0, "frames_lost": 0, "refused": 0}
         sock.setblocking(False)
         loop.call_soon_threadsafe(self._attach)
@@ -242,6 +243,16 @@ class RemoteHandle:
             else:
                 self.stats["ring_full"] += 1
         self._tail = a[whole * n :].copy()
+
+    def caller_ring(self, on_close: Callable[[], None]) -> CallerRing:
+        """The session's caller ring, for a writer outside Python (agent/caller_pump.py) that takes over from
+        `push_audio` (not to be used after this). `on_close` runs when the session closes, before its memory
+        is unmapped: the writer must stop there."""
+        if self._closed:
+            raise EngineClosed(f"session {self.id} is closed")
+        self._on_close.append(on_close)
+        self._in_w = self._link.get(IN_W)
+        return self._link.caller_ring()
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
         self._send(
@@ -294,6 +305,12 @@ class RemoteHandle:
         self._detach()
 
     def _detach(self) -> None:
+        for stop in self._on_close:  # writers outside Python stop before the memory goes
+            try:
+                stop()
+            except Exception:
+                log.exception("session %s: a caller-ring writer did not stop cleanly", self.id)
+        self._on_close.clear()
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._sock.fileno())
         with contextlib.suppress(Exception):
@@ -343,6 +360,11 @@ class RemoteHandle:
         elif op == "refused":
             self.stats["refused"] += 1
             log.warning("session %s: the engine refused a message (%s)", self.id, str(msg.get("why"))[:200])
+
+    def read_frames(self) -> None:
+        """Hand over now what the ring holds. (The engine wakes this loop for each frame of a turn, but for
+        the silence between turns only once per engine/host_conn.py QUIET_WAKE frames.)"""
+        self._dispatch()
 
     def _on_frames(self) -> None:
         if self._closed:

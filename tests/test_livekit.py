@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import sqlite3
 import uuid
 from pathlib import Path
@@ -62,7 +63,10 @@ def test_the_namespace_has_no_way_out():
     assert all(r[1] != "00000000" for r in routes), routes
 
 
-def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_they_leave(server, store_dir):
+@pytest.mark.parametrize("native", [True, False], ids=["native-caller-audio", "framework-caller-audio"])
+def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_they_leave(
+    server, store_dir, native
+):
     async def call(worker: Worker) -> Caller:
         room = room_name()
         speech = caller_pcm("caller_booking.wav")
@@ -92,7 +96,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         caller.freed_after = asyncio.get_running_loop().time() - left
         return caller
 
-    with Worker(server, store_dir, slots=4) as worker:
+    with Worker(server, store_dir, slots=4, CHORUS_NATIVE_CALLER_AUDIO=str(native).lower()) as worker:
         caller = asyncio.run(call(worker))
         heard = caller.heard
         assert heard.agent_identity and heard.agent_identity.startswith("agent-")
@@ -103,6 +107,16 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         assert worker.snapshot()["occupancy"] == 0.0
         # the job logs its end just after the engine freed its slot
         wait_until(lambda: "call ended" in worker.log.read_text(), "the job's end", 5.0, every=POLL_S)
+        # the caller's audio took the path asked for: the rtc runtime straight into the engine's ring
+        # (agent/caller_pump.py), or livekit-agents' room input and the session's push_audio
+        ended = next(line for line in worker.log.read_text().splitlines() if "call ended" in line)
+        native_in = re.search(r"native_in (\d+)", ended)
+        pushed = int(re.search(r"frames_pushed (\d+)", ended).group(1))
+        if native:
+            assert native_in and int(native_in.group(1)) >= caller.session_snapshot["frames_in"] > 0, ended
+            assert pushed == 0, ended
+        else:
+            assert native_in is None and pushed >= caller.session_snapshot["frames_in"] > 0, ended
         print(
             f"frames in {caller.session_snapshot['frames_in']}, heard {len(heard.frames)} frames, "
             f"longest gap {heard.longest_gap() * 1000:.0f} ms, "

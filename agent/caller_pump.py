@@ -1,0 +1,403 @@
+"""The caller's audio without Python on its way: from the rtc runtime straight into the engine's caller ring.
+
+A room's caller track reaches the engine through `agent/native/caller_pump.c`, the callback the rtc SDK's
+native library calls with every event. A caller track's stream (16 kHz mono, one engine frame at a time) is
+registered there; its frames are cut into the engine's frames and written into the session's shared memory
+(engine/link.py) by the callback's own thread, and their native buffers dropped. No event of theirs crosses
+into Python, and no Python runs for them: the room's loop and the interpreter see none of the 12.5 frames a
+second a caller sends. Every other event reaches the SDK's Python callback as before.
+
+- `install()` (agent/rtc_ffi.py, before the process's FFI client exists) builds the callback once (`cc`,
+  cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it to the
+  native library in place of the SDK's; without a C compiler, or with CHORUS_NATIVE_CALLER_AUDIO=false, the
+  caller's audio takes the framework's path (livekit-agents' room input and `ChorusSession.push_audio`).
+- `CallerAudio` is one call's: the framework's room input follows the caller's microphone track as always
+  (who is linked, a rejoin, a new track), but each track it picks becomes a `NativeStream`; the frames that
+  come before the engine's slot is open are held in the callback (up to HELD_S, the oldest dropped and
+  counted) and written in order once it opens (`attach`). Its counters go in the call's end line.
+Knows the rtc SDK's FFI (livekit 1.1.21, pinned) and livekit-agents' room input; nothing of tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("chorus.agent.caller_pump")
+
+SOURCE = Path(__file__).with_name("native") / "caller_pump.c"
+CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-pthread")
+BUILD_TIMEOUT_S = 60.0
+HELD_S = 30.0  # caller audio held before the engine's slot opens (as agent/duplex.py holds it)
+STATS = ("frames", "written", "ring_full", "held", "held_dropped", "bad", "voiced_at")
+TOTALS = ("consumed", "forwarded", "late", "streams", "quiet_logs")
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+class PumpUnavailable(RuntimeError):
+    """The native caller audio cannot run here (no compiler, a failed build, an SDK not the one expected)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CHORUS_NATIVE_CACHE") or Path.home() / ".cache" / "chorus" / "native")
+
+
+def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
+    """The compiled library for `source`, built once per source text (several processes building at once each
+    finish and the last rename wins, all with the same bytes)."""
+    directory = cache_dir() if directory is None else directory
+    text = source.read_bytes()
+    digest = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    lib = directory / f"{source.stem}-{digest}.so"
+    if lib.exists():
+        return lib
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise PumpUnavailable("no C compiler (cc) to build the native caller audio")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
+        if done.returncode != 0:
+            raise PumpUnavailable(f"{cc} failed on {source.name}: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, lib)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return lib
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    u64, i32, f64 = ctypes.c_uint64, ctypes.c_int, ctypes.c_double
+    lib.pump_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), i32]
+    lib.pump_register.argtypes = [u64, i32, i32, f64, i32]
+    lib.pump_attach.argtypes = [u64, ctypes.c_void_p, *(ctypes.c_int64,) * 5, i32]
+    lib.pump_detach.argtypes = lib.pump_unregister.argtypes = [u64]
+    lib.pump_stats.argtypes = [u64, ctypes.POINTER(f64), i32]
+    lib.pump_totals.argtypes = [ctypes.POINTER(u64)]
+    lib.pump_totals.restype = None
+    lib.pump_event.argtypes = [ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t]
+    lib.pump_event.restype = None
+    if lib.pump_n_stats() != len(STATS) or lib.pump_n_fields() != len(field_numbers()):
+        raise PumpUnavailable("the native caller audio's counters are not the ones expected")
+    return lib
+
+
+def field_numbers() -> list[int]:
+    """The protobuf field numbers the callback walks, from the rtc SDK's own descriptors (the order of the C
+    file's F_* list)."""
+    from livekit.rtc._proto import audio_frame_pb2, ffi_pb2, handle_pb2
+
+    def num(msg: Any, name: str) -> int:
+        return msg.DESCRIPTOR.fields_by_name[name].number
+
+    info = audio_frame_pb2.AudioFrameBufferInfo
+    rtc_debug = os.environ.get("LIVEKIT_RTC_DEBUG", "").strip().lower() in ("true", "1")  # as the SDK reads it
+    return [
+        num(ffi_pb2.FfiEvent, "audio_stream_event"),
+        num(audio_frame_pb2.AudioStreamEvent, "stream_handle"),
+        num(audio_frame_pb2.AudioStreamEvent, "frame_received"),
+        num(audio_frame_pb2.AudioFrameReceived, "frame"),
+        num(audio_frame_pb2.OwnedAudioFrameBuffer, "handle"),
+        num(audio_frame_pb2.OwnedAudioFrameBuffer, "info"),
+        num(handle_pb2.FfiOwnedHandle, "id"),
+        num(info, "data_ptr"),
+        num(info, "num_channels"),
+        num(info, "sample_rate"),
+        num(info, "samples_per_channel"),
+        num(ffi_pb2.FfiEvent, "logs"),
+        num(ffi_pb2.LogBatch, "records"),
+        num(ffi_pb2.LogRecord, "level"),
+        num(ffi_pb2.LogRecord, "target"),
+        ffi_pb2.LogLevel.LOG_DEBUG,
+        ffi_pb2.LogLevel.LOG_TRACE,
+        int(rtc_debug),
+    ]
+
+
+def init(lib: ctypes.CDLL, forward: int | None, drop: int | None) -> None:
+    """Point the callback at `forward` (the address of a function taking an event's bytes) and `drop` (of
+    one dropping a native handle)."""
+    numbers = field_numbers()
+    arr = (ctypes.c_int32 * len(numbers))(*numbers)
+    if lib.pump_init(forward, drop, arr, len(numbers)) != 0:
+        raise PumpUnavailable("the native caller audio does not walk these events")
+
+
+def _address(fn: Any) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def install() -> bool:
+    """Put the native callback in front of the SDK's (once per process, before its FFI client is made).
+    False, and said once in the log, when it cannot be: the caller's audio then takes the framework's path."""
+    with _lock:
+        if "lib" in _state or "error" in _state:
+            return "lib" in _state
+        try:
+            from livekit.rtc import _ffi_client
+
+            if _ffi_client.FfiClient._instance is not None:
+                raise PumpUnavailable(
+                    "the rtc SDK's FFI client was made before the native callback could go in"
+                )
+            if not isinstance(getattr(_ffi_client, "ffi_event_callback", None), _ffi_client.ffi_cb_fnc):
+                raise PumpUnavailable("the rtc SDK's event callback is not the one expected")
+            lib = load(build())
+            sdk_callback = _ffi_client.ffi_event_callback
+            native = _ffi_client.get_ffi_lib()
+            init(lib, _address(sdk_callback), _address(native.livekit_ffi_drop_handle))
+            _ffi_client.ffi_event_callback = _ffi_client.ffi_cb_fnc(_address(lib.pump_event))
+            try:
+                _ = _ffi_client.FfiClient.instance  # initialises the native library with the pump's callback
+            finally:
+                _ffi_client.ffi_event_callback = sdk_callback
+        except Exception as e:  # no compiler, a failed build: the framework's path, said once
+            _state["error"] = str(e)
+            log.warning("caller audio goes through Python: %s", e)
+            return False
+        _state["lib"], _state["sdk_callback"] = lib, sdk_callback
+        log.info("caller audio goes from the rtc runtime straight into the engine's ring")
+        return True
+
+
+def installed() -> ctypes.CDLL | None:
+    return _state.get("lib")
+
+
+def totals() -> dict[str, int]:
+    lib = installed()
+    if lib is None:
+        return {}
+    out = (ctypes.c_uint64 * len(TOTALS))()
+    lib.pump_totals(out)
+    return dict(zip(TOTALS, map(int, out), strict=True))
+
+
+class NativeStream:
+    """One caller track's audio stream, its frames the callback's (see the module docstring)."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int, rate: int, frame: int, loud: float, hold: int) -> None:
+        self._lib, self.handle = lib, handle
+        self.closed = asyncio.Event()
+        self._final: dict[str, float] | None = None  # the counters as the stream closed
+        if lib.pump_register(handle, rate, frame, loud, hold) != 0:
+            self.closed.set()  # nothing of it to unregister
+            raise PumpUnavailable(f"the native caller audio could not take stream {handle}")
+
+    @classmethod
+    def open(
+        cls, lib: ctypes.CDLL, track: Any, rate: int, frame: int, loud: float, hold: int
+    ) -> NativeStream:
+        """A native audio stream of `track` (16 kHz mono, `frame` samples at a time), registered with the
+        callback. Its first frame comes a frame's time after the stream is made, so none is missed."""
+        from livekit.rtc._ffi_client import FfiClient, FfiHandle
+        from livekit.rtc._proto import audio_frame_pb2, ffi_pb2
+
+        req = ffi_pb2.FfiRequest()
+        new = req.new_audio_stream
+        new.track_handle = track._ffi_handle.handle
+        new.sample_rate, new.num_channels, new.queue_size_frames = rate, 1, 0
+        new.frame_size_ms = max(1, frame * 1000 // rate)
+        new.type = audio_frame_pb2.AudioStreamType.AUDIO_STREAM_NATIVE
+        resp = FfiClient.instance.request(req)
+        owned = FfiHandle(resp.new_audio_stream.stream.handle.id)
+        try:
+            stream = cls(lib, owned.handle, rate, frame, loud, hold)
+        except BaseException:
+            owned.dispose()
+            raise
+        stream._owned = owned
+        return stream
+
+    def attach(self, ring: Any) -> None:
+        """Write into `ring` (engine/link.py `CallerRing`) from now on, after what was held."""
+        if (
+            self._lib.pump_attach(
+                self.handle,
+                ring.base,
+                ring.in_w,
+                ring.in_r,
+                ring.frames_at,
+                ring.stamps_at,
+                ring.frames,
+                ring.samples,
+            )
+            != 0
+        ):
+            raise PumpUnavailable(f"stream {self.handle} could not be attached to the session's ring")
+
+    def detach(self) -> None:
+        self._lib.pump_detach(self.handle)
+
+    def stats(self) -> dict[str, float]:
+        if self._final is not None:
+            return dict(self._final)
+        out = (ctypes.c_double * len(STATS))()
+        if self._lib.pump_stats(self.handle, out, len(STATS)) != 0:
+            return {}
+        return dict(zip(STATS, out, strict=True))
+
+    def __del__(self) -> None:  # a stream dropped without `aclose`: its entry and held frames go with it
+        if not self.closed.is_set():
+            self._lib.pump_unregister(self.handle)
+
+    async def aclose(self) -> None:
+        """Unregister (a frame still in flight is dropped by the callback), then end the native stream."""
+        if self.closed.is_set():
+            return
+        self._final = self.stats()
+        self.closed.set()
+        self._lib.pump_unregister(self.handle)
+        owned = getattr(self, "_owned", None)
+        if owned is not None:
+            owned.dispose()
+
+
+# the call whose room input is being made (agent/call.py sets it around `session.start`)
+_making: contextvars.ContextVar[CallerAudio | None] = contextvars.ContextVar(
+    "chorus_caller_audio", default=None
+)
+
+
+class CallerAudio:
+    """One call's native caller audio: the room input's streams, the session's ring once the slot is open,
+    and their counters summed over every track the call had."""
+
+    def __init__(self, lib: ctypes.CDLL, *, rate: int, frame: int, loud: float, frame_ms: int) -> None:
+        self._lib, self.rate, self.frame, self.loud = lib, rate, frame, loud
+        self.hold = max(1, int(HELD_S * 1000 / frame_ms))
+        self.stream: NativeStream | None = None
+        self._ring: Any = None
+        self._past = dict.fromkeys(STATS, 0.0)
+        self.errors = 0
+
+    @contextlib.contextmanager
+    def making_input(self):
+        """While the framework's room input is made: it takes this call's native streams."""
+        token = _making.set(self)
+        try:
+            yield
+        finally:
+            _making.reset(token)
+
+    def open_stream(self, track: Any) -> NativeStream:
+        stream = NativeStream.open(self._lib, track, self.rate, self.frame, self.loud, self.hold)
+        self.stream = stream
+        if self._ring is not None:
+            self._attach(stream)
+        return stream
+
+    def attach(self, handle: Any) -> None:
+        """The session's slot is open: its caller ring takes the held frames and every frame after them."""
+        self._ring = handle.caller_ring(on_close=self.detach)
+        if self.stream is not None and not self.stream.closed.is_set():
+            self._attach(self.stream)
+
+    def _attach(self, stream: NativeStream) -> None:
+        try:
+            stream.attach(self._ring)
+        except PumpUnavailable:
+            self.errors += 1
+            log.exception("the caller's audio could not reach the session's ring")
+
+    def detach(self) -> None:
+        """(The session closes: its memory is about to be unmapped.) Frames are held again, and go nowhere."""
+        self._ring = None
+        if self.stream is not None:
+            self.stream.detach()
+
+    def closed_stream(self, stream: NativeStream) -> None:
+        """Keep a closed stream's counters (the call's figures are summed over its tracks)."""
+        for k, v in stream.stats().items():
+            if k != "voiced_at":
+                self._past[k] += v
+            else:
+                self._past[k] = max(self._past[k], v)
+        if self.stream is stream:
+            self.stream = None
+
+    def stats(self) -> dict[str, float]:
+        now = self.stream.stats() if self.stream is not None else {}
+        out = dict(self._past)
+        for k, v in now.items():
+            out[k] = max(out[k], v) if k == "voiced_at" else out[k] + v
+        return out
+
+    @property
+    def voiced_at(self) -> float:
+        """When the caller's last loud frame came (time.monotonic; -1e9: none yet)."""
+        v = self.stats().get("voiced_at", 0.0)
+        return v if v > 0 else -1e9
+
+
+def install_room_input() -> bool:
+    """Make livekit-agents' room audio input native for a call being made under `CallerAudio.making_input`
+    (any other input is the framework's own). Idempotent; False if the framework is not the one expected."""
+    from livekit.agents.voice.room_io import _input, room_io
+
+    if "room_input" in _state:
+        return _state["room_input"]
+    base = _input._ParticipantAudioInputStream
+    ok = all(hasattr(base, name) for name in ("_create_stream", "_forward_task", "_close_stream"))
+    if not ok or getattr(room_io, "_ParticipantAudioInputStream", None) is not base:
+        log.warning("livekit-agents' room input is not the one expected: caller audio goes through Python")
+        _state["room_input"] = False
+        return False
+
+    class NativeRoomInput(base):
+        """The framework's room audio input, each of its streams a `NativeStream`: it follows the linked
+        caller's tracks as the framework's does, and yields no frames (they go straight to the engine)."""
+
+        def __init__(self, room: Any, *, call: CallerAudio, **kwargs: Any) -> None:
+            kwargs["auto_gain_control"] = False
+            super().__init__(room, **kwargs)
+            self._call = call
+
+        def _create_stream(self, track: Any, participant: Any) -> Any:
+            try:
+                return self._call.open_stream(track)
+            except Exception:  # this track's frames take the framework's path (its forwarding, push_audio)
+                self._call.errors += 1
+                log.exception("the caller's track could not be read natively; its audio goes through Python")
+                return super()._create_stream(track, participant)
+
+        async def _forward_task(self, old_task, stream, track, publication, participant) -> None:
+            if not isinstance(stream, NativeStream):
+                await super()._forward_task(old_task, stream, track, publication, participant)
+                return
+            if old_task is not None:
+                old_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await old_task
+            try:
+                await stream.closed.wait()
+            finally:
+                self._call.closed_stream(stream)
+
+    def make(room: Any, **kwargs: Any) -> Any:
+        call = _making.get()
+        if call is None:
+            return base(room, **kwargs)
+        return NativeRoomInput(room, call=call, **kwargs)
+
+    room_io._ParticipantAudioInputStream = make
+    _state["room_input"] = True
+    return True

@@ -1,0 +1,272 @@
+"""The native caller audio (agent/native/caller_pump.c through agent/caller_pump.py): the rtc runtime's events
+as its native library delivers them (protobuf bytes, built here with the SDK's own message classes), a
+session's real shared memory (engine/link.py) as the ring, and stand-ins for the SDK's Python callback and
+the native library's handle drop that record what reached them.
+
+Each test loads its own copy of the library (built into the test's directory), so the process-wide state of
+the one a worker installs is never touched."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import time
+
+import numpy as np
+import pytest
+from livekit.rtc._proto import ffi_pb2
+
+from agent import caller_pump
+from engine.link import IN_R, IN_W, Layout, SessionLink
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+RATE, FRAME = 16_000, 1280
+LOUD = (0.02 * 32768.0) ** 2  # agent/duplex.py VOICED_ENERGY
+EVENT = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t)
+DROP = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_uint64)
+
+
+class Pump:
+    """A private copy of the library, its forwarded events and dropped handles recorded."""
+
+    def __init__(self, directory) -> None:
+        self.lib = caller_pump.load(caller_pump.build(directory=directory))
+        self.forwarded: list[bytes] = []
+        self.dropped: list[int] = []
+        self._fwd = EVENT(lambda p, n: self.forwarded.append(ctypes.string_at(p, n)))
+        self._drop = DROP(lambda h: self.dropped.append(int(h)) or True)
+        caller_pump.init(self.lib, caller_pump._address(self._fwd), caller_pump._address(self._drop))
+        self._keep: list[object] = []  # the sample buffers the events point at, alive until sent
+        self._next_buffer = 1000
+
+    def frame_event(self, stream: int, samples: np.ndarray, *, rate: int = RATE, channels: int = 1) -> bytes:
+        buf = np.ascontiguousarray(samples, dtype=np.int16)
+        self._keep.append(buf)
+        self._next_buffer += 1
+        ev = ffi_pb2.FfiEvent()
+        ase = ev.audio_stream_event
+        ase.stream_handle = stream
+        fr = ase.frame_received.frame
+        fr.handle.id = self._next_buffer
+        fr.info.data_ptr = buf.ctypes.data
+        fr.info.num_channels, fr.info.sample_rate = channels, rate
+        fr.info.samples_per_channel = buf.size // channels
+        return ev.SerializeToString()
+
+    def send(self, data: bytes) -> None:
+        arr = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        self.lib.pump_event(arr, len(data))
+
+    def register(self, stream: int, hold: int = 4) -> caller_pump.NativeStream:
+        return caller_pump.NativeStream(self.lib, stream, RATE, FRAME, LOUD, hold)
+
+    def totals(self) -> dict[str, int]:
+        out = (ctypes.c_uint64 * len(caller_pump.TOTALS))()
+        self.lib.pump_totals(out)
+        return dict(zip(caller_pump.TOTALS, map(int, out), strict=True))
+
+
+@pytest.fixture
+def pump(tmp_path):
+    return Pump(tmp_path)
+
+
+@pytest.fixture
+def link():
+    link = SessionLink.create(Layout(in_samples=FRAME, out_samples=1764))
+    yield link
+    link.close()
+
+
+def tone(n: int, start: int = 0, amp: int = 3000) -> np.ndarray:
+    return (amp * np.sin(np.arange(start, start + n) * 0.05)).astype(np.int16)
+
+
+def test_a_registered_streams_frames_land_in_the_ring_and_their_buffers_are_dropped(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    a, b = tone(FRAME), tone(FRAME, FRAME)
+    before = time.monotonic()
+    pump.send(pump.frame_event(7, a))
+    pump.send(pump.frame_event(7, b))
+    taken, stamps, r, lost = link.take_caller(0)
+    assert (r, lost) == (2, 0) and link.get(IN_W) == 2
+    assert np.array_equal(taken[0], a) and np.array_equal(taken[1], b)
+    assert (
+        before <= stamps[0] <= stamps[1] <= time.monotonic()
+    )  # written at arrival, on time.monotonic's clock
+    assert pump.dropped == [1001, 1002]  # each frame's native buffer, once
+    assert pump.forwarded == []  # nothing of them reached Python
+    s = stream.stats()
+    assert (s["frames"], s["written"], s["ring_full"], s["bad"]) == (2, 2, 0, 0)
+    assert pump.totals()["consumed"] == 2
+
+
+def test_pieces_of_any_length_are_cut_into_whole_engine_frames(pump, link):
+    stream = pump.register(7)  # (a stream dropped without being closed unregisters itself)
+    stream.attach(link.caller_ring())
+    audio = tone(3 * FRAME + 100)
+    for piece in np.split(audio, [480, 1900, 2000, 3700]):  # 30 ms, 89 ms, 6 ms, 106 ms, 12 ms
+        pump.send(pump.frame_event(7, piece))
+    taken, _, r, _ = link.take_caller(0)
+    assert r == 3
+    assert np.array_equal(taken.reshape(-1), audio[: 3 * FRAME])  # the last 100 samples wait for more
+    pump.send(pump.frame_event(7, tone(FRAME - 100, 3 * FRAME + 100)))
+    taken, _, r, _ = link.take_caller(3)
+    assert r == 4 and np.array_equal(taken[0], tone(FRAME, 3 * FRAME))
+
+
+def test_frames_before_the_slot_opens_are_held_the_oldest_dropped_then_written_in_order(pump, link):
+    stream = pump.register(7, hold=4)
+    frames = [tone(FRAME, k * FRAME) for k in range(6)]
+    for f in frames:
+        pump.send(pump.frame_event(7, f))
+    assert link.get(IN_W) == 0
+    s = stream.stats()
+    assert (s["held"], s["held_dropped"], s["written"]) == (6, 2, 0)
+    link.set(IN_W, 3)  # what the room wrote itself before handing the ring over
+    link.set(IN_R, 3)
+    stream.attach(link.caller_ring())
+    taken, _, r, _ = link.take_caller(3)
+    assert r == 7 and all(np.array_equal(t, f) for t, f in zip(taken, frames[2:], strict=True))
+    pump.send(pump.frame_event(7, tone(FRAME, 99)))
+    assert link.take_caller(7)[2] == 8
+
+
+def test_a_full_ring_drops_and_counts_the_frame_until_the_engine_takes_what_is_there(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    for k in range(link.layout.in_frames + 3):
+        pump.send(pump.frame_event(7, tone(FRAME, k)))
+    s = stream.stats()
+    assert (s["written"], s["ring_full"]) == (link.layout.in_frames, 3)
+    _, _, r, lost = link.take_caller(0)
+    assert (r, lost) == (link.layout.in_frames, 0)
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    assert stream.stats()["written"] == link.layout.in_frames + 1
+
+
+def test_a_frame_of_another_rate_or_layout_is_refused_and_counted_never_written(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    pump.send(pump.frame_event(7, tone(FRAME), rate=48_000))
+    pump.send(pump.frame_event(7, tone(2 * FRAME), channels=2))
+    pump.send(pump.frame_event(7, tone(0)))
+    s = stream.stats()
+    assert (s["bad"], s["frames"], link.get(IN_W)) == (3, 0, 0)
+    assert pump.dropped == [1001, 1002, 1003] and pump.forwarded == []  # refused, and still freed
+
+
+def test_every_other_event_reaches_the_sdks_callback_unchanged(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    other_stream = pump.frame_event(8, tone(FRAME))  # a stream of the SDK's own (an AudioStream in Python)
+    room = ffi_pb2.FfiEvent()
+    room.room_event.room_handle = 5
+    room.room_event.participant_connected.info.info.identity = "caller"
+    logs = ffi_pb2.FfiEvent()
+    logs.logs.records.add(message="hello", target="livekit")
+    eos = ffi_pb2.FfiEvent()
+    eos.audio_stream_event.stream_handle = 7
+    eos.audio_stream_event.eos.SetInParent()
+    events = [other_stream, *(e.SerializePartialToString() for e in (room, logs, eos))]
+    garbage = [b"", b"\xff\xff\xff", pump.frame_event(7, tone(FRAME))[:-5], b"\x22\x05\x08"]
+    for e in events + garbage:
+        pump.send(e)
+    assert (
+        pump.forwarded == events + garbage
+    )  # in order, byte for byte; malformed bytes are Python's to refuse
+    assert link.get(IN_W) == 0 and pump.dropped == []
+
+
+def test_a_closed_streams_frame_still_in_flight_is_dropped_not_forwarded(pump, link):
+    import asyncio
+
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    asyncio.run(stream.aclose())
+    assert stream.stats()["written"] == 1  # its counters outlive it
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    assert link.get(IN_W) == 1 and pump.forwarded == [] and pump.dropped == [1001, 1002]
+    assert pump.totals()["late"] == 1
+
+
+def test_detached_frames_are_held_not_written_into_a_session_that_is_closing(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    stream.detach()
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    assert link.get(IN_W) == 1 and stream.stats()["held"] == 1
+
+
+def test_only_a_loud_frame_marks_when_the_caller_last_spoke(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    pump.send(pump.frame_event(7, tone(FRAME, amp=200)))  # about -44 dBFS: below the speech threshold
+    assert stream.stats()["voiced_at"] == 0.0
+    t0 = time.monotonic()
+    pump.send(pump.frame_event(7, tone(FRAME, amp=3000)))
+    assert t0 <= stream.stats()["voiced_at"] <= time.monotonic()
+
+
+def test_a_stream_cannot_be_registered_twice_nor_attached_to_a_ring_of_another_frame(pump, link):
+    first = pump.register(7)
+    with pytest.raises(caller_pump.PumpUnavailable):
+        pump.register(7)
+    assert first.stats()["frames"] == 0  # the refused second one took nothing of the first
+    other = SessionLink.create(Layout(in_samples=640, out_samples=1764))
+    try:
+        with pytest.raises(caller_pump.PumpUnavailable):
+            caller_pump.NativeStream(pump.lib, 9, RATE, FRAME, LOUD, 4).attach(other.caller_ring())
+    finally:
+        other.close()
+
+
+def test_a_stream_dropped_without_being_closed_frees_its_entry(pump, link):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring())
+    del stream
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    assert link.get(IN_W) == 0 and pump.totals()["late"] == 1 and pump.forwarded == []
+    again = pump.register(7)  # the handle may be used again
+    again.attach(link.caller_ring())
+    pump.send(pump.frame_event(7, tone(FRAME)))
+    assert link.get(IN_W) == 1
+
+
+def logs_event(*records: tuple[int, str]) -> bytes:
+    ev = ffi_pb2.FfiEvent()
+    for level, target in records:
+        ev.logs.records.add(level=level, target=target, message="m", module_path="x", line=1)
+    return ev.SerializePartialToString()
+
+
+TRACE, DEBUG, INFO, WARN = (ffi_pb2.LogLevel.Value(n) for n in ("LOG_TRACE", "LOG_DEBUG", "LOG_INFO", "LOG_WARN"))
+
+
+def test_the_runtimes_log_records_that_python_would_throw_away_never_cross_into_it(pump):
+    thrown = [
+        logs_event((TRACE, "libwebrtc"), (TRACE, "my_app")),  # traces: the SDK never logs them
+        logs_event((DEBUG, "libwebrtc"), (DEBUG, "livekit_ffi::server"), (TRACE, "livekit")),
+    ]
+    kept = [
+        logs_event((DEBUG, "libwebrtc"), (INFO, "livekit")),  # one record worth logging: the batch goes whole
+        logs_event((WARN, "libwebrtc")),
+        logs_event((DEBUG, "my_app")),  # a debug record not of the runtime's: the SDK logs it at DEBUG
+    ]
+    for e in thrown + kept:
+        pump.send(e)
+    assert pump.forwarded == kept
+    assert pump.totals()["quiet_logs"] == 2
+
+
+def test_with_the_sdks_rtc_debug_on_the_runtimes_debug_records_reach_python(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIVEKIT_RTC_DEBUG", "true")
+    pump = Pump(tmp_path)
+    debug, trace = logs_event((DEBUG, "libwebrtc")), logs_event((TRACE, "libwebrtc"))
+    pump.send(debug)
+    pump.send(trace)
+    assert pump.forwarded == [debug]
