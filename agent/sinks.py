@@ -105,16 +105,16 @@ class WavSink(_OwnOutput):
 class RoomSink(_OwnOutput):
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
-    prefill, a pause between turns) it carries 400 ms frames of silence, as a phone line carries its hiss,
+    prefill, a pause between turns) it carries 1 s frames of silence, as a phone line carries its hiss,
     so a caller's jitter buffer never runs dry and restarts. Speech never waits behind that silence: the
     first frame written after it drops what is still queued of it. (Each capture is a request to the rtc
-    runtime and a callback back, on the room's loop: two and a half a second while idle.) The source's
+    runtime and a callback back, on the room's loop: one a second while idle.) The source's
     queue holds QUEUE_MS, so a capture made with at most half a filler frame queued is taken at once and
     never holds up the speech behind it."""
 
     IDLE_FILL_S = 0.06
-    FILL_FRAME_S = 0.4
-    QUEUE_MS = 1000  # above a filler frame and a half: the runtime takes such a capture at once
+    FILL_FRAME_S = 1.0
+    QUEUE_MS = 2000  # above a filler frame and a half: the runtime takes such a capture at once
     # a capture the rtc runtime has not taken this long after it was due is given up (and counted), so a
     # stalled runtime costs the call that audio, never the rest of its turns
     CAPTURE_WAIT_S = 2.0

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.api import AudioFrame, Output
+from engine.api import AudioFrame, Output, ToolCallStarted, TurnEnded, TurnStarted
 from engine.link import SessionLink
 from engine.wire import encode, event_message
 
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from engine.slots import FrameInbox
 
 FORCE_MAX = 4096  # teacher-forced tokens in one message
+# frames outside the model's turns (no text, no event) wake the room's loop once per this many: it has nothing
+# to do with them but count them, and reads them all at once (the ring holds 64); a turn's frames, a frame
+# with text and the session's first frame wake it at once
+QUIET_WAKE = 16
 
 
 class RoomConn:
@@ -45,6 +49,8 @@ class RoomConn:
         self.in_r = 0
         self.out_w = 0
         self.events = 0
+        self.speaking = False  # between the session's TurnStarted and TurnEnded
+        self.unsignalled = 0  # frames written since the room's loop was last woken
 
     # -- the tick thread's side (keep it cheap: no syscall but one eventfd write, nothing allocated) ------
 
@@ -62,21 +68,29 @@ class RoomConn:
             inbox.push(frames.reshape(-1), at=stamps)
 
     def deliver(self, items: list[Output]) -> None:
-        """The session's outputs: audio frames into the shared memory (and one eventfd signal), every other
-        output numbered and queued for the socket."""
+        """The session's outputs: audio frames into the shared memory (and an eventfd signal: at once for a
+        turn's frames, QUIET_WAKE at a time for the silence between turns), every other output numbered and
+        queued for the socket (whose message wakes the room too, and it reads the frames before it)."""
         link = self.link
         if link is None or self.closed:
             return
-        wrote = False
+        wake = False
         for item in items:
-            if type(item) is AudioFrame:
+            kind = type(item)
+            if kind is AudioFrame:
                 link.put_agent(self.out_w, item.samples, item.text, item.tick, self.events)
+                wake = wake or self.speaking or bool(item.text) or self.out_w == 0
                 self.out_w += 1
-                wrote = True
+                self.unsignalled += 1
             else:
+                if kind is TurnStarted:
+                    self.speaking = True
+                elif kind is TurnEnded or kind is ToolCallStarted:
+                    self.speaking = False
                 self.events += 1
                 self._post(self, encode(event_message(self.events, self.out_w, item)))
-        if wrote:
+        if self.unsignalled and (wake or self.unsignalled >= QUIET_WAKE):
+            self.unsignalled = 0
             with contextlib.suppress(OSError):
                 os.eventfd_write(self.efd, 1)
 

@@ -133,6 +133,7 @@ def test_padding_between_forced_tokens_is_forcing_the_pad_on_every_tick(hosted):
         near.force_function([tok.pad] * n)
         await settle()
         k = await ticks(engine, k, n, (far, audio), (near, audio))
+        far.read_frames()  # the padding's silence is read in batches: what the ring holds, now
         padded = taken(far.outputs), taken(near.outputs)
         far.force_text([tok.bos, *tok.encode(" Hello."), tok.eos])
         await settle()
@@ -427,3 +428,46 @@ def test_the_engines_process_ends_with_the_worker():
         assert process.proc.wait(30) == 0
     finally:
         process.stop()
+
+
+def test_the_silence_between_turns_wakes_the_room_once_per_batch_and_a_turn_at_once():
+    """The tick's side of a session (engine/host_conn.py RoomConn): every frame goes into the ring, but the
+    eventfd that wakes the room's loop is written for each frame of a turn (and one with text, and the first)
+    and only once per QUIET_WAKE frames of the silence between turns."""
+    from engine.host_conn import QUIET_WAKE, RoomConn
+    from engine.link import OUT_W, Layout, SessionLink
+
+    link = SessionLink.create(Layout(in_samples=FRAME, out_samples=1764))
+    efd = os.eventfd(0, os.EFD_NONBLOCK)
+    posted = []
+    conn = RoomConn(socket.socket(socket.AF_UNIX), {}, lambda c, m: posted.append(m))
+    conn.link, conn.efd = link, efd
+    silence = np.zeros(1764, np.float32)
+
+    def wakes() -> int:
+        try:
+            return os.eventfd_read(efd)
+        except BlockingIOError:
+            return 0
+
+    try:
+        conn.deliver([AudioFrame(0, silence, "")])
+        assert wakes() == 1  # the session's first frame: the room learns it is live
+        for k in range(1, 2 * QUIET_WAKE):
+            conn.deliver([AudioFrame(k, silence, "")])
+        assert wakes() == 1 and link.get(OUT_W) == 2 * QUIET_WAKE  # all written, one wake for the batch
+        conn.deliver([TurnStarted(40), AudioFrame(40, silence, "")])
+        assert wakes() == 1  # a turn's first frame at once (after the frames still unread)
+        for k in range(41, 45):
+            conn.deliver([AudioFrame(k, silence, "")])
+            assert wakes() == 1  # and every frame of the turn
+        conn.deliver([AudioFrame(45, silence, "Hello"), TurnEnded(45)])
+        assert wakes() == 1 and len(posted) == 2
+        conn.deliver([AudioFrame(46, silence, "")])
+        assert wakes() == 0  # silence again
+        conn.deliver([AudioFrame(47, silence, ", hm")])
+        assert wakes() == 1  # a frame with text is read at once
+    finally:
+        os.close(efd)
+        conn.sock.close()
+        link.close()
