@@ -5,7 +5,8 @@ native library calls with every event. A caller track's stream (16 kHz mono, one
 registered there; its frames are cut into the engine's frames and written into the session's shared memory
 (engine/link.py) by the callback's own thread, and their native buffers dropped. No event of theirs crosses
 into Python, and no Python runs for them: the room's loop and the interpreter see none of the 12.5 frames a
-second a caller sends. Every other event reaches the SDK's Python callback as before.
+second a caller sends. Every other event reaches the SDK's Python callback as before, but for the runtime's
+batches of debug and trace log records, which that callback would parse only to throw away.
 
 - `install()` (agent/rtc_ffi.py, before the process's FFI client exists) builds the callback once (`cc`,
   cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it to the
@@ -109,7 +110,8 @@ def field_numbers() -> list[int]:
         return msg.DESCRIPTOR.fields_by_name[name].number
 
     info = audio_frame_pb2.AudioFrameBufferInfo
-    rtc_debug = os.environ.get("LIVEKIT_RTC_DEBUG", "").strip().lower() in ("true", "1")  # as the SDK reads it
+    # the runtime's debug records are the SDK's to log with this on (as it reads it)
+    rtc_debug = os.environ.get("LIVEKIT_RTC_DEBUG", "").strip().lower() in ("true", "1")
     return [
         num(ffi_pb2.FfiEvent, "audio_stream_event"),
         num(audio_frame_pb2.AudioStreamEvent, "stream_handle"),

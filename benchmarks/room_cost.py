@@ -198,6 +198,13 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
             room_pids = [p for f in servers[:1] for p in tree(f)[1:]]
             memory = sorted(rss_mb(p) for p in room_pids)
             worker_rss = rss_mb(main_pid)
+            # how each process's caller audio went: straight into the engine's ring (agent/caller_pump.py), or
+            # through Python (no compiler, CHORUS_NATIVE_CALLER_AUDIO=false: no line)
+            log = worker.log.read_text(errors="replace")
+            caller_audio = {
+                "native_processes": log.count("caller audio goes from the rtc runtime straight"),
+                "python_processes": log.count("caller audio goes through Python"),
+            }
         finally:
             tester.kill()
             tester.wait(10)
@@ -230,6 +237,7 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
             "max": round(memory[-1], 1) if memory else None,
         },
         "missed_deadlines": snap["missed_deadlines"],
+        "caller_audio": caller_audio,
     }
 
 
@@ -258,7 +266,9 @@ def main() -> int:
             f"live step p50/p99 {li['p50']}/{li['p99']} ms idle, "
             f"{ls['p50']}/{ls['p99']} ms with {n} sessions and no rooms, "
             f"{lr['p50']}/{lr['p99']} ms with the rooms; "
-            f"room process RSS {r['room_process_rss_mb']['median']} MB; missed {r['missed_deadlines']}",
+            f"room process RSS {r['room_process_rss_mb']['median']} MB; missed {r['missed_deadlines']}; "
+            f"caller audio native in {r['caller_audio']['native_processes']} process(es), through Python in "
+            f"{r['caller_audio']['python_processes']}",
             flush=True,
         )
     print(json.dumps({"rooms_in": "processes" if args.processes else "threads", "runs": results}))

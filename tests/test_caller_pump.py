@@ -244,7 +244,8 @@ def logs_event(*records: tuple[int, str]) -> bytes:
     return ev.SerializePartialToString()
 
 
-TRACE, DEBUG, INFO, WARN = (ffi_pb2.LogLevel.Value(n) for n in ("LOG_TRACE", "LOG_DEBUG", "LOG_INFO", "LOG_WARN"))
+LEVELS = ("LOG_TRACE", "LOG_DEBUG", "LOG_INFO", "LOG_WARN")
+TRACE, DEBUG, INFO, WARN = (ffi_pb2.LogLevel.Value(n) for n in LEVELS)
 
 
 def test_the_runtimes_log_records_that_python_would_throw_away_never_cross_into_it(pump):

@@ -5,7 +5,7 @@ that callback. For an audio stream registered here (one per caller track, made b
 received frame is parsed from its protobuf event, its samples are cut into the engine's input frames and
 written into the session's shared memory (engine/link.py: the caller ring, its write times and counter), and
 the frame's native buffer is dropped at once. Every other event goes to the SDK's own Python callback,
-unchanged and in order.
+unchanged and in order, but for a batch of log records that callback would only throw away (`quiet_logs`).
 
 Before its session's ring is attached a stream's frames are held (bounded; the oldest are dropped and counted)
 and written, in order, when it is. A stream's counters (frames, written, ring full, held, held dropped, bad,
