@@ -21,9 +21,9 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, llm, room_io
 
-from agent import caller_pump
+from agent import audio_pump
 from agent.acks import AckClips
-from agent.caller_pump import CallerAudio
+from agent.audio_pump import CallerAudio
 from agent.duplex import VOICED_ENERGY, ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
@@ -242,7 +242,7 @@ async def _start_in_room(
     await sink.join(room)  # a phone call's track may be up already, while it rang
     if not sink.on_session_output:
         session.output.audio = output
-    native = None if sink.on_session_output else native_caller_audio(call, clock)  # the console's: its mic
+    native = None if sink.on_session_output else native_caller_input(call, clock)  # the console's: its mic
     # no session host: the framework would publish every session event (each state change, each item) to
     # the room as a byte stream, for a remote client to observe the session; Chorus's operators watch the
     # monitoring page, and on a loaded worker those sends queued behind the room's audio
@@ -260,15 +260,15 @@ async def _start_in_room(
         log.info("console: the agent's audio goes through the playout to the console's speaker")
 
 
-def native_caller_audio(call: Call, clock: ClockConfig) -> CallerAudio | None:
-    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/caller_pump.py),
+def native_caller_input(call: Call, clock: ClockConfig) -> CallerAudio | None:
+    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/audio_pump.py),
     when this process has the native callback and the engine is a ring away (not in this process)."""
     from engine.remote import RemoteEngine
 
-    lib = caller_pump.installed()
-    if lib is None or not isinstance(call.model.engine, RemoteEngine) or not caller_pump.install_room_input():
+    lib = audio_pump.installed()
+    if lib is None or not isinstance(call.model.engine, RemoteEngine) or not audio_pump.install_room_input():
         return None
-    call.model.caller_audio = caller_pump.CallerAudio(
+    call.model.caller_audio = audio_pump.CallerAudio(
         lib, rate=clock.input_rate, frame=clock.input_samples, loud=VOICED_ENERGY, frame_ms=clock.frame_ms
     )
     return call.model.caller_audio

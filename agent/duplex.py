@@ -41,7 +41,7 @@ from engine.api import (
 )
 
 if TYPE_CHECKING:
-    from agent.caller_pump import CallerAudio
+    from agent.audio_pump import CallerAudio
     from engine.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.duplex")
@@ -123,7 +123,7 @@ class ChorusModel(llm.DuplexModel):
         self.session_label, self.caller_kind = label, caller  # (`label` is the framework's own property)
         self.sessions: list[ChorusSession] = []
         self.admission = admission
-        # the caller's audio when it goes to the engine's ring natively (agent/caller_pump.py), not through
+        # the caller's audio when it goes to the engine's ring natively (agent/audio_pump.py), not through
         # `ChorusSession.push_audio`: its ring is handed over when the slot opens
         self.caller_audio: CallerAudio | None = None
 

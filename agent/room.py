@@ -95,7 +95,7 @@ def proc_is_own_process() -> bool:
 def prewarm(proc: JobProcess) -> None:
     """A room's process (or, under the thread executor, a job runner) before its job: the rtc SDK's FFI
     client, the engine's door and its tokenizer, then the long-lived objects frozen out of the collector."""
-    rtc_ffi.install(room_settings().native_caller_audio)  # before any job of this process touches the rtc SDK
+    rtc_ffi.install(room_settings().native_audio)  # before any job of this process touches the rtc SDK
     if proc_is_own_process():
         # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
         # cannot: on a machine short of cores the rooms yield first
@@ -336,7 +336,7 @@ def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence |
     names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
     parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
     native = call.model.caller_audio
-    if native is not None:  # the caller's audio went to the ring natively (agent/caller_pump.py)
+    if native is not None:  # the caller's audio went to the ring natively (agent/audio_pump.py)
         n = native.stats()
         parts += [f"native_in {int(n['frames'])}", f"native_ring_full {int(n['ring_full'])}"]
         parts += [f"native_held {int(n['held'])}", f"native_bad {int(n['bad'])}"]

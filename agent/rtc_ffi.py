@@ -27,7 +27,7 @@ from typing import Any
 
 from livekit.rtc._utils import Queue  # the SDK's own subscriber queue
 
-from agent import caller_pump
+from agent import audio_pump
 
 log = logging.getLogger("chorus.agent.rtc_ffi")
 
@@ -36,17 +36,17 @@ _lock = threading.Lock()
 _installed = False
 
 
-def install(native_caller_audio: bool = False) -> bool:
+def install(native_audio: bool = False) -> bool:
     """Create the FFI client once and route its events (idempotent; False if the SDK is not the one this
-    was written for, which then keeps its own queue). With `native_caller_audio`, the client is made with
-    the native callback in front of the SDK's (agent/caller_pump.py) when it can be."""
+    was written for, which then keeps its own queue). With `native_audio`, the client is made with
+    the native callback in front of the SDK's (agent/audio_pump.py) when it can be."""
     global _installed
     from livekit import rtc
     from livekit.rtc._ffi_client import FfiClient, FfiQueue  # the SDK's singleton; no public accessor
 
     with _lock:
-        if native_caller_audio and not _installed:
-            caller_pump.install()
+        if native_audio and not _installed:
+            audio_pump.install()
         client = FfiClient.instance  # created here, under the lock
         if _installed:
             return True

@@ -149,12 +149,10 @@ class AgentSettings(EnvSettings):
     # the worker's process (one rtc runtime for all, the fewest cores per room), or with true each room's
     # call in a process of its own (livekit-agents' process executor): for hosts with cores to spare
     room_processes: bool = Field(False, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
-    # the caller's audio from the rtc runtime straight into the engine's ring, no Python on its way
-    # (agent/caller_pump.py, built with the host's C compiler on first use); false: through livekit-agents'
-    # room input, as without a compiler
-    native_caller_audio: bool = Field(
-        True, validation_alias="CHORUS_NATIVE_CALLER_AUDIO", description="true or false"
-    )
+    # the caller's audio from the rtc runtime straight into the engine's ring, no Python on its way, and the
+    # agent's captures to its track made and answered natively (agent/audio_pump.py, built with the host's C
+    # compiler on first use); false: through livekit-agents' room input and the SDK's capture, as without one
+    native_audio: bool = Field(True, validation_alias="CHORUS_NATIVE_AUDIO", description="true or false")
     # the engine's live step at this real-time priority (SCHED_FIFO; 0: normal priority); refused without
     # CAP_SYS_NICE or RLIMIT_RTPRIO, and then said once in the log
     tick_priority: int = Field(

@@ -21,6 +21,7 @@ from livekit import rtc
 from livekit.agents import io
 from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
+from agent import audio_pump
 from agent.playout_buffer import Sink
 
 log = logging.getLogger("chorus.agent.sinks")
@@ -129,7 +130,24 @@ class RoomSink(_OwnOutput):
         self._one_at_a_time = asyncio.Lock()  # the filler's silence and the speech never capture at once
         self._silence_queued = False  # the last capture was the filler's: what is queued is silence
         self.track_sid: str | None = None  # the published track's, once `start` has published it
-        self.stalls = 0  # captures given up after CAPTURE_WAIT_S
+        self._stalls = 0  # captures given up after CAPTURE_WAIT_S
+        # the captures made natively, their answers taken off the room's loop (agent/audio_pump.py), when
+        # this process has the native callback
+        self._native: audio_pump.TrackCapture | None = None
+        lib = audio_pump.installed()
+        if lib is not None:
+            try:
+                self._native = audio_pump.TrackCapture(lib, self.source, self.CAPTURE_WAIT_S)
+            except audio_pump.PumpUnavailable as e:
+                log.warning("the agent's track is fed through Python: %s", e)
+
+    @property
+    def stalls(self) -> int:
+        """Captures the rtc runtime took longer than CAPTURE_WAIT_S to answer, or refused."""
+        if self._native is None:
+            return self._stalls
+        n = self._native.stats()
+        return self._stalls + int(n.get("slow", 0) + n.get("refused", 0) + n.get("errors", 0))
 
     async def join(self, room: rtc.Room) -> None:
         """The track published, unless it is already (a phone call's is, while it rings)."""
@@ -164,12 +182,15 @@ class RoomSink(_OwnOutput):
                 self._ends = time.monotonic()
             self._silence_queued = silence
             self._ends = max(time.monotonic(), self._ends) + samples.size / self.sample_rate
+            if self._native is not None:
+                self._native.capture(samples)  # answered off this loop; a refusal is counted there
+                return
             frame = rtc.AudioFrame(samples.tobytes(), self.sample_rate, 1, samples.size)
             try:
                 async with asyncio.timeout(self.CAPTURE_WAIT_S):  # a timer, not a task per capture
                     await self.source.capture_frame(frame)
             except TimeoutError:
-                self.stalls += 1
+                self._stalls += 1
 
     async def _fill(self) -> None:
         silence = np.zeros(int(self.sample_rate * self.FILL_FRAME_S), np.int16)
@@ -196,6 +217,8 @@ class RoomSink(_OwnOutput):
             self._filler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._filler
+        if self._native is not None:
+            self._native.close()
         await self.source.aclose()
 
 

@@ -82,7 +82,7 @@ class Layout:
 class CallerRing:
     """Where a session's caller ring lies in this process: the mapping's address and the byte offsets of the
     write and read counters, the frames and their write times. For a writer outside Python (the room's native
-    caller audio, agent/caller_pump.py), which must stop writing before the mapping is closed."""
+    caller audio, agent/audio_pump.py), which must stop writing before the mapping is closed."""
 
     base: int
     in_w: int

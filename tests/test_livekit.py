@@ -96,7 +96,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         caller.freed_after = asyncio.get_running_loop().time() - left
         return caller
 
-    with Worker(server, store_dir, slots=4, CHORUS_NATIVE_CALLER_AUDIO=str(native).lower()) as worker:
+    with Worker(server, store_dir, slots=4, CHORUS_NATIVE_AUDIO=str(native).lower()) as worker:
         caller = asyncio.run(call(worker))
         heard = caller.heard
         assert heard.agent_identity and heard.agent_identity.startswith("agent-")
@@ -108,7 +108,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         # the job logs its end just after the engine freed its slot
         wait_until(lambda: "call ended" in worker.log.read_text(), "the job's end", 5.0, every=POLL_S)
         # the caller's audio took the path asked for: the rtc runtime straight into the engine's ring
-        # (agent/caller_pump.py), or livekit-agents' room input and the session's push_audio
+        # (agent/audio_pump.py), or livekit-agents' room input and the session's push_audio
         ended = next(line for line in worker.log.read_text().splitlines() if "call ended" in line)
         native_in = re.search(r"native_in (\d+)", ended)
         pushed = int(re.search(r"frames_pushed (\d+)", ended).group(1))

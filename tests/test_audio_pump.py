@@ -1,4 +1,4 @@
-"""The native caller audio (agent/native/caller_pump.c through agent/caller_pump.py): the rtc runtime's events
+"""The native caller audio (agent/native/audio_pump.c through agent/audio_pump.py): the rtc runtime's events
 as its native library delivers them (protobuf bytes, built here with the SDK's own message classes), a
 session's real shared memory (engine/link.py) as the ring, and stand-ins for the SDK's Python callback and
 the native library's handle drop that record what reached them.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from livekit.rtc._proto import ffi_pb2
 
-from agent import caller_pump
+from agent import audio_pump
 from engine.link import IN_R, IN_W, Layout, SessionLink
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -25,20 +25,64 @@ RATE, FRAME = 16_000, 1280
 LOUD = (0.02 * 32768.0) ** 2  # agent/duplex.py VOICED_ENERGY
 EVENT = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t)
 DROP = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_uint64)
+REQUEST = ctypes.CFUNCTYPE(
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_uint8),
+    ctypes.c_size_t,
+    ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)),
+    ctypes.POINTER(ctypes.c_size_t),
+)
 
 
 class Pump:
     """A private copy of the library, its forwarded events and dropped handles recorded."""
 
     def __init__(self, directory) -> None:
-        self.lib = caller_pump.load(caller_pump.build(directory=directory))
+        self.lib = audio_pump.load(audio_pump.build(directory=directory))
         self.forwarded: list[bytes] = []
         self.dropped: list[int] = []
         self._fwd = EVENT(lambda p, n: self.forwarded.append(ctypes.string_at(p, n)))
         self._drop = DROP(lambda h: self.dropped.append(int(h)) or True)
-        caller_pump.init(self.lib, caller_pump._address(self._fwd), caller_pump._address(self._drop))
+        # the native library's requests: each one's bytes and the samples its buffer pointed at when made,
+        # answered with the async id asked for (or `answer_id`, as a runtime that ignores it would)
+        self.requests: list[tuple[ffi_pb2.FfiRequest, np.ndarray]] = []
+        self.answer_id: int | None = None
+        self._answers: list[object] = []
+        self._request = REQUEST(self._on_request)
+        audio_pump.init(
+            self.lib,
+            audio_pump._address(self._fwd),
+            audio_pump._address(self._drop),
+            audio_pump._address(self._request),
+        )
         self._keep: list[object] = []  # the sample buffers the events point at, alive until sent
         self._next_buffer = 1000
+
+    def _on_request(self, data, n, res, res_n) -> int:
+        req = ffi_pb2.FfiRequest()
+        req.ParseFromString(ctypes.string_at(data, n))
+        info = req.capture_audio_frame.buffer
+        seen = np.ctypeslib.as_array(
+            ctypes.cast(info.data_ptr, ctypes.POINTER(ctypes.c_int16)), (info.samples_per_channel,)
+        ).copy()
+        self.requests.append((req, seen))
+        resp = ffi_pb2.FfiResponse()
+        resp.capture_audio_frame.async_id = (
+            req.capture_audio_frame.request_async_id if self.answer_id is None else self.answer_id
+        )
+        body = resp.SerializeToString()
+        buf = (ctypes.c_uint8 * len(body)).from_buffer_copy(body)
+        self._answers.append(buf)
+        res[0] = ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8))
+        res_n[0] = len(body)
+        return 77  # the answer's handle, dropped by the caller
+
+    def capture_done(self, async_id: int, error: str = "") -> bytes:
+        ev = ffi_pb2.FfiEvent()
+        ev.capture_audio_frame.async_id = async_id
+        if error:
+            ev.capture_audio_frame.error = error
+        return ev.SerializePartialToString()
 
     def frame_event(self, stream: int, samples: np.ndarray, *, rate: int = RATE, channels: int = 1) -> bytes:
         buf = np.ascontiguousarray(samples, dtype=np.int16)
@@ -58,13 +102,13 @@ class Pump:
         arr = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         self.lib.pump_event(arr, len(data))
 
-    def register(self, stream: int, hold: int = 4) -> caller_pump.NativeStream:
-        return caller_pump.NativeStream(self.lib, stream, RATE, FRAME, LOUD, hold)
+    def register(self, stream: int, hold: int = 4) -> audio_pump.NativeStream:
+        return audio_pump.NativeStream(self.lib, stream, RATE, FRAME, LOUD, hold)
 
     def totals(self) -> dict[str, int]:
-        out = (ctypes.c_uint64 * len(caller_pump.TOTALS))()
+        out = (ctypes.c_uint64 * len(audio_pump.TOTALS))()
         self.lib.pump_totals(out)
-        return dict(zip(caller_pump.TOTALS, map(int, out), strict=True))
+        return dict(zip(audio_pump.TOTALS, map(int, out), strict=True))
 
 
 @pytest.fixture
@@ -214,13 +258,13 @@ def test_only_a_loud_frame_marks_when_the_caller_last_spoke(pump, link):
 
 def test_a_stream_cannot_be_registered_twice_nor_attached_to_a_ring_of_another_frame(pump, link):
     first = pump.register(7)
-    with pytest.raises(caller_pump.PumpUnavailable):
+    with pytest.raises(audio_pump.PumpUnavailable):
         pump.register(7)
     assert first.stats()["frames"] == 0  # the refused second one took nothing of the first
     other = SessionLink.create(Layout(in_samples=640, out_samples=1764))
     try:
-        with pytest.raises(caller_pump.PumpUnavailable):
-            caller_pump.NativeStream(pump.lib, 9, RATE, FRAME, LOUD, 4).attach(other.caller_ring())
+        with pytest.raises(audio_pump.PumpUnavailable):
+            audio_pump.NativeStream(pump.lib, 9, RATE, FRAME, LOUD, 4).attach(other.caller_ring())
     finally:
         other.close()
 
@@ -271,3 +315,52 @@ def test_with_the_sdks_rtc_debug_on_the_runtimes_debug_records_reach_python(tmp_
     pump.send(debug)
     pump.send(trace)
     assert pump.forwarded == [debug]
+
+
+class FakeSource:
+    """What `TrackCapture` reads of an `rtc.AudioSource`: its FFI handle and rate."""
+
+    def __init__(self, handle: int, rate: int = 48_000) -> None:
+        self._ffi_handle = type("H", (), {"handle": handle})()
+        self.sample_rate = rate
+
+
+def test_the_agents_frames_are_captured_by_a_request_made_natively_and_its_answer_taken_there(pump):
+    track = audio_pump.TrackCapture(pump.lib, FakeSource(41), slow_s=2.0)
+    frame = tone(3840)
+    assert track.capture(frame)
+    frame[:] = 0  # the request carries a copy: the caller's array is free at once
+    [(req, seen)] = pump.requests
+    cap = req.capture_audio_frame
+    assert (cap.source_handle, cap.buffer.num_channels, cap.buffer.sample_rate) == (41, 1, 48_000)
+    assert cap.buffer.samples_per_channel == 3840 and np.array_equal(seen, tone(3840))
+    assert pump.dropped == [77]  # the answer's buffer
+    assert track.stats()["sent"] == 1 and track.stats()["done"] == 0
+    pump.send(pump.capture_done(cap.request_async_id))
+    assert pump.forwarded == []  # the answer never reached Python
+    assert (track.stats()["done"], track.stats()["errors"], track.stats()["slow"]) == (1, 0, 0)
+    other = pump.capture_done(5)  # a capture of the SDK's own AudioSource: Python's to take
+    pump.send(other)
+    assert pump.forwarded == [other]
+
+
+def test_a_refused_or_slow_capture_is_counted(pump):
+    track = audio_pump.TrackCapture(pump.lib, FakeSource(41), slow_s=0.0)
+    track.capture(tone(480))
+    pump.send(
+        pump.capture_done(pump.requests[-1][0].capture_audio_frame.request_async_id, error="queue closed")
+    )
+    s = track.stats()
+    assert (s["done"], s["errors"], s["slow"]) == (1, 1, 1)
+    unknown = audio_pump.TrackCapture(pump.lib, FakeSource(42), slow_s=1.0)
+    unknown.close()
+    assert not unknown.capture(tone(480))  # a closed track takes nothing
+    assert len(pump.requests) == 1
+
+
+def test_a_runtime_that_answers_with_its_own_id_still_has_its_answer_taken(pump):
+    track = audio_pump.TrackCapture(pump.lib, FakeSource(41), slow_s=2.0)
+    pump.answer_id = 9_000
+    track.capture(tone(480))
+    pump.send(pump.capture_done(9_000))
+    assert pump.forwarded == [] and track.stats()["done"] == 1

@@ -1,7 +1,8 @@
-/* The caller's audio, from the rtc runtime straight into the engine's ring: no Python on the way.
+/* The call's audio and the rtc runtime with no Python in between: the caller's frames straight into the
+engine's ring, and the agent's captures into its track requested and answered here.
 
 The livekit rtc SDK's native library hands every event to one callback (livekit_ffi_initialize). This file is
-that callback. For an audio stream registered here (one per caller track, made by agent/caller_pump.py), a
+that callback. For an audio stream registered here (one per caller track, made by agent/audio_pump.py), a
 received frame is parsed from its protobuf event, its samples are cut into the engine's input frames and
 written into the session's shared memory (engine/link.py: the caller ring, its write times and counter), and
 the frame's native buffer is dropped at once. Every other event goes to the SDK's own Python callback,
@@ -10,6 +11,10 @@ unchanged and in order, but for a batch of log records that callback would only 
 Before its session's ring is attached a stream's frames are held (bounded; the oldest are dropped and counted)
 and written, in order, when it is. A stream's counters (frames, written, ring full, held, held dropped, bad,
 the time of the last loud frame) are read by Python; nothing here logs.
+
+The agent's frames go the other way by `pump_capture`: a copy of the samples and the runtime's capture
+request, made here with an async id of this file's, whose answer `pump_event` takes (freeing the copy and
+counting the answer, an error or a slow one) instead of passing it to Python.
 
 The event's field numbers come from the SDK's own descriptors at `pump_init`, so nothing here is tied to one
 protobuf schema's numbering; the wire format is protobuf's. */
@@ -42,6 +47,15 @@ enum {
     V_LOG_DEBUG,     /* LogLevel.LOG_DEBUG's value */
     V_LOG_TRACE,     /* LogLevel.LOG_TRACE's value */
     V_RTC_DEBUG,     /* 1: LIVEKIT_RTC_DEBUG is on (the SDK then logs the runtime's debug records) */
+    F_REQ_CAPTURE,   /* FfiRequest.capture_audio_frame */
+    F_CAP_SOURCE,    /* CaptureAudioFrameRequest.source_handle */
+    F_CAP_BUFFER,    /* CaptureAudioFrameRequest.buffer */
+    F_CAP_ASYNC,     /* CaptureAudioFrameRequest.request_async_id */
+    F_RESP_CAPTURE,  /* FfiResponse.capture_audio_frame */
+    F_RESP_ASYNC,    /* CaptureAudioFrameResponse.async_id */
+    F_EVENT_CAPTURE, /* FfiEvent.capture_audio_frame */
+    F_CB_ASYNC,      /* CaptureAudioFrameCallback.async_id */
+    F_CB_ERROR,      /* CaptureAudioFrameCallback.error */
     N_FIELDS
 };
 
@@ -49,6 +63,8 @@ enum {
 enum { S_FRAMES, S_WRITTEN, S_RING_FULL, S_HELD, S_HELD_DROPPED, S_BAD, S_VOICED_AT, N_STATS };
 /* the process's, in the order pump_totals writes them */
 enum { T_CONSUMED, T_FORWARDED, T_LATE, T_STREAMS, T_QUIET_LOGS, N_TOTALS };
+/* a track's captures, in the order pump_capture_stats writes them */
+enum { C_SENT, C_DONE, C_ERRORS, C_SLOW, C_REFUSED, N_CSTATS };
 
 #define MAX_STREAMS 4096
 #define TOMBSTONES 256 /* streams closed lately: a frame of theirs still in flight is dropped, not forwarded */
@@ -71,6 +87,8 @@ typedef struct {
 
 static event_cb forward;
 static drop_fn drop_handle;
+typedef uint64_t (*request_fn)(const uint8_t *data, size_t len, const uint8_t **res, size_t *res_len);
+static request_fn ffi_request;
 static int fields[N_FIELDS];
 static stream_t streams[MAX_STREAMS];
 static int n_streams; /* entries in use are below this index */
@@ -157,7 +175,7 @@ typedef struct {
 /* An audio stream's received frame; 0 for any other event. */
 static int parse_frame(const uint8_t *data, size_t len, frame_event *ev) {
     const uint8_t *ase, *afr, *buf, *p, *end, *sub;
-    size_t ase_n, afr_n, buf_n, sublen;
+    size_t ase_n, afr_n = 0, buf_n, sublen;
     uint32_t num;
     uint64_t val;
     int has_stream = 0;
@@ -315,6 +333,83 @@ static void take(stream_t *s, const frame_event *ev) {
     }
 }
 
+/* -- the agent's frames out: captures into a track's audio source ---------------------------------- */
+
+#define MAX_CAPTURES 1024 /* in flight at once, all tracks of the process */
+#define MAX_SOURCES 4096
+
+typedef struct {
+    uint64_t id; /* 0: free */
+    uint64_t source;
+    int16_t *samples; /* our copy: the runtime reads it until its callback */
+    double sent;
+} capture_t;
+
+typedef struct {
+    uint64_t source; /* 0: free */
+    double slow_s;
+    double stats[N_CSTATS];
+} source_t;
+
+static capture_t captures[MAX_CAPTURES];
+static source_t sources[MAX_SOURCES];
+static int n_sources;
+static uint64_t next_capture_id = (uint64_t)1 << 60; /* apart from the ids the SDK's own requests get */
+
+static source_t *find_source(uint64_t handle) {
+    for (int i = 0; i < n_sources; i++)
+        if (sources[i].source == handle) return &sources[i];
+    return NULL;
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+    size_t n = 0;
+    do {
+        uint8_t b = v & 0x7f;
+        v >>= 7;
+        p[n++] = b | (v ? 0x80 : 0);
+    } while (v);
+    return n;
+}
+
+static size_t put_key(uint8_t *p, int field, int wire) { return put_varint(p, ((uint64_t)field << 3) | wire); }
+
+/* A capture's callback: its copy is freed and its track's counters move. 0: not one of ours. */
+static int capture_done(const uint8_t *data, size_t len) {
+    const uint8_t *cb, *p, *end, *sub;
+    size_t cb_n, sublen;
+    uint32_t num;
+    uint64_t val, id = 0;
+    int error = 0;
+    if (!find_bytes(data, len, fields[F_EVENT_CAPTURE], &cb, &cb_n)) return 0;
+    p = cb, end = cb + cb_n;
+    while (p < end) {
+        if (!next_field(&p, end, &num, &val, &sub, &sublen)) return 0;
+        if ((int)num == fields[F_CB_ASYNC] && sub == NULL) id = val;
+        else if ((int)num == fields[F_CB_ERROR] && sub != NULL && sublen > 0) error = 1;
+    }
+    if (id == 0) return 0;
+    int16_t *samples = NULL;
+    int found = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAX_CAPTURES; i++) {
+        if (captures[i].id != id) continue;
+        source_t *src = find_source(captures[i].source);
+        if (src != NULL) {
+            src->stats[C_DONE] += 1;
+            if (error) src->stats[C_ERRORS] += 1;
+            if (now_s() - captures[i].sent > src->slow_s) src->stats[C_SLOW] += 1;
+        }
+        samples = captures[i].samples;
+        memset(&captures[i], 0, sizeof captures[i]);
+        found = 1;
+        break;
+    }
+    pthread_mutex_unlock(&mu);
+    free(samples);
+    return found; /* another's (the SDK's own AudioSource): Python's */
+}
+
 /* -- the callback ------------------------------------------------------------------------------------ */
 
 void pump_event(const uint8_t *data, size_t len) {
@@ -337,6 +432,7 @@ void pump_event(const uint8_t *data, size_t len) {
             return;
         }
     }
+    if (capture_done(data, len)) return;
     if (quiet_logs(data, len)) {
         __atomic_add_fetch(&totals[T_QUIET_LOGS], 1, __ATOMIC_RELAXED);
         return;
@@ -347,11 +443,12 @@ void pump_event(const uint8_t *data, size_t len) {
 
 /* -- what Python calls ------------------------------------------------------------------------------- */
 
-int pump_init(event_cb fwd, drop_fn drop, const int32_t *numbers, int n) {
+int pump_init(event_cb fwd, drop_fn drop, request_fn request, const int32_t *numbers, int n) {
     if (n != N_FIELDS) return -1;
     pthread_mutex_lock(&mu);
     forward = fwd;
     drop_handle = drop;
+    ffi_request = request;
     for (int i = 0; i < N_FIELDS; i++) fields[i] = numbers[i];
     pthread_mutex_unlock(&mu);
     return 0;
@@ -460,6 +557,121 @@ void pump_totals(uint64_t *out) {
     pthread_mutex_lock(&mu);
     memcpy(out, totals, sizeof totals);
     pthread_mutex_unlock(&mu);
+}
+
+/* A track's audio source whose frames this file captures; `slow_s`: a capture its runtime takes longer than
+   this to answer is counted slow. */
+int pump_source_open(uint64_t handle, double slow_s) {
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    source_t *src = find_source(handle);
+    if (src == NULL) src = find_source(0);
+    if (src == NULL && n_sources < MAX_SOURCES) src = &sources[n_sources++];
+    if (src != NULL && src->source != handle) {
+        memset(src, 0, sizeof *src);
+        src->source = handle;
+        src->slow_s = slow_s;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int pump_source_close(uint64_t handle) {
+    pthread_mutex_lock(&mu);
+    source_t *src = find_source(handle);
+    if (src != NULL) memset(src, 0, sizeof *src);
+    while (n_sources > 0 && sources[n_sources - 1].source == 0) n_sources--;
+    pthread_mutex_unlock(&mu);
+    return src != NULL ? 0 : -1;
+}
+
+/* One frame of int16 mono samples at `rate` into the source's queue: the runtime's capture request, made here,
+   its callback taken by `pump_event`. Returns the captures of this source still unanswered (this one
+   included), or -1 when it was refused (an unknown source, too many in flight, no memory) and counted. */
+int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t rate) {
+    if (ffi_request == NULL || n == 0 || rate == 0) return -1;
+    int16_t *copy = malloc((size_t)n * sizeof(int16_t));
+    if (copy == NULL) return -1;
+    memcpy(copy, samples, (size_t)n * sizeof(int16_t));
+    int slot = -1, pending = 0;
+    uint64_t id = 0;
+    pthread_mutex_lock(&mu);
+    source_t *src = find_source(source);
+    if (src != NULL) {
+        for (int i = 0; i < MAX_CAPTURES; i++) {
+            if (captures[i].id == 0 && slot < 0) slot = i;
+            else if (captures[i].id != 0 && captures[i].source == source) pending++;
+        }
+        if (slot < 0) {
+            src->stats[C_REFUSED] += 1;
+        } else {
+            id = next_capture_id++;
+            captures[slot] = (capture_t){id, source, copy, now_s()};
+            src->stats[C_SENT] += 1;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (slot < 0) {
+        free(copy);
+        return -1;
+    }
+    /* FfiRequest { capture_audio_frame { source_handle, buffer { data_ptr, num_channels, sample_rate,
+       samples_per_channel }, request_async_id } } */
+    uint8_t info[64], body[128], req[160];
+    size_t ni = 0, nb = 0, nr = 0;
+    ni += put_key(info + ni, fields[F_INFO_PTR], 0);
+    ni += put_varint(info + ni, (uint64_t)(uintptr_t)copy);
+    ni += put_key(info + ni, fields[F_INFO_CH], 0);
+    ni += put_varint(info + ni, 1);
+    ni += put_key(info + ni, fields[F_INFO_RATE], 0);
+    ni += put_varint(info + ni, rate);
+    ni += put_key(info + ni, fields[F_INFO_SPC], 0);
+    ni += put_varint(info + ni, n);
+    nb += put_key(body + nb, fields[F_CAP_SOURCE], 0);
+    nb += put_varint(body + nb, source);
+    nb += put_key(body + nb, fields[F_CAP_BUFFER], 2);
+    nb += put_varint(body + nb, ni);
+    memcpy(body + nb, info, ni);
+    nb += ni;
+    nb += put_key(body + nb, fields[F_CAP_ASYNC], 0);
+    nb += put_varint(body + nb, id);
+    nr += put_key(req + nr, fields[F_REQ_CAPTURE], 2);
+    nr += put_varint(req + nr, nb);
+    memcpy(req + nr, body, nb);
+    nr += nb;
+    const uint8_t *res = NULL;
+    size_t res_n = 0;
+    uint64_t handle = ffi_request(req, nr, &res, &res_n);
+    /* the answer names the callback's id: the one asked for, or (a runtime that ignores it) its own */
+    const uint8_t *r, *p, *end, *sub;
+    size_t r_n, sublen;
+    uint32_t num;
+    uint64_t val, got = id;
+    if (res != NULL && find_bytes(res, res_n, fields[F_RESP_CAPTURE], &r, &r_n)) {
+        p = r, end = r + r_n;
+        while (p < end && next_field(&p, end, &num, &val, &sub, &sublen))
+            if ((int)num == fields[F_RESP_ASYNC] && sub == NULL) got = val;
+    }
+    if (handle != 0 && drop_handle != NULL) drop_handle(handle);
+    if (got != id) { /* its callback carries the runtime's id: none of ours, so it would never be freed */
+        pthread_mutex_lock(&mu);
+        if (captures[slot].id == id) captures[slot].id = got;
+        pthread_mutex_unlock(&mu);
+    }
+    return pending + 1;
+}
+
+int pump_capture_stats(uint64_t source, double *out, int n) {
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    source_t *src = find_source(source);
+    if (src != NULL && n >= N_CSTATS) {
+        memcpy(out, src->stats, sizeof src->stats);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }
 
 int pump_n_stats(void) { return N_STATS; }

@@ -1,6 +1,7 @@
-"""The caller's audio without Python on its way: from the rtc runtime straight into the engine's caller ring.
+"""The call's audio and the rtc runtime without Python in between: the caller's frames from the runtime
+straight into the engine's caller ring, and the agent's captures into its track made and answered natively.
 
-A room's caller track reaches the engine through `agent/native/caller_pump.c`, the callback the rtc SDK's
+A room's caller track reaches the engine through `agent/native/audio_pump.c`, the callback the rtc SDK's
 native library calls with every event. A caller track's stream (16 kHz mono, one engine frame at a time) is
 registered there; its frames are cut into the engine's frames and written into the session's shared memory
 (engine/link.py) by the callback's own thread, and their native buffers dropped. No event of theirs crosses
@@ -10,8 +11,12 @@ batches of debug and trace log records, which that callback would parse only to 
 
 - `install()` (agent/rtc_ffi.py, before the process's FFI client exists) builds the callback once (`cc`,
   cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it to the
-  native library in place of the SDK's; without a C compiler, or with CHORUS_NATIVE_CALLER_AUDIO=false, the
+  native library in place of the SDK's; without a C compiler, or with CHORUS_NATIVE_AUDIO=false, the
   caller's audio takes the framework's path (livekit-agents' room input and `ChorusSession.push_audio`).
+- `TrackCapture` is the agent's track (agent/sinks.py `RoomSink`): each frame the playout hands it is copied
+  and captured into the track's audio source by a request the library makes, and the runtime's answer is taken
+  there too, where the SDK's `capture_frame` subscribes a queue to the FFI client per capture and waits on the
+  room's loop for the answer.
 - `CallerAudio` is one call's: the framework's room input follows the caller's microphone track as always
   (who is linked, a rejoin, a new track), but each track it picks becomes a `NativeStream`; the frames that
   come before the engine's slot is open are held in the callback (up to HELD_S, the oldest dropped and
@@ -35,9 +40,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("chorus.agent.caller_pump")
+import numpy as np
 
-SOURCE = Path(__file__).with_name("native") / "caller_pump.c"
+log = logging.getLogger("chorus.agent.audio_pump")
+
+SOURCE = Path(__file__).with_name("native") / "audio_pump.c"
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-pthread")
 BUILD_TIMEOUT_S = 60.0
 HELD_S = 30.0  # caller audio held before the engine's slot opens (as agent/duplex.py holds it)
@@ -87,7 +94,11 @@ def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     u64, i32, f64 = ctypes.c_uint64, ctypes.c_int, ctypes.c_double
-    lib.pump_init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), i32]
+    lib.pump_init.argtypes = [*(ctypes.c_void_p,) * 3, ctypes.POINTER(ctypes.c_int32), i32]
+    lib.pump_source_open.argtypes = [u64, f64]
+    lib.pump_source_close.argtypes = [u64]
+    lib.pump_capture.argtypes = [u64, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
+    lib.pump_capture_stats.argtypes = [u64, ctypes.POINTER(f64), i32]
     lib.pump_register.argtypes = [u64, i32, i32, f64, i32]
     lib.pump_attach.argtypes = [u64, ctypes.c_void_p, *(ctypes.c_int64,) * 5, i32]
     lib.pump_detach.argtypes = lib.pump_unregister.argtypes = [u64]
@@ -131,15 +142,24 @@ def field_numbers() -> list[int]:
         ffi_pb2.LogLevel.LOG_DEBUG,
         ffi_pb2.LogLevel.LOG_TRACE,
         int(rtc_debug),
+        num(ffi_pb2.FfiRequest, "capture_audio_frame"),
+        num(audio_frame_pb2.CaptureAudioFrameRequest, "source_handle"),
+        num(audio_frame_pb2.CaptureAudioFrameRequest, "buffer"),
+        num(audio_frame_pb2.CaptureAudioFrameRequest, "request_async_id"),
+        num(ffi_pb2.FfiResponse, "capture_audio_frame"),
+        num(audio_frame_pb2.CaptureAudioFrameResponse, "async_id"),
+        num(ffi_pb2.FfiEvent, "capture_audio_frame"),
+        num(audio_frame_pb2.CaptureAudioFrameCallback, "async_id"),
+        num(audio_frame_pb2.CaptureAudioFrameCallback, "error"),
     ]
 
 
-def init(lib: ctypes.CDLL, forward: int | None, drop: int | None) -> None:
-    """Point the callback at `forward` (the address of a function taking an event's bytes) and `drop` (of
-    one dropping a native handle)."""
+def init(lib: ctypes.CDLL, forward: int | None, drop: int | None, request: int | None) -> None:
+    """Point the callback at `forward` (the address of a function taking an event's bytes), `drop` (of one
+    dropping a native handle) and `request` (the native library's `livekit_ffi_request`)."""
     numbers = field_numbers()
     arr = (ctypes.c_int32 * len(numbers))(*numbers)
-    if lib.pump_init(forward, drop, arr, len(numbers)) != 0:
+    if lib.pump_init(forward, drop, request, arr, len(numbers)) != 0:
         raise PumpUnavailable("the native caller audio does not walk these events")
 
 
@@ -165,7 +185,12 @@ def install() -> bool:
             lib = load(build())
             sdk_callback = _ffi_client.ffi_event_callback
             native = _ffi_client.get_ffi_lib()
-            init(lib, _address(sdk_callback), _address(native.livekit_ffi_drop_handle))
+            init(
+                lib,
+                _address(sdk_callback),
+                _address(native.livekit_ffi_drop_handle),
+                _address(native.livekit_ffi_request),
+            )
             _ffi_client.ffi_event_callback = _ffi_client.ffi_cb_fnc(_address(lib.pump_event))
             try:
                 _ = _ffi_client.FfiClient.instance  # initialises the native library with the pump's callback
@@ -271,6 +296,43 @@ class NativeStream:
         owned = getattr(self, "_owned", None)
         if owned is not None:
             owned.dispose()
+
+
+CAPTURE_STATS = ("sent", "done", "errors", "slow", "refused")
+
+
+class TrackCapture:
+    """The agent's frames into its track's audio source without Python on their way back: each capture's
+    request is made by the native callback's library and its answer taken there (agent/native/audio_pump.c),
+    where `rtc.AudioSource.capture_frame` builds a request, subscribes a queue to the FFI client and waits on
+    the room's loop for the answer. `capture` returns at once; a capture the runtime answers more than
+    `slow_s` after it was made is counted slow (`stats`)."""
+
+    def __init__(self, lib: ctypes.CDLL, source: Any, slow_s: float) -> None:
+        self._lib, self._source = lib, source
+        self.handle = int(source._ffi_handle.handle)
+        if lib.pump_source_open(self.handle, slow_s) != 0:
+            raise PumpUnavailable("the agent's track could not be fed natively")
+        self.closed = False
+
+    def capture(self, samples: Any) -> bool:
+        """int16 mono samples at the source's rate into its queue; False when refused (counted)."""
+        if self.closed or not samples.size:
+            return False
+        pcm = np.ascontiguousarray(samples, dtype=np.int16)
+        return self._lib.pump_capture(self.handle, pcm.ctypes.data, pcm.size, self._source.sample_rate) > 0
+
+    def stats(self) -> dict[str, float]:
+        out = (ctypes.c_double * len(CAPTURE_STATS))()
+        if self._lib.pump_capture_stats(self.handle, out, len(CAPTURE_STATS)) != 0:
+            return getattr(self, "_final", {})
+        return dict(zip(CAPTURE_STATS, out, strict=True))
+
+    def close(self) -> None:
+        if not self.closed:
+            self._final = self.stats()
+            self.closed = True
+            self._lib.pump_source_close(self.handle)
 
 
 # the call whose room input is being made (agent/call.py sets it around `session.start`)
