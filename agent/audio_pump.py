@@ -99,6 +99,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.pump_source_close.argtypes = [u64]
     lib.pump_capture.argtypes = [u64, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
     lib.pump_capture_stats.argtypes = [u64, ctypes.POINTER(f64), i32]
+    lib.pump_set_reclaim.argtypes = [f64]
+    lib.pump_set_reclaim.restype = None
     lib.pump_register.argtypes = [u64, i32, i32, f64, i32]
     lib.pump_attach.argtypes = [u64, ctypes.c_void_p, *(ctypes.c_int64,) * 5, i32]
     lib.pump_detach.argtypes = lib.pump_unregister.argtypes = [u64]
@@ -306,7 +308,8 @@ class TrackCapture:
     request is made by the native callback's library and its answer taken there (agent/native/audio_pump.c),
     where `rtc.AudioSource.capture_frame` builds a request, subscribes a queue to the FFI client and waits on
     the room's loop for the answer. `capture` returns at once; a capture the runtime answers more than
-    `slow_s` after it was made is counted slow (`stats`)."""
+    `slow_s` after it was made is counted slow (`stats`). At most 1024 captures of the process are in flight;
+    one never answered (its source closed under it) gives its place up after 30 s, counted as an error."""
 
     def __init__(self, lib: ctypes.CDLL, source: Any, slow_s: float) -> None:
         self._lib, self._source = lib, source

@@ -364,3 +364,16 @@ def test_a_runtime_that_answers_with_its_own_id_still_has_its_answer_taken(pump)
     track.capture(tone(480))
     pump.send(pump.capture_done(9_000))
     assert pump.forwarded == [] and track.stats()["done"] == 1
+
+
+def test_captures_never_answered_give_their_entries_up_once_every_entry_is_taken(pump):
+    """A capture the runtime never answers (its source closed under it) must not hold its entry forever: once
+    every entry is taken, the oldest unanswered past the reclaim age makes room, counted as an error."""
+    track = audio_pump.TrackCapture(pump.lib, FakeSource(41), slow_s=2.0)
+    n = pump.lib.pump_max_captures()
+    assert all(track.capture(tone(48)) for _ in range(n))
+    assert not track.capture(tone(48))  # every entry taken, none old enough: refused and counted
+    assert track.stats()["refused"] == 1
+    pump.lib.pump_set_reclaim(0.0)
+    assert track.capture(tone(48))  # the oldest gave its entry up
+    assert track.stats()["errors"] == 1

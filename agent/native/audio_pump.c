@@ -355,6 +355,9 @@ static capture_t captures[MAX_CAPTURES];
 static source_t sources[MAX_SOURCES];
 static int n_sources;
 static uint64_t next_capture_id = (uint64_t)1 << 60; /* apart from the ids the SDK's own requests get */
+/* a capture still unanswered this long after it was made (its source closed under it, a runtime that lost it)
+   gives its entry up to a new one when every entry is taken: the runtime is long done reading its copy */
+static double reclaim_s = 30.0;
 
 static source_t *find_source(uint64_t handle) {
     for (int i = 0; i < n_sources; i++)
@@ -599,9 +602,18 @@ int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t r
     pthread_mutex_lock(&mu);
     source_t *src = find_source(source);
     if (src != NULL) {
+        int oldest = -1;
         for (int i = 0; i < MAX_CAPTURES; i++) {
             if (captures[i].id == 0 && slot < 0) slot = i;
             else if (captures[i].id != 0 && captures[i].source == source) pending++;
+            if (captures[i].id != 0 && (oldest < 0 || captures[i].sent < captures[oldest].sent)) oldest = i;
+        }
+        if (slot < 0 && oldest >= 0 && now_s() - captures[oldest].sent > reclaim_s) {
+            source_t *was = find_source(captures[oldest].source);
+            if (was != NULL) was->stats[C_ERRORS] += 1; /* never answered */
+            free(captures[oldest].samples);
+            memset(&captures[oldest], 0, sizeof captures[oldest]);
+            slot = oldest;
         }
         if (slot < 0) {
             src->stats[C_REFUSED] += 1;
@@ -661,6 +673,14 @@ int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t r
     }
     return pending + 1;
 }
+
+void pump_set_reclaim(double seconds) {
+    pthread_mutex_lock(&mu);
+    reclaim_s = seconds;
+    pthread_mutex_unlock(&mu);
+}
+
+int pump_max_captures(void) { return MAX_CAPTURES; }
 
 int pump_capture_stats(uint64_t source, double *out, int n) {
     int rc = -1;
