@@ -23,12 +23,13 @@ from livekit.agents import Agent, AgentSession, io, llm, room_io
 
 from agent import audio_pump
 from agent.acks import AckClips
-from agent.audio_pump import CallerAudio
+from agent.caller_input import CallerAudio, install_room_input
 from agent.duplex import VOICED_ENERGY, ChorusModel, ChorusSession
 from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
+from engine.remote import RemoteEngine
 from redaction import pseudonym
 
 if TYPE_CHECKING:
@@ -261,14 +262,12 @@ async def _start_in_room(
 
 
 def native_caller_input(call: Call, clock: ClockConfig) -> CallerAudio | None:
-    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/audio_pump.py),
+    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/caller_input.py),
     when this process has the native callback and the engine is a ring away (not in this process)."""
-    from engine.remote import RemoteEngine
-
     lib = audio_pump.installed()
-    if lib is None or not isinstance(call.model.engine, RemoteEngine) or not audio_pump.install_room_input():
+    if lib is None or not isinstance(call.model.engine, RemoteEngine) or not install_room_input():
         return None
-    call.model.caller_audio = audio_pump.CallerAudio(
+    call.model.caller_audio = CallerAudio(
         lib, rate=clock.input_rate, frame=clock.input_samples, loud=VOICED_ENERGY, frame_ms=clock.frame_ms
     )
     return call.model.caller_audio

@@ -41,7 +41,7 @@ from engine.api import (
 )
 
 if TYPE_CHECKING:
-    from agent.audio_pump import CallerAudio
+    from agent.caller_input import CallerAudio
     from engine.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.duplex")
@@ -302,10 +302,7 @@ class ChorusSession(llm.DuplexSession):
             while self._held:  # what the caller said while the slot was opening, in order
                 handle.push_audio(self._held.popleft())
             if self._model.caller_audio is not None:  # the native caller audio's held frames, then the rest
-                try:
-                    self._model.caller_audio.attach(handle)
-                except EngineError as e:
-                    log.warning("session %s: the caller's audio has no ring: %s", handle.id, e)
+                self._model.caller_audio.attach(handle)
             self.handle = handle
             report = getattr(handle, "report_playout", None)
             if report is not None:

@@ -172,15 +172,14 @@ typedef struct {
     uint32_t channels, rate, samples;
 } frame_event;
 
-/* An audio stream's received frame; 0 for any other event. */
-static int parse_frame(const uint8_t *data, size_t len, frame_event *ev) {
-    const uint8_t *ase, *afr, *buf, *p, *end, *sub;
-    size_t ase_n, afr_n = 0, buf_n, sublen;
+/* An audio stream event (`ase`, the event's AudioStreamEvent) that is a received frame; 0 for another. */
+static int parse_frame(const uint8_t *ase, size_t ase_n, frame_event *ev) {
+    const uint8_t *afr, *buf, *p, *end, *sub;
+    size_t afr_n = 0, buf_n, sublen;
     uint32_t num;
     uint64_t val;
     int has_stream = 0;
     memset(ev, 0, sizeof *ev);
-    if (!find_bytes(data, len, fields[F_EVENT_AUDIO], &ase, &ase_n)) return 0;
     p = ase, end = ase + ase_n;
     afr = NULL;
     while (p < end) {
@@ -226,13 +225,12 @@ static int parse_frame(const uint8_t *data, size_t len, frame_event *ev) {
    a trace, or a debug record of the runtime's own (target "libwebrtc" or "livekit...") while
    LIVEKIT_RTC_DEBUG is off (livekit/rtc/_ffi_client.py ffi_event_callback). A batch with any other record
    goes to Python whole. */
-static int quiet_logs(const uint8_t *data, size_t len) {
-    const uint8_t *batch, *p, *end, *rec, *sub;
-    size_t batch_n, rec_n, sublen;
+static int quiet_logs(const uint8_t *batch, size_t batch_n) {
+    const uint8_t *p, *end, *rec, *sub;
+    size_t rec_n, sublen;
     uint32_t num;
     uint64_t val;
     int records = 0;
-    if (!find_bytes(data, len, fields[F_EVENT_LOGS], &batch, &batch_n)) return 0;
     p = batch, end = batch + batch_n;
     while (p < end) {
         if (!next_field(&p, end, &num, &val, &rec, &rec_n)) return 0;
@@ -378,13 +376,12 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
 static size_t put_key(uint8_t *p, int field, int wire) { return put_varint(p, ((uint64_t)field << 3) | wire); }
 
 /* A capture's callback: its copy is freed and its track's counters move. 0: not one of ours. */
-static int capture_done(const uint8_t *data, size_t len) {
-    const uint8_t *cb, *p, *end, *sub;
-    size_t cb_n, sublen;
+static int capture_done(const uint8_t *cb, size_t cb_n) {
+    const uint8_t *p, *end, *sub;
+    size_t sublen;
     uint32_t num;
     uint64_t val, id = 0;
     int error = 0;
-    if (!find_bytes(data, len, fields[F_EVENT_CAPTURE], &cb, &cb_n)) return 0;
     p = cb, end = cb + cb_n;
     while (p < end) {
         if (!next_field(&p, end, &num, &val, &sub, &sublen)) return 0;
@@ -415,9 +412,27 @@ static int capture_done(const uint8_t *data, size_t len) {
 
 /* -- the callback ------------------------------------------------------------------------------------ */
 
+/* The event's message (an FfiEvent is one field of a oneof): its number and bytes; 0 for none. */
+static int event_message(const uint8_t *data, size_t len, int *which, const uint8_t **msg, size_t *msg_n) {
+    const uint8_t *p = data, *end = data + len, *sub;
+    size_t sublen;
+    uint32_t num;
+    uint64_t val;
+    int found = 0;
+    while (p < end) {
+        if (!next_field(&p, end, &num, &val, &sub, &sublen)) return 0;
+        if (sub != NULL) *which = (int)num, *msg = sub, *msg_n = sublen, found = 1;
+    }
+    return found;
+}
+
 void pump_event(const uint8_t *data, size_t len) {
     frame_event ev;
-    if (parse_frame(data, len, &ev) && ev.buffer != 0) {
+    const uint8_t *msg = NULL;
+    size_t msg_n = 0;
+    int which = -1;
+    if (!event_message(data, len, &which, &msg, &msg_n)) which = -1;
+    if (which == fields[F_EVENT_AUDIO] && parse_frame(msg, msg_n, &ev) && ev.buffer != 0) {
         int mine = 0;
         pthread_mutex_lock(&mu);
         stream_t *s = find(ev.stream);
@@ -435,8 +450,8 @@ void pump_event(const uint8_t *data, size_t len) {
             return;
         }
     }
-    if (capture_done(data, len)) return;
-    if (quiet_logs(data, len)) {
+    if (which == fields[F_EVENT_CAPTURE] && capture_done(msg, msg_n)) return;
+    if (which == fields[F_EVENT_LOGS] && quiet_logs(msg, msg_n)) {
         __atomic_add_fetch(&totals[T_QUIET_LOGS], 1, __ATOMIC_RELAXED);
         return;
     }
