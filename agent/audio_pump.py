@@ -41,8 +41,12 @@ import numpy as np
 
 log = logging.getLogger("chorus.agent.audio_pump")
 
-SOURCE = Path(__file__).with_name("native") / "audio_pump.c"
+NATIVE = Path(__file__).with_name("native")
+SOURCE = NATIVE / "audio_pump.c"
+# compiled with it into one library, and part of its build's hash (with the header they share)
+WITH = (NATIVE / "resample.c", NATIVE / "resample.h")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-pthread")
+LIBS = ("-lm",)
 BUILD_TIMEOUT_S = 60.0
 STATS = ("frames", "written", "ring_full", "held", "held_dropped", "bad", "voiced_at")
 TOTALS = ("consumed", "forwarded", "late", "streams", "quiet_logs")
@@ -59,12 +63,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CHORUS_NATIVE_CACHE") or Path.home() / ".cache" / "chorus" / "native")
 
 
-def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
-    """The compiled library for `source`, built once per source text (several processes building at once each
-    finish and the last rename wins, all with the same bytes)."""
+def build(source: Path = SOURCE, directory: Path | None = None, with_: tuple[Path, ...] = WITH) -> Path:
+    """The compiled library for `source` and `with_` (its other C files and headers), built once per their
+    texts (several processes building at once each finish and the last rename wins, all with the same
+    bytes)."""
     directory = cache_dir() if directory is None else directory
-    text = source.read_bytes()
-    digest = hashlib.sha256(text + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in (source, *with_))
+    digest = hashlib.sha256(text + " ".join(CFLAGS + LIBS).encode()).hexdigest()[:16]
     lib = directory / f"{source.stem}-{digest}.so"
     if lib.exists():
         return lib
@@ -76,7 +81,10 @@ def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            [cc, *CFLAGS, "-o", tmp, str(source), *(str(p) for p in with_ if p.suffix == ".c"), *LIBS],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
         )
         if done.returncode != 0:
             raise PumpUnavailable(f"{cc} failed on {source.name}: {done.stderr.strip()[-500:]}")
@@ -91,7 +99,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     u64, i32, f64 = ctypes.c_uint64, ctypes.c_int, ctypes.c_double
     lib.pump_init.argtypes = [*(ctypes.c_void_p,) * 3, ctypes.POINTER(ctypes.c_int32), i32]
-    lib.pump_source_open.argtypes = [u64, f64]
+    lib.pump_source_open.argtypes = [u64, f64, i32, i32]
     lib.pump_source_close.argtypes = [u64]
     lib.pump_capture.argtypes = [u64, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
     lib.pump_capture_stats.argtypes = [u64, ctypes.POINTER(f64), i32]
@@ -305,21 +313,26 @@ class TrackCapture:
     where `rtc.AudioSource.capture_frame` builds a request, subscribes a queue to the FFI client and waits on
     the room's loop for the answer. `capture` returns at once; a capture the runtime answers more than
     `slow_s` after it was made is counted slow (`stats`). At most 1024 captures of the process are in flight;
-    one never answered (its source closed under it) gives its place up after 30 s, counted as an error."""
+    one never answered (its source closed under it) gives its place up after 30 s, counted as an error.
 
-    def __init__(self, lib: ctypes.CDLL, source: Any, slow_s: float) -> None:
+    `rate`: the rate of the frames it is handed (default: the source's). Frames at another rate are resampled
+    to the source's there too (agent/native/resample.c, a streaming polyphase filter), where the framework
+    would resample each frame through a request of its own from Python."""
+
+    def __init__(self, lib: ctypes.CDLL, source: Any, slow_s: float, rate: int | None = None) -> None:
         self._lib, self._source = lib, source
         self.handle = int(source._ffi_handle.handle)
-        if lib.pump_source_open(self.handle, slow_s) != 0:
+        self.rate = source.sample_rate if rate is None else rate
+        if lib.pump_source_open(self.handle, slow_s, self.rate, source.sample_rate) != 0:
             raise PumpUnavailable("the agent's track could not be fed natively")
         self.closed = False
 
     def capture(self, samples: Any) -> bool:
-        """int16 mono samples at the source's rate into its queue; False when refused (counted)."""
+        """int16 mono samples at `rate` into the source's queue; False when refused (counted)."""
         if self.closed or not samples.size:
             return False
         pcm = np.ascontiguousarray(samples, dtype=np.int16)
-        return self._lib.pump_capture(self.handle, pcm.ctypes.data, pcm.size, self._source.sample_rate) > 0
+        return self._lib.pump_capture(self.handle, pcm.ctypes.data, pcm.size, self.rate) >= 0
 
     def stats(self) -> dict[str, float]:
         out = (ctypes.c_double * len(CAPTURE_STATS))()

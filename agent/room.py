@@ -156,7 +156,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         job_id=ctx.job.id,
         job_metadata=ctx.job.metadata,
     )
-    sink = ConsoleSink() if console else RoomSink()
+    sink = ConsoleSink() if console else RoomSink(takes=engine.model_cfg.clock.output_rate)
     if line is not None and not await _answered(ctx, caller, line, sink):
         ctx.shutdown("the caller left")
         return

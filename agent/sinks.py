@@ -111,7 +111,12 @@ class RoomSink(_OwnOutput):
     first frame written after it drops what is still queued of it. (Each capture is a request to the rtc
     runtime and a callback back, on the room's loop: one a second while idle.) The source's
     queue holds QUEUE_MS, so a capture made with at most half a filler frame queued is taken at once and
-    never holds up the speech behind it."""
+    never holds up the speech behind it.
+
+    `takes`: the rate of the audio written to it (the engine's output rate). With the native captures
+    (agent/audio_pump.py) it takes that rate and resamples to the track's in C, so the framework has nothing
+    to resample; without them it takes the track's rate (`sample_rate` says which), and the framework
+    resamples the session's frames to it."""
 
     IDLE_FILL_S = 0.06
     FILL_FRAME_S = 1.0
@@ -121,9 +126,9 @@ class RoomSink(_OwnOutput):
     CAPTURE_WAIT_S = 2.0
     PUBLISH_TRIES = 3
 
-    def __init__(self, sample_rate: int = ROOM_RATE) -> None:
-        self.sample_rate = sample_rate
-        self.source = rtc.AudioSource(sample_rate, 1, queue_size_ms=self.QUEUE_MS)
+    def __init__(self, takes: int | None = None) -> None:
+        self.sample_rate = ROOM_RATE  # the rate written to it (below: `takes`, when the captures are native)
+        self.source = rtc.AudioSource(ROOM_RATE, 1, queue_size_ms=self.QUEUE_MS)
         self._ends = 0.0  # when the audio handed to the source so far has played (time.monotonic)
         self._spoken = 0.0  # when the last audio written (not filled) has played
         self._filler: asyncio.Task | None = None
@@ -137,7 +142,8 @@ class RoomSink(_OwnOutput):
         lib = audio_pump.installed()
         if lib is not None:
             try:
-                self._native = audio_pump.TrackCapture(lib, self.source, self.CAPTURE_WAIT_S)
+                self._native = audio_pump.TrackCapture(lib, self.source, self.CAPTURE_WAIT_S, takes)
+                self.sample_rate = self._native.rate
             except audio_pump.PumpUnavailable as e:
                 log.warning("the agent's track is fed through Python: %s", e)
 

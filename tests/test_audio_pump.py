@@ -377,3 +377,23 @@ def test_captures_never_answered_give_their_entries_up_once_every_entry_is_taken
     pump.lib.pump_set_reclaim(0.0)
     assert track.capture(tone(48))  # the oldest gave its entry up
     assert track.stats()["errors"] == 1
+
+
+def test_frames_at_the_engines_rate_are_resampled_to_the_tracks_before_their_capture(pump):
+    """A track opened to take 22,050 Hz frames: each 80 ms frame goes out as one 80 ms capture at the source's
+    48 kHz, the samples being the native resampler's (tests/test_resample.py), continuous across captures."""
+    track = audio_pump.TrackCapture(pump.lib, FakeSource(41), slow_s=2.0, rate=22_050)
+    assert track.rate == 22_050
+    x = tone(1764 * 3, amp=9000)
+    for i in range(3):
+        assert track.capture(x[i * 1764 : (i + 1) * 1764])
+    caps = [req.capture_audio_frame for req, _ in pump.requests]
+    assert [(c.buffer.sample_rate, c.buffer.samples_per_channel) for c in caps] == [(48_000, 3840)] * 3
+    out = np.concatenate([seen for _, seen in pump.requests]).astype(float)
+    # the same tone at 48 kHz, 0.73 ms later (the filter's delay), to within int16 rounding
+    t = np.arange(out.size) * 22_050 / 48_000 - (320 * 32 - 1) / 2 / 320
+    ref = 9000 * np.sin(t * 0.05)
+    assert np.abs(out[200:] - ref[200:]).max() < 2.0
+    native_rate = audio_pump.TrackCapture(pump.lib, FakeSource(43), slow_s=2.0)
+    assert native_rate.rate == 48_000 and native_rate.capture(tone(480))
+    assert pump.requests[-1][0].capture_audio_frame.buffer.samples_per_channel == 480  # no resampling

@@ -16,10 +16,12 @@ import ast
 import fnmatch
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,55 @@ def test_the_wheel_ships_every_package_the_shipped_code_imports():
     }
     assert not missing, f"not in pyproject's packages.find include {patterns}: {sorted(missing)}"
     assert {"engine", "agent", "tools", "ui", "envsettings"} <= set(shipped)
+
+
+def test_the_wheel_ships_the_files_the_code_reads_beside_its_modules(tmp_path):
+    """The native audio's C sources (built on the host at first use), the prompts' clips, the schema: every
+    file of a shipped package that is not Python and not built, in the wheel `pip install .` makes (built
+    from a copy of the project's files, so no build folder is left in the tree)."""
+    patterns = shipped_patterns()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    packaged = [
+        f
+        for f in files
+        if "/" in f
+        and any(fnmatch.fnmatch(f.split("/")[0], pat) for pat in patterns)
+        and (ROOT / f.split("/")[0] / "__init__.py").is_file()
+        and (ROOT / f).is_file()
+    ]
+    wanted = {f for f in packaged if Path(f).suffix in {".c", ".h", ".wav", ".json", ".sql", ".md"}}
+    assert {"agent/native/audio_pump.c", "agent/native/resample.c", "agent/native/resample.h"} <= wanted
+    src = tmp_path / "src"
+    for f in [*packaged, "pyproject.toml", "README.md"]:
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, src / f)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    missing = sorted(wanted - shipped)
+    assert not missing, f"not in the wheel (pyproject's package-data): {missing}"
 
 
 @pytest.mark.slow

@@ -12,12 +12,15 @@ Before its session's ring is attached a stream's frames are held (bounded; the o
 and written, in order, when it is. A stream's counters (frames, written, ring full, held, held dropped, bad,
 the time of the last loud frame) are read by Python; nothing here logs.
 
-The agent's frames go the other way by `pump_capture`: a copy of the samples and the runtime's capture
-request, made here with an async id of this file's, whose answer `pump_event` takes (freeing the copy and
-counting the answer, an error or a slow one) instead of passing it to Python.
+The agent's frames go the other way by `pump_capture`: a copy of the samples (resampled to the track's rate
+here when the source was opened with another rate, resample.c) and the runtime's capture request, made here
+with an async id of this file's, whose answer `pump_event` takes (freeing the copy and counting the answer, an
+error or a slow one) instead of passing it to Python.
 
 The event's field numbers come from the SDK's own descriptors at `pump_init`, so nothing here is tied to one
 protobuf schema's numbering; the wire format is protobuf's. */
+
+#include "resample.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -347,6 +350,7 @@ typedef struct {
     uint64_t source; /* 0: free */
     double slow_s;
     double stats[N_CSTATS];
+    resampler *rs; /* the frames' rate to the track's, or NULL: they come at the track's rate */
 } source_t;
 
 static capture_t captures[MAX_CAPTURES];
@@ -578,8 +582,13 @@ void pump_totals(uint64_t *out) {
 }
 
 /* A track's audio source whose frames this file captures; `slow_s`: a capture its runtime takes longer than
-   this to answer is counted slow. */
-int pump_source_open(uint64_t handle, double slow_s) {
+   this to answer is counted slow. Frames at `in_rate` are resampled to `track_rate` (the source's) before
+   they are captured; the same rate twice (or 0): none is. A source's captures and its close come from one
+   thread (its room's loop). */
+int pump_source_open(uint64_t handle, double slow_s, int in_rate, int track_rate) {
+    resampler *rs = NULL;
+    if (in_rate > 0 && track_rate > 0 && in_rate != track_rate && (rs = rs_new(in_rate, track_rate)) == NULL)
+        return -1;
     int rc = -1;
     pthread_mutex_lock(&mu);
     source_t *src = find_source(handle);
@@ -589,29 +598,57 @@ int pump_source_open(uint64_t handle, double slow_s) {
         memset(src, 0, sizeof *src);
         src->source = handle;
         src->slow_s = slow_s;
+        src->rs = rs;
+        rs = NULL;
         rc = 0;
     }
     pthread_mutex_unlock(&mu);
+    rs_free(rs);
     return rc;
 }
 
 int pump_source_close(uint64_t handle) {
+    resampler *rs = NULL;
     pthread_mutex_lock(&mu);
     source_t *src = find_source(handle);
-    if (src != NULL) memset(src, 0, sizeof *src);
+    if (src != NULL) {
+        rs = src->rs;
+        memset(src, 0, sizeof *src);
+    }
     while (n_sources > 0 && sources[n_sources - 1].source == 0) n_sources--;
     pthread_mutex_unlock(&mu);
+    rs_free(rs);
     return src != NULL ? 0 : -1;
 }
 
-/* One frame of int16 mono samples at `rate` into the source's queue: the runtime's capture request, made here,
-   its callback taken by `pump_event`. Returns the captures of this source still unanswered (this one
-   included), or -1 when it was refused (an unknown source, too many in flight, no memory) and counted. */
+/* One frame of int16 mono samples at `rate` into the source's queue (resampled first when `rate` is the one
+   its source was opened to resample from): the runtime's capture request, made here, its callback taken by
+   `pump_event`. Returns the captures of this source still unanswered (this one included), 0 when the
+   resampler has no whole sample to give yet, or -1 when it was refused (an unknown source, too many in
+   flight, no memory) and counted. */
 int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t rate) {
     if (ffi_request == NULL || n == 0 || rate == 0) return -1;
-    int16_t *copy = malloc((size_t)n * sizeof(int16_t));
-    if (copy == NULL) return -1;
-    memcpy(copy, samples, (size_t)n * sizeof(int16_t));
+    pthread_mutex_lock(&mu);
+    source_t *found = find_source(source);
+    resampler *rs = found != NULL ? found->rs : NULL; /* only this thread uses or frees it (pump_source_open) */
+    pthread_mutex_unlock(&mu);
+    int16_t *copy;
+    if (rs != NULL && rate == (uint32_t)rs_in_rate(rs)) {
+        int64_t out_n = rs_out_len(rs, n);
+        if ((copy = malloc((size_t)(out_n > 0 ? out_n : 1) * sizeof(int16_t))) == NULL) return -1;
+        if (rs_run(rs, samples, n, copy) < 0) {
+            free(copy);
+            return -1;
+        }
+        if (out_n == 0) {
+            free(copy);
+            return 0;
+        }
+        n = (uint32_t)out_n, rate = (uint32_t)rs_out_rate(rs);
+    } else {
+        if ((copy = malloc((size_t)n * sizeof(int16_t))) == NULL) return -1;
+        memcpy(copy, samples, (size_t)n * sizeof(int16_t));
+    }
     int slot = -1, pending = 0;
     uint64_t id = 0;
     pthread_mutex_lock(&mu);
