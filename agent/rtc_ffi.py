@@ -15,6 +15,8 @@ FFI client (livekit 1.1.21, pinned). Two of its properties break a worker that s
   owns the stream, a request's callback to the loop that made the request, and a room's events to the loop
   that connected it; anything it cannot place (an event that came before its owner was recorded, track
   events) still goes to every subscriber, as before. Its subscribers and their filters are the SDK's own.
+- Its event emitter inspects every callback's signature each time it emits; `install()` puts in one that
+  learns it once (agent/rtc_emit.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from livekit.rtc._utils import Queue  # the SDK's own subscriber queue
 
-from agent import audio_pump
+from agent import audio_pump, rtc_emit
 
 log = logging.getLogger("chorus.agent.rtc_ffi")
 
@@ -50,6 +52,7 @@ def install(native_audio: bool = False) -> bool:
         client = FfiClient.instance  # created here, under the lock
         if _installed:
             return True
+        rtc_emit.install()
         if not (isinstance(getattr(client, "_queue", None), FfiQueue) and hasattr(rtc.AudioStream, "_run")):
             log.warning(
                 "livekit rtc %s: its FFI queue is not the one expected; events are not routed",

@@ -9,11 +9,13 @@ the caller hears nothing more.
 
 `RoomTranscript` takes the text at once and returns. One task per call writes it: one stream per turn
 (its segment), opened at the turn's first words, written with whatever arrived since the last write
-(pieces coalesce while a write is in flight, so a slow runtime costs fewer writes, not a backlog),
-closed with `lk.transcription_final` when the turn ends. Every native wait is bounded (a stream's opening
-longest, since the first waits for the agent's data channel); a turn whose stream stalls or fails is abandoned
-and counted, and the next turn gets a stream of its own. Knows
-livekit-agents' text output and the rtc text streams; nothing of the engine."""
+(pieces coalesce while a write is in flight, so a slow runtime costs fewer writes, not a backlog, and a
+turn's stream is written at most every WRITE_EVERY_S: the model's text comes a token per 80 ms frame, and
+each write is a request to the runtime and a callback back on the room's loop), closed with
+`lk.transcription_final` when the turn ends, with what is left, at once. Every native wait is bounded (a
+stream's opening longest, since the first waits for the agent's data channel); a turn whose stream stalls or
+fails is abandoned and counted, and the next turn gets a stream of its own. Knows livekit-agents' text output
+and the rtc text streams; nothing of the engine."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ WAIT_S = 5.0  # the longest one native request of a stream may take before its t
 # with a burst of joining rooms can take many seconds to set up; a greeting's words are kept that long
 OPEN_WAIT_S = 20.0
 MAX_TURNS = 8  # turns waiting for their stream; beyond, the oldest not yet begun is dropped (and counted)
+WRITE_EVERY_S = 0.25  # a turn's words go out at most this often (its first at once, its last as it ends)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class _Turn:
     id: str = field(default_factory=lambda: utils.shortuuid("SG_"))
     pieces: list[str] = field(default_factory=list)
     sent: int = 0  # pieces written so far
+    next_write: float = 0.0  # the loop's time before which what is new waits (unless the turn ends)
     ended: bool = False
     writer: rtc.TextStreamWriter | None = None
 
@@ -61,12 +65,15 @@ class RoomTranscript(io.TextOutput):
         *,
         wait_s: float = WAIT_S,
         open_wait_s: float = OPEN_WAIT_S,
+        write_every_s: float = WRITE_EVERY_S,
     ) -> None:
         super().__init__(label="chorus-transcript", next_in_chain=None)
         self._room, self._track_sid, self._wait_s, self._open_wait_s = room, track_sid, wait_s, open_wait_s
+        self._write_every_s = write_every_s
         self._turns: deque[_Turn] = deque()
         self._open: _Turn | None = None  # the turn being captured
         self._wake = asyncio.Event()
+        self._ended = asyncio.Event()  # a turn ended: what it has left goes now
         self._task: asyncio.Task | None = None
         self._closed = False
         self.stats = {"turns": 0, "writes": 0, "failed": 0, "dropped": 0}
@@ -87,6 +94,7 @@ class RoomTranscript(io.TextOutput):
         if self._open is not None:
             self._open.ended = True
             self._open = None
+            self._ended.set()
             self._kick()
 
     async def aclose(self) -> None:
@@ -131,6 +139,12 @@ class RoomTranscript(io.TextOutput):
                 await self._until_woken()
                 continue
             turn = self._turns[0]
+            early = turn.next_write - asyncio.get_running_loop().time()
+            if early > 0 and not turn.ended:  # what is new waits for its time, or for the turn's end
+                self._ended.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ended.wait(), early)
+                continue
             try:
                 done = await self._advance(turn)
             except Exception as e:  # a stalled or failed stream: this turn's words are given up
@@ -169,6 +183,7 @@ class RoomTranscript(io.TextOutput):
                 self.stats["turns"] += 1
             await asyncio.wait_for(turn.writer.write(text), self._wait_s)
             turn.sent = n
+            turn.next_write = asyncio.get_running_loop().time() + self._write_every_s
             self.stats["writes"] += 1
             return False
         if turn.ended:

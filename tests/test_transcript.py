@@ -149,3 +149,32 @@ def test_a_stream_slow_to_open_still_carries_its_turn_and_one_that_never_opens_c
     late, failed = asyncio.run(run())
     assert late == [(" Hello, thank you for calling.", {FINAL: "true"})]
     assert failed == 1
+
+
+def test_a_turns_words_go_out_at_most_every_quarter_second_and_its_last_at_once():
+    """A token every 80 ms (the model's text channel) is not a write every 80 ms: the first words go at once,
+    then what came since at most every WRITE_EVERY_S, and what is left as the turn ends, without waiting."""
+
+    async def run(every: float):
+        room = FakeRoom()
+        out = RoomTranscript(room, "TR_agent", write_every_s=every)
+        loop = asyncio.get_running_loop()
+        for i in range(15):
+            await out.capture_text(f" w{i}")
+            await asyncio.sleep(0.08)
+        await out.capture_text(" end.")
+        out.flush()
+        ended = loop.time()
+        while room.writers[0].closed_with is None:
+            await asyncio.sleep(0.001)
+        closed_after = loop.time() - ended
+        await out.aclose()
+        return room.writers[0], closed_after
+
+    paced, closed_after = asyncio.run(run(0.25))
+    assert "".join(paced.texts) == "".join(f" w{i}" for i in range(15)) + " end."
+    assert paced.texts[0] == " w0"  # the first words at once
+    assert len(paced.texts) <= 8  # 1.2 s of tokens: the first, then one write a quarter second, then the end
+    assert closed_after < 0.1 and paced.closed_with[FINAL] == "true"
+    unpaced, _ = asyncio.run(run(0.0))
+    assert len(unpaced.texts) >= 15  # a write per token: what the pacing saves
