@@ -156,7 +156,7 @@ class AgentSettings(EnvSettings):
     # the engine's live step at this real-time priority (SCHED_FIFO; 0: normal priority); refused without
     # CAP_SYS_NICE or RLIMIT_RTPRIO, and then said once in the log
     tick_priority: int = Field(
-        1, ge=0, le=99, validation_alias="CHORUS_TICK_PRIORITY", description="a whole number from 0 to 99"
+        50, ge=0, le=99, validation_alias="CHORUS_TICK_PRIORITY", description="a whole number from 0 to 99"
     )
     # how many of a worker process's rooms join at once (connect, then start the call; 0: no limit): callers
     # who arrive together wait their turn rather than stall the calls already live (agent/joins.py)

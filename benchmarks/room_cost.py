@@ -5,20 +5,22 @@ callers.
 (`python -m agent start`, tiny preset, N slots, teacher forcing so the agents speak; `--processes`: each room
 in a process of its own), measures it idle for `--seconds` (the live step with no room), then serving N
 sessions with no room behind them (benchmarks/support/headless.py: the engine's own socket and shared memory,
-fed and teacher-forced as the rooms are; what the rooms add to the step is measured against this), then runs
-the load tester with N rooms and measures a steady window of `--seconds` once every room is in its call. CPU
-comes from /proc: per process of the worker's tree (the worker, its forkserver, each room's process) and per
-thread, split into Python threads (those that carry the process's own name: CPython does not name its threads
-for the OS) and native ones (the rtc SDK's tokio, audio and network threads, which name themselves). The
-engine's process (`engine.serve`) is counted apart; its busiest Python thread is the tick. A room's cost is
-what the tree spends with N rooms beyond what it spends idle, over N; its Python share the same for the Python
-threads outside the engine's process. The live step's p50 and p99 over each window come from the engine's
-Prometheus histogram (`chorus_live_step_seconds`, interpolated within its buckets) and its mean from the
-histogram's sum.
+fed and teacher-forced as the rooms are; what the rooms add to the step is measured against this), the same
+beside a process that does nothing but spin one core (what merely sharing the machine does to the step), then
+runs the load tester with N rooms and measures a steady window of `--seconds` once every room is in its call.
+CPU comes from /proc: per process of the worker's tree (the worker, its forkserver, each room's process) and
+per thread, split into Python threads (those that carry the process's own name: CPython does not name its
+threads for the OS) and native ones (the rtc SDK's tokio, audio and network threads, which name themselves).
+The engine's process (`engine.serve`) is counted apart; its busiest Python thread is the tick. A room's cost
+is what the tree spends with N rooms beyond what it spends idle, over N; its Python share the same for the
+Python threads outside the engine's process. The live step's p50 and p99 over each window come from the
+engine's Prometheus histogram (`chorus_live_step_seconds`, interpolated within its buckets) and its mean from
+the histogram's sum.
 
 Per N it prints the worker tree's cores, each room's cores in total and in Python, the live step idle, with N
-sessions and no rooms, and with the rooms, memory per room process, and the rooms per core this implies. Needs
-scripts/livekit.sh's server and load tester (as benchmarks/livekit_load.py). The last line is one JSON object.
+sessions and no rooms (alone, and beside the spinning process), and with the rooms, memory per room process,
+and the rooms per core this implies. Needs scripts/livekit.sh's server and load tester (as
+benchmarks/livekit_load.py). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -167,6 +169,14 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
         with HeadlessSessions(engine_address(engine_pid), rooms):
             time.sleep(min(10.0, seconds / 2))  # past the prompts' prefill and the greetings' start
             alone_cpu, alone_live = measure(worker, seconds)
+            # ... and beside a process that only spins one core: what sharing the machine alone does to the
+            # step (no room, no lock, no memory traffic to speak of)
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            try:
+                _, spun_live = measure(worker, seconds)
+            finally:
+                spinner.kill()
+                spinner.wait()
         deadline = time.monotonic() + 30
         while not available(worker) and time.monotonic() < deadline:  # their slots free, and LiveKit told
             time.sleep(0.2)
@@ -221,10 +231,16 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
         "sessions_no_rooms": {"engine_process": alone["engine_process"], "tick_thread": alone["tick_thread"]},
         "live_idle_ms": idle_live,
         "live_sessions_ms": alone_live,
+        "live_sessions_spinning_ms": spun_live,
         "live_rooms_ms": busy_live,
         # the live step with the rooms over the same engine serving as many sessions with no room (p50, p99)
         "rooms_over_sessions": [
             round(busy_live[q] / alone_live[q], 3) if busy_live[q] and alone_live[q] else None
+            for q in ("p50", "p99")
+        ],
+        # the same engine with N sessions, no rooms, beside a process spinning one core, over it alone
+        "spinning_over_sessions": [
+            round(spun_live[q] / alone_live[q], 3) if spun_live[q] and alone_live[q] else None
             for q in ("p50", "p99")
         ],
         "per_room_cores": round(per_room, 4),
@@ -264,7 +280,9 @@ def main() -> int:
             f"rooms' native {b['rooms_native']:.2f}); "
             f"per room {r['per_room_cores']:.3f} cores, {r['per_room_python_cores']:.3f} in Python; "
             f"live step p50/p99 {li['p50']}/{li['p99']} ms idle, "
-            f"{ls['p50']}/{ls['p99']} ms with {n} sessions and no rooms, "
+            f"{ls['p50']}/{ls['p99']} ms with {n} sessions and no rooms "
+            f"({r['live_sessions_spinning_ms']['p50']}/{r['live_sessions_spinning_ms']['p99']} ms beside a "
+            "process spinning a core), "
             f"{lr['p50']}/{lr['p99']} ms with the rooms; "
             f"room process RSS {r['room_process_rss_mb']['median']} MB; missed {r['missed_deadlines']}; "
             f"caller audio native in {r['caller_audio']['native_processes']} process(es), through Python in "

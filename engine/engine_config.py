@@ -40,9 +40,10 @@ class EngineConfig(BaseModel):
     reserve_ms: float = Field(10.0, ge=0)
     switch_interval_ms: float = Field(1.0, gt=0)  # the process's GIL switch interval once the tick runs
     # the live step's real-time priority (SCHED_FIFO, 1-99): no busy thread on the host (a room's event
-    # loop, its audio runtime) can hold it off the core when its tick is due; 0, or a process the kernel
-    # refuses one, runs it at normal priority (engine/priority.py)
-    tick_priority: int = Field(1, ge=0, le=99)
+    # loop, its audio runtime, whose media threads libwebrtc puts at SCHED_FIFO 49) can hold it off the core
+    # when its tick is due; 0, or a process the kernel refuses one, runs it at normal priority
+    # (engine/priority.py)
+    tick_priority: int = Field(50, ge=0, le=99)
     admission_s: float = Field(2.0, gt=0)  # a new session is live within this (prompt prefill + held audio)
     result_s: float = Field(1.0, gt=0)  # tool results are prefilled within this of arriving
     replay_s: float = Field(2.0, gt=0)  # ...and the session is live again within this after that

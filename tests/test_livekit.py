@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 
@@ -22,7 +23,9 @@ import numpy as np
 import pytest
 
 from agent.call import room_label
+from agent.settings import AgentSettings
 from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
+from benchmarks.support.machine import cmdline, tree
 from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
 from benchmarks.support.worker import Worker, sessions_by_label
 from livekit_support import POLL_S, require_livekit
@@ -80,6 +83,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         # the engine counts whole 80 ms frames; the 160 ms playout and the framework's buffering lag behind
         assert snap["frames_in"] >= FRAMES_PER_S * (sent_s - 1.0), (snap, sent_s)
         caller.session_snapshot = snap
+        caller.realtime = realtime_threads(worker)  # while the call's media threads are up
         heard_s = sum(f.size for f in caller.heard.frames) / RATE
         assert heard_s >= sent_s - 1.0, (heard_s, sent_s)
         assert caller.heard.longest_gap() < GAP_S, caller.heard.gaps()
@@ -117,6 +121,12 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
             assert pushed == 0, ended
         else:
             assert native_in is None and pushed >= caller.session_snapshot["frames_in"] > 0, ended
+        # the tick outranks every real-time thread of the worker's tree: the rtc runtime's media threads take
+        # SCHED_FIFO themselves (libwebrtc: 49 and 2) where the process may, and would otherwise preempt it
+        tick, others = caller.realtime
+        if worker.snapshot()["tick_realtime"]:
+            assert tick == DEFAULT_TICK_PRIORITY, caller.realtime
+            assert all(prio < tick for _, prio in others), caller.realtime
         print(
             f"frames in {caller.session_snapshot['frames_in']}, heard {len(heard.frames)} frames, "
             f"longest gap {heard.longest_gap() * 1000:.0f} ms, "
@@ -124,6 +134,33 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         )
 
 
+def realtime_threads(worker: Worker) -> tuple[int, list[tuple[str, int]]]:
+    """The tick's real-time priority (the engine process's highest, sampled until the tick is seen in its live
+    step; 0 if never), and (name, priority) of every other SCHED_FIFO or SCHED_RR thread of the worker's
+    tree."""
+    tick, others = 0, []
+    for _ in range(50):
+        others = []
+        for pid in tree(worker.proc.pid):
+            engine = "engine.serve" in cmdline(pid)
+            for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                    fields = stat[stat.rindex(")") + 2 :].split()
+                    prio, policy = int(fields[37]), int(fields[38])  # rt_priority, policy (stat's 40th, 41st)
+                    if policy in (os.SCHED_FIFO, os.SCHED_RR):
+                        if engine:
+                            tick = max(tick, prio)
+                        else:
+                            others.append((name, prio))
+        if tick:
+            break
+        time.sleep(0.01)
+    return tick, others
+
+
+DEFAULT_TICK_PRIORITY = AgentSettings.model_fields["tick_priority"].default
 SLOW_DB_S = 1.5  # how long the booking waits for the database in the scripted tool call
 
 

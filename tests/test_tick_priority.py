@@ -21,7 +21,9 @@ from engine_support import CALL, ManualClock, drain, run_ticks
 
 def realtime_allowed() -> bool:
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(
+            0, os.SCHED_FIFO, os.sched_param(EngineConfig.model_fields["tick_priority"].default)
+        )
     except OSError:
         return False
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
