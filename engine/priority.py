@@ -2,9 +2,12 @@
 its audio runtime or the LiveKit server can wait a few milliseconds. Under the kernel's normal policy a core
 full of such threads takes turns with the tick, stretches its live step and makes it miss deadlines (8 rooms
 on two cores); under SCHED_FIFO the live step runs as soon as it is due and keeps its core until it is done,
-as an audio server's processing thread does. Paused work in the slack after it (tool calls, prefills,
-catch-up) may fill the tick, so it runs at normal priority and takes turns with the rooms. The kernel keeps
-5% of every second for the rest anyway (`sched_rt_runtime_us`). Knows the OS; nothing of the model.
+as an audio server's processing thread does. Its default priority (50) is above what the rtc runtime gives its
+own media threads where it may (libwebrtc: SCHED_FIFO 49 for the audio device, captures and encoders, 2 for a
+low-priority thread), which would otherwise preempt it in mid-step. Paused work in the slack after it (tool
+calls, prefills, catch-up) may fill the tick, so it runs at normal priority and takes turns with the rooms.
+The kernel keeps 5% of every second for the rest anyway (`sched_rt_runtime_us`). Knows the OS; nothing of the
+model.
 """
 
 from __future__ import annotations
