@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 from livekit.agents.utils import aio
 
-from agent.playout_timing import ArrivalJitter, shorten
+from agent.playout_timing import ArrivalJitter, Wake, shorten
 
 BUFFER_FRAMES = 2  # the playout buffer: at least this many engine frames of audio queued ahead of the play
 START_DELAY_FRAMES = 1  # a call's first turns wait one frame, until the jitter has been measured
@@ -37,35 +37,6 @@ TRIM_MAX_S = 0.04
 TRIM_FADE_S = 0.0025
 HANDOVER_EARLY_S = 0.005  # a chunk goes to the sink this early, so a live sink never runs dry between chunks
 HISTORY = 1024  # playout events and spans kept per call (about a thousand chunks)
-
-
-class _Wake:
-    """What the pacing sleeps on: `set` wakes a `sleep` in progress (one set while none is in progress is not
-    kept), or its timeout does. One future and one timer a sleep, where `asyncio.wait_for` on an event makes
-    a task and, on every timeout, a cancellation and an exception: the pacing sleeps twice a frame."""
-
-    def __init__(self) -> None:
-        self._fut: asyncio.Future | None = None
-
-    def set(self) -> None:
-        if self._fut is not None and not self._fut.done():
-            self._fut.set_result(None)
-
-    async def sleep(self, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        self._fut = fut = loop.create_future()
-        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _wake_up, fut)
-        try:
-            await fut
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._fut = None
-
-
-def _wake_up(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 class Sink(Protocol):
@@ -129,7 +100,7 @@ class PlayoutBuffer:
         self._playing: _Chunk | None = None
         self._end = 0.0  # when the chunk now playing ends
         self._seg: _Segment | None = None  # the segment being written
-        self._wake = _Wake()  # the queue changed
+        self._wake = Wake()  # the queue changed
         self._space = asyncio.Event()  # room in the buffer, or the segment cut
         self._drained = asyncio.Event()  # no segment open, nothing queued, nothing playing
         self._drained.set()

@@ -1,9 +1,11 @@
-"""How late the model's frames come, and how a played chunk is made shorter: the measurements and the one
-sound operation the playout (agent/playout_buffer.py) makes its decisions with. Knows samples and seconds.
+"""How late the model's frames come, how a played chunk is made shorter, and what the pacing sleeps on: the
+measurements, the one sound operation and the one wait the playout (agent/playout_buffer.py) is made of.
+Knows samples, seconds and the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 import numpy as np
@@ -86,3 +88,32 @@ def shorten(x: np.ndarray, n: int, fade: int) -> np.ndarray:
     ramp = np.linspace(0.0, 1.0, fade, dtype=np.float32)
     joined = f[p : p + fade] * (1.0 - ramp) + f[p + n : p + n + fade] * ramp
     return np.concatenate([x[:p], np.round(joined).astype(np.int16), x[p + n + fade :]])
+
+
+class Wake:
+    """What a pacing loop sleeps on: `set` wakes a `sleep` in progress (one set while none is in progress is
+    not kept), or its timeout does. One future and one timer a sleep, where `asyncio.wait_for` on an event
+    makes a task and, on every timeout, a cancellation and an exception: the pacing sleeps twice a frame."""
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future | None = None
+
+    def set(self) -> None:
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+
+    async def sleep(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._fut = fut = loop.create_future()
+        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _wake_up, fut)
+        try:
+            await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._fut = None
+
+
+def _wake_up(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -43,10 +43,9 @@ def count_for(callback: Callable) -> int:
         fn, bound = callback, False
     else:
         return positional_count(callback)
-    try:
-        return _counts[fn][bound]
-    except (KeyError, TypeError):
-        pass
+    known = _counts.get(fn)
+    if known is not None and bound in known:
+        return known[bound]
     n = positional_count(callback)
     with _lock:
         _counts.setdefault(fn, {})[bound] = n

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.support.headless import HeadlessSessions, engine_address
-from benchmarks.support.machine import TICKS_PER_S, cmdline, tree
+from benchmarks.support.machine import TICKS_PER_S, cmdline, thread_stats, tree
 from benchmarks.support.server import load_tester, server_from_env
 from benchmarks.support.worker import Worker, seeded
 
@@ -46,21 +45,14 @@ PROG = "room_cost"
 
 def threads(pid: int) -> dict[tuple[int, int], tuple[str, str, float]]:
     """(pid, tid) -> (process name, thread name, CPU seconds so far) for every thread of the tree."""
-    found = {}
-    for p in tree(pid):
-        try:
-            pname = Path(f"/proc/{p}/comm").read_text().strip()
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tids:
+    found, pnames = {}, {}
+    for p, t, name, fields in thread_stats(pid):
+        if p not in pnames:
             try:
-                stat = Path(f"/proc/{p}/task/{t}/stat").read_text()
+                pnames[p] = Path(f"/proc/{p}/comm").read_text().strip()
             except OSError:
                 continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2 :].split()
-            found[(p, int(t))] = (pname, name, (int(fields[11]) + int(fields[12])) / TICKS_PER_S)
+        found[(p, t)] = (pnames[p], name, (int(fields[11]) + int(fields[12])) / TICKS_PER_S)
     return found
 
 

@@ -25,7 +25,7 @@ import pytest
 from agent.call import room_label
 from agent.settings import AgentSettings
 from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
-from benchmarks.support.machine import cmdline, tree
+from benchmarks.support.machine import cmdline, thread_stats, tree
 from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
 from benchmarks.support.worker import Worker, sessions_by_label
 from livekit_support import POLL_S, require_livekit
@@ -138,22 +138,17 @@ def realtime_threads(worker: Worker) -> tuple[int, list[tuple[str, int]]]:
     """The tick's real-time priority (the engine process's highest, sampled until the tick is seen in its live
     step; 0 if never), and (name, priority) of every other SCHED_FIFO or SCHED_RR thread of the worker's
     tree."""
+    engine = next(p for p in tree(worker.proc.pid) if "engine.serve" in cmdline(p))
     tick, others = 0, []
     for _ in range(50):
         others = []
-        for pid in tree(worker.proc.pid):
-            engine = "engine.serve" in cmdline(pid)
-            for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
-                with contextlib.suppress(OSError):
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                    name = stat[stat.index("(") + 1 : stat.rindex(")")]
-                    fields = stat[stat.rindex(")") + 2 :].split()
-                    prio, policy = int(fields[37]), int(fields[38])  # rt_priority, policy (stat's 40th, 41st)
-                    if policy in (os.SCHED_FIFO, os.SCHED_RR):
-                        if engine:
-                            tick = max(tick, prio)
-                        else:
-                            others.append((name, prio))
+        for pid, _tid, name, fields in thread_stats(worker.proc.pid):
+            prio, policy = int(fields[37]), int(fields[38])
+            if policy in (os.SCHED_FIFO, os.SCHED_RR):
+                if pid == engine:
+                    tick = max(tick, prio)
+                else:
+                    others.append((name, prio))
         if tick:
             break
         time.sleep(0.01)

@@ -636,13 +636,10 @@ int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t r
     if (rs != NULL && rate == (uint32_t)rs_in_rate(rs)) {
         int64_t out_n = rs_out_len(rs, n);
         if ((copy = malloc((size_t)(out_n > 0 ? out_n : 1) * sizeof(int16_t))) == NULL) return -1;
-        if (rs_run(rs, samples, n, copy) < 0) {
+        int64_t made = rs_run(rs, samples, n, copy);
+        if (made <= 0) { /* no memory (-1), or no whole sample yet (0) */
             free(copy);
-            return -1;
-        }
-        if (out_n == 0) {
-            free(copy);
-            return 0;
+            return made < 0 ? -1 : 0;
         }
         n = (uint32_t)out_n, rate = (uint32_t)rs_out_rate(rs);
     } else {

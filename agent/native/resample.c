@@ -25,7 +25,7 @@ struct resampler {
     int in_rate, out_rate;
     int64_t L, M;
     float *coef;         /* [L][TAPS], each phase's taps newest input first */
-    int16_t hist[TAPS];  /* the last TAPS-1 input samples, oldest first */
+    int16_t hist[TAPS - 1]; /* the last TAPS-1 input samples, oldest first */
     int64_t pos;         /* the next output's input position, in 1/L samples, from the first sample not yet in hist */
     int quiet;           /* hist holds only zeros */
     float *work;         /* hist and the input, as floats */

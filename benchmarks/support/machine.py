@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -26,6 +27,28 @@ def tree(pid: int) -> list[int]:
             with contextlib.suppress(OSError):
                 todo += [int(k) for k in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
     return out
+
+
+def thread_stats(pid: int) -> Iterator[tuple[int, int, str, list[str]]]:
+    """(pid, tid, thread name, the fields of its /proc stat after the name) for every thread of `pid`'s tree;
+    threads gone meanwhile are left out. Field i here is stat's field i + 3 (proc(5)): 11 and 12 user and
+    system ticks, 37 the real-time priority, 38 the scheduling policy."""
+    for p in tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                stat = Path(f"/proc/{p}/task/{t}/stat").read_text()
+            except OSError:
+                continue
+            yield (
+                p,
+                int(t),
+                stat[stat.index("(") + 1 : stat.rindex(")")],
+                stat[stat.rindex(")") + 2 :].split(),
+            )
 
 
 def cmdline(pid: int) -> str:
