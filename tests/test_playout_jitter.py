@@ -180,12 +180,17 @@ def test_a_long_first_turn_plays_sooner_once_the_jitter_is_measured(adapt):
         await buf.play_out(timeout=2.0)
         await buf.aclose()
         waits = [at - arrived for (_, at), arrived in zip(buf.sink.writes, arrivals, strict=True)]
-        return buf, waits
+        lateness = [arrived - (t0 + k * FRAME_S) for k, arrived in enumerate(arrivals)]
+        return buf, waits, lateness
 
-    buf, waits = asyncio.run(main())
-    print([round(w * 1000) for w in waits], buf.stats)
+    buf, waits, lateness = asyncio.run(main())
+    print([round(w * 1000) for w in waits], [round(x * 1000) for x in lateness], buf.stats)
     # (bounds one way: a loaded machine only makes this loop late, never early)
-    assert buf.stats["gaps"] == 0 and waits[0] >= FRAME_S - 0.005
+    if max(lateness) < JITTER_MARGIN_S:  # frames on their cadence within the margin the playout keeps: no gap
+        assert buf.stats["gaps"] == 0
+    else:  # a machine so busy this loop fell behind its cadence: a gap no longer than the frame was late
+        assert buf.stats["gap_s"] <= max(lateness)
+    assert waits[0] >= FRAME_S - 0.005
     if adapt:
         assert max(waits[-8:]) < 0.055 and 0.02 < buf.stats["trimmed_s"] < FRAME_S
     else:
