@@ -32,7 +32,7 @@ LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one befo
 # quietest stretch with a short crossfade, as NetEQ's accelerate does (a turn that began before the jitter
 # was measured waited a whole frame; it need not for the rest of the turn)
 TRIM_AFTER = 4
-TRIM_MIN_S = 0.01
+TRIM_MIN_S = 0.004
 TRIM_MAX_S = 0.04
 TRIM_FADE_S = 0.0025
 HANDOVER_EARLY_S = 0.005  # a chunk goes to the sink this early, so a live sink never runs dry between chunks
@@ -119,6 +119,8 @@ class PlayoutBuffer:
             "gap_s": 0.0,
             "dropped_s": 0.0,
             "trimmed_s": 0.0,
+            "model_chunks": 0,  # the model's chunks played, and how long they waited from arrival to play
+            "waited_s": 0.0,
         }
         self._waits: deque[float] = deque(maxlen=TRIM_AFTER)  # how long the turn's last chunks sat queued
         # where the engine learns what the playout costs (its snapshot and /metrics): called with the audio
@@ -340,6 +342,8 @@ class PlayoutBuffer:
             self.stats["clip_s"] += chunk.duration
             return
         self.stats["model_s"] += chunk.duration
+        self.stats["model_chunks"] += 1
+        self.stats["waited_s"] += start - chunk.arrived
         seg = chunk.seg
         if seg is None:
             return

@@ -12,7 +12,7 @@ import numpy as np
 
 MAX_START_DELAY_FRAMES = 3  # the start delay never grows beyond this (a machine this late gaps instead)
 MIN_START_DELAY_S = 0.01  # nor shrinks below this (the sink's own handover)
-JITTER_MARGIN_S = 0.02  # added to the lateness measured
+JITTER_MARGIN_S = 0.01  # added to the lateness measured
 JITTER_WINDOW_S = 8.0  # lateness is remembered this long: a late frame raises the delay at once, this long
 JITTER_WARMUP = 24  # frames measured (about two seconds of speech) before the delay follows them
 

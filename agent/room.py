@@ -28,6 +28,7 @@ from agent.drain import goodbye_on_drain
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
 from agent.presence import CallerPresence
+from agent.receive_stats import ReceiveWatch
 from agent.settings import AgentSettings
 from agent.sinks import ConsoleSink, RoomSink
 from engine.collector import freeze_long_lived
@@ -252,8 +253,15 @@ def _run_alongside(
         goodbye_on_drain(call, engine, hang_up, before=script.cancel if script else None)
     )
 
+    def report_receive(jitter_s: float, concealed_s: float) -> None:
+        handle = call.handle
+        if handle is not None and hasattr(handle, "report_receive"):
+            handle.report_receive(jitter_s, concealed_s)
+
+    receive = asyncio.create_task(ReceiveWatch(ctx.room, report_receive).run(), name="chorus.receive")
+
     async def stop_tasks(_reason: str = "") -> None:
-        for task in (script, goodbye, fault):
+        for task in (script, goodbye, fault, receive):
             if task is not None:
                 task.cancel()
 

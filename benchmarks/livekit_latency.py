@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,17 @@ def write_dump(folder: Path, callers: list[Caller], matched: list, engine: dict)
             w.writeframes(np.concatenate(c.heard).tobytes() if c.heard else b"")
 
 
+def playout_wait_ms(log: str) -> float | None:
+    """How long the model's chunks waited in the playout, from arrival to play, on average over the calls
+    (the playout's `waited_s` and `model_chunks` in each "call ended" line of the worker's log)."""
+    waited = chunks = 0.0
+    for line in log.splitlines():
+        w, n = re.search(r"waited_s ([0-9.]+)", line), re.search(r"model_chunks (\d+)", line)
+        if "call ended" in line and w and n:
+            waited, chunks = waited + float(w.group(1)), chunks + int(n.group(1))
+    return round(waited / chunks * 1e3, 1) if chunks else None
+
+
 def run(
     n: int, seconds: float, seed: int, tone: float, tmp: Path, dump: Path | None = None, fixed: bool = False
 ) -> dict:
@@ -91,6 +103,7 @@ def run(
                 dump.mkdir(parents=True, exist_ok=True)
                 (dump / "worker.log").write_bytes(worker.log.read_bytes())
         gated = worker.log.read_text(errors="replace").count("echo mode:")
+    engine["playout_wait_ms"] = playout_wait_ms(worker.log.read_text(errors="replace"))
     matched = [match(c, engine["frames"], k) for c in callers]
     if dump is not None:
         write_dump(dump, callers, matched, engine)
@@ -144,6 +157,8 @@ def run(
         "onset_spread": [int(onsets.min()), int(onsets.max())] if onsets.size else None,
         "inbox_backlog_max": int(max((r["backlog"] for r in rows), default=0)),
         "sender_late_ms": percentiles(list(late)),
+        # each caller's jitter buffer for the agent's audio over the window (NetEQ), part of after_engine
+        "caller_jitter_buffer": [c.receive_stats() for c in callers],
         "sender_skipped_ahead": sum(c.skipped_ahead for c in callers),
     }
 
@@ -163,11 +178,30 @@ def report(res: dict) -> None:
     print(line("(a) leaving the caller -> the tick that consumed it", "a"))
     print(line("    input framing (rest of its 80 ms frame)", "framing_in"))
     print(line("    transport: caller -> server -> worker -> inbox", "transport_in"))
+    rx_in = [x for x in eng.get("rx_jitter_ms", []) if x]
+    if rx_in:
+        print(
+            f"      of which the worker's jitter buffer (NetEQ), mean lately: {np.median(rx_in):g} ms"
+            + (f" (median of {len(rx_in)} rooms)" if len(rx_in) > 1 else "")
+            + f", concealed {eng.get('rx_concealed_s', 0)} s"
+        )
     print(line("    waiting in the inbox for the tick", "inbox_wait"))
     print(line("live step (tick start -> output frame handed out)", "live_step"))
     print(line("(b) output frame handed out -> arriving at the caller", "b"))
     print(line("    its place in the output frame", "framing_out"))
     print(line("    playout buffer, agent track, server, caller jitter buf", "after_engine"))
+    if eng.get("playout_wait_ms") is not None:
+        print(
+            f"      of which the playout's wait, mean: {eng['playout_wait_ms']} ms (a turn's start delay at "
+            f"the end: {', '.join(f'{x:g}' for x in eng.get('start_delay_ms', []))} ms)"
+        )
+    rx = [r for r in res.get("caller_jitter_buffer", []) if r]
+    if rx:
+        print(
+            "      of which the caller's jitter buffer (WebRTC's NetEQ), mean over the window: "
+            + ", ".join(f"{k} {np.median([r[k] for r in rx]):g}" for k in rx[0])
+            + (f" (median of {len(rx)} callers)" if len(rx) > 1 else "")
+        )
     print(line("echo round trip (a + live step + b)", "round_trip"))
     print(
         line(

@@ -135,6 +135,10 @@ class SessionSnapshot(BaseModel):
     start_delay_ms: float = 0.0
     playout_gaps: int = 0
     playout_gap_s: float = 0.0
+    # the room's receive side of the caller's audio: WebRTC's jitter buffer (NetEQ), its mean delay over the
+    # last few seconds, and the audio it concealed (lost or late packets) this call; 0 until first read
+    rx_jitter_ms: float = 0.0
+    rx_concealed_s: float = 0.0
     # the agent's last turn: from the tick in which its text channel started it to its first sample handed to
     # the agent's track (the room's playout); None before a turn has played
     turn_start_ms: float | None = None

@@ -11,8 +11,9 @@ playout figures:
   piece (UTF-8, at most TEXT_BYTES) and how many of the session's events (sent on the socket) come before it;
   the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
 - the room's playout (`playout`, float64, written by the room, read for the snapshot): the audio queued ahead
-  of the caller's ear, its gaps so far and their seconds, the turn's start delay, and when the last turn's
-  first sample went to the agent's track (CLOCK_MONOTONIC seconds) (PLAYOUT_FIELDS).
+  of the caller's ear, its gaps so far and their seconds, the turn's start delay, when the last turn's
+  first sample went to the agent's track (CLOCK_MONOTONIC seconds), and the room's receive side of the
+  caller's audio: WebRTC's jitter buffer's mean delay lately and the audio it concealed (PLAYOUT_FIELDS).
 
 Each counter has one writer and counts frames since the session opened (a ring index is the counter modulo
 the ring's size), so neither side ever waits on the other: a room that falls behind finds its records
@@ -30,12 +31,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = 0x43484F5255530003  # "CHORUS" and the layout's version
+MAGIC = 0x43484F5255530004  # "CHORUS" and the layout's version
 LINE = 64  # each counter on a cache line of its own
 IN_W, IN_R, OUT_W, OUT_R = 0, 1, 2, 3  # counters, by their line
 DESCRIPTION, PLAYOUT = 4, 5  # the layout's description, the room's playout figures: by their line
 HEADER_LINES = 6
-PLAYOUT_FIELDS = ("queued_s", "gaps", "gap_s", "start_delay_s", "turn_played_at")
+PLAYOUT_FIELDS = (
+    "queued_s",
+    "gaps",
+    "gap_s",
+    "start_delay_s",
+    "turn_played_at",
+    "rx_jitter_s",
+    "rx_concealed_s",
+)
 IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
 OUT_FRAMES = 64
 TEXT_BYTES = 120  # a frame's text piece: one token's characters, a few at most

@@ -88,10 +88,13 @@ class _FiguresCollector:
             "chorus_playout_gaps": "Gaps in the agent's audio this call (a frame came after the last ended)",
             "chorus_playout_gap_seconds": "The length of those gaps, this call",
             "chorus_playout_start_delay_seconds": "What a turn's first frame waits (the measured jitter)",
+            "chorus_receive_jitter_buffer_seconds": "Caller audio in WebRTC's jitter buffer, mean lately",
+            "chorus_receive_concealed_seconds": "Caller audio WebRTC concealed this call (lost or late)",
         }
         families = {name: GaugeMetricFamily(name, doc, labels=["slot"]) for name, doc in per_slot.items()}
-        for slot, reserve, queued_s, gaps, gap_s, delay_s, *_ in f.rows:
-            for name, value in zip(per_slot, (reserve, queued_s, gaps, gap_s, delay_s), strict=True):
+        for slot, reserve, queued_s, gaps, gap_s, delay_s, _, rx_s, concealed_s in f.rows:
+            values = (reserve, queued_s, gaps, gap_s, delay_s, rx_s, concealed_s)
+            for name, value in zip(per_slot, values, strict=True):
                 families[name].add_metric([str(slot)], float(value))
         yield from families.values()
 

@@ -44,6 +44,11 @@ class Limits:
     # a live session that had a frame to spare at this many ticks in a row (1 s) sheds one silent frame: a
     # reserve that steady arrivals never touch is latency, not a jitter buffer (a late frame puts it back)
     spare_ticks: int = 12
+    # a late arrival within this many ticks (8 s, the playout's jitter window) of the last one doubles how
+    # long the reserve it makes is kept, up to this many ticks: arrivals late again and again keep their
+    # reserve, as NetEQ keeps a buffer for the jitter it keeps seeing, where one late frame costs 1 s of it
+    late_memory_ticks: int = 100
+    max_spare_ticks: int = 100
     # caller frames a caught-up session keeps in reserve (0: none until a late arrival makes one; 1 is the
     # fixed-buffer baseline, EngineConfig.fixed_buffers)
     reserve_frames: int = 0

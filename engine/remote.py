@@ -277,7 +277,13 @@ class RemoteHandle:
         """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
         engine/link.py PLAYOUT_FIELDS; nothing is sent)."""
         if not self._closed:
-            self._link.playout[:] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+            self._link.playout[:5] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+
+    def report_receive(self, jitter_s: float, concealed_s: float) -> None:
+        """The room's receive side of the caller's audio (WebRTC's jitter buffer lately, the audio it
+        concealed this call), for the engine's snapshot and /metrics: in the shared memory, as the playout."""
+        if not self._closed:
+            self._link.playout[5:7] = (jitter_s, concealed_s)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

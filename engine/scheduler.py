@@ -17,7 +17,8 @@ and the session is live again `replay_ticks` after that. Held audio that cannot 
 skipped, silence first, and counted (`FrameInbox.skip`); a live session whose backlog grows past
 `live_lag_frames` (a slow machine, a burst from the network) sheds its silent frames, and one whose inbox had
 a frame to spare at every tick for `spare_ticks` sheds one silent frame: the reserve follows the arrivals'
-jitter instead of standing as a frame of latency.
+jitter instead of standing as a frame of latency (arrivals late again within `late_memory_ticks` keep it
+twice as long each time, up to `max_spare_ticks`).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class Scheduler:
                 # lost; an 80 ms frame of the agent's silence is); a late arrival leaves the inbox empty at a
                 # tick, and the next frame to arrive is the reserve again
                 f.spare_ticks = f.spare_ticks + 1 if backlog >= 2 else 0
-                if f.spare_ticks >= lim.spare_ticks:
+                if f.spare_ticks >= max(lim.spare_ticks, f.hold_ticks):
                     if s.inbox.skip(1, silent_only=True, keep=1):
                         f.spare_ticks = 0
                     elif not s.turn.speaking or lim.catch_up_in_turns:
@@ -191,7 +192,13 @@ class Scheduler:
             else:
                 # the last tick found no frame, and this one finds two: the last one's came after it (a
                 # caller who stops sending underruns, and is not late)
-                late += f.missed_tick == k - 1 and f.reserve >= 1
+                if f.missed_tick == k - 1 and f.reserve >= 1:
+                    late += 1
+                    # late again soon after the last: the reserve this makes is kept twice as long
+                    again = k - f.late_tick <= lim.late_memory_ticks
+                    hold = max(lim.spare_ticks, f.hold_ticks)
+                    f.hold_ticks = min(2 * hold, lim.max_spare_ticks) if again else lim.spare_ticks
+                    f.late_tick = k
                 f.fed_tick, f.missed_tick = k, -2
                 audio[s.slot] = frame
                 arrived[s.slot] = s.inbox.popped_at

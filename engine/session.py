@@ -81,6 +81,8 @@ class Feed:
     missed_tick: int = -2  # a tick that found no frame right after one that did (a late frame, or the end)
     reserve: int = 0  # caller frames left in the inbox after the last live tick took its own
     spare_ticks: int = 0  # live ticks in a row that found a frame to spare in the inbox (Limits.spare_ticks)
+    hold_ticks: int = 0  # how many of those shed a frame now (0: Limits.spare_ticks; late arrivals double it)
+    late_tick: int = -(10**9)  # the tick of the last late arrival
     catch_up: bool = False  # a live session whose reserve the slack hears in a quiet step this tick
     caught_up: int = 0  # reserve frames heard that way
 

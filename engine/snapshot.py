@@ -33,7 +33,7 @@ def session_row(
 ) -> SessionSnapshot:
     turn, feed, call = s.turn, s.feed, s.call
     pieces = list(turn.said)
-    queued_s, gaps, gap_s, delay_s, played_at = s.playout.tolist()
+    queued_s, gaps, gap_s, delay_s, played_at, rx_jitter_s, rx_concealed_s = s.playout.tolist()
     turn_ms = (played_at - turn.started_at) * 1000
     return SessionSnapshot(
         id=s.id,
@@ -56,6 +56,8 @@ def session_row(
         start_delay_ms=round(delay_s * 1e3, 1),
         playout_gaps=int(gaps),
         playout_gap_s=round(gap_s, 3),
+        rx_jitter_ms=round(rx_jitter_s * 1e3, 1),
+        rx_concealed_s=round(rx_concealed_s, 3),
         turn_start_ms=round(turn_ms, 1) if math.isfinite(turn_ms) and 0 <= turn_ms < 10_000 else None,
         label=s.label,
         caller=s.caller,

@@ -228,6 +228,7 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             for _ in range(4):
                 await asyncio.wait_for(h.outputs.get(), timeout=60)
             h.report_playout(0.12, 1, 0.05, 0.02)  # what a room's playout says of itself
+            h.report_receive(0.045, 0.3)  # and its receive side (agent/receive_stats.py)
             prom = urllib.request.urlopen(url + "/metrics").read().decode()
             assert (
                 "chorus_live_step_seconds_bucket" in prom
@@ -249,6 +250,12 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
                 and value[f"chorus_playout_gap_seconds{slot}"] == 0.05
             )
             assert f"chorus_inbox_reserve_frames{slot}" in value and "chorus_underrun_seconds_total" in value
+            assert value[f"chorus_receive_jitter_buffer_seconds{slot}"] == 0.045
+            assert value[f"chorus_receive_concealed_seconds{slot}"] == 0.3
+            # the playout's report leaves the receive side's figures as they were, and the other way round
+            h.report_playout(0.1, 1, 0.05, 0.02)
+            row = {s.id: s for s in e.snapshot().sessions}[h.id]
+            assert (row.rx_jitter_ms, row.rx_concealed_s, row.playout_ms) == (45.0, 0.3, 100.0)
             h.close()
 
     asyncio.run(main())

@@ -96,8 +96,10 @@ def test_a_remote_session_hears_and_says_what_a_local_one_does(hosted):
         await ticks(engine, k, 24, (far, audio), (near, audio))
         # the room's playout figures reach the engine's snapshot through the shared memory, nothing sent
         far.report_playout(0.2, 3, 0.1, 0.04)
+        far.report_receive(0.05, 0.25)
         row = {s.id: s for s in engine.snapshot().sessions}[far.id]
         assert (row.playout_ms, row.playout_gaps, row.playout_gap_s, row.start_delay_ms) == (200, 3, 0.1, 40)
+        assert (row.rx_jitter_ms, row.rx_concealed_s) == (50, 0.25)
         return taken(far.outputs), taken(near.outputs), far
 
     got, want, far = asyncio.run(main())

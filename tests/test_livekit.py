@@ -82,6 +82,9 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         snap = sessions_by_label(worker.snapshot())[room]
         # the engine counts whole 80 ms frames; the 160 ms playout and the framework's buffering lag behind
         assert snap["frames_in"] >= FRAMES_PER_S * (sent_s - 1.0), (snap, sent_s)
+        # the room read its receive side (agent/receive_stats.py): WebRTC's jitter buffer held the caller's
+        # audio for some milliseconds (a packet at least), not for seconds
+        assert 0 < snap["rx_jitter_ms"] < 1000, snap
         caller.session_snapshot = snap
         caller.realtime = realtime_threads(worker)  # while the call's media threads are up
         heard_s = sum(f.size for f in caller.heard.frames) / RATE

@@ -477,6 +477,42 @@ def test_a_session_back_from_replay_holds_no_frame_until_an_arrival_comes_late()
     assert depth[-2:] == [1, 1] and s.inbox.skipped >= 1, depth
 
 
+def test_arrivals_late_again_and_again_keep_their_reserve_longer_and_a_lone_late_one_does_not():
+    """As NetEQ keeps a buffer for the jitter it keeps seeing: each arrival late again within
+    `late_memory_ticks` of the last doubles how long its reserve is kept (up to `max_spare_ticks`), so a
+    caller whose frames keep coming late stops underrunning at every one; a late arrival long after the last
+    keeps its reserve `spare_ticks` again. (Before, every reserve went after `spare_ticks`, and each late
+    arrival after that was an underrun again.)"""
+    sch = sched(spare_ticks=10, live_lag_frames=12, late_memory_ticks=60, max_spare_ticks=40)
+    s, _ = make_session(0)
+    tick = 0
+
+    def run(arrivals: list[int]) -> list[int]:
+        nonlocal tick
+        depth = []
+        for n in arrivals:
+            for _ in range(n):
+                s.inbox.push(np.zeros(FRAME, np.float32))
+            depth.append(len(s.inbox))
+            live_plan(sch, tick, [s], np.zeros(S, bool))
+            tick += 1
+        return depth
+
+    def held_for(steady: int) -> int:
+        """A late arrival (a tick with none, then two), then `steady` ticks of one: how many ticks the reserve
+        it made was held (the inbox at two after the late tick)."""
+        before = s.feed.underruns
+        depth = run([0, 2] + [1] * steady)
+        assert s.feed.underruns == before + 1, depth  # the late arrival: its tick heard silence
+        return sum(d == 2 for d in depth[2:])
+
+    run([1] * 5)
+    assert [held_for(45) for _ in range(4)] == [9, 19, 39, 39]  # late again within the memory: doubled
+    run([1] * 80)  # steady for longer than the memory
+    assert held_for(45) == 9  # a lone late arrival: the reserve goes after `spare_ticks` again
+    assert s.inbox.skipped == 5  # each reserve shed once, as a silent frame
+
+
 def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while_the_agent_listens():
     """A caller who talks without a pause: no silent frame to shed. While the agent is not speaking the
     slack hears the reserve's frame in a quiet step, so nothing of the caller is lost and each later frame

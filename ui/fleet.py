@@ -152,6 +152,7 @@ def session_rows(workers: list[Worker]) -> list[dict]:
                 "tool": ", ".join(s.calling),
                 "duration": duration(s.age_s),
                 "heard (ms)": "" if s.heard_ms is None else f"{s.heard_ms:.0f}",
+                "rx buffer (ms)": f"{s.rx_jitter_ms:.0f}" if s.rx_jitter_ms else "",
                 "inbox reserve": s.reserve_frames,
                 "playout (ms)": f"{s.playout_ms:.0f}",
                 "start delay (ms)": f"{s.start_delay_ms:.0f}",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agent.receive_stats import every_stat, inbound_audio, window
 from benchmarks.support.server import Server, token
 
 RATE = 48_000  # the callers' tracks, both ways
@@ -49,6 +50,9 @@ class Caller:
     skipped_ahead: int = 0  # times the sender fell LATE_S behind and skipped ahead
     heard: list[np.ndarray] = field(default_factory=list)
     heard_t: list[float] = field(default_factory=list)
+    # the caller's WebRTC receive side of the agent's track (libwebrtc's NetEQ), read at the measurement's
+    # start and end (`receive_stats`)
+    rx: list[dict] = field(default_factory=list)
     agent_joined: asyncio.Event = field(default_factory=asyncio.Event)
     first_audio: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -129,6 +133,18 @@ class Caller:
             self.late.append(now - due)
             await self.source.capture_frame(rtc.AudioFrame(pcm.tobytes(), RATE, 1, f))
             n += f
+
+    async def read_receive(self) -> None:
+        """Append the receive side's cumulative counters of the agent's audio (`inbound_audio`)."""
+        try:
+            stats = await self.lk.get_rtc_stats()
+        except RuntimeError:  # the room is gone
+            return
+        self.rx.append(inbound_audio(every_stat(stats)))
+
+    def receive_stats(self) -> dict:
+        """What the caller's jitter buffer did over the measurement (agent/receive_stats.py `window`)."""
+        return window(self.rx[0], self.rx[-1]) if len(self.rx) >= 2 else {}
 
     async def leave(self) -> None:
         with contextlib.suppress(Exception):

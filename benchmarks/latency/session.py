@@ -81,12 +81,14 @@ async def session(
         await asyncio.sleep(1.0)
         before = await asyncio.to_thread(worker.snapshot)
         cpu0, load0, others0 = cpu_times(), os.getloadavg(), other_workers(worker.proc.pid)
+        await asyncio.gather(*(c.read_receive() for c in callers))
         measure.set()
         await asyncio.sleep(seconds)
         measure.clear()
         for c in callers:
             c._next = -1
         await asyncio.sleep(1.5)  # the last bursts' echoes
+        await asyncio.gather(*(c.read_receive() for c in callers))
         cpu1, load1, others1 = cpu_times(), os.getloadavg(), other_workers(worker.proc.pid)
         snap = await asyncio.to_thread(worker.snapshot)
     finally:
@@ -107,6 +109,11 @@ async def session(
         "playout_gaps": sum(s.get("playout_gaps", 0) for s in ours),
         "playout_gap_s": round(sum(s.get("playout_gap_s", 0.0) for s in ours), 3),
         "tick_shift_ms": snap.get("tick_shift_ms", 0.0),
+        # each room's jitter buffer for its caller's audio (WebRTC's NetEQ in the worker), its last reading
+        "rx_jitter_ms": [s.get("rx_jitter_ms", 0.0) for s in ours],
+        "rx_concealed_s": round(sum(s.get("rx_concealed_s", 0.0) for s in ours), 3),
+        # each room's playout at the end: a turn's start delay (the measured jitter and its margin)
+        "start_delay_ms": [s.get("start_delay_ms", 0.0) for s in ours],
         "skipped_frames": sum(s["skipped_frames"] for s in ours),
         "dropped_frames": sum(s["dropped_frames"] for s in ours),
         "frames": snap["echo"]["frames"] if snap.get("echo") else [],
