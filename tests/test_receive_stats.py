@@ -90,6 +90,7 @@ def test_a_room_is_read_every_few_seconds_and_a_failed_reading_is_skipped():
     readings = [
         [reading(48_000, 0.05)],
         RuntimeError("the room isn't connected"),
+        ValueError("an answer the SDK could not parse"),
         [reading(96_000, 0.05 * 0.5 + 0.03 * 0.5, concealed=480)],
         [outbound()],  # the caller's track not subscribed (yet, or any more): nothing to say
     ]
@@ -98,11 +99,11 @@ def test_a_room_is_read_every_few_seconds_and_a_failed_reading_is_skipped():
 
     async def main() -> None:
         task = asyncio.create_task(ReceiveWatch(room, lambda *r: reports.append(r), every_s=0.01).run())
-        while room.requests < 5:
+        while room.requests < 6:
             await asyncio.sleep(0.01)
         task.cancel()
 
     asyncio.run(main())
-    # the first reading: the mean since the stream began; the second failed; the third, the window since the
-    # first (48,000 samples at 30 ms); no inbound audio, no report
+    # the first reading: the mean since the stream began; two failed; the next, the window since the first
+    # (48,000 samples at 30 ms); no inbound audio, no report
     assert [(round(d, 4), round(c, 4)) for d, c in reports] == [(0.05, 0.0), (0.03, 0.01)]
