@@ -11,7 +11,6 @@ the rtc SDK's stats messages; nothing of the engine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +96,5 @@ class ReceiveWatch:
             w = window(last, now)
             if now:
                 last = now
-            if w:
-                with contextlib.suppress(Exception):  # a closed session's report goes nowhere
-                    self.report(w["delay_ms"] / 1e3, now["concealed_samples"] / DECODER_RATE)
+            if w:  # a closed session's handle takes it and keeps it to itself
+                self.report(w["delay_ms"] / 1e3, now["concealed_samples"] / DECODER_RATE)

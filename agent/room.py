@@ -254,9 +254,8 @@ def _run_alongside(
     )
 
     def report_receive(jitter_s: float, concealed_s: float) -> None:
-        handle = call.handle
-        if handle is not None and hasattr(handle, "report_receive"):
-            handle.report_receive(jitter_s, concealed_s)
+        if call.handle is not None:
+            call.handle.report_receive(jitter_s, concealed_s)
 
     receive = asyncio.create_task(ReceiveWatch(ctx.room, report_receive).run(), name="chorus.receive")
 

@@ -33,6 +33,8 @@ from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_SEGMENT_ID as SEGMENT_I
 from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_TRACK_ID as TRACK_ID
 from livekit.agents.types import TOPIC_TRANSCRIPTION as TOPIC
 
+from agent.playout_timing import Wake
+
 log = logging.getLogger("chorus.agent.transcript")
 
 WAIT_S = 5.0  # the longest one native request of a stream may take before its turn's text is given up
@@ -73,7 +75,7 @@ class RoomTranscript(io.TextOutput):
         self._turns: deque[_Turn] = deque()
         self._open: _Turn | None = None  # the turn being captured
         self._wake = asyncio.Event()
-        self._ended = asyncio.Event()  # a turn ended: what it has left goes now
+        self._ended = Wake()  # a turn ended: what it has left goes now
         self._task: asyncio.Task | None = None
         self._closed = False
         self.stats = {"turns": 0, "writes": 0, "failed": 0, "dropped": 0}
@@ -141,9 +143,7 @@ class RoomTranscript(io.TextOutput):
             turn = self._turns[0]
             early = turn.next_write - asyncio.get_running_loop().time()
             if early > 0 and not turn.ended:  # what is new waits for its time, or for the turn's end
-                self._ended.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ended.wait(), early)
+                await self._ended.sleep(early)
                 continue
             try:
                 done = await self._advance(turn)

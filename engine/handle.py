@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.api import EngineClosed, Output
+from engine.link import RECEIVE_AT
 from engine.session import Session
 from engine.tokens import forced_ids
 from redaction import private_values
@@ -113,12 +114,12 @@ class SessionHandle:
         """The room's playout, for the snapshot and /metrics: audio queued ahead of the caller's ear, the
         gaps of this call and their seconds, a turn's start delay, when the last turn's first sample went
         to the track (time.monotonic; engine/link.py PLAYOUT_FIELDS)."""
-        self._s.playout[:5] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+        self._s.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:
         """The room's receive side of the caller's audio, for the snapshot and /metrics: WebRTC's jitter
         buffer's mean delay lately, and the audio it concealed this call (agent/receive_stats.py)."""
-        self._s.playout[5:7] = (jitter_s, concealed_s)
+        self._s.playout[RECEIVE_AT:] = (jitter_s, concealed_s)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

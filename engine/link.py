@@ -45,6 +45,7 @@ PLAYOUT_FIELDS = (
     "rx_jitter_s",
     "rx_concealed_s",
 )
+RECEIVE_AT = PLAYOUT_FIELDS.index("rx_jitter_s")  # the playout's figures before it, the receive side's after
 IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
 OUT_FRAMES = 64
 TEXT_BYTES = 120  # a frame's text piece: one token's characters, a few at most

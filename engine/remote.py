@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
-from engine.link import IN_W, OUT_R, OUT_W, CallerRing, Layout, SessionLink
+from engine.link import IN_W, OUT_R, OUT_W, RECEIVE_AT, CallerRing, Layout, SessionLink
 from engine.stage_config import ClockConfig, TokenConfig
 from engine.tokens import forced_ids
 from engine.wire import ADDRESS_ENV, connect, decode_event, encode, raise_error, read_line
@@ -277,13 +277,13 @@ class RemoteHandle:
         """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
         engine/link.py PLAYOUT_FIELDS; nothing is sent)."""
         if not self._closed:
-            self._link.playout[:5] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+            self._link.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:
         """The room's receive side of the caller's audio (WebRTC's jitter buffer lately, the audio it
         concealed this call), for the engine's snapshot and /metrics: in the shared memory, as the playout."""
         if not self._closed:
-            self._link.playout[5:7] = (jitter_s, concealed_s)
+            self._link.playout[RECEIVE_AT:] = (jitter_s, concealed_s)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)

@@ -143,7 +143,7 @@ def realtime_threads(worker: Worker) -> tuple[int, list[tuple[str, int]]]:
     tree."""
     engine = next(p for p in tree(worker.proc.pid) if "engine.serve" in cmdline(p))
     tick, others = 0, []
-    for _ in range(50):
+    for _ in range(300):  # up to 3 s: a busy machine may run few live steps in that time
         others = []
         for pid, _tid, name, fields in thread_stats(worker.proc.pid):
             prio, policy = int(fields[37]), int(fields[38])
