@@ -42,7 +42,10 @@ def free_port() -> int:
     raise RuntimeError("no free TCP port below the ephemeral range")
 
 
-def get_json(url: str, timeout: float = 2.0) -> dict:
+def get_json(url: str, timeout: float = 10.0) -> dict:
+    """A worker's JSON endpoint (its engine's snapshot, livekit-agents' worker info). The bound is for a
+    worker that stopped answering, not a measure: on a starved machine (16 rooms, the server, the callers and
+    another process on 2 cores) the worker's own loop answered later than 2 s."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 
