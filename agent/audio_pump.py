@@ -2,12 +2,13 @@
 straight into the engine's caller ring, and the agent's captures into its track made and answered natively.
 
 A room's caller track reaches the engine through `agent/native/audio_pump.c`, the callback the rtc SDK's
-native library calls with every event. A caller track's stream (16 kHz mono, one engine frame at a time) is
-registered there; its frames are cut into the engine's frames and written into the session's shared memory
-(engine/link.py) by the callback's own thread, and their native buffers dropped. No event of theirs crosses
-into Python, and no Python runs for them: the room's loop and the interpreter see none of the 12.5 frames a
-second a caller sends. Every other event reaches the SDK's Python callback as before, but for the runtime's
-batches of debug and trace log records, which that callback would parse only to throw away.
+native library calls with every event. A caller track's stream (16 kHz mono, in 10 ms pieces) is registered
+there; its pieces are cut into the engine's frames, where the frames' ends fall just ahead of the engine's
+ticks, and written into the session's shared memory (engine/link.py) by the callback's own thread, and their
+native buffers dropped. No event of theirs crosses into Python, and no Python runs for them: the room's loop
+and the interpreter see none of the hundred pieces a second a caller sends. Every other event reaches the
+SDK's Python callback as before, but for the runtime's batches of debug and trace log records, which that
+callback would parse only to throw away.
 
 - `install()` (agent/rtc_ffi.py, before the process's FFI client exists) builds the callback once (`cc`,
   cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it to the
@@ -48,8 +49,9 @@ WITH = (NATIVE / "resample.c", NATIVE / "resample.h")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-pthread")
 LIBS = ("-lm",)
 BUILD_TIMEOUT_S = 60.0
-STATS = ("frames", "written", "ring_full", "held", "held_dropped", "bad", "voiced_at")
-TOTALS = ("consumed", "forwarded", "late", "streams", "quiet_logs")
+PIECE_MS = 10  # the caller's audio from the runtime in pieces this long: the frames' cut, chosen to this
+STATS = ("frames", "written", "ring_full", "held", "held_dropped", "bad", "voiced_at", "aligned")
+TOTALS = ("consumed", "forwarded", "late", "streams", "quiet_logs", "early")
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -106,8 +108,10 @@ def load(path: Path) -> ctypes.CDLL:
     lib.pump_set_reclaim.argtypes = [f64]
     lib.pump_set_reclaim.restype = None
     lib.pump_register.argtypes = [u64, i32, i32, f64, i32]
-    lib.pump_attach.argtypes = [u64, ctypes.c_void_p, *(ctypes.c_int64,) * 5, i32]
+    lib.pump_attach.argtypes = [u64, ctypes.c_void_p, *(ctypes.c_int64,) * 5, i32, ctypes.c_int64, f64]
     lib.pump_detach.argtypes = lib.pump_unregister.argtypes = [u64]
+    lib.pump_opening.argtypes = [i32]
+    lib.pump_opening.restype = None
     lib.pump_stats.argtypes = [u64, ctypes.POINTER(f64), i32]
     lib.pump_totals.argtypes = [ctypes.POINTER(u64)]
     lib.pump_totals.restype = None
@@ -239,8 +243,10 @@ class NativeStream:
     def open(
         cls, lib: ctypes.CDLL, track: Any, rate: int, frame: int, loud: float, hold: int
     ) -> NativeStream:
-        """A native audio stream of `track` (16 kHz mono, `frame` samples at a time), registered with the
-        callback. Its first frame comes a frame's time after the stream is made, so none is missed."""
+        """A native audio stream of `track` (16 kHz mono), registered with the callback. The runtime hands its
+        audio over in pieces of PIECE_MS (the callback cuts the engine's frames from them, where it chooses:
+        aligned with the ticks). A piece that comes before the stream is registered (the first, at most) is
+        dropped there and counted (`early`), never handed to Python."""
         from livekit.rtc._ffi_client import FfiClient, FfiHandle
         from livekit.rtc._proto import audio_frame_pb2, ffi_pb2
 
@@ -248,20 +254,25 @@ class NativeStream:
         new = req.new_audio_stream
         new.track_handle = track._ffi_handle.handle
         new.sample_rate, new.num_channels, new.queue_size_frames = rate, 1, 0
-        new.frame_size_ms = max(1, frame * 1000 // rate)
+        new.frame_size_ms = PIECE_MS
         new.type = audio_frame_pb2.AudioStreamType.AUDIO_STREAM_NATIVE
-        resp = FfiClient.instance.request(req)
-        owned = FfiHandle(resp.new_audio_stream.stream.handle.id)
+        lib.pump_opening(1)
         try:
-            stream = cls(lib, owned.handle, rate, frame, loud, hold)
-        except BaseException:
-            owned.dispose()
-            raise
+            resp = FfiClient.instance.request(req)
+            owned = FfiHandle(resp.new_audio_stream.stream.handle.id)
+            try:
+                stream = cls(lib, owned.handle, rate, frame, loud, hold)
+            except BaseException:
+                owned.dispose()
+                raise
+        finally:
+            lib.pump_opening(-1)
         stream._owned = owned
         return stream
 
-    def attach(self, ring: Any) -> None:
-        """Write into `ring` (engine/link.py `CallerRing`) from now on, after what was held."""
+    def attach(self, ring: Any, lead_s: float = 0.0) -> None:
+        """Write into `ring` (engine/link.py `CallerRing`) from now on, after what was held; the frames' ends
+        kept `lead_s` ahead of the engine's takes (0: where the stream's start put them)."""
         if (
             self._lib.pump_attach(
                 self.handle,
@@ -272,6 +283,8 @@ class NativeStream:
                 ring.stamps_at,
                 ring.frames,
                 ring.samples,
+                ring.taken_at,
+                lead_s,
             )
             != 0
         ):

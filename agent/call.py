@@ -29,6 +29,7 @@ from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
+from engine.phase import MIN_MARGIN_S
 from engine.remote import RemoteEngine
 from redaction import pseudonym
 
@@ -267,8 +268,16 @@ def native_caller_input(call: Call, clock: ClockConfig) -> CallerAudio | None:
     lib = audio_pump.installed()
     if lib is None or not isinstance(call.model.engine, RemoteEngine) or not install_room_input():
         return None
+    # the frames end just ahead of the ticks, by the tick's own least margin for late frames
+    # (engine/phase.py); the benchmarks' fixed-buffer baseline leaves them where they fall
+    lead_s = 0.0 if getattr(call.model.engine.config, "fixed_buffers", False) else MIN_MARGIN_S
     call.model.caller_audio = CallerAudio(
-        lib, rate=clock.input_rate, frame=clock.input_samples, loud=VOICED_ENERGY, frame_ms=clock.frame_ms
+        lib,
+        rate=clock.input_rate,
+        frame=clock.input_samples,
+        loud=VOICED_ENERGY,
+        frame_ms=clock.frame_ms,
+        lead_s=lead_s,
     )
     return call.model.caller_audio
 

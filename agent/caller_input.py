@@ -34,8 +34,11 @@ class CallerAudio:
     """One call's native caller audio: the room input's streams, the session's ring once the slot is open,
     and their counters summed over every track the call had."""
 
-    def __init__(self, lib: ctypes.CDLL, *, rate: int, frame: int, loud: float, frame_ms: int) -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, *, rate: int, frame: int, loud: float, frame_ms: int, lead_s: float
+    ) -> None:
         self._lib, self.rate, self.frame, self.loud = lib, rate, frame, loud
+        self.lead_s = lead_s  # how far ahead of the ticks the frames end (audio_pump.c `align`; 0: off)
         self.hold = max(1, int(HELD_S * 1000 / frame_ms))
         self.stream: NativeStream | None = None
         self._ring: Any = None
@@ -70,7 +73,7 @@ class CallerAudio:
 
     def _attach(self, stream: NativeStream) -> None:
         try:
-            stream.attach(self._ring)
+            stream.attach(self._ring, self.lead_s)
         except PumpUnavailable:
             log.exception("the caller's audio could not reach the session's ring")
 

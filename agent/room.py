@@ -347,6 +347,7 @@ def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence |
         n = native.stats()
         parts += [f"native_in {int(n['frames'])}", f"native_ring_full {int(n['ring_full'])}"]
         parts += [f"native_held {int(n['held'])}", f"native_bad {int(n['bad'])}"]
+        parts.append(f"native_aligned_ms {1000 * n['aligned'] / native.rate:.0f}")
     parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
     stalls = getattr(call.output.sink, "stalls", None)
     if stalls is not None:

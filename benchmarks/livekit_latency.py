@@ -256,7 +256,8 @@ def main() -> int:
         type=float,
         default=TONE,
         help="the callers' tone between bursts (full scale 1); below 0.004 the engine takes it for silence, "
-        "which it may shed when a session falls behind",
+        "which it may shed when a session falls behind; above 0.028 it is speech, which the room never "
+        "leaves out to align the frames with the ticks",
     )
     p.add_argument(
         "--dump", type=Path, default=None, help="a folder for each burst's times and what callers heard"

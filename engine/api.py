@@ -198,6 +198,10 @@ class EngineSnapshot(BaseModel):
     # how much earlier than its nominal time each tick starts, moved toward the callers' frames' arrivals
     # (engine/phase.py)
     tick_shift_ms: float = 0.0
+    # ticks that started before their time within the margin they keep for late frames, every frame they take
+    # in already (engine.py `_loop`), and how early on average
+    early_ticks: int = 0
+    tick_early_ms: float = 0.0
     # the tick thread runs at a real-time priority (EngineConfig.tick_priority, engine/priority.py)
     tick_realtime: bool = False
     # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median

@@ -41,13 +41,14 @@ from engine.plan import TickObserver
 from engine.priority import TickPriority
 from engine.runner import Runner
 from engine.scheduler import Scheduler
-from engine.session import Phase, Session
+from engine.session import HEARD_PHASES, Phase, Session
 from engine.slots import FrameInbox, Reservation, SlotPool
 from engine.tokens import MAX_TOOLS
 from redaction import mask_numbers
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 
+POLL_S = 0.001  # within its margin, a tick looks this often whether its frames are all in
 ADMISSION_TTL_S = 90.0  # how long an admitted caller's slot is held for the session to open: a phone call
 # opens it once answered, and agent/phone.py waits up to 60 s while the phone rings
 
@@ -87,6 +88,8 @@ class Engine:
         # ticks start soon after the frames they take arrive (the fixed-buffer baseline leaves them where they
         # fell)
         self.phase = TickPhase(self.tick_ms / 1000, step_s=0.0 if cfg.fixed_buffers else STEP_S)
+        self._early = not cfg.fixed_buffers  # a tick starts within its margin once its frames are all in
+        self._heard: list[Session] = []
         self._stop = threading.Event()
         self._closed = False  # the model released (by close)
         self._thread: threading.Thread | None = None
@@ -124,6 +127,7 @@ class Engine:
         caller: str = "",
         admission: Reservation | None = None,
         source: Callable[[FrameInbox], None] | None = None,
+        pending: Callable[[], bool] | None = None,
         playout: np.ndarray | None = None,
     ) -> SessionHandle:
         """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
@@ -133,7 +137,8 @@ class Engine:
         shows them (at most 80 characters each; a number in the label by its last four digits), the engine
         neither reads nor logs them. `source` feeds the session's inbox besides `push_audio`, on the tick
         thread once a tick: a room in another process writes its caller frames to shared memory
-        (engine/host.py), and its playout figures to `playout` (a view of that memory)."""
+        (engine/host.py), and its playout figures to `playout` (a view of that memory); `pending` says
+        whether it holds a frame the tick has not taken (a tick starts early once every frame is in)."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -159,7 +164,7 @@ class Engine:
 
         def make(session_id: str, slot: int) -> Session:
             box = FrameInbox(frame, self._max_backlog, clock=self.clock)
-            box.source = source
+            box.source, box.pending = source, pending
             return Session(
                 session_id,
                 slot,
@@ -275,28 +280,47 @@ class Engine:
         t0 = self.clock()
         k = 0
         while not self._stop.is_set():
-            start = t0 + k * tick_s - self.phase.shift_s
+            due = t0 + k * tick_s - self.phase.shift_s
             now = self.clock()
-            if now < start:
-                self._stop.wait(start - now)
-                continue
-            if now - start > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
-                self.acct.record_slip(int((now - start) / tick_s))
+            if now < due:
+                # within the margin the tick keeps for late frames, it starts as soon as every frame is in
+                opens = due - self.phase.margin_s if self._early else due
+                if now < opens or not self._frames_in():
+                    self._stop.wait(opens - now if now < opens else min(POLL_S, due - now))
+                    continue
+                self.acct.record_early(due - now)
+            elif now - due > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
+                self.acct.record_slip(int((now - due) / tick_s))
                 t0 = now - k * tick_s + self.phase.shift_s
-                start = now
-            self.run_tick(k, start + tick_s)
+                due = now
+            self.run_tick(k, due + tick_s, due)
             k += 1
             self.collector.maybe_collect(t0 + k * tick_s)
 
-    def run_tick(self, k: int, deadline: float) -> None:
+    def _frames_in(self) -> bool:
+        """Whether every session the last tick heard has its next caller frame in already (and there is one).
+        Polled every POLL_S within the margin before a tick; stops at the first session still waiting."""
+        heard = False
+        for s in self._heard:
+            if s.closed or s.phase not in HEARD_PHASES:
+                continue
+            if not s.inbox.fresh():
+                return False
+            heard = True
+        return heard
+
+    def run_tick(self, k: int, deadline: float, due: float | None = None) -> None:
         """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
         the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever
-        the time: the progress guarantee. Work past the deadline is counted (`overruns`)."""
+        the time: the progress guarantee. Work past the deadline is counted (`overruns`). `due`: when the
+        tick was due to start (it may start earlier, its frames all in; default: when it starts), which the
+        frames' leads are measured against (engine/phase.py)."""
         clock, sch = self.clock, self.scheduler
         t_start = clock()
         self.tick = k
         # schedule: this tick's sessions, the results that came in, the live batch
         reset, sessions, freed = self.pool.begin_tick()
+        self._heard = sessions  # whose frames the next tick may start early for (`_frames_in`)
         for s in freed:
             self.acct.closed_dropped += s.inbox.dropped
             self.acct.closed_skipped += s.inbox.skipped
@@ -306,7 +330,7 @@ class Engine:
         heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
         if plan.late:
             self.phase.missed()
-        self.phase.observe(t_start - plan.arrived[heard])
+        self.phase.observe((t_start if due is None else due) - plan.arrived[heard])
         # execute and update: one batched live step for every live slot, its frames out to their sessions
         result = self.runner.live(plan)
         for observer in self.observers:

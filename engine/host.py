@@ -304,6 +304,7 @@ class EngineHost:
                 caller=str(msg.get("caller", "")),
                 admission=admission,
                 source=conn.pull,
+                pending=conn.pending,
                 playout=link.playout,
             )
         except (EngineError, ValueError, TypeError) as e:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.api import AudioFrame, Output, ToolCallStarted, TurnEnded, TurnStarted
-from engine.link import SessionLink
+from engine.link import IN_W, SessionLink
 from engine.wire import encode, event_message
 
 if TYPE_CHECKING:
@@ -55,17 +56,23 @@ class RoomConn:
     # -- the tick thread's side (keep it cheap: no syscall but one eventfd write, nothing allocated) ------
 
     def pull(self, inbox: FrameInbox) -> None:
-        """The room's caller frames written since the last tick, into the session's inbox."""
+        """The room's caller frames written since the last tick, into the session's inbox (the take's time
+        published to the room: when its frames are taken, CLOCK_MONOTONIC as their write times are)."""
         link = self.link
         if link is None or self.closed:
             return
-        frames, stamps, self.in_r, lost = link.take_caller(self.in_r)
+        frames, stamps, self.in_r, lost = link.take_caller(self.in_r, time.monotonic())
         if lost < 0:
             self._stats["bad_counters"] += 1
         else:
             self._stats["lost_frames"] += lost
         if frames.size:
             inbox.push(frames.reshape(-1), at=stamps)
+
+    def pending(self) -> bool:
+        """Whether the room has written a caller frame the tick has not taken yet."""
+        link = self.link
+        return link is not None and not self.closed and link.get(IN_W) > self.in_r
 
     def deliver(self, items: list[Output]) -> None:
         """The session's outputs: audio frames into the shared memory (and an eventfd signal: at once for a

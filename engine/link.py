@@ -6,7 +6,9 @@ playout figures:
 
 - caller frames in: `in_frames` int16 frames of the engine's input frame (1280 samples at 16 kHz), each with
   the time the room wrote it (CLOCK_MONOTONIC seconds); the room writes a frame and its time, then advances
-  `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a tick and publishes `in_r`.
+  `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a tick and publishes `in_r`, and
+  beside it when it took them (`taken_at`, CLOCK_MONOTONIC seconds, float64): the room's native caller
+  audio times its frames against the ticks with it (agent/native/audio_pump.c, aligning).
 - agent frames out: `out_frames` records of one engine output frame (float32 samples), its tick, its text
   piece (UTF-8, at most TEXT_BYTES) and how many of the session's events (sent on the socket) come before it;
   the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
@@ -31,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = 0x43484F5255530004  # "CHORUS" and the layout's version
+MAGIC = 0x43484F5255530005  # "CHORUS" and the layout's version
 LINE = 64  # each counter on a cache line of its own
 IN_W, IN_R, OUT_W, OUT_R = 0, 1, 2, 3  # counters, by their line
+TAKEN_AT = IN_R * LINE + 8  # byte offset of the engine's last take (float64), on the read counter's line
 DESCRIPTION, PLAYOUT = 4, 5  # the layout's description, the room's playout figures: by their line
 HEADER_LINES = 6
 PLAYOUT_FIELDS = (
@@ -101,6 +104,7 @@ class CallerRing:
     stamps_at: int
     frames: int
     samples: int
+    taken_at: int = TAKEN_AT
 
 
 class LinkError(ValueError):
@@ -116,6 +120,7 @@ class SessionLink:
         lay = layout
         self.counters = np.ndarray((DESCRIPTION, LINE // 8), np.int64, mm, 0)[:, 0]
         self.description = np.ndarray(5, np.int64, mm, DESCRIPTION * LINE)
+        self.taken_at = np.ndarray(1, np.float64, mm, TAKEN_AT)
         self.playout = np.ndarray(len(PLAYOUT_FIELDS), np.float64, mm, PLAYOUT * LINE)
         self.caller = np.ndarray((lay.in_frames, lay.in_samples), np.int16, mm, lay.in_offset)
         self.stamps = np.ndarray(lay.in_frames, np.float64, mm, lay.stamp_offset)
@@ -173,11 +178,12 @@ class SessionLink:
 
     # -- the engine's side: caller frames out of the ring, agent frames into it ----------------------------
 
-    def take_caller(self, r: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    def take_caller(self, r: int, now: float) -> tuple[np.ndarray, np.ndarray, int, int]:
         """The caller frames written since counter `r`, as `[n, in_samples]` int16, and when each was
-        written; the new counter (also published to the room); the frames lost: written beyond what the ring
-        holds, or -1 for a counter that went back (nothing of the ring is trusted then, and reading starts
-        again from where it is)."""
+        written; the new counter (also published to the room, with `now` as the take's time); the frames
+        lost: written beyond what the ring holds, or -1 for a counter that went back (nothing of the ring is
+        trusted then, and reading starts again from where it is)."""
+        self.taken_at[0] = now
         w = self.get(IN_W)
         if w == r:
             return self.caller[:0], self.stamps[:0], r, 0

@@ -159,6 +159,8 @@ class Accounting:
         self.overruns = 0
         self.owed: dict[str, int] = {}  # pieces of paused work run past the slack, by kind
         self.slipped_ticks = 0
+        self.early_ticks = 0  # ticks started before their time, their frames all in (engine.py `_loop`)
+        self.early_s = 0.0  # ...and by how much in all
         self.closed_dropped = 0  # frame counters of sessions already closed
         self.closed_skipped = 0
         self.tool_calls = 0
@@ -199,6 +201,10 @@ class Accounting:
     def record_slip(self, ticks: int) -> None:
         self.slipped_ticks += ticks
         self.prom["slipped"].inc(ticks)
+
+    def record_early(self, s: float) -> None:
+        self.early_ticks += 1
+        self.early_s += s
 
     def record_call(self, call_ms: float, ticks: int) -> None:
         self.tool_calls += 1

@@ -36,6 +36,7 @@ class Phase(enum.Enum):
 
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
+HEARD_PHASES = (Phase.LIVE, Phase.REPLAY)  # the live step takes a caller frame of these each tick
 
 # the only moves between phases (`Session.enter` refuses any other)
 MOVES: dict[Phase, frozenset[Phase]] = {

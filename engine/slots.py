@@ -43,8 +43,10 @@ class FrameInbox:
         self.held = 0
         self.frames_in = 0
         # where frames come from besides `push`: a room's ring in shared memory (engine/host.py), read by the
-        # tick thread once a tick through `pull`
+        # tick thread once a tick through `pull`; and whether it holds a frame not yet pulled (`fresh`)
         self.source: Callable[[FrameInbox], None] | None = None
+        self.pending: Callable[[], bool] | None = None
+        self._pulled = 0  # frames_in at the last pull
         self.dropped = 0  # oldest frames pushed out of a full inbox
         self.skipped = 0  # frames skipped by the catch-up policy
         self.nonfinite = 0
@@ -82,6 +84,11 @@ class FrameInbox:
         """Take in what the source has written since the last pull (the tick thread, once a tick)."""
         if self.source is not None:
             self.source(self)
+        self._pulled = self.frames_in
+
+    def fresh(self) -> bool:
+        """Whether a whole frame has come since the last pull (pushed, or waiting in the source)."""
+        return self.frames_in > self._pulled or (self.pending is not None and self.pending())
 
     def pop(self) -> np.ndarray | None:
         with self._lock:

@@ -135,6 +135,8 @@ def build(engine: Engine) -> EngineSnapshot:
         at=time.time(),  # wall-clock time for the page, not the engine's clock
         tick_budget_ms=engine.tick_ms,
         tick_shift_ms=round(engine.phase.shift_s * 1000, 1),
+        early_ticks=a.early_ticks,
+        tick_early_ms=round(1000 * a.early_s / a.early_ticks, 2) if a.early_ticks else 0.0,
         tick_realtime=engine.priority.realtime,
         history_step_s=per * engine.tick_ms / 1000,
         history_max_ms=hist_max,

@@ -134,7 +134,7 @@ def test_a_registered_streams_frames_land_in_the_ring_and_their_buffers_are_drop
     before = time.monotonic()
     pump.send(pump.frame_event(7, a))
     pump.send(pump.frame_event(7, b))
-    taken, stamps, r, lost = link.take_caller(0)
+    taken, stamps, r, lost = link.take_caller(0, time.monotonic())
     assert (r, lost) == (2, 0) and link.get(IN_W) == 2
     assert np.array_equal(taken[0], a) and np.array_equal(taken[1], b)
     assert (
@@ -153,11 +153,11 @@ def test_pieces_of_any_length_are_cut_into_whole_engine_frames(pump, link):
     audio = tone(3 * FRAME + 100)
     for piece in np.split(audio, [480, 1900, 2000, 3700]):  # 30 ms, 89 ms, 6 ms, 106 ms, 12 ms
         pump.send(pump.frame_event(7, piece))
-    taken, _, r, _ = link.take_caller(0)
+    taken, _, r, _ = link.take_caller(0, time.monotonic())
     assert r == 3
     assert np.array_equal(taken.reshape(-1), audio[: 3 * FRAME])  # the last 100 samples wait for more
     pump.send(pump.frame_event(7, tone(FRAME - 100, 3 * FRAME + 100)))
-    taken, _, r, _ = link.take_caller(3)
+    taken, _, r, _ = link.take_caller(3, time.monotonic())
     assert r == 4 and np.array_equal(taken[0], tone(FRAME, 3 * FRAME))
 
 
@@ -172,10 +172,10 @@ def test_frames_before_the_slot_opens_are_held_the_oldest_dropped_then_written_i
     link.set(IN_W, 3)  # what the room wrote itself before handing the ring over
     link.set(IN_R, 3)
     stream.attach(link.caller_ring())
-    taken, _, r, _ = link.take_caller(3)
+    taken, _, r, _ = link.take_caller(3, time.monotonic())
     assert r == 7 and all(np.array_equal(t, f) for t, f in zip(taken, frames[2:], strict=True))
     pump.send(pump.frame_event(7, tone(FRAME, 99)))
-    assert link.take_caller(7)[2] == 8
+    assert link.take_caller(7, time.monotonic())[2] == 8
 
 
 def test_a_full_ring_drops_and_counts_the_frame_until_the_engine_takes_what_is_there(pump, link):
@@ -185,7 +185,7 @@ def test_a_full_ring_drops_and_counts_the_frame_until_the_engine_takes_what_is_t
         pump.send(pump.frame_event(7, tone(FRAME, k)))
     s = stream.stats()
     assert (s["written"], s["ring_full"]) == (link.layout.in_frames, 3)
-    _, _, r, lost = link.take_caller(0)
+    _, _, r, lost = link.take_caller(0, time.monotonic())
     assert (r, lost) == (link.layout.in_frames, 0)
     pump.send(pump.frame_event(7, tone(FRAME)))
     assert stream.stats()["written"] == link.layout.in_frames + 1
@@ -254,6 +254,91 @@ def test_only_a_loud_frame_marks_when_the_caller_last_spoke(pump, link):
     t0 = time.monotonic()
     pump.send(pump.frame_event(7, tone(FRAME, amp=3000)))
     assert t0 <= stream.stats()["voiced_at"] <= time.monotonic()
+
+
+PIECE = RATE // 100  # the runtime's 10 ms pieces (audio_pump.PIECE_MS)
+LEAD = 0.008  # the lead asked for (the tick's least margin, engine/phase.py)
+
+
+def quiet(k: int) -> np.ndarray:
+    """A piece far below the speech threshold, told apart from the others by its value."""
+    return np.full(PIECE, k % 60 + 1, np.int16)
+
+
+def feed(pump, link, pieces, since: float | list[float]) -> None:
+    """Stream 7's pieces, each sent as though the engine took its frames `since` seconds before it (per frame
+    when a list: the frame the piece is in)."""
+    for i, piece in enumerate(pieces):
+        ago = since if isinstance(since, float) else since[i * PIECE // FRAME]
+        link.taken_at[0] = time.monotonic() - ago
+        pump.send(pump.frame_event(7, piece))
+
+
+def test_frames_that_wait_for_their_tick_are_cut_later_by_leaving_out_quiet_pieces(pump, link):
+    """Frames that end 50 ms before the next tick (the engine took the last ones 30 ms before): after six of
+    them, the four quiet pieces that come next are left out, so the frames after end 10 ms ahead of the tick,
+    by the 8 ms lead asked for and within a piece; nothing else of the audio is lost or reordered."""
+    stream = pump.register(7)
+    stream.attach(link.caller_ring(), LEAD)
+    pieces = [quiet(k) for k in range(48 + 4 + 16)]
+    feed(pump, link, pieces, 0.030)
+    taken, _, r, _ = link.take_caller(0, time.monotonic())
+    assert r == 8
+    assert np.array_equal(taken.reshape(-1), np.concatenate(pieces[:48] + pieces[52:]))
+    assert stream.stats()["aligned"] == 4 * PIECE
+
+
+def test_a_loud_piece_is_never_left_out(pump, link):
+    """The caller speaks when the frames' cut would move: the loud pieces go in whole, and the quiet ones
+    after them are left out instead."""
+    stream = pump.register(7)
+    stream.attach(link.caller_ring(), LEAD)
+    loud = [tone(PIECE, k * PIECE) for k in range(3)]
+    pieces = [quiet(k) for k in range(48)] + loud + [quiet(k) for k in range(100, 100 + 4 + 13)]
+    feed(pump, link, pieces, 0.030)
+    taken, _, r, _ = link.take_caller(0, time.monotonic())
+    assert r == 8
+    assert np.array_equal(taken.reshape(-1), np.concatenate(pieces[:51] + pieces[55:]))
+    assert stream.stats()["aligned"] == 4 * PIECE
+
+
+@pytest.mark.parametrize(
+    "case, lead_s, since",
+    [
+        ("already within a piece of the lead", LEAD, 0.065),  # leads of 15 ms
+        ("leads that are not steady", LEAD, [0.030, 0.040] * 3 + [0.030] * 3),
+        ("an engine that has stopped taking", LEAD, 1.0),
+        ("no lead asked for", 0.0, 0.030),
+    ],
+)
+def test_the_frames_cut_stays_where_it_is(pump, link, case, lead_s, since):
+    stream = pump.register(7)
+    stream.attach(link.caller_ring(), lead_s)
+    pieces = [quiet(k) for k in range(72)]
+    feed(pump, link, pieces, since)
+    taken, _, r, _ = link.take_caller(0, time.monotonic())
+    assert r == 9 and np.array_equal(taken.reshape(-1), np.concatenate(pieces)), case
+    assert stream.stats()["aligned"] == 0
+
+
+def test_the_first_piece_of_a_stream_being_opened_is_dropped_not_handed_to_python(pump, link):
+    """Pieces come every 10 ms from the moment the runtime makes a stream, so the first may come before its
+    handle is registered: while a stream is being opened, a piece of a stream newer than every registered
+    one is dropped (its buffer too) and counted; an older unknown stream's still reaches Python."""
+    pump.register(5)
+    pump.lib.pump_opening(1)
+    early = pump.frame_event(9, quiet(1))
+    pump.send(early)
+    other = pump.frame_event(4, quiet(2))  # a stream made before, read by the SDK's Python (not registered)
+    pump.send(other)
+    stream = pump.register(9)
+    pump.lib.pump_opening(-1)
+    newer = pump.frame_event(11, quiet(3))
+    pump.send(newer)  # none being opened: an unknown stream's goes to Python
+    assert pump.totals()["early"] == 1
+    assert pump.forwarded == [other, newer]
+    assert pump.dropped == [1001]  # the early piece's buffer, and no other
+    assert stream.stats()["frames"] == 0
 
 
 def test_a_stream_cannot_be_registered_twice_nor_attached_to_a_ring_of_another_frame(pump, link):

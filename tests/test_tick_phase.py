@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.support.concierge import PROMPT, TOOLS
-from engine.engine import Engine, EngineConfig
+from engine.engine import POLL_S, Engine, EngineConfig
 from engine.phase import MIN_MARGIN_S, TickPhase
 from engine_support import ManualClock
 
@@ -137,3 +137,77 @@ def test_the_engine_counts_a_frame_that_came_late_but_not_a_caller_who_stopped_s
         assert late[41] == 1 and sum(late) == 1, late
     finally:
         engine.close()
+
+
+class Sleeps:
+    """The tick thread's own loop (`Engine._loop`) on a manual clock: each of its sleeps moves the clock on by
+    what it asked, and the callers' frames due meanwhile are pushed at their times; it stops after `ticks`."""
+
+    def __init__(self, engine: Engine, callers: list, ticks: int) -> None:
+        self.engine, self.callers, self.ticks = engine, callers, ticks  # callers: (handle, arrival times)
+        self.slept: list[float] = []
+
+    def is_set(self) -> bool:
+        return self.engine.acct.ticks >= self.ticks
+
+    def set(self) -> None:  # (the engine's close)
+        self.ticks = 0
+
+    def wait(self, seconds: float) -> bool:
+        self.slept.append(seconds)
+        clock = self.engine.clock
+        until = clock.now + seconds
+        for handle, arrivals in self.callers:
+            while arrivals and arrivals[0] <= until:
+                clock.now = max(clock.now, arrivals.pop(0))
+                handle.push_audio(np.zeros(1280, np.float32))
+        clock.now = until
+        return False
+
+
+def loop_on_a_manual_clock(callers: int, sends, ticks: int = 150, **config):
+    """`callers` sessions on an engine whose tick thread's loop runs on a manual clock; caller i's frame for
+    tick k arrives 50 ms before the tick's first time unless `sends(i, k)` says it does not come. Returns the
+    engine (closed) and each tick's plan (which has when the tick started and when each frame arrived)."""
+    engine = Engine(EngineConfig(preset="tiny", num_slots=2, start=False, **config), clock=ManualClock(100.0))
+    try:
+        handles = [engine.open_session(PROMPT, TOOLS) for _ in range(callers)]
+        t0 = engine.clock.now
+        times = [[t0 + k * TICK - 0.05 for k in range(1, ticks + 2) if sends(i, k)] for i in range(callers)]
+        plan_live, plans = engine.scheduler.plan_live, []
+
+        def planned(tick, reset):
+            plans.append(plan_live(tick, reset))
+            return plans[-1]
+
+        engine.scheduler.plan_live = planned
+        engine._stop = Sleeps(engine, list(zip(handles, times, strict=True)), ticks)
+        engine._loop()
+    finally:
+        engine.close()
+    return engine, plans
+
+
+def test_a_tick_starts_as_soon_as_its_frames_are_in_within_its_margin():
+    """Steady frames: the ticks move toward them (engine/phase.py) until a tick is due within its margin of
+    them, and from then on each tick starts when its frame is in, found by polling every POLL_S, rather than
+    a margin later: the frame waits at most POLL_S for its tick, where it waited the margin before."""
+    engine, plans = loop_on_a_manual_clock(1, lambda i, k: True)
+    waits = np.array([p.t_start - p.arrived[p.live][0] for p in plans[-40:]])
+    assert np.all(waits >= 0) and np.all(waits <= POLL_S + 1e-9), waits
+    assert engine.acct.early_ticks >= 40
+    assert 0 < engine.acct.early_s / engine.acct.early_ticks <= MIN_MARGIN_S + 1e-9
+
+
+def test_a_tick_waits_for_its_time_while_any_frame_is_still_to_come():
+    """Two callers, one of whom stops sending at tick 60: from then on no tick starts before its time (the
+    frames of the one still sending wait the margin again), and none starts before its time in the fixed-
+    buffer baseline."""
+    engine, plans = loop_on_a_manual_clock(2, lambda i, k: i == 0 or k < 60)
+    after = [p for p in plans if p.tick >= 70]
+    waits = np.array([p.t_start - p.arrived[p.live & np.isfinite(p.arrived)][0] for p in after])
+    assert np.all(waits >= MIN_MARGIN_S - 1e-9), waits
+    early_then = engine.acct.early_ticks
+    assert early_then > 0  # (while both sent)
+    engine, plans = loop_on_a_manual_clock(1, lambda i, k: True, fixed_buffers=True)
+    assert engine.acct.early_ticks == 0

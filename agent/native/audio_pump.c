@@ -9,7 +9,17 @@ the frame's native buffer is dropped at once. Every other event goes to the SDK'
 unchanged and in order, but for a batch of log records that callback would only throw away (`quiet_logs`).
 
 Before its session's ring is attached a stream's frames are held (bounded; the oldest are dropped and counted)
-and written, in order, when it is. A stream's counters (frames, written, ring full, held, held dropped, bad,
+and written, in order, when it is.
+
+Once attached, a stream keeps its frames' ends just ahead of the engine's ticks (`align`). The runtime hands
+the caller's audio over in 10 ms pieces, and where the 80 ms frames are cut among them is this file's
+choice: cut where the stream happened to start, a room's frames would wait for the tick anything up to a
+whole tick, a different wait in every room. Each whole frame's lead (how long before the next tick it is
+written, from the engine's last take, engine/link.py `taken_at`) is measured; once ALIGN_FRAMES frames in a
+row have led by more than the lead asked for (`lead_s`) plus a piece, and steadily (within ALIGN_STEADY_S),
+whole pieces of that excess are left out of the frames, only quiet ones (below the loud threshold): every
+later frame ends that much later, as close behind its tick as the lead asked for allows. Nothing the caller
+says is left out; the pieces dropped are counted (`aligned`). A stream's counters (frames, written, ring full, held, held dropped, bad,
 the time of the last loud frame) are read by Python; nothing here logs.
 
 The agent's frames go the other way by `pump_capture`: a copy of the samples (resampled to the track's rate
@@ -22,6 +32,7 @@ protobuf schema's numbering; the wire format is protobuf's. */
 
 #include "resample.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,14 +74,17 @@ enum {
 };
 
 /* a stream's counters, in the order pump_stats writes them */
-enum { S_FRAMES, S_WRITTEN, S_RING_FULL, S_HELD, S_HELD_DROPPED, S_BAD, S_VOICED_AT, N_STATS };
+enum { S_FRAMES, S_WRITTEN, S_RING_FULL, S_HELD, S_HELD_DROPPED, S_BAD, S_VOICED_AT, S_ALIGNED, N_STATS };
 /* the process's, in the order pump_totals writes them */
-enum { T_CONSUMED, T_FORWARDED, T_LATE, T_STREAMS, T_QUIET_LOGS, N_TOTALS };
+enum { T_CONSUMED, T_FORWARDED, T_LATE, T_STREAMS, T_QUIET_LOGS, T_EARLY, N_TOTALS };
 /* a track's captures, in the order pump_capture_stats writes them */
 enum { C_SENT, C_DONE, C_ERRORS, C_SLOW, C_REFUSED, N_CSTATS };
 
 #define MAX_STREAMS 4096
 #define TOMBSTONES 256 /* streams closed lately: a frame of theirs still in flight is dropped, not forwarded */
+#define ALIGN_FRAMES 6      /* frames whose leads are measured before the frames' cut moves (480 ms) */
+#define ALIGN_STEADY_S 0.004 /* ... and that lead within this of each other */
+#define ALIGN_STALE_TICKS 4 /* an engine that has not taken frames for this many ticks is not timed against */
 
 typedef struct {
     uint64_t handle; /* the stream's FFI handle; 0: a free entry */
@@ -85,6 +99,12 @@ typedef struct {
     int npend;
     int16_t *hold; /* held frames, a ring of hold_cap */
     int hold_cap, hold_head, hold_n;
+    /* aligning the frames' ends with the ticks: the engine's last take, the tick, the lead asked for (0: off),
+       the last frames' leads, the samples still to leave out of quiet pieces, the last piece's samples */
+    volatile double *taken_at;
+    double tick_s, lead_s;
+    double leads[ALIGN_FRAMES];
+    int nleads, drop, piece;
     double stats[N_STATS];
 } stream_t;
 
@@ -98,6 +118,10 @@ static int n_streams; /* entries in use are below this index */
 static uint64_t tombstones[TOMBSTONES];
 static int tomb_next;
 static uint64_t totals[N_TOTALS];
+/* streams being opened (`pump_opening`), and the highest handle registered: a piece of a stream newer than
+   every registered one while one is being opened is the new stream's, come before its registration */
+static int opening;
+static uint64_t newest;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static double now_s(void) {
@@ -297,13 +321,43 @@ static void hold(stream_t *s, const int16_t *frame) {
     s->stats[S_HELD] += 1;
 }
 
-static void whole_frame(stream_t *s, const int16_t *frame) {
+static double energy(const int16_t *x, int n) {
     double e = 0.0;
-    for (int i = 0; i < s->frame; i++) e += (double)frame[i] * (double)frame[i];
-    if (e > s->loud) s->stats[S_VOICED_AT] = now_s();
+    for (int i = 0; i < n; i++) e += (double)x[i] * (double)x[i];
+    return e;
+}
+
+/* A frame was just written: its lead on the next tick joins the last ones; after ALIGN_FRAMES of them, the
+   quiet samples to leave out (whole pieces of the steady excess over the lead asked for), or none. */
+static void align(stream_t *s) {
+    if (s->lead_s <= 0.0 || s->taken_at == NULL || s->piece <= 0) return;
+    double taken = *s->taken_at, since = now_s() - taken;
+    if (taken <= 0.0 || since < 0.0 || since > ALIGN_STALE_TICKS * s->tick_s) {
+        s->nleads = 0, s->drop = 0; /* no ticks to time against */
+        return;
+    }
+    s->leads[s->nleads++] = s->tick_s - fmod(since, s->tick_s);
+    if (s->nleads < ALIGN_FRAMES) return;
+    s->nleads = 0;
+    double lo = s->leads[0], hi = s->leads[0];
+    for (int i = 1; i < ALIGN_FRAMES; i++) {
+        if (s->leads[i] < lo) lo = s->leads[i];
+        if (s->leads[i] > hi) hi = s->leads[i];
+    }
+    double piece_s = (double)s->piece / s->rate;
+    int pieces = hi - lo <= ALIGN_STEADY_S ? (int)floor((lo - s->lead_s) / piece_s) : 0;
+    s->drop = pieces > 0 ? pieces * s->piece : 0;
+}
+
+static void whole_frame(stream_t *s, const int16_t *frame) {
+    if (energy(frame, s->frame) > s->loud) s->stats[S_VOICED_AT] = now_s();
     s->stats[S_FRAMES] += 1;
-    if (s->frames != NULL) write_ring(s, frame);
-    else hold(s, frame);
+    if (s->frames != NULL) {
+        write_ring(s, frame);
+        align(s);
+    } else {
+        hold(s, frame);
+    }
 }
 
 static void take(stream_t *s, const frame_event *ev) {
@@ -314,6 +368,14 @@ static void take(stream_t *s, const frame_event *ev) {
     }
     const int16_t *src = (const int16_t *)(uintptr_t)ev->data;
     int n = (int)ev->samples;
+    s->piece = n;
+    if (s->drop > 0 && s->frames != NULL && energy(src, n) * s->frame <= s->loud * n) {
+        int k = n < s->drop ? n : s->drop; /* a quiet piece: left out, so the frames end later */
+        src += k;
+        n -= k;
+        s->drop -= k;
+        s->stats[S_ALIGNED] += k;
+    }
     if (s->npend == 0) { /* whole frames straight from the buffer: the usual case */
         while (n >= s->frame) {
             whole_frame(s, src);
@@ -447,6 +509,9 @@ void pump_event(const uint8_t *data, size_t len) {
         } else if (is_tombstone(ev.stream)) {
             mine = 1;
             totals[T_LATE] += 1;
+        } else if (opening > 0 && ev.stream > newest) {
+            mine = 1; /* the first piece of a stream not registered yet: dropped, never to Python */
+            totals[T_EARLY] += 1;
         }
         pthread_mutex_unlock(&mu);
         if (mine) {
@@ -476,6 +541,15 @@ int pump_init(event_cb fwd, drop_fn drop, request_fn request, const int32_t *num
     return 0;
 }
 
+/* A stream is being opened (+1) or is registered or failed (-1): until it is, a piece of a stream newer than
+   every registered one is its first, and is dropped (counted as early) rather than reaching Python, which
+   has no stream to take it. */
+void pump_opening(int delta) {
+    pthread_mutex_lock(&mu);
+    opening += delta;
+    pthread_mutex_unlock(&mu);
+}
+
 /* A stream whose frames are the engine's: `rate` Hz mono cut into `frame` samples, a frame loud above
    `loud_ms` mean square, up to `hold_frames` held until a ring is attached. -1: no room, or bad arguments. */
 int pump_register(uint64_t handle, int rate, int frame, double loud_ms, int hold_frames) {
@@ -499,6 +573,7 @@ int pump_register(uint64_t handle, int rate, int frame, double loud_ms, int hold
     }
     memset(s, 0, sizeof *s);
     s->handle = handle;
+    if (handle > newest) newest = handle;
     s->rate = rate;
     s->frame = frame;
     s->loud = loud_ms * frame;
@@ -511,9 +586,10 @@ int pump_register(uint64_t handle, int rate, int frame, double loud_ms, int hold
 }
 
 /* The session's ring (engine/link.py's layout, from the mapping's start `base`): frames from now on are
-   written there, after what was held. -1: no such stream. */
+   written there, after what was held, their ends kept `lead_s` ahead of the engine's takes (`taken_at`'s
+   offset; `lead_s` 0: where they fall). -1: no such stream. */
 int pump_attach(uint64_t handle, void *base, int64_t in_w, int64_t in_r, int64_t frames_at, int64_t stamps_at,
-                int64_t nframes, int frame) {
+                int64_t nframes, int frame, int64_t taken_at, double lead_s) {
     int rc = -1;
     pthread_mutex_lock(&mu);
     stream_t *s = find(handle);
@@ -524,6 +600,10 @@ int pump_attach(uint64_t handle, void *base, int64_t in_w, int64_t in_r, int64_t
         s->frames = (int16_t *)(b + frames_at);
         s->stamps = (double *)(b + stamps_at);
         s->nframes = nframes;
+        s->taken_at = (volatile double *)(b + taken_at);
+        s->tick_s = (double)frame / s->rate;
+        s->lead_s = lead_s;
+        s->nleads = 0, s->drop = 0;
         s->w = __atomic_load_n(s->in_w, __ATOMIC_ACQUIRE); /* the room is the counter's one writer */
         while (s->hold_n > 0) {
             write_ring(s, s->hold + (size_t)s->hold_head * s->frame);
@@ -540,7 +620,7 @@ int pump_attach(uint64_t handle, void *base, int64_t in_w, int64_t in_r, int64_t
 int pump_detach(uint64_t handle) {
     pthread_mutex_lock(&mu);
     stream_t *s = find(handle);
-    if (s != NULL) s->frames = NULL, s->stamps = NULL, s->in_w = s->in_r = NULL;
+    if (s != NULL) s->frames = NULL, s->stamps = NULL, s->in_w = s->in_r = NULL, s->taken_at = NULL;
     pthread_mutex_unlock(&mu);
     return s != NULL ? 0 : -1;
 }

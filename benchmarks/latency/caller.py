@@ -16,7 +16,10 @@ from agent.receive_stats import every_stat, inbound_audio, window
 from benchmarks.support.server import Server, token
 
 RATE = 48_000  # the callers' tracks, both ways
-TONE = 0.05  # each caller's own tone (full scale 1.0): well below the mark, never silence to the engine
+# each caller's own tone (full scale 1.0), standing for a room's noise between words: well below the mark,
+# never silence to the engine, and below speech (agent/duplex.py VOICE_RMS: its RMS is 0.014), as a caller's
+# pauses are: the room's caller audio may leave such pieces out to cut its frames just ahead of the ticks
+TONE = 0.02
 BURST = 0.7  # the bursts' level, well above it
 BURST_HZ = 1000.0
 # a burst's length names it among four (burst i has LENGTHS_S[i % 4]), so that a burst is matched to its own
