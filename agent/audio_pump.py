@@ -44,8 +44,8 @@ log = logging.getLogger("chorus.agent.audio_pump")
 
 NATIVE = Path(__file__).with_name("native")
 SOURCE = NATIVE / "audio_pump.c"
-# compiled with it into one library, and part of its build's hash (with the header they share)
-WITH = (NATIVE / "resample.c", NATIVE / "resample.h")
+# compiled with it into one library, and part of its build's hash (with the headers they share)
+WITH = (NATIVE / "capture.c", NATIVE / "resample.c", NATIVE / "pump.h", NATIVE / "resample.h")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-pthread")
 LIBS = ("-lm",)
 BUILD_TIMEOUT_S = 60.0
