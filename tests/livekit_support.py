@@ -28,3 +28,18 @@ def require_livekit() -> Server:
     return Server(
         url, os.environ["CHORUS_TEST_LIVEKIT_API_KEY"], os.environ["CHORUS_TEST_LIVEKIT_API_SECRET"]
     )
+
+
+def server_lines(*words: str, limit: int = 40) -> list[str]:
+    """The test server's log lines (CHORUS_TEST_LIVEKIT_LOG, set by start_livekit) naming any of `words`: what
+    it did with a room's agent job (offered, turned down, assigned, or no worker to take it), for a failure's
+    message. The last `limit`; none without the log."""
+    path = os.environ.get("CHORUS_TEST_LIVEKIT_LOG")
+    if not path or not words:
+        return []
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.rstrip() for line in f if any(w in line for w in words)]
+    except OSError:
+        return []
+    return lines[-limit:]

@@ -28,7 +28,7 @@ from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
 from benchmarks.support.machine import cmdline, thread_stats, tree
 from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
 from benchmarks.support.worker import Worker, sessions_by_label
-from livekit_support import POLL_S, require_livekit
+from livekit_support import POLL_S, require_livekit, server_lines
 from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit
@@ -488,7 +488,14 @@ async def every_caller(
             if ("call ended" in line or "WARNING" in line or "ERROR" in line or "turned away" in line)
             and "loop blocked" not in line
         ]
-        raise AssertionError(f"{e}: {waiting}; {lines}") from None
+        # the server's side of each waiting room's agent job: offered to which worker, turned down, or no
+        # worker left to take it
+        dispatch = [
+            line
+            for line in server_lines(*waiting, "failed to send job request")
+            if "job" in line or "worker" in line
+        ]
+        raise AssertionError(f"{e}: {waiting}; {lines}; server: {dispatch}") from None
 
 
 def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(server, store_dir):
