@@ -60,7 +60,18 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
     return n;
 }
 
-static size_t put_key(uint8_t *p, int field, int wire) { return put_varint(p, ((uint64_t)field << 3) | wire); }
+/* A varint field (wire type 0), and a field of bytes (wire type 2): its length, then the bytes. */
+static size_t put_uint(uint8_t *p, int field, uint64_t v) {
+    size_t n = put_varint(p, (uint64_t)field << 3);
+    return n + put_varint(p + n, v);
+}
+
+static size_t put_bytes(uint8_t *p, int field, const uint8_t *bytes, size_t len) {
+    size_t n = put_varint(p, ((uint64_t)field << 3) | 2);
+    n += put_varint(p + n, len);
+    memcpy(p + n, bytes, len);
+    return n + len;
+}
 
 /* A capture's callback: its copy is freed and its track's counters move. 0: not one of ours. */
 int capture_done(const uint8_t *cb, size_t cb_n) {
@@ -196,27 +207,15 @@ int pump_capture(uint64_t source, const int16_t *samples, uint32_t n, uint32_t r
     /* FfiRequest { capture_audio_frame { source_handle, buffer { data_ptr, num_channels, sample_rate,
        samples_per_channel }, request_async_id } } */
     uint8_t info[64], body[128], req[160];
-    size_t ni = 0, nb = 0, nr = 0;
-    ni += put_key(info + ni, fields[F_INFO_PTR], 0);
-    ni += put_varint(info + ni, (uint64_t)(uintptr_t)copy);
-    ni += put_key(info + ni, fields[F_INFO_CH], 0);
-    ni += put_varint(info + ni, 1);
-    ni += put_key(info + ni, fields[F_INFO_RATE], 0);
-    ni += put_varint(info + ni, rate);
-    ni += put_key(info + ni, fields[F_INFO_SPC], 0);
-    ni += put_varint(info + ni, n);
-    nb += put_key(body + nb, fields[F_CAP_SOURCE], 0);
-    nb += put_varint(body + nb, source);
-    nb += put_key(body + nb, fields[F_CAP_BUFFER], 2);
-    nb += put_varint(body + nb, ni);
-    memcpy(body + nb, info, ni);
-    nb += ni;
-    nb += put_key(body + nb, fields[F_CAP_ASYNC], 0);
-    nb += put_varint(body + nb, id);
-    nr += put_key(req + nr, fields[F_REQ_CAPTURE], 2);
-    nr += put_varint(req + nr, nb);
-    memcpy(req + nr, body, nb);
-    nr += nb;
+    size_t ni = 0, nb = 0;
+    ni += put_uint(info + ni, fields[F_INFO_PTR], (uint64_t)(uintptr_t)copy);
+    ni += put_uint(info + ni, fields[F_INFO_CH], 1);
+    ni += put_uint(info + ni, fields[F_INFO_RATE], rate);
+    ni += put_uint(info + ni, fields[F_INFO_SPC], n);
+    nb += put_uint(body + nb, fields[F_CAP_SOURCE], source);
+    nb += put_bytes(body + nb, fields[F_CAP_BUFFER], info, ni);
+    nb += put_uint(body + nb, fields[F_CAP_ASYNC], id);
+    size_t nr = put_bytes(req, fields[F_REQ_CAPTURE], body, nb);
     const uint8_t *res = NULL;
     size_t res_n = 0;
     uint64_t handle = ffi_request(req, nr, &res, &res_n);
