@@ -118,13 +118,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     reaches that speaker through the same playout buffer, barge-in cut and clips as a room's track."""
     mask_log_handlers()  # a handler the job added (livekit-agents' cloud recording) too
     engine = room_engine()
-    opened = False
-
-    async def release(_reason: str = "") -> None:
-        if not opened:  # a job that ended before its call opened gives its slot back
-            await asyncio.to_thread(engine.release, ctx.job.id)
-
-    ctx.add_shutdown_callback(release)
+    # a job that ends before its call opens leaves its reserved slot to the worker to give back
+    # (agent/worker.py `_release_ended_jobs`): only the worker's key may release a slot
 
     async def redispatch_if_lost(reason: str = "") -> None:
         if reason == "room disconnected":  # the rtc connection gave up, not the caller nor the worker
@@ -170,7 +165,6 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             participant=caller.identity,
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
         )
-    opened = True
     call.session.on("close", lambda _ev: presence.end("the session closed"))
     if line is not None:
         line.attach(call.output)

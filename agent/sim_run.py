@@ -308,7 +308,7 @@ async def simulate(args: argparse.Namespace) -> dict:
     _cancel_on_signals()
     # the rooms reach the engine through its door, as a worker's rooms in their own processes do
     host = EngineHost(engine).start()
-    remote = await asyncio.to_thread(RemoteEngine, host.address)
+    remote = await asyncio.to_thread(lambda: RemoteEngine(host.address, key=host.keys.room))
     _ = await asyncio.to_thread(lambda: remote.tokens)
     run = Run(args, engine, remote, hotel, today, out)
     ended = "completed"

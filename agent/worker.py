@@ -34,7 +34,7 @@ from agent.room import close_room, entrypoint, prewarm
 from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
-    from engine.remote import RemoteEngine
+    from engine.control import EngineControl
     from engine.serve import EngineProcess
 
 log = logging.getLogger("chorus.agent.worker")
@@ -47,28 +47,30 @@ STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 ROOM_MODULES = ["agent.room", "agent.hotel", "agent.phone", "agent.forcing", "tools.hotel", "tools.store"]
 
 _lock = threading.Lock()
-_engine: RemoteEngine | None = None
+_engine: EngineControl | None = None
 _process: EngineProcess | None = None
 
 
-def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> RemoteEngine:
+def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> EngineControl:
     """The worker's engine: its process (`python -m engine.serve`), started on first use by whichever thread
     asks first and waited for until its door is open (at most `startup_s`, by default `startup_timeout_s`);
-    what is returned is the worker's end of that door (admission, load). Its address goes into this process's
-    environment, where the rooms find it (a room's own process inherits it)."""
+    what is returned is the worker's end of that door (admission, load, drain), with the worker's own key.
+    Its address and the rooms' key go into this process's environment, where the rooms find them (a room's
+    own process inherits them); the worker's key stays in this process's memory."""
     global _engine, _process
     if _engine is None:
         with _lock:
             if _engine is None:
-                from engine.remote import RemoteEngine
+                from engine.control import EngineControl
                 from engine.serve import EngineProcess
-                from engine.wire import ADDRESS_ENV
+                from engine.wire import ADDRESS_ENV, KEY_ENV
 
                 config = settings.engine_config().model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s
                 _process = EngineProcess(config, timeout=timeout).start()
                 os.environ[ADDRESS_ENV] = _process.address
-                _engine = RemoteEngine(_process.address)
+                os.environ[KEY_ENV] = _process.keys.room
+                _engine = EngineControl(_process.address, _process.keys.control)
                 atexit.register(close_shared)  # the engine's process ends with the worker
                 log.info("engine ready for rooms (%d slots)", settings.slots)
     return _engine
@@ -78,6 +80,8 @@ def close_shared() -> None:
     """Stop the engine's process and close the rooms' store (at worker exit, between tests)."""
     global _engine, _process
     with _lock:
+        if _engine is not None:
+            _engine.close()
         if _process is not None:
             _process.stop()
         _engine = _process = None
@@ -118,6 +122,7 @@ def startup_timeout_s(settings: AgentSettings) -> float:
 # GIL was busy elsewhere. At 250 ms its ticks are 50 ms apart; a block that long still gets its warning
 # and its stack.
 LOOP_BLOCK_WARN_MS = 250
+RELEASE_SWEEP_S = 1.0  # how often the worker looks for jobs that ended (their unused slots given back)
 
 
 def build_server(settings: AgentSettings) -> AgentServer:
@@ -196,8 +201,28 @@ class ChorusServer(DrainingServer):
 
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
         # the startup timeout this server was built with: the weights are not sized a second time
-        await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
-        await super().run(devmode=devmode, unregistered=unregistered)
+        engine = await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
+        sweep = asyncio.create_task(self._release_ended_jobs(engine))
+        try:
+            await super().run(devmode=devmode, unregistered=unregistered)
+        finally:
+            sweep.cancel()
+
+    async def _release_ended_jobs(self, engine: EngineControl) -> None:
+        """Give back the slot of every job that ended before its call opened a session (only the worker may:
+        engine/gate.py). A job is watched from when it runs; one that is no longer running is released, which
+        is a no-op for a job whose session took its slot. A job admitted but never launched lapses in the
+        engine (ADMISSION_TTL_S)."""
+        running: set[str] = set()
+        while True:
+            await asyncio.sleep(RELEASE_SWEEP_S)
+            try:
+                now = {info.job.id for info in self.active_jobs}
+            except Exception:  # noqa: BLE001 (the server is not running yet, or is closing)
+                continue
+            for job in running - now:
+                await asyncio.to_thread(engine.release, job)
+            running = now
 
     async def drain(self, timeout: NotGivenOr[int | None] = NOT_GIVEN) -> None:
         seconds = float(timeout) if isinstance(timeout, int | float) and timeout else self.drain_s

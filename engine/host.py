@@ -16,11 +16,15 @@ socket per frame. What is left crosses the socket as one JSON object a line:
   `error`, then `event` (every output but audio frames, numbered, with the frames written before it) and
   `drain`.
 
-A connection that closes, for whatever reason (the room's process killed included), closes its session:
-the slot is free at the next tick. A message that is not a JSON object, names an unknown operation or another
-session, or is longer than MAX_LINE is refused and counted (`stats`); the connection stays, and nothing of it
-reaches another session. The socket lives in the abstract namespace (no file to clean up) and is reachable by
-this machine's processes only.
+Who may connect, with which key, and ask for what is engine/gate.py's: a process of another user is closed
+as it connects, one without a key within 2 s is closed, the rooms' key opens sessions and the worker's
+asks for admissions, load and drain. A connection that closes, for whatever reason (the room's process
+killed included), closes its session: the slot is free at the next tick. A message that is not a JSON
+object, is nested deeper than engine/wire.py MAX_DEPTH or longer than MAX_LINE, names an operation its role
+may not ask for or another session, is refused and counted (`stats`); the connection stays, and nothing of
+it reaches another session. Whatever goes wrong handling one message or one connection refuses that message
+or closes that connection, and is counted (`errors`): it never stops the door. The socket lives in the
+abstract namespace (no file to clean up).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import selectors
 import socket
@@ -38,9 +43,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from engine.api import EngineError
+from engine.gate import MAX_KEY_LINE, Gate
 from engine.host_conn import RoomConn, apply_session_op
 from engine.link import Layout, SessionLink
-from engine.wire import MAX_LINE, encode, error_message
+from engine.wire import MAX_LINE, DoorKeys, encode, error_message, shape_error
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -51,15 +57,24 @@ log = logging.getLogger("chorus.engine.host")
 MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
 ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
 RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
+ACCEPT_BATCH = 64  # connections taken from the queue before the ones already open are served again
+
+
+def _worth_a_line(n: int) -> bool:
+    """A count logged at 1, 10, 100, ...: a flood is seen in the log without filling it."""
+    return n > 0 and 10 ** (len(str(n)) - 1) == n
 
 
 class EngineHost:
     """Serves `engine` to rooms in other processes on `address` (an abstract Unix socket name; a fresh one by
-    default). `start` runs its thread; `close` ends every connection (their sessions close)."""
+    default) to the holders of `keys` (fresh ones by default). `start` runs its thread; `close` ends every
+    connection (their sessions close); `alive` is false once its thread has stopped."""
 
-    def __init__(self, engine: Engine, address: str | None = None) -> None:
+    def __init__(self, engine: Engine, address: str | None = None, keys: DoorKeys | None = None) -> None:
         self.engine = engine
         self.address = address or f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.keys = keys or DoorKeys.fresh()
+        self.gate = Gate(self.keys, engine.config.num_slots)
         clock = engine.model_cfg.clock
         self.layout = Layout(clock.input_samples, clock.output_samples)
         self._sel = selectors.DefaultSelector()
@@ -84,6 +99,9 @@ class EngineHost:
             "dropped_connections": 0,  # closed for not reading what the engine sent
             "lost_frames": 0,  # caller frames a room wrote faster than the tick took them
             "bad_counters": 0,  # a room's ring counter that went backwards
+            "refused_peers": 0,  # connections of another user, closed unread
+            "refused_keys": 0,  # closed for a missing or wrong key, none in time, or a role's cap reached
+            "errors": 0,  # a message or a connection whose handling failed: refused or closed
         }
 
     # -- life -------------------------------------------------------------------------------------------
@@ -93,6 +111,11 @@ class EngineHost:
             self._thread = threading.Thread(target=self._run, name="chorus-host", daemon=True)
             self._thread.start()
         return self
+
+    @property
+    def alive(self) -> bool:
+        """The door's thread runs (a door that stopped by itself is a failed engine: engine/serve.py)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def close(self) -> None:
         self._stop.set()
@@ -123,39 +146,71 @@ class EngineHost:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, mask in self._sel.select(timeout=1.0):
+                for key, mask in self._sel.select(timeout=0.5):
                     if key.data == "listen":
                         self._accept()
                     elif key.data == "wake":
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                     else:
-                        conn: RoomConn = key.data
-                        if mask & selectors.EVENT_READ:
-                            self._read(conn)
-                        if mask & selectors.EVENT_WRITE and not conn.closed:
-                            self._flush(conn)
+                        self._serve(key.data, mask)
                 self._take_outbox()
                 self._close_retired()
+                for conn in self.gate.expired(time.monotonic()):
+                    self.stats["refused_keys"] += 1
+                    self._drop(conn)
         except Exception:
             log.exception("the engine host stopped")
             raise
+
+    def _serve(self, conn: RoomConn, mask: int) -> None:
+        """One connection's turn: whatever fails in it closes that connection, counted, and nothing more."""
+        try:
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._flush(conn)
+        except Exception as e:
+            self._failed(conn, e)
+
+    def _failed(self, conn: RoomConn, e: BaseException) -> None:
+        self.stats["errors"] += 1
+        n = self.stats["errors"]
+        if _worth_a_line(n):
+            log.warning("a connection to the door failed (%s); %d so far", type(e).__name__, n)
+        self._drop(conn)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, _ = self._listen.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            except OSError as e:  # out of descriptors, say: the queue waits for the next turn
+                self.stats["errors"] += 1
+                log.warning("the door could not accept a connection (%s)", e.strerror or e)
+                return
+            if not self.gate.accept(sock):
+                self.stats["refused_peers"] += 1
+                n = self.stats["refused_peers"]
+                if _worth_a_line(n):
+                    log.warning("closed a connection from another user's process; %d so far", n)
+                sock.close()
+                continue
             sock.setblocking(False)
             conn = RoomConn(sock, self.stats, self._post)
             self._conns.add(conn)
             self.stats["connections"] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            evicted = self.gate.pending(conn)
+            if evicted is not None:
+                self.stats["refused_keys"] += 1
+                self._drop(evicted)
+            self._serve(conn, selectors.EVENT_READ)  # its key was sent with the connection: read it now
 
     def _read(self, conn: RoomConn) -> None:
         try:
@@ -171,17 +226,46 @@ class EngineHost:
         while not conn.closed:
             end = conn.rx.find(b"\n")
             if end < 0:
-                if len(conn.rx) > MAX_LINE:
+                if conn.role is None and len(conn.rx) > MAX_KEY_LINE:
+                    self._unkeyed(conn, "a key line longer than the limit")
+                elif len(conn.rx) > MAX_LINE:
                     self._refuse(conn, "a message longer than the limit")
                     self._drop(conn)
                 return
             line = bytes(conn.rx[:end])
             del conn.rx[: end + 1]
-            self._message(conn, line)
+            if conn.role is None:
+                self._key(conn, line)
+                continue
+            try:
+                self._message(conn, line)
+            except Exception as e:  # a message's handling failed: that message is refused, nothing else
+                self.stats["errors"] += 1
+                log.warning("the door could not handle a message (%s)", type(e).__name__)
+                self._refuse(conn, "the engine could not handle this message")
+
+    def _key(self, conn: RoomConn, line: bytes) -> None:
+        """A connection's first line: its key, and so its role (or it is closed)."""
+        msg = None
+        if len(line) <= MAX_KEY_LINE:
+            with contextlib.suppress(ValueError, RecursionError):
+                msg = json.loads(line)
+        why = self.gate.key(conn, msg)
+        if why is not None:
+            self._unkeyed(conn, why)
+
+    def _unkeyed(self, conn: RoomConn, why: str) -> None:
+        self.stats["refused_keys"] += 1
+        n = self.stats["refused_keys"]
+        if _worth_a_line(n):
+            log.warning("closed a connection to the door (%s); %d so far", why, n)
+        self._send(conn, encode({"op": "refused", "why": why}))
+        self._drop(conn)
 
     def _message(self, conn: RoomConn, line: bytes) -> None:
-        if len(line) > MAX_LINE:
-            self._refuse(conn, "a message longer than the limit")
+        why = shape_error(line)
+        if why is not None:
+            self._refuse(conn, why)
             return
         try:
             msg = json.loads(line)
@@ -192,6 +276,9 @@ class EngineHost:
             self._refuse(conn, "not a message")
             return
         op = msg["op"]
+        if not self.gate.allowed(conn.role, op):
+            self._refuse(conn, f"{op[:40]!r} is not an operation this connection may ask for")
+            return
         if op == "hello":
             self._send(conn, encode(self._hello()))
             return
@@ -200,9 +287,11 @@ class EngineHost:
             return
         if op == "drain":
             seconds = msg.get("seconds")
-            if isinstance(seconds, int | float):
+            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
                 self.drain(float(seconds))
-            self._send(conn, encode({"op": "draining"}))
+                self._send(conn, encode({"op": "draining"}))
+            else:
+                self._refuse(conn, "drain: seconds must be a number of seconds")
             return
         if op in ("admit", "release", "load"):
             self._control(conn, op, msg)
@@ -266,7 +355,7 @@ class EngineHost:
 
     def _refuse(self, conn: RoomConn, why: str) -> None:
         self.stats["bad_messages"] += 1
-        if self.stats["bad_messages"] in (1, 10, 100, 1000) or self.stats["bad_messages"] % 10000 == 0:
+        if _worth_a_line(self.stats["bad_messages"]):
             log.warning("refused a room's message (%s); %d refused so far", why, self.stats["bad_messages"])
         self._send(conn, encode({"op": "refused", "why": why[:200]}))
 
@@ -300,8 +389,8 @@ class EngineHost:
                 prompt,
                 tools,
                 sink=conn.deliver,
-                label=str(msg.get("label", "")),
-                caller=str(msg.get("caller", "")),
+                label=str(msg.get("label", ""))[:200],
+                caller=str(msg.get("caller", ""))[:200],
                 admission=admission,
                 source=conn.pull,
                 pending=conn.pending,
@@ -374,6 +463,7 @@ class EngineHost:
         if conn.closed:
             return
         conn.closed = True
+        self.gate.forget(conn)
         if conn.handle is not None:
             conn.handle.close()
         with contextlib.suppress(KeyError, ValueError, OSError):

@@ -44,6 +44,7 @@ class RoomConn:
         self.link: SessionLink | None = None
         self.efd = -1
         self.closed = False
+        self.role: str | None = None  # engine/gate.py: the role its key gave it, None until then
         self._stats = stats
         self._post = post
         # the tick thread's view of the rings (only it reads and writes these)

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import AudioFrame, EngineClosed, EngineError, Output, SessionFailed
+from engine.api import AudioFrame, EngineClosed, Output, SessionFailed
 from engine.link import IN_W, OUT_R, OUT_W, RECEIVE_AT, CallerRing, Layout, SessionLink
 from engine.stage_config import ClockConfig, TokenConfig
 from engine.tokens import forced_ids
-from engine.wire import ADDRESS_ENV, connect, decode_event, encode, raise_error, read_line
+from engine.wire import ADDRESS_ENV, KEY_ENV, connect, decode_event, encode, raise_error, read_line
 
 log = logging.getLogger("chorus.engine.remote")
 
@@ -53,18 +53,27 @@ class RemoteModelConfig:
 
 
 class RemoteEngine:
-    """The engine of another process of this machine, at `address` (default: the worker's, from the
-    environment). Building it asks the engine for its clock, tokens and preset (EngineClosed if there is
-    none)."""
+    """The engine of another process of this machine, at `address` with the rooms' `key` (default: the
+    worker's, from the environment). Building it asks the engine for its clock, tokens and preset
+    (EngineClosed if there is none, or it refuses the key). The worker's own questions (admission, load,
+    drain) are engine/control.py's."""
 
-    def __init__(self, address: str | None = None, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self, address: str | None = None, *, key: str | None = None, timeout: float = REQUEST_TIMEOUT_S
+    ) -> None:
         self.address = address or os.environ.get(ADDRESS_ENV, "")
         if not self.address:
             raise EngineClosed(f"no engine to reach: {ADDRESS_ENV} is not set")
+        self._key = key or os.environ.get(KEY_ENV, "")
+        if not self._key:
+            raise EngineClosed(f"no key to the engine's door: {KEY_ENV} is not set")
         self.timeout = timeout
-        with connect(self.address, timeout) as sock:
+        with connect(self.address, timeout, self._key) as sock:
             sock.sendall(encode({"op": "hello"}))
             hello = read_line(sock, bytearray())
+        raise_error(hello)
+        if hello.get("op") != "hello":
+            raise EngineClosed(f"the engine refused this room ({str(hello.get('why', ''))[:200]})")
         self.config = RemoteConfig(
             hello["preset"], int(hello["max_result_chars"]), bool(hello.get("fixed_buffers", False))
         )
@@ -74,43 +83,6 @@ class RemoteEngine:
         self.layout = Layout(clock.input_samples, clock.output_samples)
         self._tokens = None
         self.on_drain: Callable[[float], None] | None = None  # the worker's drain, as the engine reports it
-
-    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """One question on a connection of its own, and its answer (EngineClosed if none comes in time)."""
-        with connect(self.address, self.timeout) as sock:
-            sock.sendall(encode(msg))
-            reply = read_line(sock, bytearray())
-        raise_error(reply)
-        return reply
-
-    def admit(self, job: str) -> str:
-        """Reserve a slot for a job the worker is about to accept (the engine's EngineFull, EngineOverloaded
-        or EngineClosed otherwise); the job's session takes it by naming the job
-        (`open_session(admission=)`)."""
-        return str(self._ask({"op": "admit", "admission": job})["admission"])
-
-    def release(self, admission: str) -> None:
-        """Give back the slot reserved for this job (it ended before it opened a session); best effort."""
-        with contextlib.suppress(OSError, EngineError, ValueError):
-            self._ask({"op": "release", "admission": admission})
-
-    def drain(self, seconds: float) -> None:
-        """Tell every room with a session that the worker drains: its calls have `seconds` left."""
-        with contextlib.suppress(OSError, EngineError, ValueError):
-            self._ask({"op": "drain", "seconds": float(seconds)})
-
-    def status(self) -> dict[str, Any]:
-        """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
-        runs."""
-        return self._ask({"op": "load"})
-
-    @property
-    def load(self) -> float:
-        """What the worker tells LiveKit: 1.0 (full) when the engine cannot be reached."""
-        try:
-            return float(self.status()["load"])
-        except (EngineError, OSError, ValueError, KeyError):
-            return 1.0
 
     @property
     def tokens(self):
@@ -135,7 +107,7 @@ class RemoteEngine:
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
         slot)."""
         loop = loop or asyncio.get_running_loop()
-        sock = connect(self.address, self.timeout)
+        sock = connect(self.address, self.timeout, self._key)
         buf = bytearray()
         try:
             msg = {"op": "open", "prompt": prompt, "tools": tools or [], "label": label, "caller": caller}

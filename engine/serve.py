@@ -1,15 +1,19 @@
 """The engine in a process of its own: `python -m engine.serve`, started by the worker (`EngineProcess`).
 
 The process builds the engine from the config in its environment (`CHORUS_ENGINE_CONFIG`, an `EngineConfig`
-as JSON), opens its door (engine/host.py) at `CHORUS_ENGINE_SOCKET`, prints one line when rooms may connect
-and runs until its standard input closes (the worker ended, however it ended) or it is told to stop. Every
-room, the worker's own questions (admission, load) included, reaches it only through that door, so no room's
-Python ever runs in the interpreter of the tick. Knows the engine and its door; nothing of LiveKit.
+as JSON), reads the door's two keys from the first line of its standard input (engine/wire.py DoorKeys: the
+worker's key is in no environment), opens its door (engine/host.py) at `CHORUS_ENGINE_SOCKET`, prints one
+line when rooms may connect and runs until its standard input closes (the worker ended, however it ended) or
+it is told to stop. Every room, the worker's own questions (admission, load) included, reaches it only
+through that door, so no room's Python ever runs in the interpreter of the tick. A door whose thread stopped
+is an engine no room can reach: the process then exits with DOOR_STOPPED, as if the engine had died.
+Knows the engine and its door; nothing of LiveKit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -20,12 +24,13 @@ import time
 import uuid
 
 from engine.api import EngineClosed
-from engine.wire import ADDRESS_ENV
+from engine.wire import ADDRESS_ENV, KEY_ENV, DoorKeys
 
 log = logging.getLogger("chorus.engine.serve")
 
 CONFIG_ENV = "CHORUS_ENGINE_CONFIG"
 READY = "chorus engine ready"
+DOOR_STOPPED = 3  # the exit status of an engine whose door stopped
 
 
 def main() -> int:
@@ -40,8 +45,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     config = EngineConfig.model_validate_json(os.environ[CONFIG_ENV])
+    keys = DoorKeys(**json.loads(sys.stdin.buffer.readline()))
     engine = Engine(config)
-    host = EngineHost(engine, os.environ[ADDRESS_ENV]).start()
+    host = EngineHost(engine, os.environ[ADDRESS_ENV], keys).start()
     print(READY, flush=True)
 
     # the worker holds our standard input: its end is ours, however the worker ended (even by SIGKILL, the
@@ -53,11 +59,18 @@ def main() -> int:
 
     threading.Thread(target=watch_parent, name="chorus-parent", daemon=True).start()
     try:
-        while not stop.wait(0.5):
-            pass
+        return run_until_stopped(host, stop)
     finally:
         host.close()
         engine.close()
+
+
+def run_until_stopped(host, stop: threading.Event, every_s: float = 0.5) -> int:
+    """Wait for `stop`; the exit status: 0, or DOOR_STOPPED as soon as the door's thread is found stopped."""
+    while not stop.wait(every_s):
+        if not host.alive:
+            log.error("the engine's door stopped: the engine exits, so that its worker starts another")
+            return DOOR_STOPPED
     return 0
 
 
@@ -69,11 +82,13 @@ class EngineProcess:
 
     def __init__(self, config_json: str, *, timeout: float) -> None:
         self.address = f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.keys = DoorKeys.fresh()
         self.config_json, self.timeout = config_json, timeout
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> EngineProcess:
-        env = {**os.environ, CONFIG_ENV: self.config_json, ADDRESS_ENV: self.address}
+        # the rooms' key is in the environment the rooms inherit; the worker's goes down the pipe only
+        env = {**os.environ, CONFIG_ENV: self.config_json, ADDRESS_ENV: self.address, KEY_ENV: self.keys.room}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.serve"],
             env=env,
@@ -81,6 +96,10 @@ class EngineProcess:
             stdout=subprocess.PIPE,
             text=True,
         )
+        keys = {"room": self.keys.room, "control": self.keys.control}
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(json.dumps(keys) + "\n")
+            self.proc.stdin.flush()
         lines: list[str] = []
 
         def read() -> None:

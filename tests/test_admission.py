@@ -13,6 +13,7 @@ from agent import worker
 from agent.settings import AgentSettings
 from engine.api import EngineFull, EngineOverloaded
 from engine.engine import Engine, EngineConfig
+from engine.remote import RemoteEngine
 from engine.slots import SlotPool
 
 
@@ -103,8 +104,9 @@ def test_the_request_function_turns_away_jobs_beyond_the_free_slots(seeded_env):
 
         async def opened():  # the other job's session takes the slot reserved for it, not a free one
             loop = asyncio.get_running_loop()
+            room = RemoteEngine()  # a room's end: the address and key the worker put in the environment
             return await asyncio.to_thread(
-                engine.open_session, "You are a concierge.", loop=loop, admission="AJ_1"
+                room.open_session, "You are a concierge.", loop=loop, admission="AJ_1"
             )
 
         handle = asyncio.run(opened())

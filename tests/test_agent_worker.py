@@ -297,3 +297,36 @@ def test_an_interrupted_simulation_stops_cleanly_and_writes_its_figures(tmp_path
     assert last["ended"] == "interrupted" and last["rooms_live"] == 2 and last["occupancy_after"] == 0.0
     assert json.loads((out / "metrics.json").read_text())["summary"] == last
     assert "Traceback" not in rest + err
+
+
+def test_the_worker_gives_back_the_slot_of_a_job_that_ended_before_its_call_opened(seeded_env, monkeypatch):
+    """Only the worker's key may release a slot (engine/gate.py): the worker watches its running jobs and
+    releases each that ended (a no-op for one whose session took its slot)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(worker, "RELEASE_SWEEP_S", 0.05)
+    settings = AgentSettings(slots=2, refuse_when_overloaded=False)
+    engine = worker.shared_engine(settings)
+    try:
+        assert engine.admit("AJ_ends") == "AJ_ends" and engine.admit("AJ_stays") == "AJ_stays"
+        assert engine.status()["available"] == 0
+        running = [
+            SimpleNamespace(job=SimpleNamespace(id="AJ_ends")),
+            SimpleNamespace(job=SimpleNamespace(id="AJ_stays")),
+        ]
+        server = SimpleNamespace(active_jobs=running)
+
+        async def main():
+            sweep = asyncio.create_task(worker.ChorusServer._release_ended_jobs(server, engine))
+            await asyncio.sleep(0.3)
+            before = engine.status()["available"]
+            server.active_jobs = running[1:]  # AJ_ends ended; AJ_stays still runs
+            await await_until(lambda: engine.status()["available"] == 1, "the ended job's slot", timeout=10)
+            await asyncio.sleep(0.3)
+            sweep.cancel()
+            return before, engine.status()["available"]
+
+        before, after = asyncio.run(main())
+        assert (before, after) == (0, 1)
+    finally:
+        worker.close_shared()

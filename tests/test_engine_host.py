@@ -22,6 +22,7 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
+from engine.control import EngineControl
 from engine.host import EngineHost
 from engine.link import IN_W
 from engine.remote import RemoteEngine
@@ -82,7 +83,7 @@ def test_a_remote_session_hears_and_says_what_a_local_one_does(hosted):
     engine, host = hosted
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         assert (remote.config.preset, remote.model_cfg.clock) == ("tiny", engine.model_cfg.clock)
         k = await prompt_cached(engine)
         far = await open_remote(remote)
@@ -123,7 +124,7 @@ def test_padding_between_forced_tokens_is_forcing_the_pad_on_every_tick(hosted):
     n = 20
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         tok = remote.tokens
         k = await prompt_cached(engine)
         far = await open_remote(remote)
@@ -158,7 +159,7 @@ def test_the_engines_refusal_reaches_the_room_as_its_own_error(hosted):
     engine, host = hosted
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         handles = [await open_remote(remote) for _ in range(4)]
         with pytest.raises(EngineFull):
             await open_remote(remote)
@@ -173,7 +174,7 @@ import asyncio, sys, time
 import numpy as np
 from engine.remote import RemoteEngine
 async def main():
-    remote = RemoteEngine(sys.argv[1])
+    remote = RemoteEngine(sys.argv[1], key=sys.argv[2])
     loop = asyncio.get_running_loop()
     h = await asyncio.to_thread(remote.open_session, "You are the concierge.", [], loop=loop)
     print(h.slot, flush=True)
@@ -187,12 +188,15 @@ asyncio.run(main())
 def test_a_room_process_killed_mid_call_frees_its_slot_and_the_others_keep_every_tick(hosted):
     engine, host = hosted
     room = subprocess.Popen(
-        [sys.executable, "-c", ROOM_PROCESS, host.address], cwd=REPO, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", ROOM_PROCESS, host.address, host.keys.room],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
 
         async def main():
-            remote = RemoteEngine(host.address)
+            remote = RemoteEngine(host.address, key=host.keys.room)
             other = await open_remote(remote)
             slot = int(await asyncio.to_thread(room.stdout.readline))
             audio = caller_audio(1, 1.0)
@@ -226,7 +230,7 @@ def test_bad_data_on_the_channel_is_refused_counted_and_reaches_no_other_session
     engine, host = hosted
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         good = await open_remote(remote)
         bad = await open_remote(remote)
         audio = caller_audio(2, 1.0)
@@ -267,7 +271,7 @@ def test_a_message_longer_than_the_limit_closes_only_its_own_session(hosted, mon
     monkeypatch.setattr("engine.host.MAX_LINE", 1 << 16)
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         good = await open_remote(remote)
         bad = await open_remote(remote)
         raw = bad._sock
@@ -289,7 +293,7 @@ def test_a_failing_tick_ends_every_rooms_session_with_one_failure(hosted):
     engine, host = hosted
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         rooms = [await open_remote(remote) for _ in range(2)]
         await ticks(engine, 0, 3)
         engine._fail_all("the engine stopped: RuntimeError: planted")  # what the tick thread does as it dies
@@ -306,7 +310,7 @@ def test_an_engine_that_goes_away_ends_the_rooms_sessions_and_nothing_waits(host
     engine, host = hosted
 
     async def main():
-        remote = RemoteEngine(host.address)
+        remote = RemoteEngine(host.address, key=host.keys.room)
         room = await open_remote(remote)
         await ticks(engine, 0, 2)
         host.close()  # the engine's side of every connection closes, as when its process dies
@@ -328,7 +332,7 @@ def test_an_engine_that_goes_away_ends_the_rooms_sessions_and_nothing_waits(host
 def test_no_engine_is_a_clear_error_at_once():
     t0 = time.monotonic()
     with pytest.raises(EngineClosed, match="not reachable"):
-        RemoteEngine("chorus-engine-nobody-here")
+        RemoteEngine("chorus-engine-nobody-here", key="k")
     assert time.monotonic() - t0 < 5
 
 
@@ -339,7 +343,7 @@ def test_an_engine_that_never_answers_is_given_up_after_the_timeout():
     listener.listen(1)
     try:
         with pytest.raises(EngineClosed, match="did not answer"):
-            RemoteEngine(name, timeout=0.5)
+            RemoteEngine(name, key="k", timeout=0.5)
     finally:
         listener.close()
 
@@ -348,7 +352,7 @@ def test_the_worker_reserves_a_slot_per_job_and_a_job_that_ends_before_its_call_
     engine = engine_on(num_slots=2)
     host = EngineHost(engine).start()
     try:
-        worker = RemoteEngine(host.address)  # the worker's end: admission and load
+        worker = EngineControl(host.address, host.keys.control)  # the worker's end: admission and load
         assert worker.admit("AJ_1") == "AJ_1" and worker.admit("AJ_2") == "AJ_2"
         assert worker.status()["available"] == 0 and worker.load == 0.0  # reserved, not yet in use
         with pytest.raises(EngineFull):
@@ -357,7 +361,7 @@ def test_the_worker_reserves_a_slot_per_job_and_a_job_that_ends_before_its_call_
         assert worker.status()["available"] == 1
 
         async def main():  # the other job's session takes the slot reserved for it
-            return await open_remote(RemoteEngine(host.address), admission="AJ_2")
+            return await open_remote(RemoteEngine(host.address, key=host.keys.room), admission="AJ_2")
 
         handle = asyncio.run(main())
         assert handle.slot in (0, 1) and host.take_admission("AJ_2") is None
@@ -391,11 +395,11 @@ def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_repo
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
     try:
-        worker = RemoteEngine(process.address)
+        worker = EngineControl(process.address, process.keys.control)
         assert worker.load == 0.0
 
         async def main():
-            room = await open_remote(RemoteEngine(process.address))
+            room = await open_remote(RemoteEngine(process.address, key=process.keys.room))
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60 and not any(
                 isinstance(o, AudioFrame) for o in taken(room.outputs)

@@ -26,20 +26,26 @@ from tools.schemas import tool_specs
 LIVE_WAIT_S = 60.0  # every session live by then, or the baseline is refused
 
 
-def engine_address(engine_pid: int) -> str:
-    """The address a worker gave its engine's process (its CHORUS_ENGINE_SOCKET)."""
-    from engine.wire import ADDRESS_ENV
+def engine_address(engine_pid: int) -> tuple[str, str]:
+    """The address a worker gave its engine's process and its rooms' key to it (its CHORUS_ENGINE_SOCKET
+    and CHORUS_ENGINE_KEY): what a room's process of that worker reaches the engine with."""
+    from engine.wire import ADDRESS_ENV, KEY_ENV
 
     env = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
-    key = ADDRESS_ENV.encode() + b"="
-    return next(v[len(key) :].decode() for v in env if v.startswith(key))
+
+    def value(name: str) -> str:
+        key = name.encode() + b"="
+        return next(v[len(key) :].decode() for v in env if v.startswith(key))
+
+    return value(ADDRESS_ENV), value(KEY_ENV)
 
 
 class HeadlessSessions:
-    """`n` sessions on the engine at `address` while the `with` block runs (live when it is entered)."""
+    """`n` sessions on the engine at `address` (its address and the rooms' key, `engine_address`) while the
+    `with` block runs (live when it is entered)."""
 
-    def __init__(self, address: str, n: int) -> None:
-        self.address, self.n = address, n
+    def __init__(self, address: tuple[str, str], n: int) -> None:
+        (self.address, self.key), self.n = address, n
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="headless", daemon=True)
         self._stop = asyncio.Event()
@@ -60,7 +66,7 @@ class HeadlessSessions:
         self._thread.join(10)
 
     async def _open(self) -> list:
-        engine = RemoteEngine(self.address)
+        engine = RemoteEngine(self.address, key=self.key)
         prompt = load_prompt("concierge", hotel_name="The Grand Hotel", today=dt.date.today().strftime("%A"))
         handles = [
             engine.open_session(prompt, tool_specs(), label=f"headless-{i}", caller="web")
