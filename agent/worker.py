@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import fcntl
 import logging
 import os
+import socket
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from livekit.agents import AgentServer, JobExecutorType, JobRequest
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
+from livekit.agents.worker import ServerEnvOption
 
 from agent.drain import DrainingServer
 from agent.log_privacy import mask_log_handlers
@@ -34,8 +38,8 @@ from agent.room import close_room, entrypoint, prewarm
 from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
+    from agent.engine_watch import EngineWatch
     from engine.control import EngineControl
-    from engine.serve import EngineProcess
 
 log = logging.getLogger("chorus.agent.worker")
 
@@ -48,7 +52,7 @@ ROOM_MODULES = ["agent.room", "agent.hotel", "agent.phone", "agent.forcing", "to
 
 _lock = threading.Lock()
 _engine: EngineControl | None = None
-_process: EngineProcess | None = None
+_watch: EngineWatch | None = None
 
 
 def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> EngineControl:
@@ -56,21 +60,25 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
     asks first and waited for until its door is open (at most `startup_s`, by default `startup_timeout_s`);
     what is returned is the worker's end of that door (admission, load, drain), with the worker's own key.
     Its address and the rooms' key go into this process's environment, where the rooms find them (a room's
-    own process inherits them); the worker's key stays in this process's memory."""
-    global _engine, _process
+    own process inherits them); the worker's key stays in this process's memory. The process is watched
+    (agent/engine_watch.py): one that dies is started again at the same address with the same keys."""
+    global _engine, _watch
     if _engine is None:
         with _lock:
             if _engine is None:
+                from agent.engine_watch import EngineWatch
                 from engine.control import EngineControl
                 from engine.serve import EngineProcess
                 from engine.wire import ADDRESS_ENV, KEY_ENV
 
                 config = settings.engine_config().model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s
-                _process = EngineProcess(config, timeout=timeout).start()
-                os.environ[ADDRESS_ENV] = _process.address
-                os.environ[KEY_ENV] = _process.keys.room
-                _engine = EngineControl(_process.address, _process.keys.control)
+                process = EngineProcess(config, timeout=timeout).start()
+                os.environ[ADDRESS_ENV] = process.address
+                os.environ[KEY_ENV] = process.keys.room
+                control = EngineControl(process.address, process.keys.control)
+                _watch = EngineWatch(process, control).start()
+                _engine = control
                 atexit.register(close_shared)  # the engine's process ends with the worker
                 log.info("engine ready for rooms (%d slots)", settings.slots)
     return _engine
@@ -78,13 +86,11 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
 
 def close_shared() -> None:
     """Stop the engine's process and close the rooms' store (at worker exit, between tests)."""
-    global _engine, _process
+    global _engine, _watch
     with _lock:
-        if _engine is not None:
-            _engine.close()
-        if _process is not None:
-            _process.stop()
-        _engine = _process = None
+        if _watch is not None:
+            _watch.stop()
+        _engine = _watch = None
     close_room()
 
 
@@ -93,7 +99,14 @@ def engine_load(settings: AgentSettings) -> float:
     headroom) times the server's target load. The server gives a worker a room only while its load is under
     that target (its share is target - load): reporting the bare share would stop the rooms at 70% of the
     slots with LiveKit's default 0.7."""
-    return settings.load_target * float(shared_engine(settings).load)
+    shared_engine(settings)
+    watch = _watch
+    return settings.load_target * (1.0 if watch is None else watch.load)
+
+
+def engine_watch() -> EngineWatch | None:
+    """The watch on the worker's engine's process (None before the engine is started)."""
+    return _watch
 
 
 def weight_bytes(settings: AgentSettings) -> int:
@@ -122,7 +135,37 @@ def startup_timeout_s(settings: AgentSettings) -> float:
 # GIL was busy elsewhere. At 250 ms its ticks are 50 ms apart; a block that long still gets its warning
 # and its stack.
 LOOP_BLOCK_WARN_MS = 250
+HEALTH_PORTS = range(8081, 8100)  # the worker's health port: livekit-agents' 8081, or the next free one
 RELEASE_SWEEP_S = 1.0  # how often the worker looks for jobs that ended (their unused slots given back)
+
+
+def free_health_port(ports: range = HEALTH_PORTS) -> int:
+    """The first of `ports` that no process listens on and no other worker of this host has taken (0, any free
+    port, if none is): a second worker on a host (one per GPU) starts with no port of its own set, and a
+    supervisor finds each worker's health endpoint at a predictable place, 8081 for the first. A port is
+    taken with a lock file held for the life of this process, so two workers starting together, between
+    this choice and their servers' binding, never choose the same one."""
+    for port in ports:
+        lock = Path(tempfile.gettempdir()) / f"chorus-worker-port-{port}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the worker's own server binds
+            try:
+                probe.bind(("", port))
+            except OSError:
+                os.close(fd)
+                continue
+        _port_locks.append(fd)
+        return port
+    return 0
+
+
+_port_locks: list[int] = []  # the health ports this process took (agent/worker.py `free_health_port`)
 
 
 def build_server(settings: AgentSettings) -> AgentServer:
@@ -134,6 +177,8 @@ def build_server(settings: AgentSettings) -> AgentServer:
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port
+    else:  # livekit-agents' own default (any free port under `dev`), the next free one when it is taken
+        kwargs["port"] = ServerEnvOption(dev_default=0, prod_default=free_health_port())
     server = ChorusServer(
         settings,
         job_executor_type=JobExecutorType.PROCESS if settings.room_processes else JobExecutorType.THREAD,
@@ -177,6 +222,10 @@ async def on_request(request: JobRequest, settings: AgentSettings) -> None:
         await request.reject()
         return
     engine = shared_engine(settings)
+    if _watch is not None and not _watch.up:
+        log.info("job %s turned away: the engine is restarting", request.id)
+        await request.reject()
+        return
     try:
         await asyncio.to_thread(engine.admit, request.id)
     except EngineError as e:
@@ -202,6 +251,7 @@ class ChorusServer(DrainingServer):
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
         # the startup timeout this server was built with: the weights are not sized a second time
         engine = await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
+        log.info("health and /worker on port %s", ServerEnvOption.getvalue(self._port, devmode) or "any free")
         sweep = asyncio.create_task(self._release_ended_jobs(engine))
         try:
             await super().run(devmode=devmode, unregistered=unregistered)

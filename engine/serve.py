@@ -45,16 +45,17 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     config = EngineConfig.model_validate_json(os.environ[CONFIG_ENV])
-    keys = DoorKeys(**json.loads(sys.stdin.buffer.readline()))
+    keys = DoorKeys(**json.loads(_first_line(0)))
     engine = Engine(config)
     host = EngineHost(engine, os.environ[ADDRESS_ENV], keys).start()
     print(READY, flush=True)
 
     # the worker holds our standard input: its end is ours, however the worker ended (even by SIGKILL, the
     # kernel closes the pipe); a death signal would not do, it follows the thread that started us
-    def watch_parent() -> None:
-        with contextlib.suppress(Exception):
-            sys.stdin.buffer.read()
+    def watch_parent() -> None:  # unbuffered: no lock of the interpreter's is held in it at exit
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
         stop.set()
 
     threading.Thread(target=watch_parent, name="chorus-parent", daemon=True).start()
@@ -63,6 +64,14 @@ def main() -> int:
     finally:
         host.close()
         engine.close()
+
+
+def _first_line(fd: int, limit: int = 4096) -> bytes:
+    """The first line on `fd`, read a byte at a time so that nothing after it is taken."""
+    line = bytearray()
+    while len(line) < limit and (b := os.read(fd, 1)) and b != b"\n":
+        line += b
+    return bytes(line)
 
 
 def run_until_stopped(host, stop: threading.Event, every_s: float = 0.5) -> int:
