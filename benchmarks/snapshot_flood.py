@@ -1,14 +1,20 @@
-"""What a flood of `/snapshot` requests costs the live calls: the same simulation run quiet and flooded.
+"""What a flood of `/snapshot` requests, or idle connections held from many addresses, cost the live calls and
+the endpoint's own clients: the same simulation run quiet, flooded and held.
 
-`python -m benchmarks.snapshot_flood [--rooms 4] [--seconds 60] [--clients 20] [--flood-seconds 20]` runs
-`python -m agent simulate --rooms N --seconds S --metrics-port 0` twice, as a user does (its own process,
-which sets its allocator itself). The first run is left alone. In the second, once the talk has begun,
-`--clients` threads of this process each request `/snapshot` in a tight loop (a new connection per request, no
-pause) for `--flood-seconds`, in the middle of the talk. Each run reports the simulation's own figures for its
-talk window (live step p50/p99/max, missed deadlines, slipped ticks, skipped caller frames), what the engine
-counted during the flood's window (read from `/metrics` at its start and end, by a client of its own address,
-127.0.0.2), the clients' answers by status, and the load average before and after (the machine may be shared:
-a run whose load average moved a lot was disturbed).
+`python -m benchmarks.snapshot_flood [--rooms 4] [--seconds 60] [--clients 20] [--flood-seconds 20]
+[--idle-addresses 100] [--idle-per-address 4]` runs `python -m agent simulate --rooms N --seconds S
+--metrics-port 0` three times, as a user does (its own process, which sets its allocator itself). The first
+run is left alone. In the second, once the talk has begun, `--clients` threads of this process each request
+`/snapshot` in a tight loop (a new connection per request, no pause) for `--flood-seconds`, in the middle of
+the talk. In the third, for the same window, `--idle-addresses` client addresses (127.0.0.10 and on: all of
+127/8 is loopback) each hold `--idle-per-address` connections that never finish a request (half send nothing,
+half the start of a request line), each opened again a second after the endpoint closes it, while a client of
+its own address (127.0.0.3) asks for `/snapshot` and `/metrics` in turn four times a second and times each
+answer (the bound is a second). Each run reports the simulation's own figures for its talk window (live step
+p50/p99/max, missed deadlines, slipped ticks, skipped caller frames), what the engine counted during the
+window (read from `/metrics` at its start and end, by a client of its own address, 127.0.0.2), the clients'
+answers by status or the held connections and the timed answers, and the load average before and after (the
+machine may be shared: a run whose load average moved a lot was disturbed).
 Progress goes to stderr; the last line of stdout is one JSON object.
 """
 
@@ -18,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import selectors
 import shutil
 import socket
 import subprocess
@@ -29,6 +36,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_FROM = "127.0.0.2"  # the window's probe is a client of its own (loopback: all of 127/8 is this machine)
+TIMED_FROM = "127.0.0.3"  # the timed client of the held run
+ANSWER_S = 1.0  # what an answer to the endpoint's own clients may take
+HOLD_REOPEN_S = 1.0  # a held connection the endpoint closed is opened again this much later
+RUNS = ("quiet", "flood", "held")
 _PROM = re.compile(r"^(chorus_\w+?)(?:\{le=\"([^\"]+)\"\})? ([0-9.e+-]+)$", re.M)
 
 
@@ -118,6 +129,94 @@ def flood(port: int, clients: int, seconds: float) -> dict:
     }
 
 
+def hold(port: int, addresses: int, per: int, seconds: float) -> dict:
+    """`addresses` client addresses (127.0.0.10 and on) each holding `per` connections that never finish a
+    request, for `seconds`; each the endpoint closes is opened again HOLD_REOPEN_S later. Returns how many
+    were opened, how many the endpoint closed, and how many were held at the end."""
+    sel = selectors.DefaultSelector()
+    due = [(0.0, f"127.0.0.{10 + a // per}", a % per) for a in range(addresses * per)]  # (when, source, k)
+    opened = closed = failed = 0
+    stop = time.monotonic() + seconds
+    while (now := time.monotonic()) < stop:
+        later = []
+        for when, source, k in due:
+            if when > now:
+                later.append((when, source, k))
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.settimeout(1.0)
+                s.bind((source, 0))
+                s.connect(("127.0.0.1", port))
+                s.sendall(b"GET /snap" if k % 2 else b"")
+                s.setblocking(False)
+            except OSError:
+                s.close()
+                failed += 1
+                later.append((now + HOLD_REOPEN_S, source, k))
+                continue
+            sel.register(s, selectors.EVENT_READ, (source, k))
+            opened += 1
+        due = later
+        for key, _ in sel.select(timeout=0.05):
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            closed += 1
+            due.append((time.monotonic() + HOLD_REOPEN_S, *key.data))
+    held = len(sel.get_map())
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()
+    sel.close()
+    return {
+        "addresses": addresses,
+        "per_address": per,
+        "opened": opened,
+        "closed_by_endpoint": closed,
+        "failed": failed,
+        "held_at_end": held,
+    }
+
+
+def timed(port: int, seconds: float, every_s: float = 0.25) -> dict:
+    """`/snapshot` and `/metrics` in turn from TIMED_FROM every `every_s` for `seconds`: how many were
+    answered (200), how many within ANSWER_S, and the answers' p50 and max."""
+    took: list[float] = []
+    statuses: Counter = Counter()
+    stop = time.monotonic() + seconds
+    k = 0
+    while time.monotonic() < stop:
+        started = time.monotonic()
+        status, _ = get(port, ("/snapshot", "/metrics")[k % 2], timeout=5, source=TIMED_FROM)
+        statuses[status] += 1
+        if status == 200:
+            took.append(time.monotonic() - started)
+        k += 1
+        time.sleep(max(0.0, started + every_s - time.monotonic()))
+    took.sort()
+    return {
+        "requests": k,
+        "answered": statuses.get(200, 0),
+        "within_1s": sum(t < ANSWER_S for t in took),
+        "p50_ms": round(1000 * took[len(took) // 2], 1) if took else None,
+        "max_ms": round(1000 * took[-1], 1) if took else None,
+        "other": {str(s): n for s, n in statuses.items() if s != 200},
+    }
+
+
+def held(port: int, args: argparse.Namespace, seconds: float) -> dict:
+    """The held run's window: the connections held and the timed client, side by side."""
+    out: dict = {}
+    holder = threading.Thread(
+        target=lambda: out.update(held=hold(port, args.idle_addresses, args.idle_per_address, seconds)),
+        daemon=True,
+    )
+    holder.start()
+    time.sleep(min(1.0, seconds / 4))  # the held connections in place first
+    out["timed"] = timed(port, seconds - min(1.0, seconds / 4))
+    holder.join(timeout=seconds + 30)
+    return out
+
+
 def environment() -> dict[str, str]:
     """The user's environment without Chorus settings (the simulation's defaults)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "DATABASE_URL"))}
@@ -126,8 +225,7 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run(args: argparse.Namespace, flooded: bool) -> dict:
-    name = "flood" if flooded else "quiet"
+def run(args: argparse.Namespace, name: str) -> dict:
     out = Path(args.out) / name
     cmd = [
         sys.executable,
@@ -180,9 +278,15 @@ def run(args: argparse.Namespace, flooded: bool) -> dict:
     if port and proc.poll() is None:
         time.sleep(max(0.0, t_talk + start - time.monotonic()))
         before, t0 = prometheus(port[0]), time.monotonic()
-        if flooded:
+        if name == "flood":
             log(f"  {name}: {args.clients} clients on /snapshot for {flood_s:g} s")
             answers = flood(port[0], args.clients, flood_s)
+        elif name == "held":
+            log(
+                f"  {name}: {args.idle_addresses} addresses x {args.idle_per_address} idle connections for "
+                f"{flood_s:g} s, /snapshot and /metrics timed from {TIMED_FROM}"
+            )
+            answers = held(port[0], args, flood_s)
         else:
             time.sleep(flood_s)
         probe = window(before, prometheus(port[0]), time.monotonic() - t0)
@@ -215,7 +319,17 @@ def run(args: argparse.Namespace, flooded: bool) -> dict:
         f"  {name}: live step p50 {result['live_ms_p50']} / p99 {result['live_ms_p99']} ms, missed deadlines "
         f"{result['missed_deadlines']}, slipped ticks {result['slipped_ticks']}, skipped frames "
         f"{result['skipped_frames']}"
-        + (f"; /snapshot served {answers['served']}, refused {answers['refused']}" if answers else "")
+        + (
+            f"; /snapshot served {answers['served']}, refused {answers['refused']}"
+            if "served" in answers
+            else ""
+        )
+        + (
+            f"; timed answers {answers['timed']['within_1s']}/{answers['timed']['requests']} within 1 s "
+            f"(max {answers['timed']['max_ms']} ms)"
+            if "timed" in answers
+            else ""
+        )
         + f"; load average {load_before[0]:.2f} -> {load_after[0]:.2f}"
     )
     return result
@@ -234,13 +348,14 @@ def main() -> int:
         default=20.0,
         help="how long they flood (default 20; at most a third of --seconds)",
     )
-    p.add_argument("--only", choices=("quiet", "flood"), help="run one of the two")
+    p.add_argument(
+        "--idle-addresses", type=int, default=100, help="addresses holding idle connections (default 100)"
+    )
+    p.add_argument("--idle-per-address", type=int, default=4, help="idle connections each holds (default 4)")
+    p.add_argument("--only", choices=RUNS, help="run one of the three")
     p.add_argument("--out", default="out/snapshot_flood", help="the simulations' output folders")
     args = p.parse_args()
-    results = {}
-    for flooded in (False, True):
-        if args.only in (None, "flood" if flooded else "quiet"):
-            results["flood" if flooded else "quiet"] = run(args, flooded)
+    results = {name: run(args, name) for name in RUNS if args.only in (None, name)}
     summary = {"rooms": args.rooms, "seconds": args.seconds, "clients": args.clients, **results}
     print(json.dumps(summary))
     return 0 if all(r["exit"] == 0 for r in results.values()) else 1

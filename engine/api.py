@@ -212,3 +212,5 @@ class EngineSnapshot(BaseModel):
     memory_total_bytes: int = 0  # the device's (or the machine's) memory
     tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
     echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)
+    # values rooms wrote to their shared memory that were not plausible, left out (engine/link.py)
+    shared_memory_rejected: int = 0

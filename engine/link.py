@@ -16,6 +16,7 @@ playout figures:
   of the caller's ear, its gaps so far and their seconds, the turn's start delay, when the last turn's
   first sample went to the agent's track (CLOCK_MONOTONIC seconds), and the room's receive side of the
   caller's audio: WebRTC's jitter buffer's mean delay lately and the audio it concealed (PLAYOUT_FIELDS).
+  A room may write anything there: the reading side keeps only what `check_playout` finds plausible.
 
 Each counter has one writer and counts frames since the session opened (a ring index is the counter modulo
 the ring's size), so neither side ever waits on the other: a room that falls behind finds its records
@@ -49,6 +50,15 @@ PLAYOUT_FIELDS = (
     "rx_concealed_s",
 )
 RECEIVE_AT = PLAYOUT_FIELDS.index("rx_jitter_s")  # the playout's figures before it, the receive side's after
+PLAYED_AT = PLAYOUT_FIELDS.index("turn_played_at")
+# what a room can plausibly write there, for the side that reads it (`check_playout`): audio held in a buffer
+# (queued, a turn's start delay, WebRTC's jitter buffer) is under a minute; this call's totals are those of a
+# call shorter than a day, a gap at most every 10 ms of it; a turn played (CLOCK_MONOTONIC) within that day
+# before the read, or not yet (0)
+HELD_MAX_S = 60.0
+CALL_MAX_S = 86_400.0
+PLAYOUT_MAX = np.array([HELD_MAX_S, CALL_MAX_S * 100, CALL_MAX_S, HELD_MAX_S, np.inf, HELD_MAX_S, CALL_MAX_S])
+CLOCK_SLACK_S = 1.0  # a time the room read before the engine's read, allowed this much ahead of it
 IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
 OUT_FRAMES = 64
 TEXT_BYTES = 120  # a frame's text piece: one token's characters, a few at most
@@ -105,6 +115,19 @@ class CallerRing:
     frames: int
     samples: int
     taken_at: int = TAKEN_AT
+
+
+def check_playout(rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rooms' playout figures as read, `[n, len(PLAYOUT_FIELDS)]` float64 (a copy: the rooms write on),
+    checked against what a room can plausibly report at `now` (CLOCK_MONOTONIC seconds, `turn_played_at`'s
+    clock): the figures with every implausible value NaN, and which those were (`[n, F]` bool). Implausible:
+    not finite, negative, beyond its field's PLAYOUT_MAX, or a `turn_played_at` neither 0 (no turn yet) nor
+    within CALL_MAX_S before `now` (CLOCK_SLACK_S after it at most). In array operations over every row."""
+    x = np.asarray(rows, np.float64).reshape(-1, len(PLAYOUT_FIELDS))
+    ok = (x >= 0) & (x <= PLAYOUT_MAX)  # False for NaN
+    played = x[:, PLAYED_AT]
+    ok[:, PLAYED_AT] &= (played == 0) | ((played >= now - CALL_MAX_S) & (played <= now + CLOCK_SLACK_S))
+    return np.where(ok, x, np.nan), ~ok
 
 
 class LinkError(ValueError):

@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from pydantic import BaseModel
 
+from engine.link import PLAYOUT_FIELDS, check_playout
 from engine.plan import LivePlan
 from engine.snapshot_serve import ServeLimits
 
@@ -37,6 +38,9 @@ TICK_BUCKETS_MS = (
 )
 # a caller frame's arrival to its output frame handed out (inbox wait + live step)
 HEARD_BUCKETS_MS = np.array([10, 20, 40, 60, 80, 100, 120, 160, 200, 300, 500, 1000], dtype=np.float64)
+# a wait longer than an hour, or one that ended before the frame arrived, is a room's wrong write time (its
+# shared memory, engine/link.py), not a wait: left out and counted
+HEARD_MAX_MS = 3_600_000.0
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,17 @@ class Figures:
     underruns: int
     tick_s: float
     dropped: int
-    rows: list[tuple]  # per open session: slot, inbox reserve, then the playout (link.PLAYOUT_FIELDS)
+    slots: list[int]  # per open session: its slot,
+    reserve: list[int]  # its inbox's reserve,
+    playout: np.ndarray  # [sessions, len(PLAYOUT_FIELDS)]: its room's playout as checked (NaN: rejected)
+    rejected: int  # values read from rooms' shared memory and left out (`SharedReads`, `Accounting`)
 
 
 class _FiguresCollector:
     """Prometheus figures read from the engine at scrape time (on the metrics thread, never the tick):
-    the latency histogram the tick fills with array adds, the underruns and dropped frames, and per slot the
-    inbox's reserve and the room's playout."""
+    the latency histogram the tick fills with array adds, the underruns and dropped frames, the values of
+    rooms' shared memory left out, and per slot the inbox's reserve and the room's playout (what was
+    plausible of it)."""
 
     source: Callable[[], Figures] | None = None  # the process's engine (the newest one made)
 
@@ -82,6 +90,11 @@ class _FiguresCollector:
         yield CounterMetricFamily(
             "chorus_dropped_frames", "Input frames dropped from a full inbox", f.dropped
         )
+        yield CounterMetricFamily(
+            "chorus_shared_memory_rejected",
+            "Values rooms wrote to their shared memory that were not plausible (left out of every figure)",
+            f.rejected,
+        )
         per_slot = {
             "chorus_inbox_reserve_frames": "Caller frames held after the tick took its own",
             "chorus_playout_queued_seconds": "The agent's audio queued ahead of the caller's ear",
@@ -92,10 +105,11 @@ class _FiguresCollector:
             "chorus_receive_concealed_seconds": "Caller audio WebRTC concealed this call (lost or late)",
         }
         families = {name: GaugeMetricFamily(name, doc, labels=["slot"]) for name, doc in per_slot.items()}
-        for slot, reserve, queued_s, gaps, gap_s, delay_s, _, rx_s, concealed_s in f.rows:
-            values = (reserve, queued_s, gaps, gap_s, delay_s, rx_s, concealed_s)
-            for name, value in zip(per_slot, values, strict=True):
-                families[name].add_metric([str(slot)], float(value))
+        shown = [i for i, field in enumerate(PLAYOUT_FIELDS) if field != "turn_played_at"]
+        for slot, reserve, playout in zip(f.slots, f.reserve, f.playout[:, shown].tolist(), strict=True):
+            for name, value in zip(per_slot, (reserve, *playout), strict=True):
+                if value == value:  # a rejected value (NaN) is left out
+                    families[name].add_metric([str(slot)], float(value))
         yield from families.values()
 
 
@@ -168,6 +182,8 @@ class Accounting:
         self.heard_ms = np.zeros(0)
         self.heard_counts = np.zeros(HEARD_BUCKETS_MS.size + 1, dtype=np.int64)
         self.heard_sum_ms = 0.0
+        self.rejected_times = 0  # rooms' frame write times that made no wait (HEARD_MAX_MS), left out
+        self.shared = SharedReads()  # the rooms' playout figures, checked where they are read
 
     def record_tick(self, live_ms: float, tick_ms: float, missed: bool, overran: bool = False) -> None:
         self.ticks += 1
@@ -190,7 +206,11 @@ class Accounting:
             self.heard_ms = np.full(plan.arrived.size, np.nan)
         self.heard_ms[plan.reset] = np.nan
         heard = (t - plan.arrived) * 1e3
-        ok = rows & np.isfinite(heard)
+        ok = rows & (heard >= 0) & (heard <= HEARD_MAX_MS)  # False for NaN: no frame
+        wrong = rows & ~ok & ~np.isnan(heard)  # a time that is not a wait (a NaN one reads as no frame)
+        if wrong.any():
+            self.heard_ms[wrong] = np.nan
+            self.rejected_times += int(np.count_nonzero(wrong))
         if not ok.any():
             return
         got = heard[ok]
@@ -216,6 +236,33 @@ class Accounting:
     def record_resume(self, resume_ms: float) -> None:
         self.resume_ms.append(resume_ms)
         self.prom["resume"].observe(resume_ms / 1000)
+
+
+class SharedReads:
+    """The rooms' playout figures (engine/link.py `check_playout`) as the snapshot and `/metrics` read them,
+    on their callers' threads, never the tick's. A value found implausible is counted once, where it was
+    read, and again only when its room writes another in its place."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, np.ndarray] = {}  # an open session -> its playout's bytes as last read
+        self.rejected = 0
+
+    def read(self, ids: list[str], playouts: list[np.ndarray], now: float) -> np.ndarray:
+        """The playout of each session of `ids` (`playouts`: views of their memory, each copied once here),
+        checked at `now` (CLOCK_MONOTONIC): `[sessions, len(PLAYOUT_FIELDS)]`, NaN where rejected."""
+        raw = np.array(playouts, np.float64).reshape(len(ids), len(PLAYOUT_FIELDS))
+        checked, bad = check_playout(raw, now)
+        bits = raw.view(np.int64)
+        with self._lock:
+            if bad.any():
+                for k in np.flatnonzero(bad.any(axis=1)).tolist():  # sessions with a rejected value
+                    last = self._last.get(ids[k])
+                    self.rejected += int(
+                        np.count_nonzero(bad[k] if last is None else bad[k] & (bits[k] != last))
+                    )
+            self._last = dict(zip(ids, bits, strict=True))
+        return checked
 
 
 def pct(values, q: float) -> float:
@@ -244,10 +291,11 @@ class SnapshotServer:
     pipe at most once per `interval_s` for each kind. Here one thread ("chorus-metrics") waits on that pipe
     and builds what is asked for: `snapshot()` holds no lock the tick waits on, and nothing else of a request
     reaches this process. The other process answers exact paths only (anything else 404), GET and HEAD, one
-    request per connection; it closes a connection that has not sent its request within `timeout_s`, keeps at
-    most `client_connections` open per client address and `max_connections` in all (one more is closed as
-    soon as it is accepted), serves at most `max_rate` a second, and gives each client address `client_rate`
-    requests a second (429 beyond)."""
+    request per connection; it closes a connection that has not sent its whole request within `head_s` or
+    taken its answer within `timeout_s`, keeps at most `client_connections` open per client address and
+    `max_connections` in all (one more takes the place of the oldest that has not sent its request, or is
+    closed at once if every one has), answers at most `max_rate` requests a second, and gives each client
+    address `client_rate` requests a second (429 beyond)."""
 
     def __init__(
         self,

@@ -1,8 +1,9 @@
 """The engine's snapshot: `EngineSnapshot` (engine/api.py) built from what the tick thread keeps.
 
 Computed on the caller's thread from counters and references the tick thread keeps (no per-tick copies, no
-lock the tick waits on held). No transcript leaves by default: a session shows how many turns the agent took
-and how many words its current or last one holds; only with `EngineConfig.show_words` "redacted" do its
+lock the tick waits on held); what rooms wrote to their shared memory is checked here, as it is read
+(engine/link.py `check_playout`). No transcript leaves by default: a session shows how many turns the agent
+took and how many words its current or last one holds; only with `EngineConfig.show_words` "redacted" do its
 `last_words` carry the turn's end, redacted (redaction/) before it is cut to LAST_WORDS characters.
 Knows sessions' public counters and the accounting; knows nothing of the model.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
+from engine.link import PLAYED_AT
 from engine.metrics import Figures, history, pct, resident_bytes
 from engine.session import SAID_PIECES, Phase, Session
 from redaction import last_words
@@ -29,11 +31,19 @@ CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
 
 
 def session_row(
-    s: Session, now: float, show_words: str = "off", heard_ms: float = math.nan, tick_s: float = 0.08
+    s: Session,
+    now: float,
+    playout: list[float],
+    show_words: str = "off",
+    heard_ms: float = math.nan,
+    tick_s: float = 0.08,
 ) -> SessionSnapshot:
+    """`playout`: the room's figures as checked (engine/metrics.py `SharedReads`); a rejected one (NaN) shows
+    as 0, or None where the snapshot has a None."""
     turn, feed, call = s.turn, s.feed, s.call
     pieces = list(turn.said)
-    queued_s, gaps, gap_s, delay_s, played_at, rx_jitter_s, rx_concealed_s = s.playout.tolist()
+    played_at = playout[PLAYED_AT]
+    queued_s, gaps, gap_s, delay_s, _, rx_jitter_s, rx_concealed_s = (x if x == x else 0.0 for x in playout)
     turn_ms = (played_at - turn.started_at) * 1000
     return SessionSnapshot(
         id=s.id,
@@ -78,15 +88,17 @@ def build(engine: Engine) -> EngineSnapshot:
     sessions = list(engine.pool.sessions.values())
     now = engine.clock()
     heard = a.heard_ms
+    playouts = a.shared.read([s.id for s in sessions], [s.playout for s in sessions], now).tolist()
     rows = [
         session_row(
             s,
             now,
+            playout,
             cfg.show_words,
             float(heard[s.slot]) if s.slot < heard.size else math.nan,
             engine.tick_ms / 1000,
         )
-        for s in sessions
+        for s, playout in zip(sessions, playouts, strict=True)
     ]
     phases: dict[str, int] = {}
     for row in rows:
@@ -145,6 +157,7 @@ def build(engine: Engine) -> EngineSnapshot:
         memory_total_bytes=total,
         tool_log=tool_log,
         echo=engine.echo.snapshot() if engine.echo is not None else None,
+        shared_memory_rejected=a.shared.rejected + a.rejected_times,
     )
 
 
@@ -152,13 +165,17 @@ def figures(engine: Engine) -> Figures:
     """What `/metrics` reads at a scrape (engine/metrics.py), from the same counters as the snapshot."""
     a, sch = engine.acct, engine.scheduler
     sessions = list(engine.pool.sessions.values())
+    playout = a.shared.read([s.id for s in sessions], [s.playout for s in sessions], engine.clock())
     return Figures(
         a.heard_counts.copy(),
         a.heard_sum_ms,
         sch.underruns,
         engine.tick_ms / 1000,
         a.closed_dropped + sum(s.inbox.dropped for s in sessions),
-        [(s.slot, s.feed.reserve, *s.playout.tolist()) for s in sessions],
+        [s.slot for s in sessions],
+        [s.feed.reserve for s in sessions],
+        playout,
+        a.shared.rejected + a.rejected_times,
     )
 
 

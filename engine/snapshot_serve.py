@@ -12,6 +12,7 @@ nothing of it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -28,12 +29,16 @@ class ServeLimits:
     whatever the requests; what they cost the machine's cores (this process's) is bounded here."""
 
     interval_s: float = 0.5  # the snapshot and the Prometheus text are built at most this often
-    timeout_s: float = 3.0  # a connection has this long to send its request and take the answer
+    head_s: float = 2.0  # a connection has this long to send its request line and headers, or is closed
+    timeout_s: float = 3.0  # ...and this long in all to take its answer
     client_rate: float = 20.0  # requests per second one client address may make; 429 beyond
     client_burst: int = 40
-    max_rate: float = 50.0  # connections served per second in all; the rest wait their turn, within timeout_s
-    max_connections: int = 32  # connections open at once; one more is closed as soon as it is accepted
-    client_connections: int = 4  # connections open at once from one address; one more is closed at once
+    max_rate: float = 50.0  # requests answered per second in all; the rest wait their turn, within timeout_s
+    max_burst: int = 32  # ...and at once
+    # connections open at once, in all and from one address: one more takes the place of the oldest
+    # connection (of that address) that has not sent its request yet, or is closed at once if there is none
+    max_connections: int = 256
+    client_connections: int = 4
     max_clients: int = 1024  # client addresses whose rate is remembered (the least recent forgotten)
     nice: int = 10  # added to this process's nice value: the engine's threads come first on a busy machine
 
@@ -94,7 +99,13 @@ class TurnRate:
 
 
 class Endpoint:
-    """The listening socket, the connections and the bytes of the answers, on one asyncio loop."""
+    """The listening socket, the connections and the bytes of the answers, on one asyncio loop.
+
+    A connection holds a place from its acceptance to its close. While it has not sent its whole request (at
+    most `head_s`) it is *idle*: it costs nothing but its place, takes no turn, and gives its place up to a
+    newer connection when the places are all taken (of its address's, or in all). So idle connections, from
+    however many addresses, delay nobody: a client's request is read as soon as it arrives, and only
+    requests read whole wait for their turn (`max_rate`) and for the answer's bytes."""
 
     def __init__(self, limits: ServeLimits, sock: socket.socket) -> None:
         self.limits = limits
@@ -104,8 +115,9 @@ class Endpoint:
         self.at: dict[bytes, float] = {}  # kind -> when it came
         self.pending: dict[bytes, asyncio.Future] = {}  # kind -> the parent's answer being waited for
         self.open: dict[str, int] = {}  # client address -> its connections open now
-        self.total = 0  # connections open now
-        self.turns = TurnRate(limits.max_rate, limits.max_connections)
+        self.places: dict[asyncio.Task, str] = {}  # each open connection's task -> its client address
+        self.idle: OrderedDict[asyncio.Task, str] = OrderedDict()  # those not read whole yet, oldest first
+        self.turns = TurnRate(limits.max_rate, limits.max_burst)
 
     async def run(self) -> None:
         """Serve until the parent closes the pipe."""
@@ -144,10 +156,10 @@ class Endpoint:
 
     async def accept(self) -> None:
         """Accept every connection as it comes, so that the listen backlog never fills and shuts out the
-        clients behind it; one whose address already has `client_connections` open, or that finds
-        `max_connections` open in all, is closed at once, unanswered. Idle connections from one address thus
-        keep nobody else out."""
-        loop, lim = asyncio.get_running_loop(), self.limits
+        clients behind it, and give it a place: its address's `client_connections` and `max_connections` in
+        all, taken from the oldest idle connection (of that address) when they are full; with no idle one to
+        take it from, it is closed at once, unanswered."""
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 conn, addr = await loop.sock_accept(self.sock)
@@ -155,44 +167,72 @@ class Endpoint:
                 await asyncio.sleep(0.01)
                 continue
             client = addr[0]
-            held = self.open.get(client, 0)
-            if held >= lim.client_connections or self.total >= lim.max_connections:
+            if self.room_for(client):
+                task = loop.create_task(self.serve(conn, client))
+                task.add_done_callback(functools.partial(self.finished, conn))
+                self.places[task] = self.idle[task] = client
+                self.open[client] = self.open.get(client, 0) + 1
+            else:
                 conn.close()
-                continue
-            self.open[client], self.total = held + 1, self.total + 1
-            loop.create_task(self.serve(conn, client))
+            await asyncio.sleep(0)  # the connections accepted so far read their requests between two accepts
 
-    def closed(self, client: str) -> None:
-        """A connection of `client` is closed."""
-        self.total -= 1
+    def room_for(self, client: str) -> bool:
+        """A place for one more connection of `client`: free, or made by closing an idle one."""
+        lim = self.limits
+        if self.open.get(client, 0) >= lim.client_connections and not self.evict(client):
+            return False
+        return len(self.places) < lim.max_connections or self.evict()
+
+    def evict(self, client: str | None = None) -> bool:
+        """Close the oldest idle connection (of `client`, or of anyone); False if there is none."""
+        task = next((t for t, c in self.idle.items() if client is None or c == client), None)
+        if task is None:
+            return False
+        task.cancel()  # its socket is closed once it has stopped (`finished`); its place is free now
+        self.release(task)
+        return True
+
+    def finished(self, conn: socket.socket, task: asyncio.Task) -> None:
+        """`task`, serving `conn`, has ended (answered, timed out, gone, or evicted): the socket is closed."""
+        conn.close()
+        self.release(task)
+
+    def release(self, task: asyncio.Task) -> None:
+        """`task`'s connection gives up its place (once; again is nothing)."""
+        client = self.places.pop(task, None)
+        if client is None:
+            return
+        self.idle.pop(task, None)
         held = self.open.pop(client) - 1
         if held:
             self.open[client] = held
 
     async def serve(self, conn: socket.socket, client: str) -> None:
-        loop = asyncio.get_running_loop()
+        loop, lim = asyncio.get_running_loop(), self.limits
+        task = asyncio.current_task()
         try:
-            async with asyncio.timeout(self.limits.timeout_s):
-                await asyncio.sleep(self.turns.wait(loop.time()))
-                head = b""
-                while b"\r\n\r\n" not in head and b"\n\n" not in head:
-                    if len(head) > MAX_HEAD:
-                        await loop.sock_sendall(conn, response(431, b"request too large\n"))
-                        return
-                    chunk = await loop.sock_recv(conn, 4096)
-                    if not chunk:
-                        return
-                    head += chunk
-                await loop.sock_sendall(conn, await self.answer(head, client))
+            async with asyncio.timeout(lim.timeout_s):
+                async with asyncio.timeout(lim.head_s):
+                    head = b""
+                    while b"\r\n\r\n" not in head and b"\n\n" not in head:
+                        if len(head) > MAX_HEAD:
+                            await loop.sock_sendall(conn, response(431, b"request too large\n"))
+                            return
+                        chunk = await loop.sock_recv(conn, 4096)
+                        if not chunk:
+                            return
+                        head += chunk
+                self.idle.pop(task, None)  # read whole: its place is its own until it is answered
+                if not self.rate.allow(client, loop.time()):
+                    body = response(429, b"too many requests\n", extra="Retry-After: 1\r\n")
+                else:
+                    await asyncio.sleep(self.turns.wait(loop.time()))
+                    body = await self.answer(head)
+                await loop.sock_sendall(conn, body)
         except (TimeoutError, OSError):
             pass  # an idle or vanished client: nothing to answer
-        finally:
-            conn.close()
-            self.closed(client)
 
-    async def answer(self, head: bytes, client: str) -> bytes:
-        if not self.rate.allow(client, asyncio.get_running_loop().time()):
-            return response(429, b"too many requests\n", extra="Retry-After: 1\r\n")
+    async def answer(self, head: bytes) -> bytes:
         parts = head.split(b"\n", 1)[0].decode("latin-1").split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return response(400, b"bad request\n")

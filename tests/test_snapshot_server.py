@@ -1,7 +1,9 @@
 """The snapshot endpoint (engine/metrics.py's SnapshotServer, engine/snapshot_serve.py) against the requests
-that stalled the tick or locked others out: unknown paths, idle connections (from one address, thousands),
-a client in a tight loop. Every wait is for an event (an answer, a closed connection), bounded only against
-a hang, except where the monitoring page's own 2 s timeout is the point."""
+that stalled the tick or locked others out: unknown paths, idle connections (from one address, thousands;
+from a hundred addresses), a request that never finishes arriving, a client in a tight loop. Every wait is
+for an event (an answer, a closed connection), bounded only against a hang, except where a bound on the
+answer is the point: the monitoring page's own 2 s timeout, the product's 1 s (`ANSWER_S`), a request's
+deadline."""
 
 from __future__ import annotations
 
@@ -114,10 +116,13 @@ def test_idle_connections_take_no_threads():
         server.close()
 
 
-def open_idle(port: int, n: int, within_s: float) -> list[socket.socket]:
-    """`n` connections from 127.0.0.1 that never send anything, opened in batches smaller than the listen
-    backlog so that none is dropped while the endpoint keeps up; opening stops at `within_s` (an endpoint
-    that stops accepting leaves the rest of a batch unconnected)."""
+def open_idle(
+    port: int, n: int, within_s: float, sources: list[str] | None = None, sends: tuple[bytes, ...] = (b"",)
+) -> list[socket.socket]:
+    """`n` connections that never finish a request, from `sources` in turn (default 127.0.0.1), the k-th
+    sending `sends[k % len(sends)]` once connected (nothing, or the start of a request); opened in batches
+    smaller than the listen backlog so that none is dropped while the endpoint keeps up; opening stops at
+    `within_s` (an endpoint that stops accepting leaves the rest of a batch unconnected)."""
     opened: list[socket.socket] = []
     deadline = time.monotonic() + within_s
     try:
@@ -125,6 +130,8 @@ def open_idle(port: int, n: int, within_s: float) -> list[socket.socket]:
             batch = []
             for _ in range(min(64, n - len(opened))):
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                if sources:
+                    s.bind((sources[len(opened) % len(sources)], 0))
                 opened.append(s)
                 s.setblocking(False)
                 s.connect_ex(("127.0.0.1", port))
@@ -139,6 +146,9 @@ def open_idle(port: int, n: int, within_s: float) -> list[socket.socket]:
                     left -= 1
             if left:
                 return opened
+        for k, s in enumerate(opened):
+            if sent := sends[k % len(sends)]:
+                s.send(sent)
     except BaseException:
         for s in opened:
             s.close()
@@ -146,16 +156,29 @@ def open_idle(port: int, n: int, within_s: float) -> list[socket.socket]:
     return opened
 
 
+def closed_by_server(conns: list[socket.socket]) -> int:
+    """How many of `conns` the endpoint has closed (each then reads as readable: its end, or a reset)."""
+    waiting = select.poll()
+    for s in conns:
+        waiting.register(s, select.POLLIN)
+    return len(waiting.poll(0))
+
+
+def more_files(wanted: int) -> tuple[int, int]:
+    """RLIMIT_NOFILE raised to `wanted` files (skipped where its hard limit is lower); the limits before."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: this test needs about {wanted} files")
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return soft, hard
+
+
 def test_thousands_of_idle_connections_from_one_address_leave_room_for_another():
     """2,000 idle connections from 127.0.0.1, and a request from 127.0.0.4 (all of 127/8 is loopback) is
     still answered within the monitoring page's 2 s timeout."""
     n, timeout_s = 2000, 2.0
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = n + 256  # the idle connections, and this process's own files
-    if hard != resource.RLIM_INFINITY and hard < wanted:
-        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: {n} connections need about {wanted} files")
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    files = more_files(n + 256)  # the idle connections, and this process's own files
     server = SnapshotServer(Builds())  # the limits as shipped
     idle: list[socket.socket] = []
     try:
@@ -171,7 +194,75 @@ def test_thousands_of_idle_connections_from_one_address_leave_room_for_another()
         for s in idle:
             s.close()
         server.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, files)
+
+
+ANSWER_S = 1.0  # the product's bound: /snapshot and /metrics answer their own clients within a second
+HOLDERS = [f"127.0.0.{i}" for i in range(2, 102)]  # 100 client addresses (all of 127/8 is loopback)
+
+
+def test_idle_connections_from_a_hundred_addresses_keep_nobody_waiting():
+    """100 addresses each hold as many idle connections as one address may (nothing sent, or the start of a
+    request line), more than the endpoint keeps open in all; each request of a 101st address to /snapshot and
+    /metrics is answered within a second. The idle connections' own deadline is set far off here (the
+    shipped one is a few seconds), so that they stay for the whole test: the endpoint makes room for a
+    request by closing the oldest idle connection, and idle ones take no turn."""
+    limits = replace(ServeLimits(), head_s=HANG_S, timeout_s=HANG_S)
+    n, asked = len(HOLDERS) * limits.client_connections, 20
+    assert n > limits.max_connections
+    files = more_files(n + 256)
+    server = SnapshotServer(Builds(), limits=limits)
+    idle: list[socket.socket] = []
+    try:
+        idle = open_idle(server.port, n, within_s=HANG_S, sources=HOLDERS, sends=(b"", b"GET /snap"))
+        assert len(idle) == n
+        # every one accepted; those beyond the endpoint's places closed, the oldest first
+        wait_until(lambda: closed_by_server(idle) >= n - limits.max_connections, "room made", HANG_S)
+        held = n - closed_by_server(idle)
+        answers = []
+        for k in range(asked):
+            path = ("/snapshot", "/metrics")[k % 2]
+            started = time.monotonic()
+            try:
+                status = request(server.port, path, source="127.0.0.102", timeout=HANG_S)[0]
+            except (OSError, IndexError, ValueError):  # closed unanswered
+                status = None
+            answers.append((path, status, round(time.monotonic() - started, 3)))
+        print(f"{held} idle connections held; answers (path, status, seconds): {answers}")
+        assert all(status == 200 and took < ANSWER_S for _, status, took in answers), answers
+        # the idle connections were there all along: only as many closed as requests made room
+        assert n - closed_by_server(idle) >= held - asked > 0
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, files)
+
+
+def test_a_request_that_has_not_arrived_in_time_frees_its_place():
+    """A client sending its request a byte every 50 ms (never idle for long, never done) is closed,
+    unanswered, once `head_s` has passed since it connected, long before `timeout_s`."""
+    limits = replace(OPEN, head_s=0.5, timeout_s=HANG_S)
+    server = SnapshotServer(Builds(), limits=limits)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_S) as s:
+            started, got = time.monotonic(), None
+            trickle = b"GET /snapshot HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 4000
+            for byte in trickle:
+                if time.monotonic() - started > HANG_S / 2:
+                    break
+                try:
+                    s.send(bytes([byte]))
+                    if select.select([s], [], [], 0.05)[0]:
+                        got = s.recv(1024)
+                        break
+                except OSError:  # reset: closed
+                    got = b""
+                    break
+            took = time.monotonic() - started
+        assert got == b"" and limits.head_s <= took < HANG_S / 2, (got, took)
+    finally:
+        server.close()
 
 
 def test_a_tight_loop_client_gets_429s_and_the_snapshot_is_built_once_per_interval():
