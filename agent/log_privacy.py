@@ -5,14 +5,16 @@ livekit-agents logs a job's room, its participants and what they say as fields o
 fields it knows to be personal are named `lk.pii.<what>`, and rooms (`room`, `room_name`) and participants
 (`participant`, `identity`, `caller_identity`, ...) by their names, also inside a job's description. A room's
 name is its caller's choice or their number (`call-_+14155550123_AbCd`), a SIP participant's identity is their
-number (`sip_+14155550123`). `CallerDataMask`, a filter on the worker's log handlers (the one livekit-agents'
-CLI sets up prints every field: JSON in production, colored in dev), rewrites each record before it is
-formatted. Knows logging and the framework's field names; the rules on strings are redaction/'s.
+number (`sip_+14155550123`), and a number may come as an integer too (`log.info("call %x", 14155550100)`).
+`CallerDataMask`, a filter on the worker's log handlers (the one livekit-agents' CLI sets up prints every
+field: JSON in production, colored in dev), rewrites each record before it is formatted. Knows logging and the
+framework's field names; the rules on strings are redaction/'s.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -40,6 +42,10 @@ _NAME = re.compile(r"(?:^|_)name$|metadata|attributes|phone|number")  # a partic
 _NOT_PERSONAL = re.compile(
     r"^(?:agent_name|tool_name|model_name|room_id|room_sid|participant_sid|participant_kind|track_sid|job_id)$"
 )
+# a conversion of printf-style formatting: %s, %(to)x, %-10.3e, %*d, %%
+_CONVERSION = re.compile(
+    r"%(?:\((?P<key>[^)]*)\))?[#0 +-]*(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?[hlL]?(?P<type>[a-zA-Z%])"
+)
 
 
 def participant_label(identity: str) -> str:
@@ -47,12 +53,25 @@ def participant_label(identity: str) -> str:
     return pseudonym("participant", identity) if identity else ""
 
 
+def mask_number(value: int | float) -> int | float | str:
+    """A number as the log may carry it: one of PHONE_DIGITS digits or more (a whole float too: 14155550100.0)
+    as `mask_numbers` shows it in text, "•••• 0100"; a shorter one, a fraction (a time: 1767225600.25) and a
+    bool as they are."""
+    if isinstance(value, bool) or (
+        isinstance(value, float) and not (math.isfinite(value) and value.is_integer())
+    ):
+        return value
+    text = str(int(value))
+    masked = mask_numbers(text, PHONE_DIGITS)
+    return value if masked == text else masked
+
+
 def scrub(key: str, value: object, room: bool = False, seen: dict[str, str] | None = None) -> object:
     """A record's field `key` as the log may carry it: a personal field of livekit-agents' redacted (its room
     and participant as their labels), a room's name and a participant's identity as their labels, a name,
     metadata or attributes redacted, mappings and sequences field by field, any other text with its phone
-    numbers masked. `room`: `value` belongs to a room (its `name` is the room's). The names given labels go
-    in `seen` (name -> label)."""
+    numbers masked, a number of any type as `mask_number` has it. `room`: `value` belongs to a room (its
+    `name` is the room's). The names given labels go in `seen` (name -> label)."""
     seen = {} if seen is None else seen
     k = key.lower()
     label = None
@@ -67,8 +86,10 @@ def scrub(key: str, value: object, room: bool = False, seen: dict[str, str] | No
         return {str(kk): scrub(str(kk), v, inner, seen) for kk, v in value.items()}
     elif isinstance(value, list | tuple | set | frozenset):
         return [scrub(key, v, room, seen) for v in value]
-    elif value is None or isinstance(value, bool | int | float):
+    elif value is None:
         return value
+    elif isinstance(value, int | float):
+        return mask_number(value)
     elif _NOT_PERSONAL.search(k):
         pass
     elif _ROOM.search(k) or (room and k == "name"):
@@ -82,6 +103,57 @@ def scrub(key: str, value: object, room: bool = False, seen: dict[str, str] | No
         return mask_numbers(text, PHONE_DIGITS)
     seen[text] = label(text)
     return seen[text]
+
+
+def _numbers_masked(value: object) -> object:
+    """`value` (an argument of a record) with every number in it, in tuples, lists and dicts too, as
+    `mask_number` has it; anything else as it is."""
+    if isinstance(value, int | float):
+        return mask_number(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_numbers_masked(v) for v in value) if type(value) in (tuple, list) else value
+    if isinstance(value, dict):
+        return {k: _numbers_masked(v) for k, v in value.items()}
+    return value
+
+
+def format_message(record: logging.LogRecord) -> str:
+    """The record's message with its arguments (`getMessage`), each number among them (in a tuple or a dict
+    too) as `mask_number` has it, whatever its conversion: `%x` or `%e` would spell it in a way no mask of the
+    text recognises. Raises as `getMessage` does where they do not fit."""
+    msg, args = str(record.msg), record.args
+    if not args:
+        return msg
+    keyed = isinstance(args, Mapping)
+    values = dict(args) if keyed else list(args if isinstance(args, tuple) else (args,))
+    masked = {i: _numbers_masked(v) for i, v in (values.items() if keyed else enumerate(values))}
+    masked = {i: v for i, v in masked.items() if v is not values[i] and v != values[i]}
+    if not masked:
+        return record.getMessage()
+    at = 0  # the next positional argument
+
+    def conversion(m: re.Match[str]) -> str:
+        """A number masked to text is formatted as text."""
+        nonlocal at
+        if m["type"] == "%":
+            return m[0]
+        if keyed:
+            return f"%({m['key']})s" if m["key"] in masked else m[0]
+        at += (m["width"] == "*") + (m["precision"] == "*") + 1  # a star takes an argument of its own
+        return "%s" if at - 1 in masked else m[0]
+
+    fmt = _CONVERSION.sub(conversion, msg)
+    for i, v in masked.items():
+        values[i] = v
+    return fmt % (values if keyed else tuple(values))
+
+
+def _masked_args(args: object) -> object:
+    """A record's arguments with their numbers masked (and those in their text), for logging's report of
+    arguments that do not fit their message."""
+    if isinstance(args, Mapping):
+        return {k: scrub("args", v) for k, v in args.items()}
+    return tuple(scrub("args", v) for v in (args if isinstance(args, tuple) else (args,)))
 
 
 class CallerDataMask(logging.Filter):
@@ -140,8 +212,9 @@ class CallerDataMask(logging.Filter):
         self._learn(seen)
         if not isinstance(record.msg, Mapping):
             try:
-                message = record.getMessage()
-            except Exception:  # arguments that do not fit: logging reports the record's own error
+                message = format_message(record)
+            except Exception:  # arguments that do not fit: logging reports the record's own error, with them
+                record.args = _masked_args(record.args)
                 return True
             record.msg, record.args = self.free_text(message), None
         if record.exc_info:

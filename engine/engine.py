@@ -44,7 +44,7 @@ from engine.scheduler import Scheduler
 from engine.session import HEARD_PHASES, Phase, Session
 from engine.slots import FrameInbox, Reservation, SlotPool
 from engine.tokens import MAX_TOOLS
-from redaction import mask_numbers
+from redaction import mask_numbers, warm_redaction
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 
@@ -63,6 +63,8 @@ class Engine:
         self.config = cfg = config or EngineConfig(**overrides)
         self.clock = clock
         tune_malloc()  # before the model and its first tick allocate
+        if cfg.show_words == "redacted":  # what redaction reads on first use: now, not on a request
+            warm_redaction()
         model = build.build_model(cfg, clock)
         self.model_cfg, self.device, self.dtypes = model.cfg, model.device, model.dtypes
         self.tokens, self.pipeline = model.tokens, model.pipeline

@@ -37,6 +37,9 @@ NAMED_ROOM = "room-Grace-Hopper"
 
 # accented and non-Latin words, each character split over byte tokens and decoded a token at a time: whole
 ACCENTS = " Bienvenue, à bientôt: crème brûlée à 東京, ελλάδα, naïve façade 😀."
+# a text piece per Cyrillic character: the turn's last 64 pieces, all the engine keeps, start inside
+# "замечательно", and the window's first whole word, the name, has no sentence before it
+WINDOW_EDGE = " Спасибо замечательно Иван да это номер для вас на две ночи до пятницы и всё."
 # room -> (what its agent says last, what must not be left of it, compared without case): what the redactor
 # catches, for the words turned on
 SAID = {
@@ -56,6 +59,11 @@ SAID = {
     "room_written_code": (" Yes, the code is kqamxytr.", ["kqamxytr"]),
     NAMED_ROOM: (" Thanks Grace Hopper; Hopper's room is set.", ["grace", "hopper"]),
     "room_title": (" Thank you, Mr. Hopper, and Dr. Grace, enjoy your stay.", ["hopper", "grace"]),
+    "room_titles_abroad": (
+        " Merci, M. Dupont; gracias, Sr. García; danke, Frau schmidt.",
+        ["dupont", "garcía", "schmidt"],
+    ),
+    "room_window_edge": (WINDOW_EDGE, ["иван"]),
     "room_booked": (" Augusta, all set for Ada Lovelace. Bye!", ["augusta", "ada", "lovelace"]),
     PHONE_ROOM: (" We'll call you on +1 415 555 0100.", ["415", "555", "0100", "+1"]),
     "room_plain": (" Of course, I can help with that.", []),
