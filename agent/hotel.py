@@ -11,7 +11,6 @@ so every call runs in a worker thread and never blocks the room's event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -23,6 +22,7 @@ from prompts import load_prompt
 from tools import schemas
 from tools.errors import HotelError, NotFound
 from tools.hotel import Hotel
+from tools.replies import ResultWriter
 from tools.rules import spoken_date
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ def concierge_instructions(hotel: Hotel) -> str:
     policy = hotel.policy()
     today = hotel.today()
     return load_prompt("concierge", hotel_name=policy.name, today=spoken_date(today))
+
+
+RESULTS = ResultWriter()  # this process's tools' answers as the model reads them (counted: `RESULTS.stats()`)
 
 
 class Concierge(Agent):
@@ -70,6 +73,7 @@ class Concierge(Agent):
             result = await asyncio.to_thread(
                 self._hotel.call, name, arguments, session=self._session_key, deadline=deadline
             )
+            text = RESULTS.text(result)  # one too deep or too large to write is the model's sentence
         except NotFound as exc:
             self._failed_lookups += 1
             raise ToolError(exc.message) from None
@@ -81,7 +85,7 @@ class Concierge(Agent):
             log.error("hotel tool %s (call %s) failed: %s", name, call_id, type(exc).__name__)
             log.debug("hotel tool failure", exc_info=True)
             raise ToolError(SYSTEM_TROUBLE) from None
-        return json.dumps(result)
+        return text
 
     @function_tool(raw_schema=schemas.tool_schema("check_availability"))
     async def check_availability(self, raw_arguments: dict[str, object], context: RunContext) -> str:

@@ -21,6 +21,7 @@ from engine.api import EngineClosed, Output
 from engine.link import RECEIVE_AT
 from engine.session import Session
 from engine.tokens import forced_ids
+from engine.wire import shape_error
 from redaction import private_values
 
 if TYPE_CHECKING:
@@ -130,10 +131,16 @@ class SessionHandle:
 
 
 def _json_object(text: object) -> dict:
-    """`text` parsed as a JSON object, or {} (a result may be any text)."""
+    """`text` parsed as a JSON object, or {} (a result may be any text: one too long, or nested deeper than
+    the wire's MAX_DEPTH, is not parsed, and reaches the model as the text it is)."""
+    if not isinstance(text, str | bytes) or len(text) >= 1_000_000:
+        return {}
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if shape_error(raw) is not None:
+        return {}
     try:
-        value = json.loads(text) if isinstance(text, str | bytes) and len(text) < 1_000_000 else None
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -1,15 +1,20 @@
 """What the tools say: the sentences of every answer and refusal the hotel's operations give (a failure of
-the system itself carries its own, errors.py), and a reservation as the model reads it. Pure functions of
-the store's records and a stay's options; no database, and no decisions.
+the system itself carries its own, errors.py), a reservation as the model reads it, and `ResultWriter`, which
+writes an answer as the JSON text the model reads. Pure functions of the store's records and a stay's
+options (the writer keeps only its counts); no database, and no decisions.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import threading
+from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
 from . import rules
-from .errors import InvalidRequest, SoldOut
+from .errors import HotelError, InvalidRequest, SoldOut
 from .rules import Stay, counted, money, spoken_date, spoken_night
 from .stays import Option, cancellation_fee
 from .store import HotelPolicy, Reservation, RoomType
@@ -227,3 +232,83 @@ def changed(
         f"The new total is {view['total']} including tax, {delta}. The confirmation code stays the same."
     )
     return view
+
+
+# --- the text of an answer ---------------------------------------------------------------------------
+
+# Bounds of an answer the model reads: JSON nests once per level, and both json.dumps and json.loads recurse
+# once per level, so an answer nested thousands deep raises RecursionError where it is written or read.
+RESULT_MAX_DEPTH = 32
+RESULT_MAX_PARTS = 10_000  # values, lists and objects in all, keys not counted
+# a JSON string (escapes included) or one bracket: what the depth of an answer given as text is read from
+_JSON_PART = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _shape_problem(value: object) -> str | None:
+    """Why `value` (an answer's object, or its JSON text) is too deep or too large to write, or None. Walks
+    without recursing, and stops at the first level or part past the bounds."""
+    if isinstance(value, str):
+        if value.count("[") + value.count("{") <= RESULT_MAX_DEPTH:
+            return None
+        depth = 0
+        for m in _JSON_PART.finditer(value):
+            part = m.group()
+            if part in ("[", "{"):
+                depth += 1
+                if depth > RESULT_MAX_DEPTH:
+                    return f"it is nested more than {RESULT_MAX_DEPTH} levels deep"
+            elif part in ("]", "}"):
+                depth -= 1
+        return None
+    stack: list[tuple[object, int]] = [(value, 0)]
+    parts = 0
+    while stack:
+        node, depth = stack.pop()
+        parts += 1
+        if parts > RESULT_MAX_PARTS:
+            return f"it has more than {RESULT_MAX_PARTS:,} parts"
+        if isinstance(node, Mapping):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth >= RESULT_MAX_DEPTH:
+            return f"it is nested more than {RESULT_MAX_DEPTH} levels deep"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+class ResultWriter:
+    """Writes a tool's answer as the JSON text the model reads. An answer nested deeper than
+    RESULT_MAX_DEPTH, larger than RESULT_MAX_PARTS or not JSON at all is refused before it is written (or
+    handed on as text, to be parsed where it arrives) with a `HotelError` whose message the model reads in
+    place of the answer, and counted in `stats()`. One per process or per caller; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = {"written": 0, "refused": 0}
+
+    def stats(self) -> dict[str, int]:
+        """Answers written, and answers refused, since this writer was made."""
+        with self._lock:
+            return dict(self._stats)
+
+    def text(self, result: Mapping[str, Any] | str) -> str:
+        """`result` as JSON text (text is kept as it is once its depth is checked); `HotelError` when it
+        cannot be written."""
+        problem = _shape_problem(result)
+        text = ""
+        if problem is None:
+            try:
+                text = result if isinstance(result, str) else json.dumps(result)
+            except (TypeError, ValueError):  # a value JSON has no form for
+                problem = "it holds a value that has no JSON form"
+        with self._lock:
+            self._stats["written" if problem is None else "refused"] += 1
+        if problem is not None:
+            raise HotelError(
+                f"The tool's answer could not be read: {problem}. Tell the caller this cannot be looked up "
+                "right now."
+            )
+        return text

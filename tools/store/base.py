@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -29,6 +30,16 @@ T = TypeVar("T")
 SETTLE_S = 1.5
 
 
+# The names `Store.stats` counts a failed attempt under, by its kind; "retried": an attempt run again.
+_COUNTED = {
+    Conflict: "conflict",
+    Transient: "transient",
+    Lost: "lost",
+    Unavailable: "unavailable",
+    StoreError: "refused",
+}
+
+
 @dataclass(frozen=True)
 class _Failed:
     """One attempt of `transact` that ended in a database failure: its kind, the exception, and, when the
@@ -45,10 +56,26 @@ class Store(ABC):
     """A booking database. Thread-safe: every call takes a pooled connection for one transaction. No driver
     exception leaves it: a database error that `transact` neither retries nor answers `Busy` is a StoreError.
     The backends differ only in how they pool connections, begin, lock, bound their waits and classify
-    errors."""
+    errors. `stats()` counts the failed attempts by kind, and the attempts run again."""
 
     dialect: str
     lock_clause: str = ""  # appended to a SELECT that must lock the rows it reads
+
+    def __init__(self) -> None:
+        self._stats_lock = threading.Lock()
+        self._stats = dict.fromkeys([*_COUNTED.values(), "retried"], 0)
+
+    def stats(self) -> dict[str, int]:
+        """Since the store opened: attempts that failed with a conflict, a transient failure (a lock not had
+        in time, a deadlock, a serialization failure), a lost connection, the database unavailable (a
+        statement timed out, the server out of resources), or a statement or value refused (a bug); and
+        `retried`, the attempts run again after one of them."""
+        with self._stats_lock:
+            return dict(self._stats)
+
+    def _count(self, name: str) -> None:
+        with self._stats_lock:
+            self._stats[name] += 1
 
     # backend hooks ---------------------------------------------------------------------------------
 
@@ -88,6 +115,11 @@ class Store(ABC):
         """What a driver exception means (after `_rollback` of `conn`): Conflict or Transient (retry), Lost
         (the connection broke), Unavailable (give up at once) or StoreError (a statement refused: a bug);
         None when `exc` does not come from the database."""
+
+    def _refusal(self, exc: BaseException) -> str:
+        """What the database refused, for the StoreError's message: never the driver's own text, which
+        can quote the statement's values (a guest's name)."""
+        return f"the database refused a statement ({type(exc).__name__})"
 
     def _settle(self, token: Any, deadline: float) -> bool | None:
         """Whether the write transaction `_begin` returned `token` for committed, asked on another
@@ -140,6 +172,7 @@ class Store(ABC):
             if not isinstance(outcome, _Failed):
                 return outcome
             kind, exc = outcome.kind, outcome.exc
+            self._count(_COUNTED.get(kind, "refused"))
             if outcome.committing and kind is Lost:
                 settle_by = deadline if deadline is not None else time.monotonic() + SETTLE_S
                 settled = True if not write else self._settle(outcome.token, settle_by)
@@ -154,6 +187,13 @@ class Store(ABC):
             if kind in (Conflict, Transient):
                 conflicts += 1
                 if conflicts < attempts and in_time:
+                    log.info(
+                        "store: attempt %d failed (%s, %s); retrying",
+                        conflicts,
+                        kind.__name__,
+                        type(exc).__name__,
+                    )
+                    self._count("retried")
                     time.sleep(random.uniform(0.002, 0.02) * conflicts)
                     continue
                 log.warning("store: giving up after %d attempts (%s)", conflicts, kind.__name__)
@@ -161,13 +201,16 @@ class Store(ABC):
             if kind is Lost and not reconnected and in_time:
                 reconnected = True
                 log.warning("store: connection lost (%s); retrying on another", type(exc).__name__)
+                self._count("retried")
                 continue
             if kind in (Lost, Unavailable):
                 log.warning(
                     "store: %s (%s); the call is told busy", kind.__name__.lower(), type(exc).__name__
                 )
                 raise Busy() from exc
-            raise StoreError(f"the database refused a statement ({type(exc).__name__})") from exc
+            refusal = self._refusal(exc)
+            log.error("store: %s", refusal)
+            raise StoreError(refusal) from exc
 
     def _attempt(self, fn: Callable[[Tx], T], write: bool, deadline: float | None) -> T | _Failed:
         """One run of `fn` in one transaction: its result, or how it failed in the database."""
@@ -185,6 +228,7 @@ class Store(ABC):
                 if isinstance(exc, StoreError):
                     kind: type[StoreError] | None = type(exc)
                     if kind not in (Conflict, Transient, Lost, Unavailable):
+                        self._count("refused")
                         raise
                 else:
                     kind = self._classify(exc, conn)

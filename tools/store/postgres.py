@@ -1,6 +1,7 @@
 """PostgreSQL backend (psycopg 3, PostgreSQL 14 or later): READ COMMITTED writers that lock the inventory
-rows they decide on, pooled connections checked before use, and every wait cut at the call's deadline. Knows
-psycopg and the server's timeouts; not the statements it runs (statements.py) or the retries (base.py).
+rows they decide on, pooled connections checked before use, every wait cut at the call's deadline, and each
+error read by its SQLSTATE. Knows psycopg, the server's timeouts and what its errors mean for a transaction;
+not the statements it runs (statements.py) or the retries (base.py).
 """
 
 from __future__ import annotations
@@ -33,15 +34,42 @@ _MIGRATION_LOCK = 0x43484F52  # "CHOR": serialises concurrent migrators of one d
 _SERVER_FIRST_S = 0.25
 # What psycopg's `Connection.wait` raises when its timeout runs out (its `_WaitTimeout`, an OperationalError)
 _WAIT_TIMEOUT: type[Exception] = getattr(errors, "_WaitTimeout", psycopg.OperationalError)
-# Errors that end the session: the server shut down, crashed, restarted or ended this backend.
-_SESSION_ENDED = (
-    errors.AdminShutdown,
-    errors.CrashShutdown,
-    errors.CannotConnectNow,
-    errors.ConnectionException,
-    errors.IdleInTransactionSessionTimeout,
-    errors.IdleSessionTimeout,
-)
+
+# What an error the server sent means for the transaction, by its SQLSTATE (the manual's Appendix A): the
+# full code first, then its two-character class; a code in neither is a statement refused (a bug).
+_BY_CODE: dict[str, type[StoreError]] = {
+    "23505": Conflict,  # unique_violation: a concurrent writer took the key first
+    "40001": Transient,  # serialization_failure
+    "40P01": Transient,  # deadlock_detected
+    "55P03": Transient,  # lock_not_available: `lock_timeout` ran out
+    "72000": Transient,  # snapshot_too_old
+    "40002": StoreError,  # transaction_integrity_constraint_violation: a constraint checked at COMMIT
+    "57014": Unavailable,  # query_canceled: `statement_timeout` (the call's deadline) or a cancel
+    "57P01": Lost,  # admin_shutdown: the server is shutting down, or ended this backend
+    "57P02": Lost,  # crash_shutdown: another backend crashed and the server is restarting
+    "57P03": Lost,  # cannot_connect_now: the server is starting up or shutting down
+    "57P04": Lost,  # database_dropped
+    "57P05": Lost,  # idle_session_timeout
+    "25P03": Lost,  # idle_in_transaction_session_timeout: the session was ended
+}
+_BY_CLASS: dict[str, type[StoreError]] = {
+    "08": Lost,  # connection exception
+    "40": Transient,  # transaction rollback
+    "53": Unavailable,  # insufficient resources: disk full, out of memory, too many connections
+    "57": Unavailable,  # operator intervention
+    "58": Unavailable,  # system error: an I/O error on the server
+}
+# What a refused statement asked for, by class, in the StoreError's message. The server's own message is
+# never quoted: it can hold the statement's values (a guest's name in a unique key, the text of a bad cast).
+_REFUSED: dict[str, str] = {
+    "22": "a value its column's type cannot hold (a bad cast, a number out of range, text too long)",
+    "23": "a row that breaks a constraint of its table",
+    "25": "a statement the state of the transaction does not allow",
+    "42": "a statement it cannot run (a syntax error, an unknown table or column, a missing permission)",
+    "54": "a statement past one of the server's limits",
+    "0A": "a feature the server does not support",
+    "XX": "a statement that failed with an internal error of the server",
+}
 
 
 class DeadlineConnection(psycopg.Connection[Any]):
@@ -98,6 +126,7 @@ class PostgresStore(Store):
         (the call's deadline may cut it shorter). `connect_timeout_s`: opening one connection (libpq counts
         whole seconds, at least 2). `idle_in_transaction_s`: the server ends a session whose client left a
         transaction open and silent this long (a stopped client process), releasing its row locks."""
+        super().__init__()
         if not SCHEMA_NAME.match(schema):
             raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         if pool_size < 1:
@@ -235,17 +264,26 @@ class PostgresStore(Store):
             cur.executemany(query.replace("?", "%s"), rows)  # type: ignore[arg-type]
 
     def _classify(self, exc: BaseException, conn: psycopg.Connection[Any]) -> type[StoreError] | None:
+        """By the error's SQLSTATE, as PostgreSQL's own clients do. An error without one was raised by psycopg
+        itself: a connection it closed or found broken is Lost, anything else a bug."""
         if not isinstance(exc, psycopg.Error):
             return None
-        if conn.closed or isinstance(exc, _SESSION_ENDED | psycopg.InterfaceError):
+        code = exc.sqlstate
+        if conn.closed or isinstance(exc, psycopg.InterfaceError):
             return Lost
-        if isinstance(exc, errors.UniqueViolation):
-            return Conflict
-        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected | errors.LockNotAvailable):
-            return Transient
-        if isinstance(exc, psycopg.OperationalError):  # a statement timeout, the server out of resources
-            return Unavailable
-        return StoreError
+        if not code:
+            return Lost if isinstance(exc, psycopg.OperationalError) else StoreError
+        return _BY_CODE.get(code) or _BY_CLASS.get(code[:2], StoreError)
+
+    def _refusal(self, exc: BaseException) -> str:
+        code = getattr(exc, "sqlstate", None)
+        if not code:
+            return super()._refusal(exc)
+        what = _REFUSED.get(code[:2], "a statement")
+        diag = getattr(exc, "diag", None)
+        constraint = getattr(diag, "constraint_name", None)
+        named = f", constraint {constraint}" if constraint else ""
+        return f"the database refused {what} (SQLSTATE {code}, {type(exc).__name__}{named})"
 
     def _settle(self, token: str | None, deadline: float) -> bool | None:
         """The transaction's status from `pg_xact_status`, asked again while its backend is still finishing

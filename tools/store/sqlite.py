@@ -100,6 +100,15 @@ def _close(conn: sqlite3.Connection) -> None:
         conn.close()
 
 
+@contextmanager
+def _whole_numbers() -> Iterator[None]:
+    """sqlite3 raises OverflowError, no database error, for a parameter past SQLite's 64-bit integers."""
+    try:
+        yield
+    except OverflowError:
+        raise StoreError("the database refused a whole number larger than its 64-bit integers") from None
+
+
 # SQLite's primary result codes (https://sqlite.org/rescode.html) by what they mean for a transaction.
 _LOCKED = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED: the lock was not had within the busy timeout
 _BROKEN = {7, 10, 11, 14, 15, 26}  # NOMEM, IOERR, CORRUPT, CANTOPEN, PROTOCOL, NOTADB: reopen the file
@@ -122,6 +131,7 @@ class SqliteStore(Store):
     def __init__(
         self, path: str | Path, *, pool_size: int = 8, wait_s: float = 5.0, busy_timeout_s: float = 5.0
     ):
+        super().__init__()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._busy_timeout_s = busy_timeout_s
@@ -172,10 +182,12 @@ class SqliteStore(Store):
                 conn.execute("ROLLBACK")
 
     def _execute(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
-        return conn.execute(sql, params)
+        with _whole_numbers():
+            return conn.execute(sql, params)
 
     def _execute_many(self, conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        conn.executemany(sql, rows)
+        with _whole_numbers():
+            conn.executemany(sql, rows)
 
     def _param(self, value: Any) -> Any:
         # Dates and times as ISO text (the stdlib's implicit adapters are deprecated).
@@ -196,6 +208,10 @@ class SqliteStore(Store):
         if code in _REFUSED_NOW:
             return Unavailable
         return StoreError
+
+    def _refusal(self, exc: BaseException) -> str:
+        name = getattr(exc, "sqlite_errorname", None)  # SQLITE_CONSTRAINT_CHECK: no values, unlike the text
+        return f"the database refused a statement ({name or type(exc).__name__})"
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -24,6 +24,24 @@ def in_time(deadline: float | None) -> None:
         raise Unavailable("the call's deadline passed")
 
 
+# The largest whole number an INTEGER column holds on both backends (PostgreSQL's are 4 bytes, SQLite's 8).
+INTEGER_MAX = 2**31 - 1
+
+
+def _fits_integer(what: str, value: object, low: int = -INTEGER_MAX - 1) -> None:
+    """StoreError, saying which value and why, unless `value` is a whole number from `low` to INTEGER_MAX:
+    refused before the statement, so both backends refuse it alike (SQLite's driver would raise
+    OverflowError past 64 bits, PostgreSQL's server an out-of-range error)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= INTEGER_MAX:
+        if isinstance(value, int) and value.bit_length() > 96:  # too long to read (or for int's repr)
+            shown = f"a number of {value.bit_length()} bits"
+        else:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise StoreError(
+            f"{what} is {shown}, out of range: it must be a whole number from {low:,} to {INTEGER_MAX:,}"
+        )
+
+
 _RES_COLUMNS = ", ".join(f.name for f in fields(Reservation))
 _NIGHT_COLUMNS = "room_type, night, total, booked, rate_cents"
 
@@ -52,6 +70,9 @@ class Tx:
 
     def put_hotel(self, policy: HotelPolicy) -> None:
         names = [f.name for f in fields(HotelPolicy)]
+        for f in fields(HotelPolicy):
+            if f.type in (int, "int"):  # a string under `from __future__ import annotations`
+                _fits_integer(f"the hotel's {f.name}", getattr(policy, f.name))
         updates = ", ".join(f"{n} = excluded.{n}" for n in names)
         self._run(
             f"INSERT INTO hotel (id, {', '.join(names)}) VALUES (1, {', '.join('?' * len(names))}) "
@@ -66,6 +87,8 @@ class Tx:
         return [RoomType(*row) for row in rows]
 
     def put_room_type(self, room: RoomType) -> None:
+        _fits_integer(f"{room.code}'s max_guests", room.max_guests)
+        _fits_integer(f"{room.code}'s sort_order", room.sort_order)
         self._run(
             "INSERT INTO room_types (code, name, description, max_guests, sort_order) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (code) DO UPDATE SET name = excluded.name, description = excluded.description, "
@@ -121,6 +144,9 @@ class Tx:
             if replace
             else "DO NOTHING"
         )
+        for n in nights:
+            _fits_integer(f"the nightly rate in cents for {n.room_type} on {n.night}", n.rate_cents, 0)
+            _fits_integer(f"the number of {n.room_type} rooms on {n.night}", n.total, 0)
         rows = [
             [self._store._param(v) for v in (n.room_type, n.night, n.total, n.rate_cents)] for n in nights
         ]
