@@ -52,6 +52,8 @@ POLICIES: dict[str, Policy] = {
     "list_inbound_trunk": AGAIN,
     "list_dispatch_rule": AGAIN,
     "list_participants": AGAIN,
+    "list_rooms": AGAIN,
+    "list_dispatch": AGAIN,
     "update_inbound_trunk": AGAIN,  # the whole trunk replaced by the one given
     "update_dispatch_rule": AGAIN,  # the whole rule replaced by the one given
     "delete_trunk": DELETE,

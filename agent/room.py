@@ -25,6 +25,7 @@ from livekit.agents import JobContext, JobProcess, cli
 from agent import room_connect, rtc_ffi
 from agent.call import start_call
 from agent.drain import goodbye_on_drain
+from agent.fleet import REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
 from agent.presence import CallerPresence
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.agent.room")
 
 CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
+SESSION_CLOSED = "the session closed"  # the call's end when its session closed under it (its engine failed)
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
-REDISPATCH_KEY = "chorus_redispatched"  # in a job's metadata: how often its room's agent was dispatched again
 REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
 REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
 
@@ -122,7 +123,9 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     # (agent/worker.py `_release_ended_jobs`): only the worker's key may release a slot
 
     async def redispatch_if_lost(reason: str = "") -> None:
-        if reason == "room disconnected":  # the rtc connection gave up, not the caller nor the worker
+        # the rtc connection gave up, not the caller nor the worker; with the fleet's watch (agent/fleet.py)
+        # the room, alone, gets its new agent from there
+        if reason == "room disconnected" and not settings.redis_url:
             await redispatch(ctx, settings)
 
     ctx.add_shutdown_callback(redispatch_if_lost)
@@ -131,6 +134,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     joins = join_gate(settings.joins_at_once)
     async with joins.turn():
         await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
+    if redispatched(ctx.job.metadata) is not None:
+        await _replace_lost_agent(ctx, settings)
     caller = await _wait_for_caller(ctx)
     if caller is None:
         return
@@ -165,7 +170,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             participant=caller.identity,
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
         )
-    call.session.on("close", lambda _ev: presence.end("the session closed"))
+    call.session.on("close", lambda _ev: presence.end(SESSION_CLOSED))
     if line is not None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
@@ -178,9 +183,25 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await call.aclose()
         why = presence.reason or "the agent ended it"
         log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
+    if why != SESSION_CLOSED:  # ended on purpose; a session that failed leaves its caller to the fleet
+        await release_room(settings, ctx.job.room.sid)
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
     )
+
+
+async def _replace_lost_agent(ctx: JobContext, settings: AgentSettings) -> None:
+    """This job's agent replaces one the room lost (agent/fleet.py): the agents left in the room from before
+    (a dead worker's stays until the server drops it) are removed, so no two answer the caller."""
+    from agent.lkapi import LiveKit, LiveKitFailure
+
+    try:
+        async with LiveKit(settings) as lk:
+            n = await remove_stale_agents(lk, ctx.job.room.name, ctx.room.local_participant.identity)
+    except LiveKitFailure as e:
+        log.warning("job %s: the room's earlier agents could not be removed (%s)", ctx.job.id, e)
+        return
+    log.info("job %s: replaces the room's lost agent (%d left from before removed)", ctx.job.id, n)
 
 
 async def _answered(ctx: JobContext, caller: rtc.RemoteParticipant, line: PhoneLine, sink: RoomSink) -> bool:

@@ -70,6 +70,10 @@ class AgentSettings(EnvSettings):
     sip_ring_timeout_s: float = Field(
         30.0, gt=0, validation_alias="CHORUS_SIP_RING_TIMEOUT_S", description="a number of seconds above 0"
     )
+    # the LiveKit cluster's Redis (LiveKit's own `redis.address`: host:port, or a redis:// URL): where the
+    # workers mark the rooms they serve and claim a room's new agent (agent/fleet.py). Unset: no watch, and a
+    # room whose agent died stays without one
+    redis_url: str = Field("", validation_alias="CHORUS_REDIS_URL", repr=False)
     preset: str = Field("tiny", validation_alias="CHORUS_PRESET")
     checkpoint: str | None = Field(
         None, validation_alias="CHORUS_CHECKPOINT", description="an existing file or folder"

@@ -252,11 +252,32 @@ class ChorusServer(DrainingServer):
         # the startup timeout this server was built with: the weights are not sized a second time
         engine = await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
         log.info("health and /worker on port %s", ServerEnvOption.getvalue(self._port, devmode) or "any free")
-        sweep = asyncio.create_task(self._release_ended_jobs(engine))
+        tasks = [asyncio.create_task(self._release_ended_jobs(engine))]
+        if self.settings.redis_url and not unregistered and not self.settings.missing_livekit():
+            from agent import fleet
+
+            me = f"{socket.gethostname()}-{os.getpid()}"
+
+            def watch(*_: Any) -> None:  # once registered: a new agent it asks for can be this worker's
+                if len(tasks) == 1:
+                    job = fleet.watch(self.settings, me, self._running_rooms, report=engine.report_fleet)
+                    tasks.append(asyncio.create_task(job))
+
+            self.on("worker_registered", watch)
+        elif not unregistered:
+            log.warning("CHORUS_REDIS_URL is unset: a room whose agent dies is not given another")
         try:
             await super().run(devmode=devmode, unregistered=unregistered)
         finally:
-            sweep.cancel()
+            for task in tasks:
+                task.cancel()
+
+    def _running_rooms(self) -> list[tuple[str, str]]:
+        """(room sid, job id) of each job this worker runs (agent/fleet.py marks their rooms live)."""
+        try:
+            return [(i.job.room.sid, i.job.id) for i in self.active_jobs if i.job.room.sid]
+        except AttributeError:  # the server is not running yet
+            return []
 
     async def _release_ended_jobs(self, engine: EngineControl) -> None:
         """Give back the slot of every job that ended before its call opened a session (only the worker may:

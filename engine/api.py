@@ -214,3 +214,6 @@ class EngineSnapshot(BaseModel):
     echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)
     # values rooms wrote to their shared memory that were not plausible, left out (engine/link.py)
     shared_memory_rejected: int = 0
+    # rooms with a caller and no live agent for which the worker asked for a new agent, by reason
+    # (agent/fleet.py; reported by the worker through the engine's door)
+    redispatches: dict[str, int] = {}

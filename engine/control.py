@@ -73,6 +73,12 @@ class EngineControl:
         with contextlib.suppress(OSError, EngineError, ValueError):
             self._ask({"op": "drain", "seconds": float(seconds)})
 
+    def report_fleet(self, redispatches: dict[str, int]) -> None:
+        """The worker's new agents for rooms alone, by reason (agent/fleet.py), for the engine's snapshot and
+        /metrics; best effort."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "fleet", "redispatches": dict(redispatches)})
+
     def status(self) -> dict[str, Any]:
         """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
         runs."""

@@ -98,6 +98,7 @@ class Engine:
         self.collector = Collector(clock)  # full collections in the tick's slack
         self.tick = 0  # the tick running or last run, for other threads (the tick itself passes its own)
         self.failure: BaseException | None = None
+        self.redispatches: dict[str, int] = {}  # the worker's new agents for lost ones (agent/fleet.py)
         self.priority = TickPriority(cfg.tick_priority)  # the tick thread's (engine/priority.py)
         self.echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
         # what watches every tick (engine/plan.py TickObserver): echo mode, else nothing

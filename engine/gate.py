@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 ROOM, CONTROL = "room", "control"
 OPS = {
     ROOM: frozenset({"hello", "open", "result", "force", "pad_between", "private", "close"}),
-    CONTROL: frozenset({"hello", "admit", "release", "load", "drain"}),
+    CONTROL: frozenset({"hello", "admit", "release", "load", "drain", "fleet"}),
 }
 AUTH_S = 2.0  # a connection that has not shown its key by then is closed
 MAX_PENDING = 32  # connections without a key yet; the oldest goes for a newer one

@@ -293,6 +293,21 @@ class EngineHost:
             else:
                 self._refuse(conn, "drain: seconds must be a number of seconds")
             return
+        if op == "fleet":
+            counts = msg.get("redispatches")
+            if (
+                not isinstance(counts, dict)
+                or len(counts) > 8
+                or not all(
+                    isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0
+                    for k, v in counts.items()
+                )
+            ):
+                self._refuse(conn, "fleet: redispatches must be a few counts by reason")
+                return
+            self.engine.redispatches = dict(counts)
+            self._send(conn, encode({"op": "noted"}))
+            return
         if op in ("admit", "release", "load"):
             self._control(conn, op, msg)
             return

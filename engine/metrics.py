@@ -56,6 +56,7 @@ class Figures:
     reserve: list[int]  # its inbox's reserve,
     playout: np.ndarray  # [sessions, len(PLAYOUT_FIELDS)]: its room's playout as checked (NaN: rejected)
     rejected: int  # values read from rooms' shared memory and left out (`SharedReads`, `Accounting`)
+    redispatches: dict[str, int]  # the worker's new agents for rooms alone, by reason (agent/fleet.py)
 
 
 class _FiguresCollector:
@@ -95,6 +96,14 @@ class _FiguresCollector:
             "Values rooms wrote to their shared memory that were not plausible (left out of every figure)",
             f.rejected,
         )
+        family = CounterMetricFamily(
+            "chorus_redispatches",
+            "Rooms with a caller and no live agent for which the worker asked for a new agent",
+            labels=["reason"],
+        )
+        for reason, n in sorted(f.redispatches.items()):
+            family.add_metric([reason], n)
+        yield family
         per_slot = {
             "chorus_inbox_reserve_frames": "Caller frames held after the tick took its own",
             "chorus_playout_queued_seconds": "The agent's audio queued ahead of the caller's ear",

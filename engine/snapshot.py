@@ -158,6 +158,7 @@ def build(engine: Engine) -> EngineSnapshot:
         tool_log=tool_log,
         echo=engine.echo.snapshot() if engine.echo is not None else None,
         shared_memory_rejected=a.shared.rejected + a.rejected_times,
+        redispatches=dict(engine.redispatches),
     )
 
 
@@ -176,6 +177,7 @@ def figures(engine: Engine) -> Figures:
         [s.feed.reserve for s in sessions],
         playout,
         a.shared.rejected + a.rejected_times,
+        dict(engine.redispatches),
     )
 
 

@@ -26,7 +26,10 @@ def require_livekit() -> Server:
     if not url:
         miss("no LiveKit server: run the suite as .ci/run does (scripts/livekit.sh: netns_up, start_livekit)")
     return Server(
-        url, os.environ["CHORUS_TEST_LIVEKIT_API_KEY"], os.environ["CHORUS_TEST_LIVEKIT_API_SECRET"]
+        url,
+        os.environ["CHORUS_TEST_LIVEKIT_API_KEY"],
+        os.environ["CHORUS_TEST_LIVEKIT_API_SECRET"],
+        os.environ.get("CHORUS_TEST_LIVEKIT_REDIS", ""),
     )
 
 

@@ -366,3 +366,36 @@ def test_a_door_whose_thread_stopped_makes_its_engines_process_exit(hosted, monk
     t0 = time.monotonic()
     assert run_until_stopped(host, threading.Event(), every_s=0.05) == DOOR_STOPPED
     assert time.monotonic() - t0 < 1.0
+
+
+def test_the_workers_new_agents_reach_the_snapshot_and_metrics_and_only_its_key_may_report_them(hosted):
+    """agent/fleet.py's counts, reported by the worker through the door: in the snapshot (the monitoring page)
+    and /metrics; a room may not report them, nor anyone send a malformed count."""
+    from prometheus_client.core import CounterMetricFamily
+
+    from engine.metrics import _FiguresCollector
+    from engine.snapshot import figures
+
+    engine, host = hosted
+    worker = EngineControl(host.address, host.keys.control)
+    worker.report_fleet({"agent lost": 2, "never answered": 1})
+    room = encode({"op": "key", "key": host.keys.room})
+    got = _answers(_raw(host, room, encode({"op": "fleet", "redispatches": {"agent lost": 99}})))
+    bad = _answers(
+        _raw(
+            host,
+            encode({"op": "key", "key": host.keys.control}),
+            encode({"op": "fleet", "redispatches": [1]}),
+        )
+    )
+    assert [a["op"] for a in got] == ["refused"] and [a["op"] for a in bad] == ["refused"]
+    assert engine.snapshot().redispatches == {"agent lost": 2, "never answered": 1}
+    class ThisEngine(_FiguresCollector):
+        source = staticmethod(lambda: figures(engine))
+
+    family = next(f for f in ThisEngine().collect() if f.name == "chorus_redispatches")
+    assert isinstance(family, CounterMetricFamily)
+    assert {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")} == {
+        "agent lost": 2,
+        "never answered": 1,
+    }

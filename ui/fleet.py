@@ -88,6 +88,7 @@ class Totals:
     dropped_frames: int
     underruns: int
     tool_calls: int
+    redispatches: int  # new agents for rooms whose agent was lost or never came (agent/fleet.py)
 
 
 def totals(workers: list[Worker]) -> Totals:
@@ -106,6 +107,7 @@ def totals(workers: list[Worker]) -> Totals:
         dropped_frames=sum(s.dropped_frames for s in snaps),
         underruns=sum(s.underruns for s in snaps),
         tool_calls=sum(s.tool_calls for s in snaps),
+        redispatches=sum(sum(s.redispatches.values()) for s in snaps),
     )
 
 

@@ -156,17 +156,23 @@ def _about(snap: EngineSnapshot) -> None:
     )
     if snap.overloaded:
         st.warning(f"Overloaded: new sessions are refused ({snap.refused_sessions} so far).")
+    if snap.redispatches:
+        lost = " · ".join(f"{why} {n}" for why, n in sorted(snap.redispatches.items()))
+        st.caption(f"New agents for rooms left alone: {lost}")
 
 
 def _fleet(workers: list[fleet.Worker]) -> None:
     t = fleet.totals(workers)
     st.subheader("Fleet")
-    cols = st.columns(5)
+    cols = st.columns(6)
     cols[0].metric("Workers answering", f"{t.workers_up} / {t.workers}")
     cols[1].metric("Rooms", t.rooms)
     cols[2].metric("Free slots", t.free_slots)
     cols[3].metric("Worst live step p99", fleet.ms(t.worst_p99_ms))
     cols[4].metric("Missed deadlines", t.missed_deadlines)
+    cols[5].metric(
+        "Re-dispatched", t.redispatches, help="rooms with a caller and no live agent that got a new one"
+    )
     for start in range(0, len(workers), WORKER_COLUMNS):
         row = workers[start : start + WORKER_COLUMNS]
         for col, w in zip(st.columns(WORKER_COLUMNS), row, strict=False):

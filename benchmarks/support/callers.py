@@ -50,6 +50,7 @@ class Heard:
     sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
     agent_identity: str | None = None  # the room's first agent
     agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
+    speech_at: dict[str, float] = field(default_factory=dict)  # each agent's first frame that is not silence
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
     tracks: int = 0  # audio tracks subscribed
@@ -133,7 +134,7 @@ class Caller:
                 self.heard.sources.add(p.identity)
                 self.heard.tracks += 1
                 self.heard.track_sids.append(track.sid)
-                self._tasks.append(asyncio.ensure_future(self._record(track)))
+                self._tasks.append(asyncio.ensure_future(self._record(track, p.identity)))
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:
             async def consume() -> None:
@@ -173,7 +174,7 @@ class Caller:
 
         return rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
 
-    async def _record(self, track) -> None:
+    async def _record(self, track, source: str = "") -> None:
         from livekit import rtc
 
         loop = asyncio.get_running_loop()
@@ -184,6 +185,7 @@ class Caller:
             self.first_audio.set()
             if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives
                 self.heard.audible_samples += samples.size
+                self.heard.speech_at.setdefault(source, loop.time())
                 self.first_speech.set()
 
     async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:

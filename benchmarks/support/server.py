@@ -22,6 +22,7 @@ class Server:
     url: str
     key: str
     secret: str
+    redis: str = ""  # the server's Redis (host:port), where the workers mark the rooms they serve
 
     @property
     def http_url(self) -> str:
@@ -56,7 +57,12 @@ def server_from_env(prog: str, *, confined: bool = False) -> Server:
             f"{prog}: this network namespace has interfaces that lead out of it: {leaks()} "
             "(run it inside one made by scripts/livekit.sh's netns_up)"
         )
-    return Server(url, key, secret)
+    return Server(
+        url,
+        key,
+        secret,
+        os.environ.get("CHORUS_TEST_LIVEKIT_REDIS") or os.environ.get("CHORUS_REDIS_URL", ""),
+    )
 
 
 def token(server: Server, room: str, identity: str, agent_name: str | None = None, metadata: str = "") -> str:
