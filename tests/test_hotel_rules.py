@@ -130,6 +130,9 @@ def test_confirmation_codes_are_unguessable_and_easy_to_read_aloud():
         ("Gabriel García Márquez", "Marquez", True),
         ("Gabriel García Márquez", "garcia marquez", True),
         ("Anne-Marie Smith-Jones", "Smith Jones", True),
+        ("Grace H\u043epper", "Hopper", True),  # a Cyrillic о: the name looks the same
+        ("Grace Hopper", "\uff28\uff4f\uff50\uff50\uff45\uff52", True),  # fullwidth Ｈｏｐｐｅｒ
+        ("Grace Hopper", "Hooper", False),
         ("Ada Lovelace", "", False),
         ("Ada Lovelace", "'", False),
     ],
@@ -155,17 +158,19 @@ def test_names_keep_their_letters_in_any_script():
 @pytest.mark.parametrize(
     ("said", "kept"),
     [
-        ("Grace\u200fHopper", "Grace Hopper"),  # RIGHT-TO-LEFT MARK: words are not merged
-        ("Grace\u200eHopper", "Grace Hopper"),  # LEFT-TO-RIGHT MARK
-        ("Grace\u200bHopper", "Grace Hopper"),  # ZERO WIDTH SPACE
-        ("Grace\u2062Hopper", "Grace Hopper"),  # INVISIBLE TIMES
+        ("Hop\u200bper", "Hopper"),  # ZERO WIDTH SPACE inside a word: still one word, as it shows
+        ("Grace\u200bHopper", "GraceHopper"),  # and between two it shows none: they read as one
+        ("Hop\u200fper", "Hopper"),  # RIGHT-TO-LEFT MARK
+        ("Hop\u200eper", "Hopper"),  # LEFT-TO-RIGHT MARK
+        ("Hop\u2062per", "Hopper"),  # INVISIBLE TIMES
         ("Grace \u200f Hopper", "Grace Hopper"),  # beside a space: still one space
-        ("Hop\u00adper", "Hopper"),  # a soft hyphen is inside a word: dropped
-        ("Hop\u2060per", "Hopper"),  # as is a word joiner
+        ("Hop\u00adper", "Hopper"),  # a soft hyphen
+        ("Hop\u2060per", "Hopper"),  # a word joiner
+        ("\ufeffGrace Hopper", "Grace Hopper"),  # a byte order mark
         ("Grace\u3164Hopper", "Grace Hopper"),  # a blank that shows as one: the Hangul filler
     ],
 )
-def test_an_invisible_character_between_words_counts_as_a_space(said, kept):
+def test_an_invisible_character_is_removed_and_a_blank_counts_as_a_space(said, kept):
     assert guests.clean_name(said) == kept
 
 

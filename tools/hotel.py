@@ -136,11 +136,14 @@ class Hotel:
 
     # --- book ----------------------------------------------------------------------------------------
 
+    # A booking is the same booking under any spelling of the name that looks the same (`guests.name_key`):
+    # a stay booked again with a Cyrillic letter for the Latin one it looks like, or in fullwidth letters, is
+    # found, not booked twice.
     @staticmethod
     def _derived_key(session: str, args: schemas.BookRoom, room: RoomType, stay: Stay) -> str:
         parts = [
             session,
-            args.guest_name.casefold(),
+            guests.name_key(args.guest_name),
             args.contact,
             room.code,
             stay.check_in.isoformat(),
@@ -151,8 +154,8 @@ class Hotel:
 
     @staticmethod
     def _same_booking(r: Reservation, args: schemas.BookRoom, room: RoomType, stay: Stay) -> bool:
-        return (r.guest_name.casefold(), r.contact, r.room_type, r.check_in, r.check_out, r.guests) == (
-            args.guest_name.casefold(),
+        return (guests.name_key(r.guest_name), r.contact, r.room_type, r.check_in, r.check_out, r.guests) == (
+            guests.name_key(args.guest_name),
             args.contact,
             room.code,
             stay.check_in,

@@ -33,6 +33,11 @@ def _name_as_sent(value: Any) -> Any:
     return value
 
 
+def _visible(value: Any) -> Any:
+    # every text a tool takes loses its invisible characters the same way (names and contacts: their cleaners)
+    return guests.visible(value) if isinstance(value, str) else value
+
+
 def _name(value: str) -> str:
     return guests.clean_name(value)
 
@@ -51,9 +56,10 @@ def _code(value: str) -> str:
 # Bounds before the validator, or pydantic cannot render them as JSON-schema minimum/maximum.
 Guests = Annotated[int, Field(ge=1, le=MAX_GUESTS), BeforeValidator(_no_bool)]
 Nights = Annotated[int, Field(ge=1, le=MAX_NIGHTS_FIELD), BeforeValidator(_no_bool)]
-DateText = Annotated[str, Field(min_length=1, max_length=40)]
+DateText = Annotated[str, Field(min_length=1, max_length=40), BeforeValidator(_visible)]
 Name = Annotated[str, BeforeValidator(_name_as_sent), AfterValidator(_name)]
-RoomType = Annotated[str, Field(min_length=1, max_length=40)]
+RoomType = Annotated[str, Field(min_length=1, max_length=40), BeforeValidator(_visible)]
+Code = Annotated[str, BeforeValidator(_visible), AfterValidator(_code)]
 
 _CHECK_IN = (
     "Arrival date as YYYY-MM-DD, or as the caller said it: today, tomorrow, Friday, the 12th, March 12."
@@ -105,7 +111,7 @@ class BookRoom(_Args):
 class FindReservation(_Args):
     """Look up an existing reservation by its confirmation code and the guest's last name."""
 
-    confirmation_code: Annotated[str, AfterValidator(_code)] = Field(
+    confirmation_code: Code = Field(
         min_length=1,
         max_length=40,
         title="confirmation code",
@@ -120,7 +126,7 @@ class ChangeOrCancelReservation(_Args):
     """Change the dates, room type or guests of a reservation, or cancel it under the hotel's policy.
     Needs the confirmation code and last name."""
 
-    confirmation_code: Annotated[str, AfterValidator(_code)] = Field(
+    confirmation_code: Code = Field(
         min_length=1,
         max_length=40,
         title="confirmation code",
@@ -173,7 +179,7 @@ class HotelInfo(_Args):
     """Answer a question about the hotel: hours, check-in and check-out times, parking, breakfast,
     wifi, pets, pool, cancellation policy and more."""
 
-    topic: str = Field(
+    topic: Annotated[str, BeforeValidator(_visible)] = Field(
         min_length=1,
         max_length=100,
         title="topic",
