@@ -69,7 +69,12 @@ class EngineWatch:
     @property
     def load(self) -> float:
         """What the worker tells LiveKit: the engine's load, or 1.0 (full) while it is down or unreachable."""
-        return self.control.load if self._up.is_set() and self.process.alive else 1.0
+        return 1.0 if self.down else self.control.load
+
+    @property
+    def down(self) -> bool:
+        """The engine's process died and is not yet back (or is not started again)."""
+        return not (self._up.is_set() and self.process.alive)
 
     def stop(self) -> None:
         """The worker ends: the engine is stopped, and not started again."""

@@ -35,6 +35,9 @@ GONE_REASONS = frozenset(
 # how long a call waits for a caller whose connection was lost; the server itself keeps an empty room for
 # 20 s after its last participant leaves (its departure timeout)
 REJOIN_WAIT_S = 20.0
+# the call's end when the agent's own connection closed: not the caller's doing, so the room may be served
+# again
+ROOM_CLOSED = "the agent's connection to the room closed"
 
 
 def reason_name(reason: int | None) -> str:
@@ -106,4 +109,4 @@ class CallerPresence:
         log.info("job %s: the caller is back", self._job)
 
     def _on_room_disconnected(self, *_args) -> None:
-        self.end("the agent's connection to the room closed")
+        self.end(ROOM_CLOSED)

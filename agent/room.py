@@ -28,7 +28,7 @@ from agent.drain import goodbye_on_drain
 from agent.fleet import REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
-from agent.presence import CallerPresence
+from agent.presence import ROOM_CLOSED, CallerPresence
 from agent.receive_stats import ReceiveWatch
 from agent.settings import AgentSettings
 from agent.sinks import ConsoleSink, RoomSink
@@ -183,7 +183,9 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await call.aclose()
         why = presence.reason or "the agent ended it"
         log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
-    if why != SESSION_CLOSED:  # ended on purpose; a session that failed leaves its caller to the fleet
+    if why not in (SESSION_CLOSED, ROOM_CLOSED):
+        # ended on purpose; a session that failed, or a connection to the room that closed under the agent,
+        # leaves its caller to the fleet
         await release_room(settings, ctx.job.room.sid)
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"

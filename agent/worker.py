@@ -99,9 +99,10 @@ def engine_load(settings: AgentSettings) -> float:
     headroom) times the server's target load. The server gives a worker a room only while its load is under
     that target (its share is target - load): reporting the bare share would stop the rooms at 70% of the
     slots with LiveKit's default 0.7."""
-    shared_engine(settings)
+    engine = shared_engine(settings)
     watch = _watch
-    return settings.load_target * (1.0 if watch is None else watch.load)
+    down = watch is not None and watch.down  # its process died and is being started again
+    return settings.load_target * (1.0 if down else engine.load)
 
 
 def engine_watch() -> EngineWatch | None:

@@ -390,6 +390,7 @@ def test_the_workers_new_agents_reach_the_snapshot_and_metrics_and_only_its_key_
     )
     assert [a["op"] for a in got] == ["refused"] and [a["op"] for a in bad] == ["refused"]
     assert engine.snapshot().redispatches == {"agent lost": 2, "never answered": 1}
+
     class ThisEngine(_FiguresCollector):
         source = staticmethod(lambda: figures(engine))
 
