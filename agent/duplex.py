@@ -175,6 +175,8 @@ class ChorusSession(llm.DuplexSession):
         self.paused = False
         self._turn_text = ""
         self._answered: set[str] = set()  # call ids whose result went to the engine
+        # the call's conversation as it goes (agent/carry.py ConversationLog: said, called, answered), or None
+        self.record: Any = None
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame
         self.stats = {
@@ -257,6 +259,8 @@ class ChorusSession(llm.DuplexSession):
             self._answered.add(item.call_id)
             self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
             self.stats["tool_results"] += 1
+            if self.record is not None:
+                self.record.answered(item.call_id, str(item.output), bool(item.is_error))
 
     def _update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
         pass  # the model decides by itself whether to call a tool
@@ -340,6 +344,8 @@ class ChorusSession(llm.DuplexSession):
             obs.on_tool_pause(was_speaking)
         elif isinstance(item, FunctionCall):
             self.stats["function_calls"] += 1
+            if self.record is not None:
+                self.record.called(item.call_id, item.name, item.arguments)
             log.info("session %s: tool %s called (%s)", self.handle.id, item.name, item.call_id)
             self.emit(
                 "function_call",
@@ -379,6 +385,8 @@ class ChorusSession(llm.DuplexSession):
         if not self.speaking:
             return
         self.speaking = False
+        if self.record is not None:
+            self.record.said(self._turn_text)
         # a caller who spoke just now and a sentence left unfinished: the model stopped for the caller
         voiced_at = self._voiced_at
         if self._model.caller_audio is not None:

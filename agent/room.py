@@ -13,6 +13,7 @@ Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from livekit.agents import JobContext, JobProcess, cli
 
 from agent import room_connect, rtc_ffi
 from agent.call import start_call
+from agent.carry import ConversationLog, acknowledgement, resume_prompt
 from agent.drain import goodbye_on_drain
 from agent.fleet import REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
 from agent.joins import join_gate
@@ -147,6 +149,14 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     presence = CallerPresence(ctx.room, caller.identity, job=ctx.job.id)
     left = presence.left
     hotel = await asyncio.to_thread(shared_hotel)
+    # what the call has said and done, kept while it lasts; a job that replaces a lost agent carries it on
+    convo = await ConversationLog.open(
+        hotel.store,
+        ctx.job.room.sid,
+        ctx.job.id,
+        resumed=redispatched(ctx.job.metadata) is not None,
+        keep=settings.keep_conversations,
+    )
     agent, line = concierge_for(
         settings,
         hotel,
@@ -154,9 +164,14 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         room=ctx.room.name,
         identity=caller.identity,
         attributes=dict(caller.attributes),
-        job_id=ctx.job.id,
+        job_id=convo.conversation.key,  # the conversation's: a booking asked for again after a break is one
         job_metadata=ctx.job.metadata,
     )
+    if convo.resumed:
+        await agent.update_instructions(resume_prompt(str(agent.instructions), convo.conversation))
+        log.info(
+            "job %s: carries the call on after a break (%d before)", ctx.job.id, convo.conversation.breaks
+        )
     sink = ConsoleSink() if console else RoomSink(takes=engine.model_cfg.clock.output_rate)
     if line is not None and not await _answered(ctx, caller, line, sink):
         ctx.shutdown("the caller left")
@@ -170,12 +185,13 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             participant=caller.identity,
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
         )
+    call.duplex.record = convo
     call.session.on("close", lambda _ev: presence.end(SESSION_CLOSED))
     if line is not None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
-    _run_alongside(ctx, call, engine, line, settings, presence)
+    _run_alongside(ctx, call, engine, line, settings, presence, resumed=convo.resumed)
     try:
         done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
         await _first(*done)
@@ -185,8 +201,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
     if why not in (SESSION_CLOSED, ROOM_CLOSED):
         # ended on purpose; a session that failed, or a connection to the room that closed under the agent,
-        # leaves its caller to the fleet
+        # leaves its caller to the fleet, and its conversation to the agent that replaces this one
+        await convo.forget()
         await release_room(settings, ctx.job.room.sid)
+    else:
+        await convo.flush()
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
     )
@@ -247,7 +266,14 @@ async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
 
 
 def _run_alongside(
-    ctx: JobContext, call, engine, line, settings: AgentSettings, presence: CallerPresence
+    ctx: JobContext,
+    call,
+    engine,
+    line,
+    settings: AgentSettings,
+    presence: CallerPresence,
+    *,
+    resumed: bool = False,
 ) -> None:
     """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
     a draining worker speaks, and the shutdown callbacks that stop them and end the call (`presence`)."""
@@ -257,6 +283,8 @@ def _run_alongside(
         from agent.forcing import Script, run_script
 
         lines = Script.from_metadata(ctx.job.metadata)
+        if resumed:  # the first words acknowledge the break, as a greeting would open the call
+            lines = dataclasses.replace(lines, greeting=acknowledgement())
         script = asyncio.create_task(run_script(call, engine, lines))
         if lines.reconnect_at_s is not None:
             fault = asyncio.create_task(_reconnect_at(ctx, lines.reconnect_at_s))

@@ -74,6 +74,11 @@ class AgentSettings(EnvSettings):
     # workers mark the rooms they serve and claim a room's new agent (agent/fleet.py). Unset: no watch, and a
     # room whose agent died stays without one
     redis_url: str = Field("", validation_alias="CHORUS_REDIS_URL", repr=False)
+    # a call's conversation (the agent's turns, its tool calls and results) is kept in the booking database
+    # only while the call lasts, for an agent that replaces a lost one (agent/carry.py); true: after it too
+    keep_conversations: bool = Field(
+        False, validation_alias="CHORUS_KEEP_CONVERSATIONS", description="true or false"
+    )
     preset: str = Field("tiny", validation_alias="CHORUS_PRESET")
     checkpoint: str | None = Field(
         None, validation_alias="CHORUS_CHECKPOINT", description="an existing file or folder"

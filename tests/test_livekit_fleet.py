@@ -211,3 +211,69 @@ def test_a_call_that_ends_on_purpose_leaves_its_room_to_nobody(server, store_dir
         caller = asyncio.run(call(workers))
     assert len(caller.heard.agents) == 1, caller.heard.agents
     assert "goodbye" in caller.heard.text().lower()
+
+
+def test_a_booking_made_before_a_sigkill_exists_once_after_the_call_resumes(server, store_dir):
+    """The agent books a room (a scripted `book_room`), then its worker is killed. The new agent carries the
+    call on (agent/carry.py): its first words acknowledge the break (their start: the script's booking, 1 s
+    into the session, cuts them short as it cut the first greeting), and its script asks for the same booking
+    again, which the conversation's key makes the one booking already made."""
+    import datetime as dt
+    import json
+    import sqlite3
+
+    check_in = dt.date.today() + dt.timedelta(days=12)
+    booking = {
+        "guest_name": "Test Rowan",
+        "contact": "rowan@example.com",
+        "check_in": check_in.isoformat(),
+        "check_out": (check_in + dt.timedelta(days=2)).isoformat(),
+        "guests": 2,
+        "room_type": "standard",
+    }
+    metadata = json.dumps({"script": {"calls": [{"at_s": 1.0, "name": "book_room", "arguments": booking}]}})
+    name = f"chorus-test-{uuid.uuid4().hex[:8]}"
+
+    def rows() -> list[tuple]:
+        with contextlib.closing(sqlite3.connect(store_dir / "hotel.sqlite3")) as db:
+            return db.execute("SELECT guest_name, status FROM reservations").fetchall()
+
+    async def call(workers: list[Worker]) -> tuple[Caller, str, str]:
+        caller = Caller(server, f"fleet-{uuid.uuid4().hex[:8]}", name, metadata=metadata)
+        await caller.join()
+        first = None
+        await await_until(lambda: rows(), "the booking", 60, every=POLL_S)
+        await await_until(
+            lambda: "thanks for waiting" in caller.heard.text().lower(),
+            "the words after it",
+            60,
+            every=POLL_S,
+        )
+        first = caller.heard.agent_identity
+        victim = serving(workers, caller)
+        victim.proc.send_signal(signal.SIGKILL)
+
+        def second_said(words: str) -> str | None:
+            return next(
+                (s for s, t, _ in caller.heard.transcripts if s != first and words in t.lower()), None
+            )
+
+        await await_until(
+            lambda: second_said("sorry, we were"),
+            "the new agent's acknowledgement",
+            60,
+            every=POLL_S,
+            seen=lambda: (caller.heard.transcripts, [w.log.read_text()[-3000:] for w in workers]),
+        )
+        await await_until(lambda: second_said("thanks for waiting"), "its booking's answer", 60, every=POLL_S)
+        agent = second_said("sorry, we were")
+        await caller.leave()
+        return caller, first, agent
+
+    with two_workers(server, store_dir, name) as stack:
+        caller, first, second = asyncio.run(call(stack.workers))
+        booked = rows()
+    said = [t for s, t, _ in caller.heard.transcripts if s == second]
+    print(f"the new agent said {said}; bookings {booked}")
+    assert second and second != first
+    assert booked == [("Test Rowan", "confirmed")]  # asked for on both sides of the break: made once

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import astuple, fields
-from datetime import date
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError, Unavailable
@@ -203,6 +203,28 @@ class Tx:
             f"INSERT INTO reservations ({_RES_COLUMNS}) VALUES ({', '.join('?' * len(fields(Reservation)))})",
             astuple(r),
         )
+
+    # conversations (agent/carry.py) ----------------------------------------------------------------------
+
+    def conversation(self, room_sid: str) -> str | None:
+        """The conversation kept for a room (its JSON), or None."""
+        rows = self._rows("SELECT state FROM conversations WHERE room_sid = ?", [room_sid])
+        return rows[0][0] if rows else None
+
+    def put_conversation(self, room_sid: str, state: str, at: datetime | None = None) -> None:
+        """Keep a room's conversation (replacing what was kept), written at `at` (now by default)."""
+        self._run(
+            "INSERT INTO conversations (room_sid, state, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (room_sid) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
+            [room_sid, state, at or self._store.now()],
+        )
+
+    def delete_conversation(self, room_sid: str) -> None:
+        self._run("DELETE FROM conversations WHERE room_sid = ?", [room_sid])
+
+    def purge_conversations(self, before: datetime) -> int:
+        """Delete the conversations last written before `before`; how many."""
+        return int(self._run("DELETE FROM conversations WHERE updated_at < ?", [before]).rowcount or 0)
 
     def update_reservation(self, r: Reservation) -> None:
         names = [f.name for f in fields(Reservation) if f.name not in ("code", "created_at")]

@@ -1,0 +1,205 @@
+"""A call's conversation, kept in the booking database while the call lasts, so that an agent that replaces a
+lost one (agent/fleet.py) carries it on instead of starting over: what the agent said (its text channel, turn
+by turn), the tool calls it made with their results, and the conversation's key, which scopes its bookings'
+idempotency (agent/hotel.py `session_key`), so a booking made before the break is never made twice.
+
+The room's job writes it after each turn and each tool result (in a thread: never on the loop's time), keyed
+by the room's sid; a job that replaces a lost agent reads it, and its prompt holds the earlier turns and
+results (`resume_prompt`), its first words acknowledge the break (prompts/resumed.md). It is deleted when the
+call ends on purpose (the caller left, a goodbye, a transfer), and any left by a call that never ended
+cleanly is purged after KEEP_S; with CHORUS_KEEP_CONVERSATIONS=true an operator keeps them. Knows the store's
+statements and the prompt files; nothing of LiveKit or the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from prompts import load_prompt
+
+if TYPE_CHECKING:
+    from tools.store.base import Store
+    from tools.store.statements import Tx
+
+log = logging.getLogger("chorus.agent.carry")
+
+MAX_TURNS = 24  # the agent's latest turns kept
+MAX_TURN_CHARS = 600  # of each
+MAX_TOOLS = 12  # the latest tool calls kept
+MAX_RESULT_CHARS = 1500  # of each result (the engine cuts results longer than its own bound anyway)
+KEEP_S = 3600.0  # a conversation not written this long belongs to a call that is over: purged
+
+
+@dataclass
+class Conversation:
+    """What a call has said and done so far. `key`: the conversation's id (its first job's), the scope of its
+    bookings' idempotency; `breaks`: how often its agent was lost and replaced."""
+
+    key: str
+    said: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments", "output", "is_error"}
+    breaks: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"key": self.key, "said": self.said, "tools": self.tools, "breaks": self.breaks},
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Conversation | None:
+        """The conversation a row holds, or None for one that is not (another version's row, or damaged)."""
+        try:
+            d = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(d, dict) or not isinstance(d.get("key"), str) or not d["key"]:
+            return None
+        said = [s for s in d.get("said", []) if isinstance(s, str)] if isinstance(d.get("said"), list) else []
+        tools = [t for t in d.get("tools", []) if _is_tool(t)] if isinstance(d.get("tools"), list) else []
+        breaks = d.get("breaks") if type(d.get("breaks")) is int else 0
+        return cls(d["key"], said[-MAX_TURNS:], tools[-MAX_TOOLS:], max(0, breaks))
+
+    @property
+    def empty(self) -> bool:
+        return not self.said and not self.tools
+
+
+def _is_tool(t: object) -> bool:
+    return (
+        isinstance(t, dict)
+        and isinstance(t.get("name"), str)
+        and isinstance(t.get("arguments"), str)
+        and isinstance(t.get("output"), str)
+    )
+
+
+def resume_prompt(base: str, c: Conversation) -> str:
+    """The system prompt of a call whose agent was lost and replaced: `base` and, after it, the earlier turns
+    and tool results (prompts/resumed.md), the results in the `<TOOL_RESPONSE>` form the model reads."""
+    if c.empty:
+        return base
+    turns = "\n".join(f"- {s}" for s in c.said) or "- (nothing yet)"
+    calls = "\n".join(
+        f"- {t['name']}({t['arguments']}) returned <TOOL_RESPONSE>[{t['output']}]</TOOL_RESPONSE>"
+        + (" (an error)" if t.get("is_error") else "")
+        for t in c.tools
+    )
+    return base + "\n\n" + load_prompt("resumed", said=turns, tools=calls or "- (none)")
+
+
+def acknowledgement() -> str:
+    """The first words of an agent that carries a call on after a break (forced under teacher forcing, as a
+    greeting is)."""
+    return " " + load_prompt("resumed_greeting")
+
+
+class ConversationLog:
+    """One call's conversation as it goes: `said`, `called` and `answered` record it and save it to `store`
+    under the room's `sid` (one write in flight at a time, the newest state last), `forget` deletes it."""
+
+    def __init__(self, store: Store, sid: str, conversation: Conversation, *, keep: bool = False) -> None:
+        self.store, self.sid, self.conversation, self.keep = store, sid, conversation, keep
+        self._calls: dict[str, tuple[str, str]] = {}  # call id -> (name, arguments), until answered
+        self._lock = threading.Lock()
+        self._dirty = False
+        self._saving: asyncio.Task | None = None
+        self.stats = {"saves": 0, "failed": 0}
+
+    @classmethod
+    async def open(
+        cls, store: Store, sid: str, job: str, *, resumed: bool, keep: bool = False
+    ) -> ConversationLog:
+        """The room's conversation: the one kept for it when this job replaces a lost agent (`resumed`),
+        else a new one keyed by `job`. Conversations older than KEEP_S are purged on the way."""
+
+        def read(tx: Tx) -> str | None:
+            return tx.conversation(sid) if resumed else None
+
+        found = None
+        try:
+            text = await asyncio.to_thread(store.transact, read)
+            found = Conversation.from_json(text) if text else None
+            if not keep:
+                await asyncio.to_thread(_purge, store)
+        except Exception as e:  # noqa: BLE001 (the call goes on without its history: logged, never raised)
+            log.warning("the conversation could not be read (%s)", type(e).__name__)
+        if found is not None:
+            found.breaks += 1
+            return cls(store, sid, found, keep=keep)
+        return cls(store, sid, Conversation(job), keep=keep)
+
+    @property
+    def resumed(self) -> bool:
+        return self.conversation.breaks > 0 and not self.conversation.empty
+
+    def said(self, text: str) -> None:
+        text = " ".join(text.split())
+        if text:
+            c = self.conversation
+            c.said = [*c.said, text[:MAX_TURN_CHARS]][-MAX_TURNS:]
+            self._changed()
+
+    def called(self, call_id: str, name: str, arguments: str) -> None:
+        self._calls[call_id] = (name, arguments[:MAX_RESULT_CHARS])
+
+    def answered(self, call_id: str, output: str, is_error: bool) -> None:
+        name, arguments = self._calls.pop(call_id, ("", ""))
+        if not name:
+            return
+        c = self.conversation
+        entry = {
+            "name": name,
+            "arguments": arguments,
+            "output": output[:MAX_RESULT_CHARS],
+            "is_error": is_error,
+        }
+        c.tools = [*c.tools, entry][-MAX_TOOLS:]
+        self._changed()
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if self._saving is None or self._saving.done():
+            self._saving = asyncio.get_running_loop().create_task(self._save())
+
+    async def _save(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            text = self.conversation.to_json()
+            try:
+                await asyncio.to_thread(
+                    self.store.transact, lambda tx, text=text: tx.put_conversation(self.sid, text), write=True
+                )
+                self.stats["saves"] += 1
+            except Exception as e:  # noqa: BLE001 (a lost write loses history, never the call)
+                self.stats["failed"] += 1
+                log.warning("the conversation could not be saved (%s)", type(e).__name__)
+
+    async def flush(self) -> None:
+        """Wait for the writes in flight."""
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
+
+    async def forget(self) -> None:
+        """The call ended on purpose: its conversation is deleted (kept if an operator turned keeping on)."""
+        if self._saving is not None:
+            self._saving.cancel()
+        if self.keep:
+            return
+        try:
+            await asyncio.to_thread(
+                self.store.transact, lambda tx: tx.delete_conversation(self.sid), write=True
+            )
+        except Exception as e:  # noqa: BLE001 (purged after KEEP_S)
+            log.warning("the conversation could not be deleted (%s)", type(e).__name__)
+
+
+def _purge(store: Store) -> int:
+    before = store.now() - timedelta(seconds=KEEP_S)
+    return store.transact(lambda tx: tx.purge_conversations(before), write=True)

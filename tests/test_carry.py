@@ -1,0 +1,137 @@
+"""The conversation carried over (agent/carry.py): a call's turns and tool results are kept in the booking
+database while it lasts; an agent that replaces a lost one opens its engine session with a prompt that holds
+them (checked at the engine: the session's prefilled tokens), keeps the conversation's key, so a booking made
+before the break and asked for again after it exists once; a call that ends on purpose leaves nothing, and one
+left behind is purged. On the real engine (tiny, dummy weights) with turns and tool calls forced by teacher
+forcing, on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from livekit.agents.testing import fake_job_context
+
+import hotel_support
+from agent import carry
+from agent.call import start_call
+from agent.carry import Conversation, ConversationLog, resume_prompt
+from agent.hotel import HotelAgent
+from agent.sinks import WavSink
+from engine.engine import Engine
+from hotel_support import booking
+from wait_support import await_until
+
+OUT_RATE = 48000
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(preset="tiny", num_slots=4, refuse_when_overloaded=False)
+    yield e
+    e.close()
+
+
+def turn(engine: Engine, text: str) -> list[int]:
+    tok = engine.tokens
+    return [tok.bos, *tok.encode(text), tok.eos]
+
+
+async def a_call(
+    engine, hotel, log: ConversationLog, tmp_path, say: str, book: dict
+) -> tuple[str, list[int]]:
+    """One call on the engine: the agent's prompt as the job makes it (resumed: with the earlier turns), a
+    forced turn, then a forced `book_room`; what the booking answered and the session's prefilled prompt."""
+    agent = HotelAgent(hotel, session_key=log.conversation.key)
+    if log.resumed:
+        await agent.update_instructions(resume_prompt(str(agent.instructions), log.conversation))
+    with fake_job_context():
+        call = await start_call(engine, agent, sink=WavSink(tmp_path / f"{len(say)}.wav", OUT_RATE))
+        call.duplex.record = log
+        handle = await call.wait_open()
+        session = handle._s  # the engine's session behind the handle
+        prompt = list(session.progress.prefill_ids)  # as opened: the prompt it prefills
+        handle.pad_between(True)
+        await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live", 90)
+        handle.force_text(turn(engine, say))
+        await await_until(
+            lambda: call.duplex.stats["turns"] >= 1 and not call.duplex.speaking, "the turn", 90
+        )
+        tok = engine.tokens
+        handle.force_function(tok.call_ids([{"name": "book_room", "arguments": book}]))
+        await await_until(lambda: call.duplex.stats["resumes"] == 1, "the booking's result", 90)
+        await log.flush()
+        answer = next(
+            i.output for i in call.session.history.items if getattr(i, "type", "") == "function_call_output"
+        )
+        await call.aclose()
+    return answer, prompt
+
+
+@pytest.mark.parametrize("backend", hotel_support.BACKENDS)
+def test_a_replacing_agent_carries_the_conversation_on_and_its_booking_is_made_once(
+    engine, backend, tmp_path
+):
+    with hotel_support.seeded_store(backend, tmp_path) as store:
+        hotel = hotel_support.hotel(store)
+        args = booking(guest_name="Grace Hopper")
+
+        async def main():
+            first = await ConversationLog.open(store, "RM_suite", "AJ_first", resumed=False)
+            said = " Welcome to the Grand Hotel, Ms Hopper."
+            answer, _ = await a_call(engine, hotel, first, tmp_path, said, args)
+            # the worker is lost here: the room's next agent reads what was kept
+            second = await ConversationLog.open(store, "RM_suite", "AJ_second", resumed=True)
+            again, prompt = await a_call(engine, hotel, second, tmp_path, " Where were we?", args)
+            return answer, again, prompt, second
+
+        answer, again, prompt, second = asyncio.run(main())
+        reservations = hotel.reservations()
+    assert second.resumed and second.conversation.key == "AJ_first" and second.conversation.breaks == 1
+    text = engine.tokens.decode(prompt)
+    # the engine was prefilled with the earlier turn and the tool's result, as the model reads results
+    assert "Welcome to the Grand Hotel, Ms Hopper." in text
+    assert "<TOOL_RESPONSE>[" in text and answer in text
+    assert "cut off" in text
+    assert len(reservations) == 1  # asked for twice, across the break: made once
+    first, repeat = json.loads(answer), json.loads(again)
+    assert first["already_booked"] is False and repeat["already_booked"] is True
+    assert repeat["confirmation_code"] == first["confirmation_code"] == reservations[0].code
+
+
+@pytest.mark.parametrize("backend", hotel_support.BACKENDS)
+def test_a_call_that_ends_on_purpose_leaves_nothing_and_one_left_behind_is_purged(backend, tmp_path):
+    with hotel_support.seeded_store(backend, tmp_path) as store:
+
+        async def main():
+            log = await ConversationLog.open(store, "RM_a", "AJ_a", resumed=False)
+            log.said("Hello")
+            await log.flush()
+            kept = store.transact(lambda tx: tx.conversation("RM_a"))
+            await log.forget()
+            gone = store.transact(lambda tx: tx.conversation("RM_a"))
+            stale = await ConversationLog.open(store, "RM_b", "AJ_b", resumed=False)
+            stale.said("Hello")
+            await stale.flush()
+            old = store.now() - timedelta(seconds=carry.KEEP_S + 1)
+            store.transact(
+                lambda tx: tx.put_conversation("RM_b", tx.conversation("RM_b"), at=old), write=True
+            )
+            await ConversationLog.open(store, "RM_c", "AJ_c", resumed=False)  # a job starting: purges
+            purged = store.transact(lambda tx: tx.conversation("RM_b"))
+            return kept, gone, purged
+
+        kept, gone, purged = asyncio.run(main())
+    assert Conversation.from_json(kept).said == ["Hello"]
+    assert gone is None and purged is None
+
+
+def test_a_damaged_or_foreign_row_is_no_conversation():
+    assert Conversation.from_json("not json") is None
+    assert Conversation.from_json('{"said": ["x"]}') is None  # no key
+    c = Conversation.from_json('{"key": "AJ_1", "said": ["hi", 3], "tools": [{"name": 1}], "breaks": "x"}')
+    assert (c.key, c.said, c.tools, c.breaks) == ("AJ_1", ["hi"], [], 0)
+    assert Conversation.from_json("[" * 100000) is None
