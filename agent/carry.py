@@ -94,10 +94,10 @@ def resume_prompt(base: str, c: Conversation) -> str:
     return base + "\n\n" + load_prompt("resumed", said=turns, tools=calls or "- (none)")
 
 
-def acknowledgement() -> str:
-    """The first words of an agent that carries a call on after a break (forced under teacher forcing, as a
-    greeting is)."""
-    return " " + load_prompt("resumed_greeting")
+def acknowledgement(handed_over: bool = False) -> str:
+    """The first words of an agent that carries a call on after a break, or (`handed_over`) that took the
+    call over from a draining worker's agent (forced under teacher forcing, as a greeting is)."""
+    return " " + load_prompt("handover_greeting" if handed_over else "resumed_greeting")
 
 
 class ConversationLog:

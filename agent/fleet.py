@@ -5,11 +5,19 @@ worker killed, an engine that died under its worker, a room's job that crashed, 
 found no worker, each leaves its caller in silence until they hang up.
 
 - **Live.** Every BEAT_S each worker sets `chorus:<agent>:live:<room sid>` (expiring after LIVE_MS) for each
-  job it runs, and `...:served:<room sid>` (the room has had an agent: its loss is acted on at once). A job
-  that ends is unmarked at the next beat; a worker that dies stops marking, and its rooms' marks expire.
+  job it runs, naming itself and the job, and `...:served:<room sid>` (the room has had an agent: its loss is
+  acted on at once). A job that ends is unmarked at the next beat. A worker also holds a connection of its
+  own to Redis, named after it (`chorus-<agent>-<worker>`): a worker whose process dies loses it at once (its
+  host's kernel closes it), and the rooms it marked are alone from the second sweep that finds its name gone
+  from Redis' client list, without waiting for their marks to expire. A worker that hangs, or whose host
+  vanishes, stops marking, and its rooms' marks expire.
 - **Alone.** Every SWEEP_S each worker lists the server's rooms; a room of this agent (served, or with a
   dispatch of its name) with no live mark and a caller (a standard or SIP participant) is alone if it was
   served, or if its caller has waited FIRST_AGENT_S for the server's own dispatch.
+- **Handed over.** A worker that drains (SIGTERM: a rolling restart) stops marking its rooms and marks each
+  `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
+  from the draining one, which talks on until the new one's session is live and then is removed by it. With no other worker to take them, its
+  calls end as a drain's do (agent/drain.py).
 - **Ended.** A call that ends on purpose (its caller left or was said goodbye to, transferred, hung up)
   marks its room `...:ended:<room sid>`: a caller still in it is not sent another agent.
 - **One new agent.** Of the workers that find a room alone, the one that sets `...:claim:<room sid>` first
@@ -46,6 +54,7 @@ log = logging.getLogger("chorus.agent.fleet")
 
 BEAT_S = 0.5  # how often a worker marks its rooms live
 LIVE_MS = 2000  # a mark not renewed this long is a dead agent's
+GONE_S = 0.3  # a worker whose connection is missing from Redis this long (two sweeps) is dead
 SERVED_S = 3600  # how long a room is remembered to have had an agent, after its last mark
 SWEEP_S = 0.5  # how often a worker looks for rooms alone
 FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first agent gets one asked for
@@ -57,16 +66,24 @@ REASON_KEY = "chorus_reason"  # ... and why, this time
 CALLER_KINDS = (api.ParticipantInfo.Kind.STANDARD, api.ParticipantInfo.Kind.SIP)
 PRESENT = (api.ParticipantInfo.State.JOINED, api.ParticipantInfo.State.ACTIVE)
 
-REASONS = ("agent lost", "never answered")
+REASONS = ("agent lost", "never answered", "handed over")
+HANDOVER_S = 60  # a room handed over is known as such this long (until its new agent marks it)
 
 
-def redis_client(url: str) -> Redis:
-    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL)."""
+def redis_client(url: str, name: str | None = None) -> Redis:
+    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL); with
+    `name`, one connection of that client name (a worker's presence)."""
     from redis.asyncio import Redis
 
     if "://" not in url:
         url = f"redis://{url}"
-    return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    extra: dict[str, Any] = {"client_name": name, "single_connection_client": True} if name else {}
+    return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, **extra)
+
+
+def presence_name(agent_name: str, worker: str) -> str:
+    """The client name of a worker's presence connection (Redis allows no spaces or newlines in one)."""
+    return "".join(c if c.isalnum() or c in "-_.:" else "_" for c in f"chorus-{agent_name}-{worker}")
 
 
 class Keys:
@@ -87,8 +104,12 @@ class Keys:
     def ended(self, sid: str) -> str:
         return f"{self.prefix}ended:{sid}"
 
+    def handover(self, sid: str) -> str:
+        return f"{self.prefix}handover:{sid}"
+
 
 # a job's mark removed only while it is still that job's (a newer job may have marked the room since)
+# (a mark's value: "<worker> <job id>")
 _UNMARK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
@@ -99,41 +120,93 @@ class Fleet:
     `joined_at` is)."""
 
     def __init__(
-        self, redis: Redis, agent_name: str, worker: str, clock: Callable[[], float] = time.time
+        self,
+        redis: Redis,
+        agent_name: str,
+        worker: str,
+        clock: Callable[[], float] = time.time,
+        presence: Redis | None = None,
     ) -> None:
         self.redis, self.agent_name, self.worker, self.clock = redis, agent_name, worker, clock
+        self.presence = presence  # this worker's named connection (None: its rooms are known by their marks)
         self.keys = Keys(agent_name)
         self.marked: dict[str, str] = {}  # room sid -> job id, as of the last beat
         self.counts = dict.fromkeys(REASONS, 0)
         self._others: dict[str, float] = {}  # room sid -> when it was last found another agent's
+        self._missing: dict[str, float] = {}  # worker -> when its connection was first found missing
+        self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
+        self.handing_over = False  # the worker drains: its rooms go to other workers
+
+    def _mark(self, job: str) -> str:
+        return f"{self.worker} {job}"
 
     async def beat(self, jobs: list[tuple[str, str]]) -> None:
+        if self.presence is not None:
+            await self.presence.ping()  # (re)opens this worker's named connection before its marks
         now = dict(jobs)
         async with self.redis.pipeline(transaction=False) as p:
+            if self.handing_over:  # none of its rooms is marked live from now on
+                for sid in now:
+                    p.set(self.keys.handover(sid), self.worker, ex=HANDOVER_S)
+                now = {}
             for sid, job in now.items():
-                p.set(self.keys.live(sid), job, px=LIVE_MS)
+                p.set(self.keys.live(sid), self._mark(job), px=LIVE_MS)
                 p.set(self.keys.served(sid), job, ex=SERVED_S)
+                if sid not in self.marked:  # a new agent here: a handover, if it was one, is done
+                    p.delete(self.keys.handover(sid))
             for sid, job in self.marked.items():
                 if now.get(sid) != job:
-                    p.eval(_UNMARK, 1, self.keys.live(sid), job)
+                    p.eval(_UNMARK, 1, self.keys.live(sid), self._mark(job))
             await p.execute()
         self.marked = now
 
+    async def _gone(self, workers: set[str]) -> set[str]:
+        """Of the workers named by live marks, those whose presence connection has been missing from Redis
+        for GONE_S (their process died); none when Redis does not list its clients to this worker."""
+        workers.discard(self.worker)
+        if not workers or not self._clients:
+            return set()
+        try:
+            clients = await self.redis.client_list(_type="normal")
+        except _redis_errors() as e:
+            if "NOPERM" not in str(e) and "unknown command" not in str(e).lower():
+                raise
+            self._clients = False
+            log.warning(
+                "Redis does not list its clients to this worker: a dead worker's rooms wait for marks"
+            )
+            return set()
+        names = {c.get("name", "") for c in clients}
+        now = time.monotonic()
+        gone = set()
+        for w in workers:
+            if presence_name(self.agent_name, w) in names:
+                self._missing.pop(w, None)
+            elif now - self._missing.setdefault(w, now) >= GONE_S:
+                gone.add(w)
+        if len(self._missing) > 1024:  # workers long gone
+            self._missing = {w: t for w, t in self._missing.items() if now - t < 3600}
+        return gone
+
     async def alone(self, lk: LiveKit) -> list[tuple[api.Room, str]]:
         """The rooms with a caller and no live agent of this agent name, and why each is alone."""
-        rooms = [r for r in (await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest())).rooms]
-        rooms = [r for r in rooms if r.num_participants > 0]
+        # every room: a room's `num_participants` in the server's list lags its participants by seconds
+        rooms = list((await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest())).rooms)
         if not rooms:
             return []
         async with self.redis.pipeline(transaction=False) as p:
             for r in rooms:
-                p.exists(self.keys.live(r.sid))
+                p.get(self.keys.live(r.sid))
                 p.exists(self.keys.served(r.sid))
                 p.exists(self.keys.ended(r.sid))
+                p.exists(self.keys.handover(r.sid))
             marks = await p.execute()
+        owners = [_owner(m) for m in marks[::4]]
+        gone = await self._gone({w for w in owners if w})
         out = []
         for i, room in enumerate(rooms):
-            live, served, ended = marks[3 * i : 3 * i + 3]
+            live, served, ended, handover = marks[4 * i : 4 * i + 4]
+            live = live is not None and owners[i] not in gone
             if live or ended or not (served or await self._ours(lk, room)):
                 continue
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
@@ -141,7 +214,7 @@ class Fleet:
             if not callers:
                 continue
             if served:
-                out.append((room, REASONS[0]))
+                out.append((room, REASONS[2] if handover else REASONS[0]))
             elif self.clock() - min(p.joined_at for p in callers) >= FIRST_AGENT_S:
                 out.append((room, REASONS[1]))
         return out
@@ -202,27 +275,39 @@ class Fleet:
         return meta if isinstance(meta, dict) else {"metadata": last.metadata}
 
 
+def _owner(mark: bytes | str | None) -> str | None:
+    """The worker a live mark names (None: no mark, or one without a worker's name)."""
+    if mark is None:
+        return None
+    text = mark.decode(errors="replace") if isinstance(mark, bytes) else mark
+    worker, sep, _job = text.rpartition(" ")
+    return worker if sep else None
+
+
 async def watch(
     settings: AgentSettings,
     worker: str,
     jobs: Callable[[], list[tuple[str, str]]],
     report: Callable[[dict[str, int]], None] | None = None,
+    handing_over: Callable[[], bool] = lambda: False,
 ) -> None:
     """The worker's watch, until cancelled: its rooms marked every BEAT_S (`jobs()`: its running jobs'
-    (room sid, job id)), rooms alone looked for every SWEEP_S, and the counts of new agents handed to
-    `report` (in a thread: the engine's snapshot) whenever they change. A failure of Redis or of LiveKit's
-    API is logged (once while it lasts) and tried again."""
+    (room sid, job id)) until `handing_over()` (the worker drains), rooms alone looked for every SWEEP_S, and
+    the counts of new agents handed to `report` (in a thread: the engine's snapshot) whenever they change.
+    A failure of Redis or of LiveKit's API is logged (once while it lasts) and tried again."""
     from agent.lkapi import LiveKit, LiveKitFailure
 
-    fleet = Fleet(redis_client(settings.redis_url), settings.agent_name, worker)
+    presence = redis_client(settings.redis_url, name=presence_name(settings.agent_name, worker))
+    fleet = Fleet(redis_client(settings.redis_url), settings.agent_name, worker, presence=presence)
     failing = False
     next_sweep = 0.0
     try:
         async with LiveKit(settings) as lk:
             while True:
                 try:
+                    fleet.handing_over = handing_over()
                     await fleet.beat(jobs())
-                    if time.monotonic() >= next_sweep:
+                    if time.monotonic() >= next_sweep and not fleet.handing_over:  # its rooms are others'
                         next_sweep = time.monotonic() + SWEEP_S
                         if await fleet.sweep(lk) and report is not None:
                             await asyncio.to_thread(report, dict(fleet.counts))
@@ -239,6 +324,7 @@ async def watch(
                 await asyncio.sleep(BEAT_S)
     finally:
         await fleet.redis.aclose()
+        await presence.aclose()
 
 
 def _redis_errors() -> type[Exception]:

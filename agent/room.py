@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
@@ -27,7 +28,7 @@ from agent import room_connect, rtc_ffi
 from agent.call import start_call
 from agent.carry import ConversationLog, acknowledgement, resume_prompt
 from agent.drain import goodbye_on_drain
-from agent.fleet import REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
+from agent.fleet import REASON_KEY, REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
 from agent.presence import ROOM_CLOSED, CallerPresence
@@ -48,6 +49,7 @@ CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKi
 SESSION_CLOSED = "the session closed"  # the call's end when its session closed under it (its engine failed)
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
+TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame within this, or takes over anyway
 REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
 REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
 
@@ -136,7 +138,9 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     joins = join_gate(settings.joins_at_once)
     async with joins.turn():
         await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
-    if redispatched(ctx.job.metadata) is not None:
+    replacing = redispatched(ctx.job.metadata)
+    handed_over = replacing is not None and replacing.get(REASON_KEY) == "handed over"
+    if replacing is not None and not handed_over:  # a lost agent's place: taken at once
         await _replace_lost_agent(ctx, settings)
     caller = await _wait_for_caller(ctx)
     if caller is None:
@@ -191,7 +195,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         line.attach(call.output)
         ctx.add_shutdown_callback(line.aclose)
     ctx.add_shutdown_callback(call.aclose)
-    _run_alongside(ctx, call, engine, line, settings, presence, resumed=convo.resumed)
+    if handed_over:  # the draining agent talks on until this one's session is live, then leaves
+        ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_take_over(ctx, settings, call))))
+    _run_alongside(
+        ctx, call, engine, line, settings, presence, resumed=convo.resumed, handed_over=handed_over
+    )
     try:
         done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
         await _first(*done)
@@ -209,6 +217,23 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
     )
+
+
+async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
+    """A call handed over by a draining worker: its agent is removed once this job's session sends its first
+    frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two."""
+    deadline = time.monotonic() + TAKE_OVER_S
+    while call.duplex.stats["frames_out"] < 1 and not call.closed and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    if not call.closed:
+        await _replace_lost_agent(ctx, settings)
+
+
+def _cancel_on_end(task: asyncio.Task):
+    async def cancel(*_args: Any) -> None:
+        task.cancel()
+
+    return cancel
 
 
 async def _replace_lost_agent(ctx: JobContext, settings: AgentSettings) -> None:
@@ -274,6 +299,7 @@ def _run_alongside(
     presence: CallerPresence,
     *,
     resumed: bool = False,
+    handed_over: bool = False,
 ) -> None:
     """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
     a draining worker speaks, and the shutdown callbacks that stop them and end the call (`presence`)."""
@@ -284,7 +310,7 @@ def _run_alongside(
 
         lines = Script.from_metadata(ctx.job.metadata)
         if resumed:  # the first words acknowledge the break, as a greeting would open the call
-            lines = dataclasses.replace(lines, greeting=acknowledgement())
+            lines = dataclasses.replace(lines, greeting=acknowledgement(handed_over))
         script = asyncio.create_task(run_script(call, engine, lines))
         if lines.reconnect_at_s is not None:
             fault = asyncio.create_task(_reconnect_at(ctx, lines.reconnect_at_s))

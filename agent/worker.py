@@ -248,6 +248,7 @@ class ChorusServer(DrainingServer):
     def __init__(self, settings: AgentSettings, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
+        self.handing_over = False  # draining with the fleet's watch: its calls go on with other workers
 
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
         # the startup timeout this server was built with: the weights are not sized a second time
@@ -261,7 +262,13 @@ class ChorusServer(DrainingServer):
 
             def watch(*_: Any) -> None:  # once registered: a new agent it asks for can be this worker's
                 if len(tasks) == 1:
-                    job = fleet.watch(self.settings, me, self._running_rooms, report=engine.report_fleet)
+                    job = fleet.watch(
+                        self.settings,
+                        me,
+                        self._running_rooms,
+                        report=engine.report_fleet,
+                        handing_over=lambda: self.handing_over,
+                    )
                     tasks.append(asyncio.create_task(job))
 
             self.on("worker_registered", watch)
@@ -298,6 +305,9 @@ class ChorusServer(DrainingServer):
 
     async def drain(self, timeout: NotGivenOr[int | None] = NOT_GIVEN) -> None:
         seconds = float(timeout) if isinstance(timeout, int | float) and timeout else self.drain_s
+        # with the fleet's watch (agent/fleet.py), each call is handed to an agent of another worker; a call
+        # none takes over in time ends with the drain's goodbye (agent/drain.py)
+        self.handing_over = bool(self.settings.redis_url)
         if _engine is not None:
             await asyncio.to_thread(_engine.drain, seconds)
         await super().drain(timeout)

@@ -59,7 +59,8 @@ class FakeLiveKit:
         )
 
     def add(self, name: str, agent: str, *, caller_joined: float, meta: str = "{}") -> api.Room:
-        room = api.Room(sid=f"RM_{name}", name=name, num_participants=1)
+        # as the server lists a room for seconds after its participants changed: its count lags
+        room = api.Room(sid=f"RM_{name}", name=name, num_participants=0)
         caller = api.ParticipantInfo(
             identity="caller",
             kind=api.ParticipantInfo.Kind.STANDARD,
@@ -142,7 +143,7 @@ def test_a_jobs_end_unmarks_its_own_mark_only_and_a_call_ended_on_purpose_gets_n
         f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
         keys = fleet.Keys("desk")
         await f.beat([(room.sid, "AJ_old")])
-        await f.redis.set(keys.live(room.sid), "AJ_new")  # a newer job (another worker's) marked it since
+        await f.redis.set(keys.live(room.sid), "w-b AJ_new")  # a newer job (another worker's) marked it since
         await f.beat([])  # the old job ended here: the newer job's mark stays
         kept = await f.redis.get(keys.live(room.sid))
         await f.redis.delete(keys.live(room.sid))
@@ -152,5 +153,81 @@ def test_a_jobs_end_unmarks_its_own_mark_only_and_a_call_ended_on_purpose_gets_n
         return kept, asked
 
     kept, asked = asyncio.run(main())
-    assert kept == b"AJ_new"
+    assert kept == b"w-b AJ_new"
     assert asked == 0 and not lk.created
+
+
+def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_expire(redis_url):
+    """A worker's presence is its named connection to Redis: its process killed (SIGKILL, in a process of
+    its own here), the kernel closes that connection, and another worker asks for a new agent from its second
+    sweep that finds the name gone, while the dead worker's live mark has not yet expired. A worker whose
+    connection is back within GONE_S (a reconnect) keeps its rooms."""
+    import signal
+    import sys
+
+    lk = FakeLiveKit()
+    room = lk.add("annex", "desk", caller_joined=time.time() - 60)
+    other = lk.add("garden", "desk", caller_joined=time.time() - 60)
+    dead = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from agent import fleet; import redis;"
+            "name = fleet.presence_name('desk', 'w-a');"
+            "r = redis.Redis.from_url('redis://' + sys.argv[1], client_name=name);"
+            "r.ping(); r.set(fleet.Keys('desk').live('RM_annex'), 'w-a AJ_1', px=60000);"
+            "r.set(fleet.Keys('desk').served('RM_annex'), 'AJ_1'); print('up', flush=True); time.sleep(600)",
+            redis_url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    async def main():
+        watcher = fleet.Fleet(
+            fleet.redis_client(redis_url),
+            "desk",
+            "w-b",
+            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-b")),
+        )
+        await watcher.beat([])
+        live = fleet.Fleet(
+            fleet.redis_client(redis_url),
+            "desk",
+            "w-c",
+            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-c")),
+        )
+        await live.beat([(other.sid, "AJ_2")])
+        first = [await watcher.sweep(lk)]  # the other worker is there: its room is live
+        await asyncio.sleep(fleet.GONE_S + 0.05)
+        first.append(await watcher.sweep(lk))
+        # a worker reconnecting: its connection missing at one sweep, back before the next
+        await live.presence.aclose()
+        first.append(await watcher.sweep(lk))
+        await live.beat([(other.sid, "AJ_2")])  # its beat opens it again
+        await asyncio.sleep(fleet.GONE_S + 0.05)
+        first.append(await watcher.sweep(lk))
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(10)
+        t0 = time.monotonic()
+        asked = 0
+        while not asked and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.1)
+            asked = await watcher.sweep(lk)
+        took = time.monotonic() - t0
+        mark = await watcher.redis.pttl(fleet.Keys("desk").live(room.sid))
+        for f in (watcher, live):
+            await f.redis.aclose()
+            await f.presence.aclose()
+        return first, asked, took, mark
+
+    try:
+        assert dead.stdout.readline().strip() == "up"
+        first, asked, took, mark = asyncio.run(main())
+    finally:
+        dead.kill()
+        dead.wait(10)
+    assert first == [0, 0, 0, 0]
+    assert asked == 1 and [d.room for d in lk.created] == [room.name]
+    assert mark > 0  # its mark (60 s here) had not expired: the missing connection told
+    print(f"a dead worker's room was asked an agent for {took:.2f} s after its process was killed")

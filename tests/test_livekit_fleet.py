@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import uuid
 
@@ -20,18 +19,26 @@ import pytest
 from livekit import rtc
 
 from benchmarks.support.callers import Caller
-from benchmarks.support.machine import cmdline, tree
-from benchmarks.support.worker import Worker, sessions_by_label
+from benchmarks.support.fleet import (
+    drain,
+    heard_again,
+    kill_engine,
+    kill_job,
+    kill_worker,
+    one_fault,
+    serving,
+    two_workers,
+)
+from benchmarks.support.worker import Worker
 from livekit_support import POLL_S, require_livekit
 from wait_support import await_until
 
 pytestmark = pytest.mark.livekit
 
-# The product's bound is 5 s from a room's agent lost to an agent heard again: the mark's expiry (2 s), a
-# sweep (0.5 s), the dispatch, the new job's join and the greeting's first frame. Beside the server, two
-# workers and the callers on this 2-core machine, the join and the first frame take longer than on a worker's
-# host: the test allows the same steps their spread here.
-REHEARD_S = 8.0
+# The product's bound: a caller hears an agent again within 5 s of losing theirs. Measured here (2 cores, the
+# server, two workers and the caller on one machine): 2.0-2.6 s after a SIGKILL (the missing connection found
+# by two sweeps, the dispatch, the new job's join, its session's prompt and first words).
+REHEARD_S = 5.0
 AGENT = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
 
 
@@ -43,114 +50,50 @@ def server():
     return s
 
 
-def serving(workers: list[Worker], caller: Caller) -> Worker | None:
-    """The worker whose engine holds the caller's session."""
-    for w in workers:
-        with contextlib.suppress(OSError, ValueError):
-            if caller.room_name in sessions_by_label(w.snapshot()):
-                return w
-    return None
-
-
-async def heard_again(caller: Caller, first: str, since: float, within: float) -> tuple[str, float]:
-    """The new agent whose voice the caller heard after `since` (loop time), and when, after it."""
-
-    def new_voice() -> tuple[str, float] | None:
-        for agent, at in caller.heard.speech_at.items():
-            if agent != first and at > since:
-                return agent, at - since
-        return None
-
-    await await_until(lambda: new_voice() is not None, "a new agent's voice", within + 60, every=POLL_S)
-    return new_voice()
-
-
-def two_workers(server, store_dir, name: str, **env: str) -> contextlib.ExitStack:
-    stack = contextlib.ExitStack()
-    workers = [Worker(server, store_dir, slots=2, name=name, **env) for _ in range(2)]
-    for w in workers:
-        stack.callback(w.stop)
-        w.launch()
-    for w in workers:
-        w.start()
-    stack.workers = workers
-    return stack
-
-
 def run_fault(server, store_dir, fault, **env: str) -> dict:
     """A caller on one of two workers; `fault(worker)` (the serving one) at a known moment; what followed."""
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
-
-    async def call(workers: list[Worker]) -> dict:
-        caller = Caller(server, f"fleet-{uuid.uuid4().hex[:8]}", name)
-        await caller.join()
-        await asyncio.wait_for(caller.first_speech.wait(), 60)
-        first = caller.heard.agent_identity
-        await await_until(lambda: serving(workers, caller), "the serving worker", 30, every=POLL_S)
-        victim = serving(workers, caller)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        fault(victim)
-        agent, after = await heard_again(caller, first, t0, REHEARD_S)
-        await asyncio.sleep(3.0)  # long enough for a second new agent, if one were wrongly sent
-        out = {
-            "after_s": after,
-            "agent": agent,
-            "first": first,
-            "agents": set(caller.heard.agents),
-            "speakers": {a for a, at in caller.heard.speech_at.items() if at > t0},
-            "victim": workers.index(victim),
-        }
-        await caller.leave()
-        return out
-
     with two_workers(server, store_dir, name, **env) as stack:
-        got = asyncio.run(call(stack.workers))
+        got = asyncio.run(one_fault(server, stack.workers, name, fault))
         logs = [w.log.read_text(errors="replace") for w in stack.workers]
     got["logs"] = logs
     print({k: v for k, v in got.items() if k != "logs"})
     return got
 
 
-def check(got: dict) -> None:
+def check(got: dict, reason: str = "agent lost", first_words: str = "sorry, we were cut off") -> None:
+    """Heard again in time, one new agent, one dispatch for `reason`, and the new agent carried the
+    conversation on: its first words acknowledge the break (agent/carry.py)."""
     assert got["after_s"] <= REHEARD_S, got["after_s"]
+    assert first_words in " ".join(got["said"]).lower(), got["said"]
     assert got["speakers"] == {got["agent"]}  # one new agent answered, and only it
     fleet = [line for log in got["logs"] for line in log.splitlines() if "chorus.agent.fleet" in line]
     assert sum("a new agent was dispatched" in line for line in fleet) == 1, fleet
+    assert sum(f"({reason})" in line for line in fleet) == 1, fleet
+    assert not any("disconnected" in c for c in got["connection"])  # the caller's own connection held
 
 
 def test_a_worker_killed_with_sigkill_leaves_no_caller_alone(server, store_dir):
-    got = run_fault(server, store_dir, lambda w: w.proc.send_signal(signal.SIGKILL))
-    check(got)
+    check(run_fault(server, store_dir, kill_worker))
 
 
 def test_an_engine_that_dies_under_its_worker_leaves_no_caller_alone(server, store_dir):
-    def kill_engine(w: Worker) -> None:
-        engine = next(p for p in tree(w.proc.pid)[1:] if "engine.serve" in cmdline(p))
-        os.kill(engine, signal.SIGKILL)
-
     got = run_fault(server, store_dir, kill_engine)
     check(got)
     assert "the engine's process ended" in got["logs"][got["victim"]]
 
 
 def test_a_rooms_job_that_crashes_leaves_no_caller_alone(server, store_dir):
-    def kill_job(w: Worker) -> None:  # the room's own process (livekit-agents' process executor)
-        rooms = [p for p in tree(w.proc.pid)[1:] if "engine.serve" not in cmdline(p)]
-        busy = [p for p in rooms if _holds_a_session(p)]
-        os.kill(busy[0], signal.SIGKILL)
-
-    got = run_fault(server, store_dir, kill_job, CHORUS_ROOM_PROCESSES="true")
-    check(got)
+    check(run_fault(server, store_dir, kill_job, CHORUS_ROOM_PROCESSES="true"))
 
 
-def _holds_a_session(pid: int) -> bool:
-    """A room's process that holds a session on the engine: one that maps a session's shared memory."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return any("chorus-session" in line for line in f)
-    except OSError:
-        return False
+def test_a_worker_that_drains_hands_its_call_over(server, store_dir):
+    """SIGTERM: the call goes on with an agent of the other worker, which says it is still there and carries
+    the conversation on; the drained worker exits 0 without saying goodbye."""
+    got = run_fault(server, store_dir, drain, CHORUS_DRAIN_TIMEOUT_S="60")
+    check(got, "handed over", "thank you for holding")
+    assert "goodbye" not in " ".join(got["said"]).lower(), got["said"]
+    assert "exits: drained" in got["logs"][got["victim"]] or "draining" in got["logs"][got["victim"]]
 
 
 def test_a_caller_whose_first_dispatch_found_no_worker_gets_an_agent(server, store_dir):
@@ -183,34 +126,113 @@ def test_a_caller_whose_first_dispatch_found_no_worker_gets_an_agent(server, sto
 
 
 def test_a_call_that_ends_on_purpose_leaves_its_room_to_nobody(server, store_dir):
-    """A caller who stays in the room after the agent said goodbye and ended the call (a drained worker's
-    goodbye) is not sent another agent: only a lost agent is replaced."""
+    """A caller who stays in the room after the agent said goodbye and ended the call (the only worker
+    drained, so none took the call over) is not sent another agent by a worker that starts afterwards: only a
+    lost agent is replaced."""
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
 
-    async def call(workers: list[Worker]) -> Caller:
+    async def call(stack: contextlib.ExitStack) -> Caller:
+        first = Worker(server, store_dir, slots=2, name=name, CHORUS_DRAIN_TIMEOUT_S="12")
+        stack.callback(first.stop)
+        await asyncio.to_thread(first.start)
         caller = Caller(server, f"fleet-{uuid.uuid4().hex[:8]}", name)
         await caller.join()
         await asyncio.wait_for(caller.first_speech.wait(), 60)
-        victim = serving(workers, caller)
-        victim.signal(signal.SIGTERM)  # drains: the call ends with a goodbye (CHORUS_DRAIN_TIMEOUT_S below)
+        first.signal(signal.SIGTERM)  # drains: with no other worker, the call ends with a goodbye
         gone = asyncio.Event()
         caller.room.on("participant_disconnected", lambda p: gone.set() if p.kind == AGENT else None)
         await asyncio.wait_for(gone.wait(), 60)
-        await asyncio.sleep(8.0)  # the room stays with its caller alone
+        later = Worker(server, store_dir, slots=2, name=name)
+        stack.callback(later.stop)
+        await asyncio.to_thread(later.start)
+        await asyncio.sleep(8.0)  # the room stays with its caller alone, a worker free to serve it
         await caller.leave()
         return caller
 
-    stack = contextlib.ExitStack()
-    workers = [Worker(server, store_dir, slots=2, name=name, CHORUS_DRAIN_TIMEOUT_S="12") for _ in range(2)]
-    with stack:
-        for w in workers:
-            stack.callback(w.stop)
-            w.launch()
-        for w in workers:
-            w.start()
-        caller = asyncio.run(call(workers))
+    with contextlib.ExitStack() as stack:
+        caller = asyncio.run(call(stack))
     assert len(caller.heard.agents) == 1, caller.heard.agents
     assert "goodbye" in caller.heard.text().lower()
+
+
+ROLLING_CALLS = 8
+HANDOVER_GAP_S = 1.5
+
+
+def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, store_dir):
+    """8 calls on 2 workers; each worker in turn is replaced: a new one is started, then the old one drains
+    (SIGTERM). Each of its calls is handed to an agent of another worker (agent/fleet.py, "Handed over"): the
+    caller stays connected, hears no goodbye, and hears the new agent's voice within HANDOVER_GAP_S of the
+    draining one leaving it; a caller who calls during each drain is answered; the old worker exits 0 once
+    its calls are handed over."""
+    name = f"chorus-test-{uuid.uuid4().hex[:8]}"
+    env = {"CHORUS_DRAIN_TIMEOUT_S": "90"}
+
+    def worker(stack: contextlib.ExitStack) -> Worker:
+        w = Worker(server, store_dir, slots=6, name=name, **env)
+        stack.callback(w.stop)
+        return w.launch()
+
+    def latest(caller: Caller) -> str:
+        return max(caller.heard.speech_at.items(), key=lambda kv: kv[1])[0]
+
+    async def run(stack: contextlib.ExitStack) -> dict:
+        old = [worker(stack), worker(stack)]
+        for w in old:
+            await asyncio.to_thread(w.start)
+        callers = [Caller(server, f"roll-{i}-{uuid.uuid4().hex[:6]}", name) for i in range(ROLLING_CALLS)]
+        for c in callers:
+            await c.join()
+        await asyncio.gather(*(asyncio.wait_for(c.first_speech.wait(), 90) for c in callers))
+        loop = asyncio.get_running_loop()
+        waits, gaps, newcomers, codes = [], [], [], []
+        live = list(old)
+        for victim in old:
+            fresh = await asyncio.to_thread(worker(stack).start)
+            live.append(fresh)
+            await await_until(
+                lambda: all(serving(live, c) for c in callers), "every call's worker", 30, every=POLL_S
+            )
+            theirs = [c for c in callers if serving([victim], c)]
+            before = {id(c): latest(c) for c in theirs}
+            t0 = loop.time()
+            victim.signal(signal.SIGTERM)
+            newcomer = Caller(server, f"roll-new-{uuid.uuid4().hex[:6]}", name)
+            await newcomer.join()
+            newcomers.append(newcomer)
+            for c in theirs:
+                agent, after = await heard_again(c, before[id(c)], t0, REHEARD_S)
+                old_agent = before[id(c)]
+                await await_until(lambda c=c, a=old_agent: a in c.heard.left_at, "the old agent gone", 30)
+                waits.append(after)
+                # the caller between the two agents: from the draining one leaving to the new one's voice
+                gaps.append(max(0.0, c.heard.speech_at[agent] - c.heard.left_at[before[id(c)]]))
+            await asyncio.wait_for(newcomer.first_speech.wait(), 60)
+            codes.append(await asyncio.to_thread(victim.wait, 60))
+            live.remove(victim)
+        out = {
+            "waits": sorted(round(w, 2) for w in waits),
+            "gaps": sorted(round(g, 2) for g in gaps),
+            "codes": codes,
+            "connections": [list(c.heard.connection) for c in callers],  # before they leave
+            "words": [c.heard.text().lower() for c in callers],
+            "agents": [len(c.heard.agents) for c in callers],
+        }
+        for c in callers + newcomers:
+            await c.leave()
+        return out
+
+    with contextlib.ExitStack() as stack:
+        got = asyncio.run(run(stack))
+    print(got["waits"], got["gaps"], got["agents"], got["codes"])
+    assert got["codes"] == [0, 0]  # each drained worker exited cleanly, its calls handed over
+    assert len(got["waits"]) >= ROLLING_CALLS  # every call was handed over at least once
+    # the draining agent talks on until the new one's session is live: the caller is between the two only
+    # from its leaving to the new one's voice (measured 0.2-0.3 s; the bound allows the spread of a busier
+    # machine)
+    assert max(got["gaps"]) <= HANDOVER_GAP_S, got["gaps"]
+    assert not any("disconnected" in " ".join(c) for c in got["connections"]), got["connections"]
+    assert not any("goodbye" in w for w in got["words"])  # no call was closed
 
 
 def test_a_booking_made_before_a_sigkill_exists_once_after_the_call_resumes(server, store_dir):

@@ -56,6 +56,7 @@ class Heard:
     tracks: int = 0  # audio tracks subscribed
     track_sids: list[str] = field(default_factory=list)  # theirs, in order
     agents_left: list[str] = field(default_factory=list)  # why each agent that left did (a DisconnectReason)
+    left_at: dict[str, float] = field(default_factory=dict)  # when each agent that left did (loop time)
     connection: list[str] = field(default_factory=list)  # the caller's own: reconnecting, reconnected, ...
 
     def summary(self) -> dict:
@@ -149,6 +150,7 @@ class Caller:
         def on_participant_left(p: rtc.RemoteParticipant) -> None:
             if p.kind == rtc.ParticipantKind.PARTICIPANT_KIND_AGENT:
                 self.heard.agents_left.append(rtc.DisconnectReason.Name(p.disconnect_reason or 0))
+                self.heard.left_at[p.identity] = loop.time()
 
         def on_connection(state: str):
             return lambda *args: self.heard.connection.append(

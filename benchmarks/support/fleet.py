@@ -1,0 +1,143 @@
+"""A fleet's faults, as tests/test_livekit_fleet.py and benchmarks/fleet_faults.py make them: two workers of
+one agent name on a real LiveKit server with Redis, a caller on one of them, and a fault on the worker that
+serves it (its process killed, its engine's process killed, the room's job process killed, or a drain); then
+when the caller heard a new agent's voice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.support.callers import Caller
+from benchmarks.support.machine import cmdline, tree
+from benchmarks.support.server import Server
+from benchmarks.support.worker import Worker, sessions_by_label
+
+POLL_S = 0.1
+
+
+def serving(workers: list[Worker], caller: Caller) -> Worker | None:
+    """The worker whose engine holds the caller's session."""
+    for w in workers:
+        with contextlib.suppress(OSError, ValueError):
+            if caller.room_name in sessions_by_label(w.snapshot()):
+                return w
+    return None
+
+
+async def heard_again(caller: Caller, first: str, since: float, within: float) -> tuple[str, float]:
+    """The new agent whose voice the caller heard after `since` (loop time), and when, after it (waiting at
+    most `within` + 60 s: a slower one is reported, for the caller to judge)."""
+
+    def new_voice() -> tuple[str, float] | None:
+        for agent, at in caller.heard.speech_at.items():
+            if agent != first and at > since:
+                return agent, at - since
+        return None
+
+    deadline = asyncio.get_running_loop().time() + within + 60
+    while (found := new_voice()) is None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"no new agent's voice within {within + 60:.0f} s: {caller.heard.summary()}")
+        await asyncio.sleep(POLL_S)
+    return found
+
+
+def two_workers(server: Server, store_dir: Path, name: str, **env: str) -> contextlib.ExitStack:
+    """Two workers of agent name `name`, registered (`.workers`); stopped when the stack closes."""
+    stack = contextlib.ExitStack()
+    workers = [Worker(server, store_dir, slots=2, name=name, **env) for _ in range(2)]
+    for w in workers:
+        stack.callback(w.stop)
+        w.launch()
+    for w in workers:
+        w.start()
+    stack.workers = workers
+    return stack
+
+
+def holds_a_session(pid: int) -> bool:
+    """A room's process that holds a session on the engine: one that maps a session's shared memory."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return any("chorus-session" in line for line in f)
+    except OSError:
+        return False
+
+
+def kill_worker(w: Worker) -> None:
+    w.proc.send_signal(signal.SIGKILL)
+
+
+def kill_engine(w: Worker) -> None:
+    engine = next(p for p in tree(w.proc.pid)[1:] if "engine.serve" in cmdline(p))
+    os.kill(engine, signal.SIGKILL)
+
+
+def kill_job(w: Worker) -> None:
+    """The room's own process (livekit-agents' process executor, CHORUS_ROOM_PROCESSES=true)."""
+    rooms = [p for p in tree(w.proc.pid)[1:] if "engine.serve" not in cmdline(p)]
+    busy = [p for p in rooms if holds_a_session(p)]
+    os.kill(busy[0], signal.SIGKILL)
+
+
+def drain(w: Worker) -> None:
+    w.signal(signal.SIGTERM)
+
+
+# name -> (the fault, the workers' environment)
+FAULTS: dict[str, tuple[Callable[[Worker], None], dict[str, str]]] = {
+    "worker SIGKILL": (kill_worker, {}),
+    "engine SIGKILL": (kill_engine, {}),
+    "job crash": (kill_job, {"CHORUS_ROOM_PROCESSES": "true"}),
+    "drain": (drain, {"CHORUS_DRAIN_TIMEOUT_S": "60"}),
+}
+
+
+async def one_fault(
+    server: Server, workers: list[Worker], name: str, fault: Callable[[Worker], None]
+) -> dict:
+    """One call on `workers` (agent name `name`), `fault` on its worker once the caller heard the agent;
+    when the caller heard a new agent's voice after it, and what it said."""
+    caller = Caller(server, f"fleet-{uuid.uuid4().hex[:8]}", name)
+    await caller.join()
+    try:
+        await asyncio.wait_for(caller.first_speech.wait(), 60)
+        first = caller.heard.agent_identity
+        # the agent's first turn said whole (its transcript is final once the turn ended), and kept
+        deadline = asyncio.get_running_loop().time() + 60
+        while not caller.heard.transcripts:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"the agent's first turn did not end: {caller.heard.summary()}")
+            await asyncio.sleep(POLL_S)
+        await asyncio.sleep(0.5)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (victim := serving(workers, caller)) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError("no worker holds the caller's session")
+            await asyncio.sleep(POLL_S)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        fault(victim)
+        agent, after = await heard_again(caller, first, t0, 10.0)
+        deadline = loop.time() + 30  # its first turn said whole
+        while not any(s == agent for s, _, _ in caller.heard.transcripts) and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        await asyncio.sleep(max(0.0, after + 3.0 - (loop.time() - t0)))  # room for a wrongly sent second
+        return {
+            "after_s": after,
+            "agent": agent,
+            "first": first,
+            "agents": set(caller.heard.agents),
+            "speakers": {a for a, at in caller.heard.speech_at.items() if at > t0},
+            "victim": workers.index(victim),
+            "said": [t for s, t, _ in caller.heard.transcripts if s == agent],
+            "connection": list(caller.heard.connection),
+        }
+    finally:
+        await caller.leave()
