@@ -9,8 +9,10 @@ has heard the agent, the worker serving it is hit by the fault:
   - `engine SIGKILL`: the worker's engine's process killed (the worker lives on and starts it again);
   - `job crash`: the room's own job process killed (CHORUS_ROOM_PROCESSES=true);
   - `drain`: SIGTERM, the worker drains and hands its call over (a rolling restart's step).
-Per fault: the silence (seconds from the fault to the first audible frame of the new agent's voice at the
-caller) as p50 / p99 / max, how many calls heard the new agent acknowledge the break (the conversation
+Per fault: seconds from the fault to the first audible frame of the new agent's voice at the caller
+(`to_new_voice_s`, p50 / p99 / max: the caller's silence, except on a drain, where the draining agent talks on
+until the new one is live; there `handover_gap_s` is the silence, from the draining agent leaving to the new
+one's voice), how many calls heard the new agent acknowledge the break (the conversation
 resumed: prompts/resumed_greeting.md or prompts/handover_greeting.md) and how many had exactly one new agent.
 
 Needs the server of scripts/livekit.sh with its Redis (start_livekit, inside a namespace made by netns_up):
@@ -57,13 +59,15 @@ def main(argv: list[str] | None = None) -> None:
         seeded(store_dir)
         for fault in faults:
             hit, env = FAULTS[fault]
-            silences, resumed, single = [], 0, 0
+            silences, gaps, resumed, single = [], [], 0, 0
             for i in range(args.rounds):
                 name = f"chorus-bench-{uuid.uuid4().hex[:8]}"
                 with two_workers(server, store_dir, name, **env) as stack:
                     got = asyncio.run(one_fault(server, stack.workers, name, hit))
                 said = " ".join(got["said"]).lower()
                 silences.append(got["after_s"])
+                if got["gap_s"] is not None:
+                    gaps.append(got["gap_s"])
                 resumed += any(a in said for a in ACKNOWLEDGED)
                 single += got["speakers"] == {got["agent"]}
                 print(
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
             report["faults"][fault] = {
-                "silence_s": _spread(silences),
+                "to_new_voice_s": _spread(silences),
+                **({"handover_gap_s": _spread(gaps)} if fault == "drain" and gaps else {}),
                 "resumed": resumed,
                 "one_new_agent": single,
             }

@@ -138,6 +138,12 @@ async def one_fault(
             "victim": workers.index(victim),
             "said": [t for s, t, _ in caller.heard.transcripts if s == agent],
             "connection": list(caller.heard.connection),
+            # from the first agent leaving to the new one's voice (a drain's handover: the caller's silence)
+            "gap_s": (
+                max(0.0, caller.heard.speech_at[agent] - caller.heard.left_at[first])
+                if first in caller.heard.left_at
+                else None
+            ),
         }
     finally:
         await caller.leave()
