@@ -163,7 +163,8 @@ sys.exit(0 if urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout
 EOF
             export LIVEKIT_URL="ws://127.0.0.1:$port" LIVEKIT_API_KEY=chorus LIVEKIT_API_SECRET="$secret"
             export CHORUS_TEST_LIVEKIT_URL="$LIVEKIT_URL" CHORUS_TEST_LIVEKIT_API_KEY=chorus \
-                CHORUS_TEST_LIVEKIT_API_SECRET="$secret" CHORUS_TEST_LIVEKIT_LOG="$LIVEKIT_DIR/server.log"
+                CHORUS_TEST_LIVEKIT_API_SECRET="$secret" CHORUS_TEST_LIVEKIT_LOG="$LIVEKIT_DIR/server.log" \
+                CHORUS_LIVEKIT_SERVER="$LIVEKIT_SERVER_BIN"
             echo "livekit-server $LIVEKIT_SERVER_VERSION ready at $LIVEKIT_URL (media on $NETNS_NODE_IP:$udp)"
             return 0
         fi

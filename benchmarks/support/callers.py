@@ -51,6 +51,7 @@ class Heard:
     agent_identity: str | None = None  # the room's first agent
     agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
     speech_at: dict[str, float] = field(default_factory=dict)  # each agent's first frame that is not silence
+    last_speech_at: float | None = None  # the latest frame that is not silence, from any agent
     agent_joined_at: float | None = None
     audible_samples: int = 0  # samples received in frames that are not silence
     tracks: int = 0  # audio tracks subscribed
@@ -188,6 +189,7 @@ class Caller:
             if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives
                 self.heard.audible_samples += samples.size
                 self.heard.speech_at.setdefault(source, loop.time())
+                self.heard.last_speech_at = loop.time()
                 self.first_speech.set()
 
     async def speak(self, pcm: np.ndarray, seconds: float | None = None) -> None:

@@ -65,8 +65,18 @@ class Worker:
     """`python -m agent start` against `server`: tiny preset, its own agent name, SQLite store and ports. Its
     output goes to `log`; `snapshot()` reads the engine's /snapshot and `info()` the worker's /worker."""
 
-    def __init__(self, server: Server, tmp: Path, *, slots: int = 4, name: str | None = None, **env: str):
+    def __init__(
+        self,
+        server: Server,
+        tmp: Path,
+        *,
+        slots: int = 4,
+        name: str | None = None,
+        netns: str | None = None,
+        **env: str,
+    ):
         self.server, self.slots = server, slots
+        self.netns = netns  # a host of a cluster (benchmarks/support/nodes.py): its snapshot is not reachable
         self.agent_name = name or f"chorus-test-{uuid.uuid4().hex[:8]}"
         self.metrics_port = free_port()
         self.http_port = next(p for p in iter(free_port, None) if p != self.metrics_port)
@@ -98,8 +108,9 @@ class Worker:
         """Start the worker's process (once) without waiting: workers launched together start at once."""
         if self.proc is None:
             self._out = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+            prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agent", "start"],
+                [*prefix, sys.executable, "-m", "agent", "start"],
                 cwd=ROOT,
                 env=self.env,
                 stdout=self._out,
@@ -116,7 +127,8 @@ class Worker:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the worker exited ({self.proc.returncode}):\n{self.tail()}")
             with contextlib.suppress(OSError, ValueError):
-                self.snapshot()
+                if not self.netns:
+                    self.snapshot()
                 if b"registered worker" in self.log.read_bytes():
                     return self
             time.sleep(0.2)
