@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ MAX_TURN_CHARS = 600  # of each
 MAX_TOOLS = 12  # the latest tool calls kept
 MAX_RESULT_CHARS = 1500  # of each result (the engine cuts results longer than its own bound anyway)
 KEEP_S = 3600.0  # a conversation not written this long belongs to a call that is over: purged
+PURGE_EVERY_S = 300.0  # how often a process purges them (at a call's start), not at every call's
 
 
 @dataclass
@@ -107,7 +108,6 @@ class ConversationLog:
     def __init__(self, store: Store, sid: str, conversation: Conversation, *, keep: bool = False) -> None:
         self.store, self.sid, self.conversation, self.keep = store, sid, conversation, keep
         self._calls: dict[str, tuple[str, str]] = {}  # call id -> (name, arguments), until answered
-        self._lock = threading.Lock()
         self._dirty = False
         self._saving: asyncio.Task | None = None
         self.stats = {"saves": 0, "failed": 0}
@@ -117,16 +117,18 @@ class ConversationLog:
         cls, store: Store, sid: str, job: str, *, resumed: bool, keep: bool = False
     ) -> ConversationLog:
         """The room's conversation: the one kept for it when this job replaces a lost agent (`resumed`),
-        else a new one keyed by `job`. Conversations older than KEEP_S are purged on the way."""
+        else a new one keyed by `job`. Conversations older than KEEP_S are purged on the way (at most every
+        PURGE_EVERY_S in a process)."""
 
         def read(tx: Tx) -> str | None:
-            return tx.conversation(sid) if resumed else None
+            return tx.conversation(sid)
 
         found = None
         try:
-            text = await asyncio.to_thread(store.transact, read)
-            found = Conversation.from_json(text) if text else None
-            if not keep:
+            if resumed:
+                text = await asyncio.to_thread(store.transact, read)
+                found = Conversation.from_json(text) if text else None
+            if not keep and _purge_due():
                 await asyncio.to_thread(_purge, store)
         except Exception as e:  # noqa: BLE001 (the call goes on without its history: logged, never raised)
             log.warning("the conversation could not be read (%s)", type(e).__name__)
@@ -198,6 +200,18 @@ class ConversationLog:
             )
         except Exception as e:  # noqa: BLE001 (purged after KEEP_S)
             log.warning("the conversation could not be deleted (%s)", type(e).__name__)
+
+
+_last_purge = -PURGE_EVERY_S  # time.monotonic() of this process's last purge
+
+
+def _purge_due() -> bool:
+    global _last_purge
+    now = time.monotonic()
+    if now - _last_purge < PURGE_EVERY_S:
+        return False
+    _last_purge = now
+    return True
 
 
 def _purge(store: Store) -> int:

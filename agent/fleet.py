@@ -16,8 +16,8 @@ found no worker, each leaves its caller in silence until they hang up.
   served, or if its caller has waited FIRST_AGENT_S for the server's own dispatch.
 - **Handed over.** A worker that drains (SIGTERM: a rolling restart) stops marking its rooms and marks each
   `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
-  from the draining one, which talks on until the new one's session is live and then is removed by it. With no other worker to take them, its
-  calls end as a drain's do (agent/drain.py).
+  from the draining one, which talks on until the new one's session is live and then is removed by it. With
+  no other worker to take them, its calls end as a drain's do (agent/drain.py).
 - **Ended.** A call that ends on purpose (its caller left or was said goodbye to, transferred, hung up)
   marks its room `...:ended:<room sid>`: a caller still in it is not sent another agent.
 - **One new agent.** Of the workers that find a room alone, the one that sets `...:claim:<room sid>` first

@@ -158,7 +158,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         hotel.store,
         ctx.job.room.sid,
         ctx.job.id,
-        resumed=redispatched(ctx.job.metadata) is not None,
+        resumed=replacing is not None,
         keep=settings.keep_conversations,
     )
     agent, line = concierge_for(

@@ -5,6 +5,8 @@ the callers and the SIP stand-in the tests drive are `benchmarks.support`'s, sha
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 
 import pytest
@@ -46,3 +48,20 @@ def server_lines(*words: str, limit: int = 40) -> list[str]:
     except OSError:
         return []
     return lines[-limit:]
+
+
+def scripted_booking(days_ahead: int, at_s: float) -> tuple[str, dt.date]:
+    """A job's metadata whose teacher-forcing script calls `book_room` `at_s` into the session
+    (agent/forcing.py), for a stay `days_ahead` from today; and its check-in day."""
+    check_in = dt.date.today() + dt.timedelta(days=days_ahead)
+    booking = {
+        "guest_name": "Test Rowan",
+        "contact": "rowan@example.com",
+        "check_in": check_in.isoformat(),
+        "check_out": (check_in + dt.timedelta(days=2)).isoformat(),
+        "guests": 2,
+        "room_type": "standard",
+    }
+    return json.dumps(
+        {"script": {"calls": [{"at_s": at_s, "name": "book_room", "arguments": booking}]}}
+    ), check_in

@@ -120,6 +120,7 @@ def test_a_call_that_ends_on_purpose_leaves_nothing_and_one_left_behind_is_purge
             store.transact(
                 lambda tx: tx.put_conversation("RM_b", tx.conversation("RM_b"), at=old), write=True
             )
+            carry._last_purge = -carry.PURGE_EVERY_S  # this process's last purge long ago
             await ConversationLog.open(store, "RM_c", "AJ_c", resumed=False)  # a job starting: purges
             purged = store.transact(lambda tx: tx.conversation("RM_b"))
             return kept, gone, purged

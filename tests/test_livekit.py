@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import os
 import re
@@ -28,7 +27,7 @@ from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
 from benchmarks.support.machine import cmdline, thread_stats, tree
 from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
 from benchmarks.support.worker import Worker, sessions_by_label
-from livekit_support import POLL_S, require_livekit, server_lines
+from livekit_support import POLL_S, require_livekit, scripted_booking, server_lines
 from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit
@@ -168,16 +167,7 @@ def booking_rows(store_dir: Path) -> list[tuple]:
 
 
 def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledgement(server, store_dir):
-    check_in = dt.date.today() + dt.timedelta(days=10)
-    booking = {
-        "guest_name": "Test Rowan",
-        "contact": "rowan@example.com",
-        "check_in": check_in.isoformat(),
-        "check_out": (check_in + dt.timedelta(days=2)).isoformat(),
-        "guests": 2,
-        "room_type": "standard",
-    }
-    metadata = json.dumps({"script": {"calls": [{"at_s": 2.0, "name": "book_room", "arguments": booking}]}})
+    metadata, check_in = scripted_booking(days_ahead=10, at_s=2.0)
 
     speech = caller_pcm("caller_booking.wav")
 

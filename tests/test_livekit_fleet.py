@@ -30,7 +30,7 @@ from benchmarks.support.fleet import (
     two_workers,
 )
 from benchmarks.support.worker import Worker
-from livekit_support import POLL_S, require_livekit
+from livekit_support import POLL_S, require_livekit, scripted_booking
 from wait_support import await_until
 
 pytestmark = pytest.mark.livekit
@@ -240,20 +240,9 @@ def test_a_booking_made_before_a_sigkill_exists_once_after_the_call_resumes(serv
     call on (agent/carry.py): its first words acknowledge the break (their start: the script's booking, 1 s
     into the session, cuts them short as it cut the first greeting), and its script asks for the same booking
     again, which the conversation's key makes the one booking already made."""
-    import datetime as dt
-    import json
     import sqlite3
 
-    check_in = dt.date.today() + dt.timedelta(days=12)
-    booking = {
-        "guest_name": "Test Rowan",
-        "contact": "rowan@example.com",
-        "check_in": check_in.isoformat(),
-        "check_out": (check_in + dt.timedelta(days=2)).isoformat(),
-        "guests": 2,
-        "room_type": "standard",
-    }
-    metadata = json.dumps({"script": {"calls": [{"at_s": 1.0, "name": "book_room", "arguments": booking}]}})
+    metadata, _ = scripted_booking(days_ahead=12, at_s=1.0)
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
 
     def rows() -> list[tuple]:
