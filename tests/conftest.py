@@ -5,9 +5,13 @@ import torch
 
 from engine.malloc import tune_malloc
 
-# Tests run on the CPU with two threads (the machine's cores); Triton kernels run in the interpreter. The
-# allocator is the engine's (engine/malloc.py), for the tests that drive the stages without an engine too.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests run on the CPU with two threads (the machine's cores); without a CUDA device Triton kernels run in the
+# interpreter. The interpreter is chosen when a kernel is decorated, for the whole process: on a CUDA host the
+# files that interpret kernels on CPU tensors (test_kernels, test_decode_attention) switch it on themselves,
+# so the CUDA tests of the others run in a process of their own (scripts/gpu_check.sh: one pytest per file).
+# The allocator is the engine's (engine/malloc.py), for the tests that drive the stages without an engine too.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 tune_malloc()
 # scripts/livekit.sh's start_livekit exports the server for a worker; tests name their server explicitly
@@ -16,8 +20,20 @@ for _name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET"):
     os.environ.pop(_name, None)
 
 
+# files whose CUDA tests call the kernels in this process (the others compile them in a child, run_compiled)
+COMPILED_ONLY = {"test_graph.py", "test_slack_graphs.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") == "1":  # a file of interpreted kernels was imported first
+            interpreted = pytest.mark.skip(
+                reason="the Triton interpreter is on in this process; run the CUDA tests of this file alone "
+                "(scripts/gpu_check.sh does)"
+            )
+            for item in items:
+                if item.get_closest_marker("gpu") is not None and item.fspath.basename in COMPILED_ONLY:
+                    item.add_marker(interpreted)
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

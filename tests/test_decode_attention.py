@@ -326,7 +326,12 @@ for name, dtype in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
             eager_excess=eager_excess,
             replay_excess=replay_excess,
             replay_equals_eager=bool(torch.equal(out, decode_attention(q, k, v, new, scale))),
-            length1_exact=bool(torch.equal(eager[0], v[0, :, :1].expand(-1, g, -1))),
+            # one position: the output is that position's value within a few units in the last place (on the
+            # GPU the score's multiply fuses into the max's subtraction: exp gives 1 within an ulp)
+            length1_ulps=(
+                (eager[0].float() - v[0, :, :1].expand(-1, g, -1).float()).abs()
+                / (v[0, :, :1].float().abs().clamp_min(1e-6) * torch.finfo(dtype).eps)
+            ).max().item(),
         )
 print(json.dumps(result))
 """
@@ -340,4 +345,4 @@ def test_kernel_matches_reference_and_replays_in_a_cuda_graph_at_the_talker_shap
     for name, r in result.items():
         print(name, r)
         assert r["eager_excess"] <= 0 and r["replay_excess"] <= 0, name
-        assert r["replay_equals_eager"] and r["length1_exact"], name
+        assert r["replay_equals_eager"] and r["length1_ulps"] <= 8, name
