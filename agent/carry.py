@@ -101,6 +101,12 @@ def acknowledgement(handed_over: bool = False) -> str:
     return " " + load_prompt("handover_greeting" if handed_over else "resumed_greeting")
 
 
+def back_again() -> str:
+    """The words of an agent whose call dropped for a moment and came back to it (the caller's connection or
+    its own rebuilt): forced under teacher forcing."""
+    return " " + load_prompt("back_greeting")
+
+
 class ConversationLog:
     """One call's conversation as it goes: `said`, `called` and `answered` record it and save it to `store`
     under the room's `sid` (one write in flight at a time, the newest state last), `forget` deletes it."""
@@ -110,6 +116,7 @@ class ConversationLog:
         self._calls: dict[str, tuple[str, str]] = {}  # call id -> (name, arguments), until answered
         self._dirty = False
         self._saving: asyncio.Task | None = None
+        self.held = False  # nothing saved while the agent's connection to its room is down, or once replaced
         self.stats = {"saves": 0, "failed": 0}
 
     @classmethod
@@ -165,13 +172,22 @@ class ConversationLog:
         c.tools = [*c.tools, entry][-MAX_TOOLS:]
         self._changed()
 
+    def hold(self, held: bool) -> None:
+        """Stop saving (the agent's connection to its room is down: another agent may carry the conversation
+        on from what is saved), or save again what changed meanwhile."""
+        self.held = held
+        if not held and self._dirty:
+            self._changed()
+
     def _changed(self) -> None:
         self._dirty = True
+        if self.held:
+            return
         if self._saving is None or self._saving.done():
             self._saving = asyncio.get_running_loop().create_task(self._save())
 
     async def _save(self) -> None:
-        while self._dirty:
+        while self._dirty and not self.held:
             self._dirty = False
             text = self.conversation.to_json()
             try:

@@ -11,9 +11,22 @@ found no worker, each leaves its caller in silence until they hang up.
   host's kernel closes it), and the rooms it marked are alone from the second sweep that finds its name gone
   from Redis' client list, without waiting for their marks to expire. A worker that hangs, or whose host
   vanishes, stops marking, and its rooms' marks expire.
+- **Down.** A job whose own connection to its room has been down DOWN_GRACE_S (the rtc SDK reconnecting:
+  its LiveKit node died, its host lost the network) sets `...:down:<room sid>` to its job id while it lasts:
+  its worker's mark no longer counts, and the room is alone. When the connection is back and another job has
+  marked the room meanwhile, this one leaves: the room has its new agent (`watch_link`).
 - **Alone.** Every SWEEP_S each worker lists the server's rooms; a room of this agent (served, or with a
-  dispatch of its name) with no live mark and a caller (a standard or SIP participant) is alone if it was
-  served, or if its caller has waited FIRST_AGENT_S for the server's own dispatch.
+  dispatch of its name) with no live mark (or the mark of a job that is down) and a caller (a standard or SIP
+  participant) is alone if it was served, or if its caller has waited FIRST_AGENT_S for the server's own
+  dispatch.
+- **Moved.** A room whose node died is made again on another node when its caller's SDK reconnects (the
+  servers' own `room_node_map` in Redis names the new node), while its agent's SDK may take seconds more to
+  find its connection dead. For MOVED_S after a room's node changed, the watch looks into it: a caller there
+  and no agent for DOWN_GRACE_S, it is alone though its mark is live.
+- **Held.** A room made again on another node after its node died keeps its sid (the cluster's Redis holds
+  it), and the server dispatches its agent again; so may a dispatch race a rejoining agent. A new job whose
+  room is marked by another job that is up, of a worker alive, leaves at once (`holder`): one agent per
+  room.
 - **Handed over.** A worker that drains (SIGTERM: a rolling restart) stops marking its rooms and marks each
   `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
   from the draining one, which talks on until the new one's session is live and then is removed by it. With
@@ -34,17 +47,21 @@ Redis; nothing of the engine or the call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.lkapi import LiveKitFailure
 from redaction import pseudonym
 
 if TYPE_CHECKING:
+    from livekit import rtc
     from redis.asyncio import Redis
 
     from agent.lkapi import LiveKit
@@ -60,6 +77,11 @@ SWEEP_S = 0.5  # how often a worker looks for rooms alone
 FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first agent gets one asked for
 OTHERS_S = 10.0  # a room dispatched no agent of this name is asked about again after this long
 CLAIM_MS = 5000  # one new dispatch per room in this long, cluster-wide (a new job marks its room at launch)
+DOWN_GRACE_S = 1.0  # a job's room connection down this long (not a blip the SDK mends at once) is lost
+NODE_MAP = "room_node_map"  # LiveKit's own, in a cluster's Redis: room name -> the node that hosts the room
+MOVED_S = 15.0  # a room made again on another node is looked into this long: is its agent in it?
+MOVED_DOWN_MS = 10_000  # a moved room's agent, not in it, is taken as down this long (until replaced)
+HELD_S = 2.0  # how often a job that is up looks whether another job holds its room
 REDISPATCH_KEY = "chorus_redispatched"  # in a dispatch's metadata: how often its room's agent was replaced
 REASON_KEY = "chorus_reason"  # ... and why, this time
 
@@ -107,10 +129,23 @@ class Keys:
     def handover(self, sid: str) -> str:
         return f"{self.prefix}handover:{sid}"
 
+    def down(self, sid: str) -> str:
+        return f"{self.prefix}down:{sid}"
+
 
 # a job's mark removed only while it is still that job's (a newer job may have marked the room since)
 # (a mark's value: "<worker> <job id>")
 _UNMARK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# a job's room marked live (KEYS: live, down; ARGV: mark, ms, job): not while the job is down (0), nor over
+# another job's mark unless that job is down (that mark returned: the room has its agent); else marked (1)
+_MARK = """
+local down = redis.call('get', KEYS[2])
+if down == ARGV[3] then return 0 end
+local cur = redis.call('get', KEYS[1])
+if cur and cur ~= ARGV[1] and down ~= string.match(cur, '[^ ]+$') then return cur end
+redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+return 1
+"""
 
 
 class Fleet:
@@ -134,6 +169,8 @@ class Fleet:
         self.counts = dict.fromkeys(REASONS, 0)
         self._others: dict[str, float] = {}  # room sid -> when it was last found another agent's
         self._missing: dict[str, float] = {}  # worker -> when its connection was first found missing
+        self._nodes: dict[str, tuple[str, float]] = {}  # room sid -> (its node, when it moved there)
+        self._absent: dict[str, float] = {}  # room sid (moved) -> since when its agent was not in it
         self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
         self.handing_over = False  # the worker drains: its rooms go to other workers
 
@@ -144,13 +181,27 @@ class Fleet:
         if self.presence is not None:
             await self.presence.ping()  # (re)opens this worker's named connection before its marks
         now = dict(jobs)
-        async with self.redis.pipeline(transaction=False) as p:
-            if self.handing_over:  # none of its rooms is marked live from now on
+        if self.handing_over:  # none of its rooms is marked live from now on
+            async with self.redis.pipeline(transaction=False) as p:
                 for sid in now:
                     p.set(self.keys.handover(sid), self.worker, ex=HANDOVER_S)
-                now = {}
-            for sid, job in now.items():
-                p.set(self.keys.live(sid), self._mark(job), px=LIVE_MS)
+                await p.execute()
+            now = {}
+        order = list(now.items())
+        marks: list[Any] = []
+        if order:
+            async with self.redis.pipeline(transaction=False) as p:
+                for sid, job in order:
+                    p.eval(_MARK, 2, self.keys.live(sid), self.keys.down(sid), self._mark(job), LIVE_MS, job)
+                marks = await p.execute()
+        # another job's mark where this worker has a job: that job's worker died (its mark not yet expired),
+        # or two jobs were dispatched to one room (the one marked first keeps it, the other leaves)
+        held = {sid: m for (sid, _job), m in zip(order, marks, strict=True) if isinstance(m, bytes | str)}
+        gone = await self._gone({w for w in map(_owner, held.values()) if w}, at_once=True) if held else set()
+        async with self.redis.pipeline(transaction=False) as p:
+            for sid, job in order:
+                if sid in held and _owner(held[sid]) in gone:
+                    p.set(self.keys.live(sid), self._mark(job), px=LIVE_MS)
                 p.set(self.keys.served(sid), job, ex=SERVED_S)
                 if sid not in self.marked:  # a new agent here: a handover, if it was one, is done
                     p.delete(self.keys.handover(sid))
@@ -160,9 +211,10 @@ class Fleet:
             await p.execute()
         self.marked = now
 
-    async def _gone(self, workers: set[str]) -> set[str]:
+    async def _gone(self, workers: set[str], at_once: bool = False) -> set[str]:
         """Of the workers named by live marks, those whose presence connection has been missing from Redis
-        for GONE_S (their process died); none when Redis does not list its clients to this worker."""
+        for GONE_S (`at_once`: missing now), their process died; none when Redis does not list its clients to
+        this worker."""
         workers.discard(self.worker)
         if not workers or not self._clients:
             return set()
@@ -182,7 +234,7 @@ class Fleet:
         for w in workers:
             if presence_name(self.agent_name, w) in names:
                 self._missing.pop(w, None)
-            elif now - self._missing.setdefault(w, now) >= GONE_S:
+            elif at_once or now - self._missing.setdefault(w, now) >= GONE_S:
                 gone.add(w)
         if len(self._missing) > 1024:  # workers long gone
             self._missing = {w: t for w, t in self._missing.items() if now - t < 3600}
@@ -200,24 +252,71 @@ class Fleet:
                 p.exists(self.keys.served(r.sid))
                 p.exists(self.keys.ended(r.sid))
                 p.exists(self.keys.handover(r.sid))
+                p.get(self.keys.down(r.sid))
+                p.hget(NODE_MAP, r.name)
             marks = await p.execute()
-        owners = [_owner(m) for m in marks[::4]]
+        owners = [_owner(m) for m in marks[::6]]
         gone = await self._gone({w for w in owners if w})
-        out = []
-        for i, room in enumerate(rooms):
-            live, served, ended, handover = marks[4 * i : 4 * i + 4]
-            live = live is not None and owners[i] not in gone
-            if live or ended or not (served or await self._ours(lk, room)):
-                continue
+        now = time.monotonic()
+
+        async def look(i: int, room: api.Room) -> str | None:  # why the room is alone (None: it is not)
+            mark, served, ended, handover, down, node = marks[6 * i : 6 * i + 6]
+            live = mark is not None and owners[i] not in gone and _job(mark) != _text(down)
+            moved = self._moved(room, _text(node), now)
+            if ended or (live and not moved) or not (served or live or await self._ours(lk, room)):
+                return None
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
             callers = [p for p in people.participants if p.kind in CALLER_KINDS and p.state in PRESENT]
             if not callers:
-                continue
+                return None
+            if live:  # made again on another node: is its agent in it, or still on the node that died?
+                # (the server lists the participants its nodes stored in Redis: a dead node's agent stays
+                # listed, joined before the callers came back to the room made again)
+                back_at = min(p.joined_at for p in callers)
+                agent = api.ParticipantInfo.Kind.AGENT
+                if any(p.kind == agent and p.joined_at >= back_at for p in people.participants):
+                    self._absent.pop(room.sid, None)
+                elif now - self._absent.setdefault(room.sid, now) >= DOWN_GRACE_S:
+                    # its job, up as far as it knows, is taken as down: a new agent takes the room over
+                    await self.redis.set(self.keys.down(room.sid), _job(mark), px=MOVED_DOWN_MS)
+                    return REASONS[0]
+                return None
             if served:
-                out.append((room, REASONS[2] if handover else REASONS[0]))
-            elif self.clock() - min(p.joined_at for p in callers) >= FIRST_AGENT_S:
-                out.append((room, REASONS[1]))
+                return REASONS[2] if handover else REASONS[0]
+            if self.clock() - min(p.joined_at for p in callers) >= FIRST_AGENT_S:
+                return REASONS[1]
+            return None
+
+        # each room on its own: one on a node that just died (its API calls wait for their timeout, or
+        # fail) holds up none of the others
+        found = await asyncio.gather(*(look(i, room) for i, room in enumerate(rooms)), return_exceptions=True)
+        out = []
+        for room, why in zip(rooms, found, strict=True):
+            if isinstance(why, LiveKitFailure):
+                log.info("a room could not be looked at (%s)", why)
+            elif isinstance(why, BaseException):
+                raise why
+            elif why is not None:
+                out.append((room, why))
+        listed = {r.sid for r in rooms}
+        if len(self._nodes) > len(listed):  # rooms gone
+            self._nodes = {k: v for k, v in self._nodes.items() if k in listed}
+            self._absent = {k: v for k, v in self._absent.items() if k in listed}
         return out
+
+    def _moved(self, room: api.Room, node: str | None, now: float) -> bool:
+        """Whether the room moved to another node (LiveKit's room_node_map) within MOVED_S."""
+        sid = room.sid
+        seen = self._nodes.get(sid)
+        if node is None:
+            return False
+        if seen is None:
+            self._nodes[sid] = (node, -math.inf)
+            return False
+        if seen[0] != node:
+            self._nodes[sid] = seen = (node, now)
+            log.info("room %s was made again on another node", pseudonym("room", room.name))
+        return now - seen[1] < MOVED_S
 
     async def _ours(self, lk: LiveKit, room: api.Room) -> bool:
         """Whether the room was dispatched this agent (another agent's room is none of this watch's), asked
@@ -236,29 +335,39 @@ class Fleet:
         return False
 
     async def sweep(self, lk: LiveKit) -> int:
-        """Ask for a new agent for each room alone that this worker claims first; how many it asked for."""
-        asked = 0
-        for room, reason in await self.alone(lk):
-            if not await self.redis.set(self.keys.claim(room.sid), self.worker, nx=True, px=CLAIM_MS):
-                continue  # another worker has it
-            times = int(await self.redis.incr(f"{self.keys.prefix}count:{room.sid}"))
-            await self.redis.expire(f"{self.keys.prefix}count:{room.sid}", SERVED_S)
+        """Ask for a new agent for each room alone that this worker claims first, the rooms at once; how many
+        it asked for. A dispatch that fails gives its claim back: the room is asked for at the next sweep."""
+        asked = await asyncio.gather(*(self._dispatch(lk, room, why) for room, why in await self.alone(lk)))
+        return sum(asked)
+
+    async def _dispatch(self, lk: LiveKit, room: api.Room, reason: str) -> int:
+        claim = self.keys.claim(room.sid)
+        if not await self.redis.set(claim, self.worker, nx=True, px=CLAIM_MS):
+            return 0  # another worker has it
+        count = f"{self.keys.prefix}count:{room.sid}"
+        times = int(await self.redis.get(count) or 0) + 1
+        try:
             meta = await self._metadata(lk, room.name)
             meta.update({REDISPATCH_KEY: times, REASON_KEY: reason})
-            meta = json.dumps(meta)
             await lk.call(
                 lk.api.agent_dispatch.create_dispatch,
-                api.CreateAgentDispatchRequest(agent_name=self.agent_name, room=room.name, metadata=meta),
+                api.CreateAgentDispatchRequest(
+                    agent_name=self.agent_name, room=room.name, metadata=json.dumps(meta)
+                ),
             )
-            self.counts[reason] += 1
-            asked += 1
-            log.warning(
-                "room %s had a caller and no live agent (%s): a new agent was dispatched (%d for this room)",
-                pseudonym("room", room.name),
-                reason,
-                times,
-            )
-        return asked
+        except LiveKitFailure as e:  # its node just died, say: the room made again is asked for anew
+            await self.redis.eval(_UNMARK, 1, claim, self.worker)
+            log.info("room %s: a new agent could not be dispatched (%s)", pseudonym("room", room.name), e)
+            return 0
+        await self.redis.set(count, times, ex=SERVED_S)
+        self.counts[reason] += 1
+        log.warning(
+            "room %s had a caller and no live agent (%s): a new agent was dispatched (%d for this room)",
+            pseudonym("room", room.name),
+            reason,
+            times,
+        )
+        return 1
 
     async def _metadata(self, lk: LiveKit, room: str) -> dict[str, Any]:
         """The metadata the room's last dispatch of this agent carried (a phone call's purpose, a test's
@@ -275,13 +384,23 @@ class Fleet:
         return meta if isinstance(meta, dict) else {"metadata": last.metadata}
 
 
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
 def _owner(mark: bytes | str | None) -> str | None:
     """The worker a live mark names (None: no mark, or one without a worker's name)."""
     if mark is None:
         return None
-    text = mark.decode(errors="replace") if isinstance(mark, bytes) else mark
-    worker, sep, _job = text.rpartition(" ")
+    worker, sep, _job = _text(mark).rpartition(" ")
     return worker if sep else None
+
+
+def _job(mark: bytes | str | None) -> str | None:
+    """The job a live mark names (None: no mark)."""
+    if mark is None:
+        return None
+    return _text(mark).rpartition(" ")[2]
 
 
 async def watch(
@@ -295,7 +414,7 @@ async def watch(
     (room sid, job id)) until `handing_over()` (the worker drains), rooms alone looked for every SWEEP_S, and
     the counts of new agents handed to `report` (in a thread: the engine's snapshot) whenever they change.
     A failure of Redis or of LiveKit's API is logged (once while it lasts) and tried again."""
-    from agent.lkapi import LiveKit, LiveKitFailure
+    from agent.lkapi import LiveKit
 
     presence = redis_client(settings.redis_url, name=presence_name(settings.agent_name, worker))
     fleet = Fleet(redis_client(settings.redis_url), settings.agent_name, worker, presence=presence)
@@ -377,3 +496,117 @@ def redispatched(metadata: str | None) -> dict[str, Any] | None:
     if isinstance(meta, dict) and meta.get(REDISPATCH_KEY):
         return meta
     return None
+
+
+async def holder(settings: AgentSettings, sid: str, job: str) -> str | None:
+    """A new job's look at its room before it serves: the other job that holds the room (a live mark that
+    names another job, whose connection is not down, of a worker whose presence connection Redis lists), or
+    None when this job is the room's agent. Redis unreachable: None (a caller is better served twice for a
+    moment than not at all; the new agent removes the room's others)."""
+    if not settings.redis_url:
+        return None
+    client = redis_client(settings.redis_url)
+    try:
+        return await _held_by(client, settings.agent_name, sid, job)
+    except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
+        log.info("the room's holder could not be read (%s)", type(e).__name__)
+        return None
+    finally:
+        await client.aclose()
+
+
+async def take_room(settings: AgentSettings, sid: str, other: str) -> None:
+    """A new job in a room whose holder (`other`, up as far as its job knows) has no agent in it (the room was
+    made again on another node without it): that job is taken as down, so this job's worker marks the room
+    and the other job leaves when its connection is back. Best effort."""
+    client = redis_client(settings.redis_url)
+    try:
+        await client.set(Keys(settings.agent_name).down(sid), other, px=MOVED_DOWN_MS)
+    except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
+        log.info("the room could not be taken over (%s)", type(e).__name__)
+    finally:
+        await client.aclose()
+
+
+async def _held_by(client: Redis, agent_name: str, sid: str, job: str) -> str | None:
+    keys = Keys(agent_name)
+    async with client.pipeline(transaction=False) as p:
+        p.get(keys.live(sid))
+        p.get(keys.down(sid))
+        mark, down = await p.execute()
+    other, worker = _job(mark), _owner(mark)
+    if other is None or other == job or other == _text(down) or worker is None:
+        return None
+    try:
+        names = {c.get("name", "") for c in await client.client_list(_type="normal")}
+    except _redis_errors():  # not allowed to list clients: the mark alone tells
+        return other
+    return other if presence_name(agent_name, worker) in names else None
+
+
+async def watch_link(
+    room: rtc.Room,
+    settings: AgentSettings,
+    sid: str,
+    job: str,
+    on_down: Callable[[bool], None],
+    on_replaced: Callable[[], None],
+    handing_over: Callable[[], bool] = lambda: False,
+) -> None:
+    """A job's watch on its own connection to its room, until cancelled: down for DOWN_GRACE_S, the room is
+    marked down (the fleet finds it alone and dispatches another agent) and `on_down(True)`. Connected again
+    (however briefly it was down: the SDK's `reconnected`), its down mark (its own, or the fleet's for a room
+    made again without it) is removed and the room looked at: held by another job that is up, `on_replaced()`
+    and the watch ends; else `on_down(False)`. While up, every HELD_S, the same look (two jobs dispatched to
+    one room: the one marked first keeps it), except while `handing_over()` (its worker drains: the new agent
+    removes this one once its own session is live). The state is polled every BEAT_S. A failure of Redis is
+    logged once and tried again."""
+    from livekit import rtc
+
+    up = rtc.ConnectionState.CONN_CONNECTED
+    keys = Keys(settings.agent_name)
+    client = redis_client(settings.redis_url)
+    back = asyncio.Event()
+    room.on("reconnected", back.set)
+    since: float | None = None  # when the connection went down
+    marked = failing = came_back = False
+    next_look = time.monotonic() + HELD_S
+    try:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(back.wait(), BEAT_S)
+            came_back = came_back or back.is_set()  # (kept until read: Redis may fail this time)
+            back.clear()
+            try:
+                if room.connection_state != up:
+                    since = since if since is not None else time.monotonic()
+                    if time.monotonic() - since >= DOWN_GRACE_S:
+                        await client.set(keys.down(sid), job, px=LIVE_MS)
+                        if not marked:
+                            log.warning("job %s: its room connection is down; the fleet steps in", job)
+                            on_down(True)
+                        marked = True
+                elif since is not None or came_back:
+                    await client.eval(_UNMARK, 1, keys.down(sid), job)  # its own, or the fleet's for it
+                    if await _held_by(client, settings.agent_name, sid, job) is not None:
+                        log.warning("job %s: back in its room, now another agent's; it leaves", job)
+                        on_replaced()
+                        return
+                    if marked:
+                        log.info("job %s: its room connection is back", job)
+                        on_down(False)
+                    since, marked, came_back = None, False, False
+                elif time.monotonic() >= next_look and not handing_over():
+                    next_look = time.monotonic() + HELD_S
+                    if (other := await _held_by(client, settings.agent_name, sid, job)) is not None:
+                        log.warning("job %s: the room is job %s's, there first; it leaves", job, other)
+                        on_replaced()
+                        return
+                failing = False
+            except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
+                if not failing:
+                    log.warning("job %s: the link's mark failed (%s); trying again", job, type(e).__name__)
+                failing = True
+    finally:
+        room.off("reconnected", back.set)
+        await client.aclose()

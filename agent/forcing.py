@@ -128,8 +128,12 @@ def _words(text: object) -> str:
     return text
 
 
-async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, int]:
-    """Drive one call's model by `script` until the call ends; returns what was forced (turns, calls)."""
+async def run_script(
+    call: Call, engine: Engine, script: Script, cues: asyncio.Queue[str] | None = None
+) -> dict[str, int]:
+    """Drive one call's model by `script` until the call ends; returns what was forced (turns, calls).
+    `cues`: lines the call asks for as things happen (the agent back after a dropped line), each said at the
+    next poll the session is not paused; several waiting at once are said once, the latest."""
     loop = asyncio.get_running_loop()
     forced = {"turns": 0, "calls": 0}
     try:
@@ -154,7 +158,14 @@ async def run_script(call: Call, engine: Engine, script: Script) -> dict[str, in
     try:
         while not call.closed and not handle.closed:
             now, duplex = loop.time(), call.duplex
-            if pending and now - t0 >= pending[0]["at_s"] and not duplex.paused and not thanks_due:
+            if cues is not None and not cues.empty() and not duplex.paused and not thanks_due:
+                line = cues.get_nowait()
+                while not cues.empty():
+                    line = cues.get_nowait()
+                force.say(line)
+                forced["turns"] += 1
+                next_reply = now + script.reply_every_s if script.reply_every_s > 0 else next_reply
+            elif pending and now - t0 >= pending[0]["at_s"] and not duplex.paused and not thanks_due:
                 c = pending.pop(0)
                 force.call(tok.call_ids([{"name": c["name"], "arguments": c["arguments"]}]))
                 forced["calls"] += 1

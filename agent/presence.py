@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from livekit import rtc
 
@@ -38,6 +39,8 @@ REJOIN_WAIT_S = 20.0
 # the call's end when the agent's own connection closed: not the caller's doing, so the room may be served
 # again
 ROOM_CLOSED = "the agent's connection to the room closed"
+# the call's end when the agent's connection came back to a room another agent serves now (agent/fleet.py)
+REPLACED = "another agent serves the room now"
 
 
 def reason_name(reason: int | None) -> str:
@@ -55,6 +58,7 @@ class CallerPresence:
     def __init__(self, room: rtc.Room, identity: str, *, job: str = "", rejoin_wait_s: float = REJOIN_WAIT_S):
         self.left = asyncio.Event()
         self.reason: str | None = None
+        self.on_back: Callable[[], None] | None = None  # the caller came back after a lost connection
         self.lost = 0
         self.rejoins = 0
         self._room, self._identity, self._job, self._wait_s = room, identity, job, rejoin_wait_s
@@ -89,6 +93,7 @@ class CallerPresence:
         if back is not None and back.sid != p.sid:  # a newer connection of theirs already replaced this one
             self.rejoins += 1
             log.info("job %s: the caller's connection was replaced by a new one (%s)", self._job, name)
+            self._back()
             return
         if self._away is None:
             log.info(
@@ -107,6 +112,11 @@ class CallerPresence:
         self._away = None
         self.rejoins += 1
         log.info("job %s: the caller is back", self._job)
+        self._back()
+
+    def _back(self) -> None:
+        if self.on_back is not None:
+            self.on_back()
 
     def _on_room_disconnected(self, *_args) -> None:
         self.end(ROOM_CLOSED)

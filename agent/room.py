@@ -26,12 +26,21 @@ from livekit.agents import JobContext, JobProcess, cli
 
 from agent import room_connect, rtc_ffi
 from agent.call import start_call
-from agent.carry import ConversationLog, acknowledgement, resume_prompt
-from agent.drain import goodbye_on_drain
-from agent.fleet import REASON_KEY, REDISPATCH_KEY, redispatched, release_room, remove_stale_agents
+from agent.carry import ConversationLog, acknowledgement, back_again, resume_prompt
+from agent.drain import DRAIN, goodbye_on_drain
+from agent.fleet import (
+    REASON_KEY,
+    REDISPATCH_KEY,
+    holder,
+    redispatched,
+    release_room,
+    remove_stale_agents,
+    take_room,
+    watch_link,
+)
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
-from agent.presence import ROOM_CLOSED, CallerPresence
+from agent.presence import REPLACED, ROOM_CLOSED, CallerPresence
 from agent.receive_stats import ReceiveWatch
 from agent.settings import AgentSettings
 from agent.sinks import ConsoleSink, RoomSink
@@ -139,9 +148,21 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     async with joins.turn():
         await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
     replacing = redispatched(ctx.job.metadata)
+    if settings.redis_url and (other := await holder(settings, ctx.job.room.sid, ctx.job.id)) is not None:
+        # the room was made again on another node (the server dispatches its agent again), or two jobs were
+        # dispatched to it: the job that holds it keeps it if its agent is in the room as this job sees it
+        agent = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
+        if any(p.kind == agent for p in ctx.room.remote_participants.values()):
+            log.info("job %s: the room is job %s's, whose agent is in it; this job leaves", ctx.job.id, other)
+            ctx.shutdown("the room has its agent")
+            return
+        log.warning("job %s: the room's job %s has no agent in it; this job takes it over", ctx.job.id, other)
+        await take_room(settings, ctx.job.room.sid, other)
+        replacing = {REASON_KEY: "agent lost"}
     handed_over = replacing is not None and replacing.get(REASON_KEY) == "handed over"
-    if replacing is not None and not handed_over:  # a lost agent's place: taken at once
-        await _replace_lost_agent(ctx, settings)
+    if replacing is not None and not handed_over:  # a lost agent's place: taken at once, its remains removed
+        # beside the call (a room made again after its node died answers that removal only after a timeout)
+        ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_replace_lost_agent(ctx, settings))))
     caller = await _wait_for_caller(ctx)
     if caller is None:
         return
@@ -190,6 +211,25 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
         )
     call.duplex.record = convo
+    # lines the call asks its script for as things happen (dummy weights only): a dropped line come back
+    cues: asyncio.Queue[str] | None = asyncio.Queue() if settings.teacher_forcing else None
+    if cues is not None:
+        presence.on_back = lambda: cues.put_nowait(back_again())
+    if settings.redis_url:  # the agent's own connection: down, the fleet steps in; back replaced, it leaves
+
+        def link_changed(down: bool) -> None:
+            convo.hold(down)
+            if not down and cues is not None:
+                cues.put_nowait(back_again())
+
+        def replaced() -> None:
+            convo.hold(True)
+            presence.end(REPLACED)
+
+        link = watch_link(
+            ctx.room, settings, ctx.job.room.sid, ctx.job.id, link_changed, replaced, DRAIN.started.is_set
+        )
+        ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(link)))
     call.session.on("close", lambda _ev: presence.end(SESSION_CLOSED))
     if line is not None:
         line.attach(call.output)
@@ -198,7 +238,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     if handed_over:  # the draining agent talks on until this one's session is live, then leaves
         ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_take_over(ctx, settings, call))))
     _run_alongside(
-        ctx, call, engine, line, settings, presence, resumed=convo.resumed, handed_over=handed_over
+        ctx, call, engine, line, settings, presence, resumed=convo.resumed, handed_over=handed_over, cues=cues
     )
     try:
         done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
@@ -207,7 +247,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         await call.aclose()
         why = presence.reason or "the agent ended it"
         log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
-    if why not in (SESSION_CLOSED, ROOM_CLOSED):
+    if why not in (SESSION_CLOSED, ROOM_CLOSED, REPLACED):
         # ended on purpose; a session that failed, or a connection to the room that closed under the agent,
         # leaves its caller to the fleet, and its conversation to the agent that replaces this one
         await convo.forget()
@@ -300,6 +340,7 @@ def _run_alongside(
     *,
     resumed: bool = False,
     handed_over: bool = False,
+    cues: asyncio.Queue[str] | None = None,
 ) -> None:
     """What runs beside the call until it ends: the teacher-forcing script (dummy weights only), the goodbye
     a draining worker speaks, and the shutdown callbacks that stop them and end the call (`presence`)."""
@@ -311,7 +352,7 @@ def _run_alongside(
         lines = Script.from_metadata(ctx.job.metadata)
         if resumed:  # the first words acknowledge the break, as a greeting would open the call
             lines = dataclasses.replace(lines, greeting=acknowledgement(handed_over))
-        script = asyncio.create_task(run_script(call, engine, lines))
+        script = asyncio.create_task(run_script(call, engine, lines, cues))
         if lines.reconnect_at_s is not None:
             fault = asyncio.create_task(_reconnect_at(ctx, lines.reconnect_at_s))
 

@@ -281,9 +281,11 @@ class ChorusServer(DrainingServer):
                 task.cancel()
 
     def _running_rooms(self) -> list[tuple[str, str]]:
-        """(room sid, job id) of each job this worker runs (agent/fleet.py marks their rooms live)."""
+        """(room sid, job id) of each job this worker runs (agent/fleet.py marks their rooms live), oldest
+        first: of two jobs for one room (a new agent beside one whose link is down) the newest is marked."""
         try:
-            return [(i.job.room.sid, i.job.id) for i in self.active_jobs if i.job.room.sid]
+            jobs = sorted(self.active_jobs, key=lambda i: i.received_at or i.launched_at)
+            return [(i.job.room.sid, i.job.id) for i in jobs if i.job.room.sid]
         except AttributeError:  # the server is not running yet
             return []
 

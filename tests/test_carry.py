@@ -136,3 +136,72 @@ def test_a_damaged_or_foreign_row_is_no_conversation():
     c = Conversation.from_json('{"key": "AJ_1", "said": ["hi", 3], "tools": [{"name": 1}], "breaks": "x"}')
     assert (c.key, c.said, c.tools, c.breaks) == ("AJ_1", ["hi"], [], 0)
     assert Conversation.from_json("[" * 100000) is None
+
+
+def test_a_held_conversation_is_not_saved_until_let_go_and_a_replaced_one_never(tmp_path):
+    """While the agent's own connection is down another agent may carry the call on from what is saved: the
+    old agent's turns then are kept in memory only, and saved when its connection is back (its call went
+    on); a job replaced in the meantime never saves again."""
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+
+        def row() -> list[str]:
+            text = store.transact(lambda tx: tx.conversation("RM_h"))
+            return Conversation.from_json(text).said if text else []
+
+        async def main():
+            log = await ConversationLog.open(store, "RM_h", "AJ_h", resumed=False)
+            log.said("Before")
+            await log.flush()
+            seen = [row()]
+            log.hold(True)  # down
+            log.said("Into the void")
+            await asyncio.sleep(0.1)
+            await log.flush()
+            seen.append(row())
+            log.hold(False)  # back, not replaced: what changed is saved
+            await log.flush()
+            seen.append(row())
+            log.hold(True)  # replaced: held for good
+            log.said("Never saved")
+            await asyncio.sleep(0.1)
+            await log.flush()
+            seen.append(row())
+            return seen
+
+        seen = asyncio.run(main())
+    assert seen == [["Before"], ["Before"], ["Before", "Into the void"], ["Before", "Into the void"]]
+
+
+def test_a_dropped_line_that_comes_back_is_acknowledged_once_by_the_script(engine, tmp_path):
+    """Teacher forcing: the call asks its script for the agent's words once a dropped line is back (the
+    caller's connection, or the agent's own); two cues at once are said once. Checked at the engine's text
+    channel as the turn the conversation records."""
+    from agent.forcing import Script, run_script
+
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+        hotel = hotel_support.hotel(store)
+
+        async def main():
+            log = await ConversationLog.open(store, "RM_back", "AJ_back", resumed=False)
+            cues: asyncio.Queue[str] = asyncio.Queue()
+            with fake_job_context():
+                call = await start_call(engine, HotelAgent(hotel), sink=WavSink(tmp_path / "b.wav", OUT_RATE))
+                call.duplex.record = log
+                script = asyncio.create_task(
+                    run_script(call, engine, Script(greet=False, reply_every_s=0), cues)
+                )
+                await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live", 90)
+                cues.put_nowait(carry.back_again())  # the caller came back ...
+                cues.put_nowait(carry.back_again())  # ... and the agent's own link, at once
+                await await_until(
+                    lambda: call.duplex.stats["turns"] >= 1 and not call.duplex.speaking, "the turn", 90
+                )
+                await asyncio.sleep(0.5)  # a second turn, if one were forced, would have begun
+                turns = call.duplex.stats["turns"]
+                script.cancel()
+                await call.aclose()
+            return turns, log.conversation.said
+
+        turns, said = asyncio.run(main())
+    assert turns == 1
+    assert said == [carry.back_again().strip()]

@@ -17,7 +17,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from livekit import api
+from livekit import api, rtc
 
 from agent import fleet
 from agent.settings import AgentSettings
@@ -231,3 +231,332 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
     assert asked == 1 and [d.room for d in lk.created] == [room.name]
     assert mark > 0  # its mark (60 s here) had not expired: the missing connection told
     print(f"a dead worker's room was asked an agent for {took:.2f} s after its process was killed")
+
+
+class Link(rtc.EventEmitter):
+    """A job's rtc room as `watch_link` reads it: its connection's state, set by the test, and the SDK's
+    `reconnected` event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = rtc.ConnectionState.CONN_CONNECTED, rtc.ConnectionState.CONN_RECONNECTING
+        self.connection_state = self.up
+
+
+def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_leaves_once_replaced(
+    redis_url, monkeypatch
+):
+    """A LiveKit node dies under a job: its worker lives and marks the room live at every beat, but the job's
+    own connection to the room is down. Past DOWN_GRACE_S the job marks the room down and the fleet finds it
+    alone (a blip shorter than that does nothing); a new agent's job then marks it, and when the old job's
+    connection comes back it finds the room another's and leaves. A job whose connection comes back with no
+    one else in its place keeps its call, and its mark is gone."""
+    monkeypatch.setattr(fleet, "BEAT_S", 0.02)
+    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.2)
+    lk = FakeLiveKit()
+    room = lk.add("terrace", "desk", caller_joined=time.time() - 60)
+    calm = lk.add("spa", "desk", caller_joined=time.time() - 60)
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    keys = fleet.Keys("desk")
+
+    async def main():
+        worker = fleet.Fleet(  # alive throughout: its named connection stays
+            fleet.redis_client(redis_url),
+            "desk",
+            "w-old",
+            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-old")),
+        )
+        other = fleet.Fleet(
+            fleet.redis_client(redis_url),
+            "desk",
+            "w-new",
+            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-new")),
+        )
+        await worker.beat([(room.sid, "AJ_old"), (calm.sid, "AJ_calm")])
+        links, events = {"AJ_old": Link(), "AJ_calm": Link()}, []
+        tasks = [
+            asyncio.create_task(
+                fleet.watch_link(
+                    links[job],
+                    settings,
+                    sid,
+                    job,
+                    lambda down, job=job: events.append((job, "down" if down else "up")),
+                    lambda job=job: events.append((job, "replaced")),
+                )
+            )
+            for sid, job in ((room.sid, "AJ_old"), (calm.sid, "AJ_calm"))
+        ]
+        # a blip shorter than the grace: nothing happens
+        links["AJ_calm"].connection_state = links["AJ_calm"].down
+        await asyncio.sleep(0.08)
+        links["AJ_calm"].connection_state = links["AJ_calm"].up
+        links["AJ_old"].connection_state = links["AJ_old"].down
+        await asyncio.sleep(0.08)
+        early = await other.sweep(lk)  # within the grace: the room is still its agent's
+        await asyncio.sleep(0.3)
+        await worker.beat([(room.sid, "AJ_old"), (calm.sid, "AJ_calm")])  # its worker marks it still
+        asked = await other.sweep(lk)
+        down = await other.redis.get(keys.down(room.sid))
+        await other.beat([(room.sid, "AJ_new")])  # the new agent's job, dispatched for it
+        links["AJ_old"].connection_state = links["AJ_old"].up  # the old agent's connection is back
+        await asyncio.wait_for(tasks[0], 5)  # it leaves: the watch ends
+        tasks[1].cancel()
+        gone = await other.redis.get(keys.down(room.sid))
+        for f in (worker, other):
+            await f.redis.aclose()
+        await worker.presence.aclose()
+        await other.presence.aclose()
+        return early, asked, down, gone, events
+
+    early, asked, down, gone, events = asyncio.run(main())
+    assert early == 0 and asked == 1 and [d.room for d in lk.created] == [room.name]
+    assert json.loads(lk.created[0].metadata)[fleet.REASON_KEY] == "agent lost"
+    assert down == b"AJ_old" and gone is None
+    assert events == [("AJ_old", "down"), ("AJ_old", "replaced")]  # the blip's job: no event
+
+
+def test_a_job_back_in_its_room_alone_keeps_it(redis_url, monkeypatch):
+    monkeypatch.setattr(fleet, "BEAT_S", 0.02)
+    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.05)
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    keys = fleet.Keys("desk")
+
+    async def main():
+        worker = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        await worker.beat([("RM_roof", "AJ_1")])
+        link, events = Link(), []
+        task = asyncio.create_task(
+            fleet.watch_link(
+                link, settings, "RM_roof", "AJ_1", lambda d: events.append(d), lambda: events.append("x")
+            )
+        )
+        link.connection_state = link.down
+        await asyncio.sleep(0.2)
+        during = await worker.redis.get(keys.down("RM_roof"))
+        link.connection_state = link.up
+        await asyncio.sleep(0.2)
+        after = await worker.redis.get(keys.down("RM_roof"))
+        task.cancel()
+        await worker.redis.aclose()
+        return during, after, events
+
+    during, after, events = asyncio.run(main())
+    assert during == b"AJ_1" and after is None and events == [True, False]
+
+
+def test_a_new_job_for_a_room_another_job_holds_is_told_which_unless_that_one_is_down_or_its_worker_dead(
+    redis_url,
+):
+    """A room made again on another node keeps its sid, and the server dispatches its agent again: the new
+    job finds the room held by the job that is up in it (its worker's presence connection listed), and not
+    held when that job's connection is down, when that job's worker is gone, or when the mark is its own."""
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    keys = fleet.Keys("desk")
+
+    async def main():
+        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-a"))
+        await presence.ping()
+        r = fleet.redis_client(redis_url)
+        seen = {"no mark": await fleet.holder(settings, "RM_x", "AJ_new")}
+        await r.set(keys.live("RM_x"), "w-a AJ_old")
+        seen["held"] = await fleet.holder(settings, "RM_x", "AJ_new")
+        seen["own"] = await fleet.holder(settings, "RM_x", "AJ_old")
+        await r.set(keys.down("RM_x"), "AJ_old")
+        seen["down"] = await fleet.holder(settings, "RM_x", "AJ_new")
+        await r.delete(keys.down("RM_x"))
+        await presence.aclose()  # the worker's process died: its named connection is gone
+        await asyncio.sleep(0.05)
+        seen["worker gone"] = await fleet.holder(settings, "RM_x", "AJ_new")
+        await r.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == {"no mark": None, "held": "AJ_old", "own": None, "down": None, "worker gone": None}
+
+
+def test_a_room_whose_participants_cannot_be_listed_does_not_stop_the_sweep_for_the_others(redis_url):
+    from agent.lkapi import LiveKitFailure
+
+    lk = FakeLiveKit()
+    lost = lk.add("a-lost-node", "desk", caller_joined=time.time() - 60)
+    fine = lk.add("b-fine", "desk", caller_joined=time.time() - 60)
+    listing = lk.list_participants
+
+    async def list_participants(req):
+        if req.room == lost.name:  # the room's node just died
+            raise LiveKitFailure("list_participants", "the room's node does not answer")
+        return await listing(req)
+
+    lk.api.room.list_participants = list_participants
+
+    async def main():
+        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        r = f.redis
+        for room in (lost, fine):
+            await r.set(fleet.Keys("desk").served(room.sid), "AJ_gone")
+        asked = await f.sweep(lk)
+        await r.aclose()
+        return asked
+
+    assert asyncio.run(main()) == 1 and [d.room for d in lk.created] == [fine.name]
+
+
+def test_a_reconnect_too_quick_to_be_seen_down_still_finds_the_room_replaced(redis_url, monkeypatch):
+    """The SDK rebuilt the agent's connection between two polls (its `reconnected` event): if another job
+    marked the room meanwhile (a new agent, dispatched while this one's connection led to a node that died),
+    this one leaves at once; if not, nothing happens."""
+    monkeypatch.setattr(fleet, "BEAT_S", 0.5)
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+
+    async def main():
+        r = fleet.redis_client(redis_url)
+        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-b"))
+        await r.set(fleet.Keys("desk").live("RM_q"), "w-a AJ_mine")
+        link, events = Link(), []
+        task = asyncio.create_task(
+            fleet.watch_link(link, settings, "RM_q", "AJ_mine", events.append, lambda: events.append("left"))
+        )
+        await asyncio.sleep(0.05)
+        link.emit("reconnected")  # its own mark still: it stays
+        await asyncio.sleep(0.1)
+        stayed = not task.done()
+        await r.set(fleet.Keys("desk").live("RM_q"), "w-b AJ_new")
+        await presence.ping()  # w-b's worker is alive
+        t0 = time.monotonic()
+        link.emit("reconnected")
+        await asyncio.wait_for(task, 5)
+        took = time.monotonic() - t0
+        await r.aclose()
+        await presence.aclose()
+        return stayed, took, events
+
+    stayed, took, events = asyncio.run(main())
+    assert stayed and events == ["left"]
+    assert took < fleet.BEAT_S  # at the event, not at the next poll
+
+
+def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its_mark_is_live(
+    redis_url, monkeypatch
+):
+    """A room's node died and its caller's SDK made it again on another node (LiveKit's `room_node_map` in
+    Redis names the new one), while its agent's connection still leads to the dead node and its job, up as
+    far as it knows, keeps the room marked live. Once the room has had a caller and no agent for
+    DOWN_GRACE_S, it is alone; a room that moved with its agent in it, or that never moved, is not."""
+    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.2)
+    lk = FakeLiveKit()
+    moved = lk.add("ballroom", "desk", caller_joined=time.time() - 60)
+    followed = lk.add("library", "desk", caller_joined=time.time() - 60)
+    stayed = lk.add("bar", "desk", caller_joined=time.time() - 60)
+    agent = api.ParticipantInfo.Kind.AGENT
+    active = api.ParticipantInfo.State.ACTIVE
+    # the server lists what its nodes stored in Redis: the agent left on the dead node, joined before its
+    # caller came back to the room made again; and in the other room the agent that came back with it
+    lk.rooms["ballroom"][1].append(
+        api.ParticipantInfo(identity="agent-AJ_1", kind=agent, state=active, joined_at=int(time.time()) - 120)
+    )
+    lk.rooms["library"][1].append(
+        api.ParticipantInfo(identity="agent-AJ_2", kind=agent, state=active, joined_at=int(time.time()))
+    )
+
+    async def main():
+        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a", presence=presence)
+        watcher = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-b")
+        r = watcher.redis
+        jobs = [(moved.sid, "AJ_1"), (followed.sid, "AJ_2"), (stayed.sid, "AJ_3")]
+        for room in (moved, followed, stayed):
+            await r.hset(fleet.NODE_MAP, room.name, "ND_dead")
+        await worker.beat(jobs)
+        before = await watcher.sweep(lk)  # seen on their first node
+        await r.hset(fleet.NODE_MAP, moved.name, "ND_live")  # made again on the node that lives
+        await r.hset(fleet.NODE_MAP, followed.name, "ND_live")
+        at_once = await watcher.sweep(lk)  # within the grace: the agent may be rejoining
+        await asyncio.sleep(0.25)
+        await worker.beat(jobs)  # the jobs, up as far as they know, mark their rooms still
+        later = await watcher.sweep(lk)
+        down = await r.get(fleet.Keys("desk").down(moved.sid))
+        await r.delete(fleet.NODE_MAP)
+        for f in (worker, watcher):
+            await f.redis.aclose()
+        await presence.aclose()
+        return before, at_once, later, down
+
+    before, at_once, later, down = asyncio.run(main())
+    assert (before, at_once, later) == (0, 0, 1)
+    assert down == b"AJ_1"  # its job is taken as down: the new agent's job takes the room over
+    assert [d.room for d in lk.created] == [moved.name]
+    assert json.loads(lk.created[0].metadata)[fleet.REASON_KEY] == "agent lost"
+
+
+def test_a_rooms_mark_stays_with_the_job_there_first_unless_that_one_is_down_or_its_worker_dead(redis_url):
+    """Two workers with a job each for one room (the server's dispatch for a room made again, beside the
+    fleet's): the job marked first keeps the mark at every beat of both, so the other, looking, leaves. A
+    job whose connection is down is not marked, and its mark gives way; a dead worker's mark gives way at
+    once."""
+    keys = fleet.Keys("desk")
+
+    async def main():
+        def worker(name: str) -> fleet.Fleet:
+            return fleet.Fleet(
+                fleet.redis_client(redis_url),
+                "desk",
+                name,
+                presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", name)),
+            )
+
+        a, b = worker("w-a"), worker("w-b")
+        r = a.redis
+        seen = []
+        for _ in range(2):
+            await a.beat([("RM_m", "AJ_a")])
+            await b.beat([("RM_m", "AJ_b")])
+            seen.append(await r.get(keys.live("RM_m")))
+        await r.set(keys.down("RM_m"), "AJ_a", px=5000)  # a's job lost its connection
+        await a.beat([("RM_m", "AJ_a")])
+        seen.append(await r.get(keys.live("RM_m")))  # not marked while down
+        await b.beat([("RM_m", "AJ_b")])
+        seen.append(await r.get(keys.live("RM_m")))  # gives way to b's
+        await r.delete(keys.down("RM_m"))
+        await a.beat([("RM_m", "AJ_a")])
+        seen.append(await r.get(keys.live("RM_m")))  # back up, but b's is there now: b keeps it
+        await b.presence.aclose()  # b's process died
+        await asyncio.sleep(0.05)
+        await a.beat([("RM_m", "AJ_a")])
+        seen.append(await r.get(keys.live("RM_m")))
+        for f in (a, b):
+            await f.redis.aclose()
+        await a.presence.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [b"w-a AJ_a", b"w-a AJ_a", b"w-a AJ_a", b"w-b AJ_b", b"w-b AJ_b", b"w-a AJ_a"]
+
+
+def test_a_dispatch_that_fails_gives_its_claim_back_and_is_asked_again_at_the_next_sweep(redis_url):
+    from agent.lkapi import LiveKitFailure
+
+    lk = FakeLiveKit()
+    room = lk.add("cellar", "desk", caller_joined=time.time() - 60)
+    create = lk.create_dispatch
+    fails = [1]
+
+    async def create_dispatch(req):
+        if fails:  # the room's node died under the request
+            fails.pop()
+            raise LiveKitFailure("create_dispatch", "no answer in time")
+        return await create(req)
+
+    lk.api.agent_dispatch.create_dispatch = create_dispatch
+
+    async def main():
+        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        await f.redis.set(fleet.Keys("desk").served(room.sid), "AJ_gone")
+        asked = [await f.sweep(lk), await f.sweep(lk)]
+        times = await f.redis.get(f"{fleet.Keys('desk').prefix}count:{room.sid}")
+        await f.redis.aclose()
+        return asked, times
+
+    asked, times = asyncio.run(main())
+    assert asked == [0, 1] and [d.room for d in lk.created] == [room.name]
+    assert times == b"1" and json.loads(lk.created[0].metadata)[fleet.REDISPATCH_KEY] == 1

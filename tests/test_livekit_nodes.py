@@ -14,6 +14,7 @@ import os
 import uuid
 
 import pytest
+from livekit import rtc
 
 from benchmarks.support.callers import Caller
 from benchmarks.support.nodes import PORT, Balancer, Cluster
@@ -23,11 +24,12 @@ from wait_support import await_until
 
 pytestmark = pytest.mark.livekit
 
-# An agent's voice after the caller is back on the node that lives. Measured (7 runs): 0.3-0.9 s when the
-# server dispatched a new agent to the room made again on the live node; 6.6 s once, when the agent was its
-# own, whose SDK rejoined the room after its own backoff (its job kept its room marked live meanwhile, so the
-# fleet's watch did not step in). Item 1's 5 s does not hold for that case yet; the bound is the spread seen.
-NODE_REHEARD_S = 15.0
+# An agent's voice after the caller is back on the node that lives, as item 1 bounds any room alone. The room
+# made again there keeps its sid (the cluster's Redis holds it) and the server dispatches its agent again; a
+# job whose own connection is down no longer holds the room (agent/fleet.py, "Down"), and a new job for a room
+# whose agent is up in it leaves ("Held").
+NODE_REHEARD_S = 5.0
+SETTLE_S = 3.0  # after every lost caller heard an agent: the callers go on, and no room has two agents
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +41,12 @@ def cluster():
         yield c
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a known defect (docs/deployment.md, 'Several LiveKit nodes'): after a node's death a caller back "
-    "on the live node can wait past the bound, or hear no agent, while a job still holds the lost room",
-)
 def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_again(cluster, store_dir):
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
     workers = [
-        Worker(cluster.server(i), store_dir, slots=2, name=name, netns=cluster.nodes[i].ns) for i in range(2)
+        # each worker has room for both calls and their new agents: one node's death leaves one worker
+        # reachable, and an agent whose connection is down holds its slot until it ends or is replaced
+        Worker(cluster.server(i), store_dir, slots=4, name=name, netns=cluster.nodes[i].ns) for i in range(2)
     ]
     nodes = [(n.ip, PORT) for n in cluster.nodes]
 
@@ -75,31 +74,35 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
         back: dict[int, float] = {}
         voice: dict[int, float] = {}
 
-        def all_heard_again() -> bool:  # an agent's voice once the caller is back (a new agent, or theirs)
-            for i, c in enumerate(lost):
+        def all_heard_again() -> bool:
+            # an agent's voice once the caller is back (a new agent, or theirs): each caller of the lost node,
+            # and any other whose own connection went through that node and was rebuilt
+            for i, c in enumerate(callers):
                 if i not in back and any(s.startswith("reconnected") for s in c.heard.connection):
                     back[i] = loop.time()
                 at = c.heard.last_speech_at
                 if i in back and i not in voice and at is not None and at > back[i]:
                     voice[i] = at
-            return len(voice) == len(lost)
+            return all(i in voice for i, c in enumerate(callers) if c in lost or c.heard.connection)
 
         await await_until(
             all_heard_again,
             "an agent's voice for each caller of the lost node",
             90,
             every=0.02,
-            seen=lambda: ([c.heard.summary() for c in lost], [lb.picked for lb in balancers]),
+            seen=lambda: ([c.heard.summary() for c in callers], [lb.picked for lb in balancers]),
         )
-        await asyncio.sleep(3.0)  # the callers of the node that lives go on meanwhile
+        await asyncio.sleep(SETTLE_S)  # the callers of the node that lives go on meanwhile
+        agent = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
         out = [
             {
                 "lost": c in lost,
-                "back_s": back[lost.index(c)] - t0 if c in lost else None,
-                "voice_s": voice[lost.index(c)] - t0 if c in lost else None,
+                "back_s": back[i] - t0 if i in back else None,
+                "voice_s": voice[i] - t0 if i in voice else None,
                 "agents": sorted(c.heard.agents),
                 "connection": list(c.heard.connection),
                 "reached": balancers[i].picked[-1],
+                "agents_now": sum(p.kind == agent for p in c.room.remote_participants.values()),
             }
             for i, c in enumerate(callers)
         ]
@@ -118,11 +121,15 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
     finally:
         for w in workers:
             w.stop()
+        for w in workers:  # what each worker did with the rooms, for the record (no personal data in it)
+            print("\n".join(line for line in w.tail(4000).splitlines() if "job" in line or "room" in line))
     print(got)
     for c in got:
-        if c["lost"]:  # reconnected by its SDK, to the node that lives, and an agent heard there in time
+        # one agent answers each caller, whose call was never cut off
+        assert c["agents_now"] == 1 and "disconnected" not in " ".join(c["connection"]), c
+        if c["lost"] or c["connection"]:  # back by its SDK on the node that lives, an agent heard there
             assert c["connection"][:2] == ["reconnecting", "reconnected"], c
             assert c["voice_s"] - c["back_s"] <= NODE_REHEARD_S, c
-        else:  # its room's node lives: its call goes on with its agent
-            assert len(c["agents"]) == 1 and "disconnected" not in " ".join(c["connection"]), c
+        # else its connection and its room's node lived: its agent, or, if that agent's own connection went
+        # through the dead node, the one that replaced it
     assert any(c["lost"] for c in got)

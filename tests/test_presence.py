@@ -63,16 +63,19 @@ def test_a_caller_whose_connection_was_lost_is_waited_for_and_the_call_goes_on_w
         room = Room()
         caller = room.join("caller", "PA_1")
         presence = CallerPresence(room, "caller", rejoin_wait_s=0.3)
+        presence.on_back = lambda: backs.append(presence.away)
         room.drop(caller, why)
-        assert presence.away and not presence.left.is_set()
+        assert presence.away and not presence.left.is_set() and not backs
         room.join("caller", "PA_2")  # the SDK's full reconnect: the same identity, a new participant
         assert not presence.away
         await asyncio.sleep(0.5)  # past the first wait: the call was not ended by it
         assert not presence.left.is_set()
         return presence
 
+    backs: list[bool] = []
     presence = asyncio.run(main())
     assert (presence.lost, presence.rejoins, presence.reason) == (1, 1, None)
+    assert backs == [False]  # told once the caller is back (the agent says the line dropped)
 
 
 def test_a_caller_who_does_not_come_back_ends_the_call_after_the_wait():
@@ -99,14 +102,16 @@ def test_a_connection_replaced_by_a_newer_one_of_the_callers_keeps_the_call():
         room = Room()
         old = room.join("caller", "PA_1")
         presence = CallerPresence(room, "caller", rejoin_wait_s=0.3)
+        presence.on_back = lambda: backs.append(1)
         room.join("caller", "PA_2")
         room.drop(old, R.DUPLICATE_IDENTITY)
         await asyncio.sleep(0.5)
         assert not presence.left.is_set() and not presence.away
         return presence
 
+    backs: list[int] = []
     presence = asyncio.run(main())
-    assert (presence.lost, presence.rejoins) == (1, 1)
+    assert (presence.lost, presence.rejoins) == (1, 1) and backs == [1]
 
 
 def test_others_leaving_is_not_the_caller_and_the_rooms_end_ends_the_call():

@@ -48,10 +48,13 @@ async def heard_again(caller: Caller, first: str, since: float, within: float) -
     return found
 
 
-def two_workers(server: Server, store_dir: Path, name: str, **env: str) -> contextlib.ExitStack:
-    """Two workers of agent name `name`, registered (`.workers`); stopped when the stack closes."""
+def two_workers(
+    server: Server, store_dir: Path, name: str, slots: int = 2, **env: str
+) -> contextlib.ExitStack:
+    """Two workers of agent name `name` with `slots` each, registered (`.workers`); stopped when the stack
+    closes."""
     stack = contextlib.ExitStack()
-    workers = [Worker(server, store_dir, slots=2, name=name, **env) for _ in range(2)]
+    workers = [Worker(server, store_dir, slots=slots, name=name, **env) for _ in range(2)]
     for w in workers:
         stack.callback(w.stop)
         w.launch()
@@ -147,3 +150,83 @@ async def one_fault(
         }
     finally:
         await caller.leave()
+
+
+async def fault_on_calls(
+    server: Server,
+    workers: list[Worker],
+    name: str,
+    fault: Callable[[Worker], None],
+    calls: int,
+    *,
+    one_call: bool = False,
+) -> list[dict]:
+    """`calls` calls on `workers` at once (agent name `name`), `fault` on the worker that serves the most of
+    them once every caller heard their agent's first turn; per caller hit by it (its worker's callers, or
+    with `one_call` the one whose room's job it ended), when it heard a new agent's voice, and what that
+    agent said. Callers on the other worker are reported too, with `hit` False."""
+    loop = asyncio.get_running_loop()
+    callers = [Caller(server, f"fleet-{uuid.uuid4().hex[:8]}", name) for _ in range(calls)]
+    try:
+        for c in callers:
+            await c.join()
+        deadline = loop.time() + 90
+        while not all(c.first_speech.is_set() and c.heard.transcripts for c in callers):
+            if loop.time() > deadline:
+                seen = [c.heard.summary() for c in callers]
+                raise AssertionError(f"not every agent said its first turn: {seen}")
+            await asyncio.sleep(POLL_S)
+        await asyncio.sleep(0.5)
+        held: dict[int, list[Caller]] = {}
+        deadline = loop.time() + 30
+        while sum(len(v) for v in held.values()) < calls:
+            if loop.time() > deadline:
+                raise AssertionError("not every caller's session is held by a worker")
+            held = {i: [c for c in callers if serving([w], c) is not None] for i, w in enumerate(workers)}
+            await asyncio.sleep(POLL_S)
+        victim = max(held, key=lambda i: len(held[i]))
+        first = {c: c.heard.agent_identity for c in callers}
+        t0 = loop.time()
+        fault(workers[victim])
+        expected = 1 if one_call else len(held[victim])
+
+        def new_voice(c: Caller) -> tuple[str, float] | None:
+            for agent, at in c.heard.speech_at.items():
+                if agent != first[c] and at > t0:
+                    return agent, at - t0
+            return None
+
+        deadline = t0 + 70
+        while sum(new_voice(c) is not None for c in callers) < expected and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        await asyncio.sleep(3.0)  # room for a wrongly sent second agent
+
+        def first_turn_said(c: Caller) -> bool:  # the new agent's first turn whole (its transcript is final)
+            found = new_voice(c)
+            return found is None or any(s == found[0] for s, _, _ in c.heard.transcripts)
+
+        deadline = loop.time() + 30
+        while not all(first_turn_said(c) for c in callers) and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        out = []
+        for c in callers:
+            found = new_voice(c)
+            agent = found[0] if found else None
+            out.append(
+                {
+                    "hit": found is not None or (not one_call and c in held[victim]),
+                    "after_s": found[1] if found else None,
+                    "agent": agent,
+                    "new_speakers": {a for a, at in c.heard.speech_at.items() if at > t0 and a != first[c]},
+                    "said": [t for s, t, _ in c.heard.transcripts if s == agent],
+                    "gap_s": (
+                        max(0.0, c.heard.speech_at[agent] - c.heard.left_at[first[c]])
+                        if agent and first[c] in c.heard.left_at
+                        else None
+                    ),
+                }
+            )
+        return out
+    finally:
+        for c in callers:
+            await c.leave()
