@@ -46,7 +46,8 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
     workers = [
         # each worker has room for both calls and their new agents: one node's death leaves one worker
         # reachable, and an agent whose connection is down holds its slot until it ends or is replaced
-        Worker(cluster.server(i), store_dir, slots=4, name=name, netns=cluster.nodes[i].ns) for i in range(2)
+        Worker(cluster.server(i), store_dir, slots=4, name=name, netns=cluster.nodes[i].ns)
+        for i in range(2)
     ]
     nodes = [(n.ip, PORT) for n in cluster.nodes]
 
