@@ -22,7 +22,7 @@ found no worker, each leaves its caller in silence until they hang up.
 - **Moved.** A room whose node died is made again on another node when its caller's SDK reconnects (the
   servers' own `room_node_map` in Redis names the new node), while its agent's SDK may take seconds more to
   find its connection dead. For MOVED_S after a room's node changed, the watch looks into it: a caller there
-  and no agent for DOWN_GRACE_S, it is alone though its mark is live.
+  and no agent for ABSENT_S, it is alone though its mark is live.
 - **Held.** A room made again on another node after its node died keeps its sid (the cluster's Redis holds
   it), and the server dispatches its agent again; so may a dispatch race a rejoining agent. A new job whose
   room is marked by another job that is up, of a worker alive, leaves at once (`holder`): one agent per
@@ -77,7 +77,10 @@ SWEEP_S = 0.5  # how often a worker looks for rooms alone
 FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first agent gets one asked for
 OTHERS_S = 10.0  # a room dispatched no agent of this name is asked about again after this long
 CLAIM_MS = 5000  # one new dispatch per room in this long, cluster-wide (a new job marks its room at launch)
-DOWN_GRACE_S = 1.0  # a job's room connection down this long (not a blip the SDK mends at once) is lost
+# a job's room connection down this long is lost: not a blip the SDK mends by itself (a resume on a busy
+# machine can take more than a second), and well inside the time a node's callers take to come back (3 s+)
+DOWN_GRACE_S = 3.0
+ABSENT_S = 1.0  # a moved room's caller with no agent in the room this long is alone
 NODE_MAP = "room_node_map"  # LiveKit's own, in a cluster's Redis: room name -> the node that hosts the room
 MOVED_S = 15.0  # a room made again on another node is looked into this long: is its agent in it?
 MOVED_DOWN_MS = 10_000  # a moved room's agent, not in it, is taken as down this long (until replaced)
@@ -276,7 +279,7 @@ class Fleet:
                 agent = api.ParticipantInfo.Kind.AGENT
                 if any(p.kind == agent and p.joined_at >= back_at for p in people.participants):
                     self._absent.pop(room.sid, None)
-                elif now - self._absent.setdefault(room.sid, now) >= DOWN_GRACE_S:
+                elif now - self._absent.setdefault(room.sid, now) >= ABSENT_S:
                     # its job, up as far as it knows, is taken as down: a new agent takes the room over
                     await self.redis.set(self.keys.down(room.sid), _job(mark), px=MOVED_DOWN_MS)
                     return REASONS[0]

@@ -442,8 +442,8 @@ def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its
     """A room's node died and its caller's SDK made it again on another node (LiveKit's `room_node_map` in
     Redis names the new one), while its agent's connection still leads to the dead node and its job, up as
     far as it knows, keeps the room marked live. Once the room has had a caller and no agent for
-    DOWN_GRACE_S, it is alone; a room that moved with its agent in it, or that never moved, is not."""
-    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.2)
+    ABSENT_S, it is alone; a room that moved with its agent in it, or that never moved, is not."""
+    monkeypatch.setattr(fleet, "ABSENT_S", 0.2)
     lk = FakeLiveKit()
     moved = lk.add("ballroom", "desk", caller_joined=time.time() - 60)
     followed = lk.add("library", "desk", caller_joined=time.time() - 60)
