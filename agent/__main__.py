@@ -62,7 +62,7 @@ def _store_problem() -> str | None:
             Hotel(store).policy()
     except NotSetUp:
         return "the booking store has no hotel: run `python -m tools seed` once"
-    except Exception as e:  # an unreachable database, a bad file: one line, no traceback
+    except Exception as e:  # noqa: BLE001 (an unreachable database, a bad file: one line, no traceback)
         return f"the booking store cannot be opened ({type(e).__name__})"
     finally:
         quiet.setLevel(level)

@@ -206,7 +206,7 @@ def install() -> bool:
                 _ = _ffi_client.FfiClient.instance  # initialises the native library with the pump's callback
             finally:
                 _ffi_client.ffi_event_callback = sdk_callback
-        except Exception as e:  # no compiler, a failed build: the framework's path, said once
+        except Exception as e:  # noqa: BLE001 (no compiler, a failed build: the framework's path, said once)
             _state["error"] = str(e)
             log.warning("caller audio goes through Python: %s", e)
             return False

@@ -213,7 +213,7 @@ class CallerDataMask(logging.Filter):
         if not isinstance(record.msg, Mapping):
             try:
                 message = format_message(record)
-            except Exception:  # arguments that do not fit: logging reports the record's own error, with them
+            except Exception:  # noqa: BLE001 (arguments that do not fit: logging reports the record's own error, with them)
                 record.args = _masked_args(record.args)
                 return True
             record.msg, record.args = self.free_text(message), None

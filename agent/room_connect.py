@@ -52,10 +52,11 @@ async def _settle(ctx: JobContext, task: asyncio.Future, late_s: float) -> None:
         task.cancel()
         _forget_room_queue(ctx)
         return
+    # the connect task's own failure was handled where it ran; only its end matters here
     with contextlib.suppress(Exception):
         task.result()
     if ctx.room.isconnected():
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a room whose server is gone cannot be left cleanly: dropped
             await asyncio.wait_for(ctx.room.disconnect(), 10.0)
 
 

@@ -61,7 +61,7 @@ def emit(self: Any, event: Any, *args: Any) -> None:
                 callback(*(args if n == _ALL else args[:n]))
             except TypeError:
                 raise
-            except Exception:
+            except Exception:  # noqa: BLE001 (as the SDK's emitter does: one listener's failure is logged, the others still run)
                 event_emitter.logger.exception(f"failed to emit event {event}")
 
 

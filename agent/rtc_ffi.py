@@ -187,7 +187,7 @@ class RoutedQueue:
                 try:
                     if not filter_fn(item):
                         continue
-                except Exception:  # as the SDK does: a filter that fails lets the event through
+                except Exception:  # noqa: BLE001 (as the SDK does: a filter that fails lets the event through)
                     pass
             if not self._inbox(loop).deliver(queue, item):
                 dead.append(sub)  # its loop closed without unsubscribing: it can never take an event again

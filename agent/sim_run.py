@@ -74,7 +74,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
             metrics_port=args.metrics_port,
         )
         return Engine(config)
-    except Exception as e:  # a corrupt checkpoint or a device that is not there: one line, not a traceback
+    except Exception as e:  # noqa: BLE001 (a corrupt checkpoint or a device that is not there: one line, not a traceback)
         what = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--preset {args.preset}"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SimulateError(f"cannot build the engine ({what}): {first}") from None

@@ -106,7 +106,9 @@ class RoomTranscript(io.TextOutput):
             await utils.aio.cancel_and_wait(self._task)
             self._task = None
         for turn in self._turns:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(
+                Exception
+            ):  # closing: a stream whose room is gone cannot be finished, and nothing waits on it
                 await self._close_stream(turn, self._attrs(final=True))
         self._turns.clear()
 
@@ -147,12 +149,14 @@ class RoomTranscript(io.TextOutput):
                 continue
             try:
                 done = await self._advance(turn)
-            except Exception as e:  # a stalled or failed stream: this turn's words are given up
+            except Exception as e:  # noqa: BLE001 (a stalled or failed stream: this turn's words are given up)
                 done = True
                 self.stats["failed"] += 1
                 if self.stats["failed"] == 1 or self.stats["failed"] % 50 == 0:
                     log.warning("the agent's transcription could not be sent (%s)", type(e).__name__)
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(
+                    Exception
+                ):  # the turn is given up already (counted above): its stream's close may fail too
                     await self._close_stream(turn, None)
             if done:
                 self._turns.popleft()

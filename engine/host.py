@@ -170,7 +170,7 @@ class EngineHost:
                 self._read(conn)
             if mask & selectors.EVENT_WRITE and not conn.closed:
                 self._flush(conn)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (one connection's failure closes that connection only, never the door)
             self._failed(conn, e)
 
     def _failed(self, conn: RoomConn, e: BaseException) -> None:
@@ -239,7 +239,7 @@ class EngineHost:
                 continue
             try:
                 self._message(conn, line)
-            except Exception as e:  # a message's handling failed: that message is refused, nothing else
+            except Exception as e:  # noqa: BLE001 (a message's handling failed: that message is refused, nothing else)
                 self.stats["errors"] += 1
                 log.warning("the door could not handle a message (%s)", type(e).__name__)
                 self._refuse(conn, "the engine could not handle this message")

@@ -289,9 +289,9 @@ class RemoteHandle:
             except Exception:
                 log.exception("session %s: a caller-ring writer did not stop cleanly", self.id)
         self._on_close.clear()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing: a loop already closed has no reader to remove
             self._loop.remove_reader(self._sock.fileno())
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing: as above
             self._loop.remove_reader(self._efd)
         with contextlib.suppress(OSError):
             self._sock.close()

@@ -82,7 +82,7 @@ class ToolCalls:
         except ToolCallError as e:
             self._reject(s, tick, str(e))
             return True
-        except Exception as e:  # whatever the model wrote, it is this session's bad call, never the tick's
+        except Exception as e:  # noqa: BLE001 (whatever the model wrote, it is this session's bad call, never the tick's)
             self._reject(s, tick, f"the tool call cannot be read ({type(e).__name__})")
             return True
         out: list[Output] = []
@@ -169,7 +169,7 @@ class ToolCalls:
         if self.encode_pool is None:
             try:
                 ids = self._encode(results)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (a result that cannot be encoded is this session's unread result, never the tick's)
                 ids = self._unread(s, e)
             self._prefill_response(s, tick, ids)
             return
@@ -186,7 +186,7 @@ class ToolCalls:
         response, s.call.response = s.call.response, None
         try:
             return response.result()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (a result that cannot be encoded is this session's unread result, never the tick's)
             return self._unread(s, e)
 
     def _unread(self, s: Session, e: Exception) -> list[int]:

@@ -70,7 +70,7 @@ class Hotel:
             from zoneinfo import ZoneInfo
 
             return datetime.now(ZoneInfo(self._timezone)).date()
-        except Exception:  # no tz database: UTC is better than failing a call
+        except Exception:  # noqa: BLE001 (no tz database: UTC is better than failing a call)
             log.warning("hotel: unknown time zone %s, using UTC", self._timezone)
             return datetime.now(UTC).date()
 

@@ -248,7 +248,7 @@ def _bookings(settings: StoreSettings, n: int) -> None:
     try:
         store = _store(settings.database_url, str(settings.data_dir), settings.schema)
         rows = latest_bookings(store, n) if store is not None else []
-    except Exception as e:  # the database is down or unreadable: the rest of the page still shows
+    except Exception as e:  # noqa: BLE001 (the database is down or unreadable: the rest of the page still shows)
         st.warning(f"Bookings cannot be read: {type(e).__name__}.")
         return
     if rows:

@@ -150,7 +150,7 @@ class Caller:
         return window(self.rx[0], self.rx[-1]) if len(self.rx) >= 2 else {}
 
     async def leave(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # leaving: a room that lost its server cannot say goodbye
             await self.lk.disconnect()
         for t in self.tasks:
             t.cancel()

@@ -204,7 +204,7 @@ class Caller:
             self.sent_samples += FRAME
 
     async def leave(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # leaving: a room that lost its server cannot say goodbye
             await self.room.disconnect()
         for t in self._tasks:
             t.cancel()

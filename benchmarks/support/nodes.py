@@ -230,7 +230,7 @@ class Balancer:
 
     async def close(self) -> None:
         self.server.close()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing a proxy whose peers are gone
             await self.server.wait_closed()
 
 
@@ -240,5 +240,5 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             dst.write(data)
             await dst.drain()
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing a proxy whose peers are gone
             dst.close()

@@ -347,7 +347,7 @@ def model_config(
 
         try:
             vocab = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
-        except Exception as e:  # tokenizers raises its own exception type
+        except Exception as e:  # noqa: BLE001 (tokenizers raises its own exception type)
             raise CheckpointError(f"tokenizer: cannot load {str(path)!r}: {e}") from None
         for field_name in ("bos", "eos", "pad", "tool_call_start", "tool_call_end", "tool_response_end"):
             s = getattr(tokens, field_name)

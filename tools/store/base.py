@@ -97,7 +97,7 @@ class Store(ABC):
 
     def _discard(self, conn: Any) -> None:
         """Close a connection that must not go back into the pool (its pool drops closed ones)."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a broken connection's close may fail; it is dropped either way
             conn.close()
 
     @abstractmethod
