@@ -221,21 +221,17 @@ class Fleet:
         workers.discard(self.worker)
         if not workers or not self._clients:
             return set()
-        try:
-            clients = await self.redis.client_list(_type="normal")
-        except _redis_errors() as e:
-            if "NOPERM" not in str(e) and "unknown command" not in str(e).lower():
-                raise
+        present = await present_workers(self.redis, self.agent_name, workers)
+        if present is None:
             self._clients = False
             log.warning(
                 "Redis does not list its clients to this worker: a dead worker's rooms wait for marks"
             )
             return set()
-        names = {c.get("name", "") for c in clients}
         now = time.monotonic()
         gone = set()
         for w in workers:
-            if presence_name(self.agent_name, w) in names:
+            if w in present:
                 self._missing.pop(w, None)
             elif at_once or now - self._missing.setdefault(w, now) >= GONE_S:
                 gone.add(w)
@@ -541,10 +537,24 @@ async def _held_by(client: Redis, agent_name: str, sid: str, job: str) -> str | 
     if other is None or other == job or other == _text(down) or worker is None:
         return None
     try:
-        names = {c.get("name", "") for c in await client.client_list(_type="normal")}
-    except _redis_errors():  # not allowed to list clients: the mark alone tells
+        present = await present_workers(client, agent_name, {worker})
+    except _redis_errors():  # Redis gone meanwhile: the mark alone tells
         return other
-    return other if presence_name(agent_name, worker) in names else None
+    return other if present is None or worker in present else None  # (not allowed to list: the mark tells)
+
+
+async def present_workers(client: Redis, agent_name: str, workers: set[str]) -> set[str] | None:
+    """Which of `workers` (of agent `agent_name`) have their presence connection open: the ones Redis lists
+    among its clients. None when Redis does not list its clients to this one (an ACL forbids CLIENT LIST);
+    other Redis errors are raised."""
+    try:
+        clients = await client.client_list(_type="normal")
+    except _redis_errors() as e:
+        if "NOPERM" not in str(e) and "unknown command" not in str(e).lower():
+            raise
+        return None
+    names = {c.get("name", "") for c in clients}
+    return {w for w in workers if presence_name(agent_name, w) in names}
 
 
 async def watch_link(
