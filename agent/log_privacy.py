@@ -192,6 +192,10 @@ class CallerDataMask(logging.Filter):
                     for n in names
                 )
             )
+            # the re module keeps its last 512 compiled patterns: every past alternation of the names (one per
+            # call, each longer than the last, up to REMEMBERED names) would stay in it, hundreds of MB over a
+            # day's calls. Only this filter's latest is used, and it is kept above.
+            re.purge()
 
     def free_text(self, text: str) -> str:
         """`text` with the names met so far as their labels and its phone numbers masked."""

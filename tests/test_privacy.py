@@ -371,6 +371,32 @@ def test_arguments_that_do_not_fit_their_message_are_reported_masked():
     assert left(err.getvalue(), SPELLED) == []
 
 
+def test_the_names_the_log_mask_learns_call_after_call_keep_one_pattern_not_every_past_one():
+    """The mask learns each call's room and participant names and compiles one pattern of all it remembers;
+    the past patterns (each a little longer than the last) must not pile up in the re module's cache of 512,
+    where a day's calls would make them hundreds of MB (about 0.2 kB per name per pattern kept)."""
+    import tracemalloc
+
+    from agent.log_privacy import CallerDataMask
+
+    mask = CallerDataMask()
+    mask.learn(room="room-warm-up", participant="guest-warm-up")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(60):  # 60 calls, two names each
+            mask.learn(room=f"call-{i:04d}-soak-room", participant=f"guest-{i:04d}-caller")
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    print(f"{grown / 1e6:.2f} MB kept after 60 calls' names")
+    assert (
+        mask.free_text("call-0299-soak-room and guest-0000-caller")
+        != "call-0299-soak-room and guest-0000-caller"
+    )
+    assert grown < 0.5e6  # the names, their labels and one pattern (the 60 past ones held 1 MB)
+
+
 @pytest.mark.xfail(strict=True, reason="a documented limit of the log's mask (docs/monitoring.md)")
 def test_a_name_in_a_log_messages_text_that_no_field_named():
     with worker_log(colored=False) as written:
