@@ -136,8 +136,10 @@ def main(args: argparse.Namespace) -> int:
         # tool's refusal (the hotel saying no to a scripted call: a date past the horizon, a room sold out) is
         # the tool's answer, which the caller hears and the summary counts: not a warning of the run's
         logging.getLogger("livekit.agents").addFilter(
-            lambda r: not (r.exc_info and isinstance(r.exc_info[1], EngineFull))
-            and r.msg != "ToolError while executing tool"
+            lambda r: (
+                not (r.exc_info and isinstance(r.exc_info[1], EngineFull))
+                and r.msg != "ToolError while executing tool"
+            )
         )
         metrics = asyncio.run(simulate(args))
     except SimulateError as e:

@@ -1,0 +1,514 @@
+"""The soak's figures (benchmarks/soak.py): samples of every process, the workers' snapshots and the database
+as the run goes; their windows; the checks at the end (memory flat, no slot kept after a hang-up, no caller
+left silent, the database against the calls); and the PNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from agent.forcing import REPLY_EVERY_S
+from benchmarks.support.machine import cmdline, tree
+from benchmarks.support.soak_calls import CallRecord
+from benchmarks.support.worker import Worker
+
+LEAVE_GRACE_S = (
+    10.0  # a hung-up call's slot is let go within this (the agent ends the call, the engine frees it)
+)
+SILENCE_BOUND_S = 5.0  # [fleet]'s bound: a caller hears an agent again within 5 s of losing theirs
+HANDOVER_GAP_S = 1.5  # ... and a drain's: from the draining agent leaving to the new one's voice
+# a new agent's first words: prompts/resumed_greeting.md (a resumed call), handover_greeting.md (handed over)
+ACKNOWLEDGED = ("sorry, we were", "thank you for holding")
+FIRST_TURN_S = 8.0  # a new agent's first turn is said whole this long after its first words
+MEMORY_PER_HOUR = 0.05  # a process's resident memory after its warm-up: within 5% per hour (5% at least)
+NOT_JUDGED = ("generator",)  # the callers' side: its memory is the live calls' audio, kept for the checks
+EDGE_S = 60.0  # memory is compared between the first and the last minute after the warm-up
+
+
+def _status(pid: int) -> tuple[float, int] | None:
+    """(resident MiB, threads) of `pid`, None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    f = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if "VmRSS" not in f:  # exited, not yet reaped
+        return None
+    return int(f["VmRSS"].split()[0]) / 1024, int(f["Threads"])
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def _pidfile(name: str) -> int | None:
+    """The server's or Redis's pid, from scripts/livekit.sh's folder (beside the server's log)."""
+    log = os.environ.get("CHORUS_TEST_LIVEKIT_LOG")
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return int(Path(log).with_name(name).read_text())
+    return None
+
+
+class Recorder:
+    def __init__(self, store_dir: Path, tmp: Path) -> None:
+        self.db = store_dir / "hotel.sqlite3"
+        self.t0 = 0.0
+        self.samples: list[dict] = []
+        self.faults: list[dict] = []
+        self.names: dict[int, str] = {}  # pid -> the name its series goes by
+        self._workers = 0
+        self._unknown: dict[str, float] = {}  # a session's label no call has, since when
+        self.final: dict | None = None
+
+    def _name(self, pid: int, role: str, worker: int | None = None) -> str:
+        if pid not in self.names:
+            if role == "worker":
+                self._workers += 1
+                self.names[pid] = f"worker {self._workers}"
+            elif worker is not None:
+                base = f"{role} {self.names.get(worker, 'worker ?').split()[-1]}"  # a second one: base.2
+                n = sum(v == base or v.startswith(base + ".") for v in self.names.values())
+                self.names[pid] = base + (f".{n + 1}" if n else "")
+            else:
+                self.names[pid] = role
+        return self.names[pid]
+
+    def _processes(self, workers: list[Worker]) -> dict[str, dict]:
+        pids: list[tuple[int, str]] = []
+        for w in workers:
+            if w.proc is None or w.proc.poll() is not None:
+                continue
+            self._name(w.proc.pid, "worker")
+            for p in tree(w.proc.pid):
+                cmd = cmdline(p)
+                role = (
+                    "worker"
+                    if p == w.proc.pid
+                    else "engine"
+                    if "engine.serve" in cmd
+                    else "snapshot server"
+                    if "snapshot_serve" in cmd
+                    else "room"  # a room's own process (CHORUS_ROOM_PROCESSES=true)
+                )
+                pids.append((p, self._name(p, role, w.proc.pid)))
+        for role, pid in (("server", _pidfile("server.pid")), ("redis", _pidfile("redis.pid"))):
+            if pid:
+                pids.append((pid, self._name(pid, role)))
+        pids.append((os.getpid(), self._name(os.getpid(), "generator")))
+        out = {}
+        for pid, name in pids:
+            st = _status(pid)
+            if st is not None:
+                out[name] = {"rss_mb": round(st[0], 1), "threads": st[1], "fds": _fds(pid)}
+        return out
+
+    def _rows(self) -> dict[str, int]:
+        with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)) as db:
+            (confirmed,), (cancelled,) = (
+                db.execute("SELECT count(*) FROM reservations WHERE status = ?", (s,)).fetchone()
+                for s in ("confirmed", "cancelled")
+            )
+            (conversations,) = db.execute("SELECT count(*) FROM conversations").fetchone()
+        return {"confirmed": confirmed, "cancelled": cancelled, "conversations": conversations}
+
+    def sample(self, workers: list[Worker], rooms: dict[str, float | None], now: float) -> None:
+        engines, sessions, m2e = {}, [], []
+        for w in workers:
+            if w.proc is None or w.proc.poll() is not None:
+                continue
+            try:
+                snap = w.snapshot()
+            except (OSError, ValueError):
+                continue
+            engines[w.proc.pid] = {"missed": snap["missed_deadlines"], "ticks": snap["ticks"]}
+            for s in snap["sessions"]:
+                sessions.append(s["label"])
+                if s["phase"] == "live" and s.get("heard_ms") is not None:
+                    m2e.append(s["heard_ms"] + s.get("playout_ms", 0.0))
+        leaked = []
+        for label in set(sessions):
+            if label in rooms:
+                left = rooms[label]
+                if left is not None and now - left > LEAVE_GRACE_S:
+                    leaked.append(label)
+            elif now - self._unknown.setdefault(label, now) > LEAVE_GRACE_S:
+                leaked.append(label)
+        self.samples.append(
+            {
+                "t": round(now - self.t0, 1),
+                "live": sum(v is None for v in rooms.values()),
+                "slots": len(sessions),
+                "rooms_held": len(set(sessions)),
+                "leaked": len(leaked),
+                "engines": engines,
+                "m2e_ms": m2e,
+                "procs": self._processes(workers),
+                "rows": self._rows(),
+            }
+        )
+
+    def settled(self) -> bool:
+        s = self.samples[-1]
+        return s["slots"] == 0 and s["rows"]["conversations"] == 0
+
+    def progress(self, records: list[CallRecord]) -> str:
+        s = self.samples[-1] if self.samples else None
+        ended = [r for r in records if r.left_at is not None and r.answered_at is not None]
+        silence = max((r.longest_unasked(REPLY_EVERY_S) for r in ended), default=0.0)
+        mem = " ".join(f"{k} {v['rss_mb']:.0f}" for k, v in (s["procs"] if s else {}).items())
+        return (
+            f"calls {len(records)} ({sum(r.left_at is None for r in records)} live), answered "
+            f"{sum(r.answered_at is not None for r in records)}, "
+            f"resumed {sum(len(r.agents) > 1 for r in records)}, "
+            f"slots {s['slots'] if s else 0}, leaked {s['leaked'] if s else 0}, longest unasked silence "
+            f"{silence:.1f} s, faults {len(self.faults)}; MiB: {mem}"
+        )
+
+    def totals(self, records: list[CallRecord]) -> dict:
+        ended = [r for r in records if r.answered_at is not None]
+        silences = [r.longest_unasked(REPLY_EVERY_S) for r in ended]
+        missed = _missed(self.samples)
+        return {
+            "calls": len(records),
+            "by_kind": dict(sorted(_count(r.plan.kind for r in records).items())),
+            "answered": len(ended),
+            "refused": sum(r.answered_at is None for r in records),
+            "resumed": sum(len(r.agents) > 1 for r in records),
+            "after_fault_s": {
+                k: _spread([a["silence_s"] for r in records if r.hit_by == k and (a := after_fault(r))])
+                for k in sorted({r.hit_by for r in records if r.hit_by})
+            },
+            "hit": [
+                {
+                    "label": r.label,
+                    "fault": r.hit_by,
+                    "at_s": round(r.hit_at - self.t0, 1),
+                    "new_agents": (after_fault(r) or {}).get("new_agents"),
+                }
+                for r in records
+                if r.hit_at is not None
+            ],
+            "hit_by_faults": sum(r.hit_at is not None for r in records),
+            "dropped_networks": sum(bool(r.outages) for r in records),
+            "hung_up_mid_turn": sum(r.mid_turn for r in records),
+            "call_errors": [f"{r.plan.i} {r.plan.kind}: {r.error}" for r in records if r.error],
+            "longest_silence_s": _spread([r.longest_unasked(0.0) for r in ended]),
+            "unasked_silence_s": _spread(silences),
+            "m2e_ms": _spread([x for s in self.samples for x in s["m2e_ms"]]),
+            "missed_deadlines": int(sum(missed.values())),
+            "ticks": int(sum(_ticks(self.samples).values())),
+        }
+
+
+def _count(items) -> dict:
+    out: dict = defaultdict(int)
+    for x in items:
+        out[x] += 1
+    return out
+
+
+def _spread(v: list[float]) -> dict:
+    if not v:
+        return {"n": 0}
+    a = np.asarray(v, dtype=float)
+    return {
+        "n": len(v),
+        "p50": round(float(np.percentile(a, 50)), 1),
+        "p99": round(float(np.percentile(a, 99)), 1),
+        "max": round(float(a.max()), 1),
+    }
+
+
+def _counter(samples: list[dict], key: str) -> dict[int, float]:
+    """Per worker, how much an engine counter grew over `samples` (an engine started again counts from 0)."""
+    out: dict[int, float] = defaultdict(float)
+    last: dict[int, float] = {}
+    for s in samples:
+        for pid, e in s["engines"].items():
+            v = e[key]
+            prev = last.get(pid, 0.0)
+            out[pid] += v - prev if v >= prev else v
+            last[pid] = v
+    return out
+
+
+def _missed(samples: list[dict]) -> dict[int, float]:
+    return _counter(samples, "missed")
+
+
+def _ticks(samples: list[dict]) -> dict[int, float]:
+    return _counter(samples, "ticks")
+
+
+def windows(rec: Recorder, records: list[CallRecord], window_s: float) -> list[dict]:
+    out = []
+    end = rec.samples[-1]["t"] if rec.samples else 0.0
+    a = 0.0
+    while a < end:
+        b = a + window_s
+        inside = [s for s in rec.samples if a <= s["t"] < b]
+        before = [s for s in rec.samples if s["t"] < a][-1:]
+        joined = [r for r in records if r.joined_at is not None and a <= r.joined_at - rec.t0 < b]
+        ended = [r for r in records if r.left_at is not None and a <= r.left_at - rec.t0 < b]
+        names = sorted({n for s in inside for n in s["procs"]})
+        out.append(
+            {
+                "from_s": a,
+                "answered": sum(r.answered_at is not None for r in joined),
+                "refused": sum(r.answered_at is None for r in joined),
+                "resumed": sum(r.hit_at is not None and a <= r.hit_at - rec.t0 < b for r in records),
+                "longest_silence_s": round(
+                    max((r.longest_unasked(0.0) for r in ended if r.answered_at), default=0.0), 2
+                ),
+                "longest_unasked_silence_s": round(
+                    max((r.longest_unasked(REPLY_EVERY_S) for r in ended if r.answered_at), default=0.0), 2
+                ),
+                "m2e_ms": _spread([x for s in inside for x in s["m2e_ms"]]),
+                "missed_deadlines": int(
+                    sum(_missed(before + inside).values()) - sum(_missed(before).values())
+                ),
+                "live_max": max((s["live"] for s in inside), default=0),
+                "slots_max": max((s["slots"] for s in inside), default=0),
+                "leaked_max": max((s["leaked"] for s in inside), default=0),
+                "rss_mb": {
+                    n: round(float(np.mean([s["procs"][n]["rss_mb"] for s in inside if n in s["procs"]])), 1)
+                    for n in names
+                },
+                "fds_max": {n: max(s["procs"][n]["fds"] for s in inside if n in s["procs"]) for n in names},
+                "threads_max": {
+                    n: max(s["procs"][n]["threads"] for s in inside if n in s["procs"]) for n in names
+                },
+                "rows": inside[-1]["rows"] if inside else {},
+            }
+        )
+        a = b
+    return out
+
+
+def memory_growth(rec: Recorder, warmup_s: float) -> dict[str, dict]:
+    """Per process that lived past its warm-up by at least two edges (EDGE_S, or half the warm-up if shorter):
+    its resident memory's mean over the last edge against the first edge after the warm-up, and the growth
+    allowed over that span."""
+    edge = min(EDGE_S, warmup_s / 2)
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for s in rec.samples:
+        for n, p in s["procs"].items():
+            series[n].append((s["t"], p["rss_mb"]))
+    out = {}
+    for n, pts in series.items():
+        if n in NOT_JUDGED:
+            continue
+        start = pts[0][0] + warmup_s
+        after = [(t, v) for t, v in pts if t >= start]
+        if not after or after[-1][0] - after[0][0] < 2 * edge:
+            continue
+        first = np.mean([v for t, v in after if t < after[0][0] + edge])
+        last = np.mean([v for t, v in after if t > after[-1][0] - edge])
+        span_h = (after[-1][0] - after[0][0]) / 3600
+        out[n] = {
+            "from_mb": round(float(first), 1),
+            "to_mb": round(float(last), 1),
+            "growth_pct": round(float((last - first) / first * 100), 2),
+            "allowed_pct": round(MEMORY_PER_HOUR * 100 * max(1.0, span_h), 2),
+            "span_min": round(span_h * 60, 1),
+        }
+    return out
+
+
+def after_fault(r: CallRecord) -> dict | None:
+    """For a call a fault hit: the new agents heard after it, and the caller's silence it made: to the new
+    agent's first words from the fault (a SIGKILL), or from the draining agent leaving (a drain). None for a
+    call that hung up, or lost its own network, before it could hear one."""
+    if r.hit_at is None or r.left_at is None:
+        return None
+    bound = HANDOVER_GAP_S if r.hit_by == "drain" else SILENCE_BOUND_S
+    new = {
+        a: t for a, t in r.speech_at.items() if t > r.hit_at and a != min(r.speech_at, key=r.speech_at.get)
+    }
+    since = r.hit_at
+    if r.hit_by == "drain":
+        old = [t for t in r.agent_left_at.values() if t > r.hit_at]
+        since = min(old) if old else r.left_at
+    if not new and (
+        r.left_at < since + bound or any(a < since + bound and b > r.hit_at for a, b in r.outages)
+    ):
+        return None
+    first_new = min(new, key=new.get) if new else None
+    words = r.said.get(first_new, "").lower() if first_new else ""
+    return {
+        "new_agents": len(new),
+        # its first turn heard whole (the caller stayed on through it): did it acknowledge the break?
+        "acknowledged": None
+        if first_new is None or r.left_at < new[first_new] + FIRST_TURN_S
+        else any(a in words for a in ACKNOWLEDGED),
+        "goodbye": any("goodbye" in t.lower() for t in r.said.values()),
+        "silence_s": round((min(new.values()) if new else r.left_at) - since, 2),
+        "bound_s": bound,
+    }
+
+
+def check(rec: Recorder, records: list[CallRecord], store_dir: Path, warmup_s: float) -> dict[str, dict]:
+    final = rec.samples[-1]
+    mem = memory_growth(rec, warmup_s)
+    grown = {n: m for n, m in mem.items() if m["growth_pct"] > m["allowed_pct"]}
+    leaked = [(s["t"], s["leaked"]) for s in rec.samples if s["leaked"]]
+    answered = [r for r in records if r.answered_at is not None]
+    loud = {r.plan.i: round(r.longest_unasked(REPLY_EVERY_S), 1) for r in answered}
+    silent = {i: s for i, s in loud.items() if s > SILENCE_BOUND_S}
+    faulted = {r.plan.i: (r.hit_by, got) for r in records if (got := after_fault(r)) is not None}
+    long = {
+        i: v for i, v in faulted.items() if v[1]["silence_s"] > v[1]["bound_s"] or v[1]["new_agents"] != 1
+    }
+    unsaid = {i: v for i, v in faulted.items() if v[1]["acknowledged"] is False or v[1]["goodbye"]}
+    db = _db(store_dir)
+    booking = [r for r in records if r.plan.kind == "booking" and r.guest]
+    twice = {r.guest: db["by_guest"].get(r.guest, 0) for r in booking if db["by_guest"].get(r.guest, 0) > 1}
+    lost = [r.plan.i for r in booking if r.reached and db["by_guest"].get(r.guest, 0) != 1]
+    taken = [r.plan.i for r in records if r.plan.kind == "taken" and db["by_guest"].get(r.guest, 0)]
+    cancels = [r for r in records if r.plan.kind == "cancel" and r.code]
+    unapplied = [r.plan.i for r in cancels if r.reached and db["status"].get(r.code) != "cancelled"]
+    return {
+        "every call answered": {
+            "ok": len(answered) == len(records) and not any(r.error for r in records),
+            "detail": f"{len(answered)} of {len(records)} answered, "
+            f"{sum(bool(r.error) for r in records)} failed on the caller's side",
+        },
+        "memory flat after warm-up": {
+            "ok": not grown and bool(mem),
+            "detail": f"{len(mem)} processes judged; grown past the bound: {grown or 'none'}",
+        },
+        "no slot kept after a hang-up": {
+            "ok": not leaked,
+            "detail": f"samples with a slot held for a call that ended over {LEAVE_GRACE_S:g} s before: "
+            f"{leaked[:5] or 'none'}",
+        },
+        "no slot in use at the end": {
+            "ok": final["slots"] == 0,
+            "detail": f"{final['slots']} slots in use {final['t']:.0f} s in",
+        },
+        "no caller left silent": {
+            "ok": not silent,
+            "detail": f"longest unasked silence over {len(loud)} calls: "
+            f"{max(loud.values(), default=0.0)} s (bound {SILENCE_BOUND_S:g} s); over it: {silent or 'none'}",
+        },
+        "a fault's callers hear one new agent in time": {
+            "ok": not long and len(faulted) > 0,
+            "detail": f"{len(faulted)} calls hit, silence after the fault "
+            f"{sorted(v[1]['silence_s'] for v in faulted.values())} s (bound {SILENCE_BOUND_S:g} s, "
+            f"a drain's {HANDOVER_GAP_S:g} s); over it or not one new agent: {long or 'none'}",
+        },
+        "a fault's callers hear the conversation carried on": {
+            "ok": not unsaid,
+            "detail": f"{sum(v[1]['acknowledged'] is not None for v in faulted.values())} new agents' first "
+            f"turns heard whole; without acknowledging the break, or with a goodbye: {unsaid or 'none'}",
+        },
+        "each booking made once": {
+            "ok": not twice and not lost,
+            "detail": f"{sum(r.reached for r in booking)} of {len(booking)} booking calls reached their "
+            f"result; "
+            f"made twice: {twice or 'none'}; reached but not made once: {lost or 'none'}",
+        },
+        "a sold-out room is not booked": {
+            "ok": not taken,
+            "detail": f"{sum(r.plan.kind == 'taken' for r in records)} calls asked; "
+            f"booked: {taken or 'none'}",
+        },
+        "no room held without its booking": {
+            "ok": not db["holds"],
+            "detail": "nights whose booked count differs from the confirmed bookings: "
+            f"{db['holds'][:5] or 'none'}",
+        },
+        "every cancellation applied": {
+            "ok": not unapplied,
+            "detail": f"{sum(r.reached for r in cancels)} of {len(cancels)} cancel calls reached their "
+            f"result; "
+            f"not applied: {unapplied or 'none'}",
+        },
+        "no conversation left": {
+            "ok": db["conversations"] == 0,
+            "detail": f"{db['conversations']} conversations kept after every call ended",
+        },
+    }
+
+
+def _db(store_dir: Path) -> dict:
+    path = store_dir / "hotel.sqlite3"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        by_guest = dict(db.execute("SELECT guest_name, count(*) FROM reservations GROUP BY guest_name"))
+        status = dict(db.execute("SELECT code, status FROM reservations"))
+        stays = db.execute(
+            "SELECT room_type, check_in, check_out FROM reservations WHERE status = 'confirmed'"
+        ).fetchall()
+        nights = db.execute("SELECT room_type, night, booked FROM inventory WHERE booked > 0").fetchall()
+        (conversations,) = db.execute("SELECT count(*) FROM conversations").fetchone()
+        everything = db.execute("SELECT room_type, night FROM inventory").fetchall()
+    import datetime as dt
+
+    want: dict[tuple[str, str], int] = defaultdict(int)
+    for room_type, a, b in stays:
+        d, end = dt.date.fromisoformat(a), dt.date.fromisoformat(b)
+        while d < end:
+            want[(room_type, d.isoformat())] += 1
+            d += dt.timedelta(days=1)
+    have = {(t, n): b for t, n, b in nights}
+    known = set(map(tuple, everything))
+    holds = sorted(k for k in set(want) | set(have) if want.get(k, 0) != have.get(k, 0) and k in known)
+    return {"by_guest": by_guest, "status": status, "holds": holds, "conversations": conversations}
+
+
+def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.asarray([s["t"] for s in rec.samples]) / 60
+    fig, ax = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
+    names = sorted({n for s in rec.samples for n in s["procs"]})
+    for n in names:
+        pts = [(s["t"] / 60, s["procs"][n]["rss_mb"]) for s in rec.samples if n in s["procs"]]
+        ax[0].plot(*zip(*pts, strict=True), label=n, lw=1)
+    ax[0].set_ylabel("resident MiB")
+    ax[0].legend(fontsize=6, ncol=4)
+    ax[1].step(t, [s["live"] for s in rec.samples], where="post", label="calls live")
+    ax[1].step(t, [s["slots"] for s in rec.samples], where="post", label="slots in use")
+    ax[1].step(t, [s["leaked"] for s in rec.samples], where="post", label="slots kept after a hang-up")
+    ax[1].set_ylabel("calls / slots")
+    ax[1].legend(fontsize=7)
+    ended = [r for r in records if r.answered_at is not None and r.left_at is not None]
+    ax[2].scatter(
+        [(r.left_at - rec.t0) / 60 for r in ended],
+        [r.longest_unasked(REPLY_EVERY_S) for r in ended],
+        s=8,
+        label="a call's longest unasked silence (at its hang-up)",
+    )
+    ax[2].axhline(SILENCE_BOUND_S, color="r", lw=0.8, ls="--", label="bound")
+    ax[2].set_ylabel("s")
+    ax[2].legend(fontsize=7)
+    mid = [(w["from_s"] / 60, w["m2e_ms"]) for w in report["windows"] if w["m2e_ms"].get("n")]
+    if mid:
+        ax[3].plot([m[0] for m in mid], [m[1]["p50"] for m in mid], "o-", label="frame to ear p50")
+        ax[3].plot([m[0] for m in mid], [m[1]["p99"] for m in mid], "o-", label="frame to ear p99")
+    ax[3].set_ylabel("ms")
+    ax[3].set_xlabel("minutes")
+    ax[3].legend(fontsize=7)
+    for f in rec.faults:
+        for a in ax:
+            a.axvline(f["at_s"] / 60, color="k", lw=0.6, ls=":")
+        ax[0].annotate(f["kind"], (f["at_s"] / 60, ax[0].get_ylim()[1]), fontsize=6, rotation=90, va="top")
+    fig.suptitle(
+        f"soak: {report['calls']} calls, {report['minutes']:g} min, seed {report['seed']}"
+        + (f", planted {report['plant']}" if report["plant"] else "")
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

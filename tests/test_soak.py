@@ -1,0 +1,137 @@
+"""The soak (benchmarks/soak.py): its 3-minute form through the real LiveKit server with Redis, two workers, a
+phone line through the bridge stand-in, scripted bookings, a cancellation, a sold-out room, a caller whose
+network drops, and one fault of each kind ([fleet]: a worker killed, its engine killed, a worker drained and
+replaced). Every check of the run must hold; among them, each call a fault hit hears one new agent within
+[fleet]'s bound (5 s from a SIGKILL, 1.5 s from a drained agent leaving), which acknowledges the break (the
+conversation carried on) and says no goodbye, and the fleet dispatched it once, for the fault's reason.
+
+And the checks themselves, on records made by hand: each fails on the defect it is for (a slot kept after a
+hang-up, a caller left silent, a room held without its booking, a conversation left, memory that grows).
+
+The agents speak and call tools by teacher forcing (agent/forcing.py): forced tokens on the model's channels,
+not the dummy weights' choice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.support.soak_calls import CallPlan, CallRecord
+from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, memory_growth
+from benchmarks.support.worker import seeded
+from livekit_support import require_livekit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.livekit
+def test_three_minutes_of_mixed_calls_with_every_fault_keep_every_check(tmp_path):
+    server = require_livekit()
+    if not server.redis:
+        pytest.fail("the LiveKit server runs without Redis (scripts/livekit.sh starts one with redis-server)")
+    out = tmp_path / "soak"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.soak", "--minutes", "3", "--seed", "7", "--live", "3,4"]
+        + ["--call-s", "20,50", "--fault-every-s", "50", "--warmup-s", "60", "--window-s", "60"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(run.stderr[-6000:])
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    failed = {k: c["detail"] for k, c in report["checks"].items() if not c["ok"]}
+    assert not failed, failed
+    assert run.returncode == 0
+    assert [f["kind"] for f in report["faults"]] == ["worker SIGKILL", "engine SIGKILL", "drain"]
+    assert set(report["by_kind"]) == {"booking", "cancel", "phone", "taken", "web"}, report["by_kind"]
+    assert report["dropped_networks"] >= 1 and report["hit_by_faults"] >= 1 and report["resumed"] >= 1
+    assert (out / "soak.png").stat().st_size > 10_000
+    # each call a fault moved to a new agent: one dispatch for it, for the fault's reason, in their logs
+    logs = [
+        line for p in sorted(out.glob("worker-*.log")) for line in p.read_text(errors="replace").splitlines()
+    ]
+    moved = [h for h in report["hit"] if h["new_agents"] == 1]
+    assert moved, report["hit"]
+    for h in moved:
+        dispatched = [line for line in logs if f"room {h['label']} had a caller" in line]
+        reason = "handed over" if h["fault"] == "drain" else "agent lost"
+        assert len(dispatched) == 1 and f"({reason})" in dispatched[0], (h, dispatched)
+    assert any(
+        "the engine's process ended" in line for line in logs
+    )  # the engine SIGKILL, seen by its worker
+    assert any("draining: calls in progress" in line for line in logs)
+    windows = json.loads((out / "soak.json").read_text())["windows"]
+    assert len(windows) >= 3 and all("rss_mb" in w and w["rows"] for w in windows)
+
+
+def _record(i: int, audible: list[float], left: float, outages=(), kind: str = "web") -> CallRecord:
+    r = CallRecord(CallPlan(i, 0.0, left, kind), label=f"room-{i}", joined_at=0.0, left_at=left)
+    r.audible, r.answered_at, r.outages = audible, audible[0] if audible else None, list(outages)
+    return r
+
+
+def test_a_calls_silence_counts_to_the_hang_up_and_leaves_out_the_callers_own_outage():
+    speech = [1.0 + 0.08 * k for k in range(20)]  # 1.0 to 2.52 s
+    later = [12.0 + 0.08 * k for k in range(10)]
+    assert _record(0, speech + later, 13.0).longest_unasked(6.0) == pytest.approx(12.0 - 2.52 - 6.0)
+    assert _record(1, speech + later, 13.0, [(2.6, 11.9)]).longest_unasked(6.0) == 0.0
+    # an agent that goes quiet for good: the silence runs to the caller hanging up
+    assert _record(2, speech, 30.0).longest_unasked(6.0) == pytest.approx(30.0 - 2.52 - 6.0)
+
+
+def _sample(rec: Recorder, sessions: list[str], rooms: dict, now: float, monkeypatch) -> dict:
+    snap = {"missed_deadlines": 0, "ticks": 1, "sessions": [{"label": s, "phase": "live"} for s in sessions]}
+    worker = SimpleNamespace(proc=SimpleNamespace(pid=os.getpid(), poll=lambda: None), snapshot=lambda: snap)
+    monkeypatch.setattr(rec, "_processes", lambda workers: {})
+    rec.sample([worker], rooms, now)
+    return rec.samples[-1]
+
+
+def test_a_slot_kept_after_its_caller_hung_up_is_a_leak_once_the_grace_is_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    seeded(tmp_path)
+    rec = Recorder(tmp_path, tmp_path)
+    rooms = {"room-a": None, "room-b": 100.0}  # b hung up at 100 s
+    assert _sample(rec, ["room-a", "room-b"], rooms, 100.0 + LEAVE_GRACE_S - 1, monkeypatch)["leaked"] == 0
+    assert _sample(rec, ["room-a", "room-b"], rooms, 100.0 + LEAVE_GRACE_S + 1, monkeypatch)["leaked"] == 1
+    # a session no call has (a room the generator never made) is one too, once it outlives the grace
+    assert _sample(rec, ["room-x"], rooms, 200.0, monkeypatch)["leaked"] == 0
+    assert _sample(rec, ["room-x"], rooms, 200.0 + LEAVE_GRACE_S + 1, monkeypatch)["leaked"] == 1
+
+
+def test_the_database_checks_find_a_room_held_without_its_booking_and_a_conversation_left(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    seeded(tmp_path)
+    assert _db(tmp_path)["holds"] == [] and _db(tmp_path)["conversations"] == 0
+    with sqlite3.connect(tmp_path / "hotel.sqlite3") as db:
+        night = db.execute("SELECT room_type, night FROM inventory LIMIT 1").fetchone()
+        db.execute("UPDATE inventory SET booked = 1 WHERE room_type = ? AND night = ?", night)
+        db.execute("INSERT INTO conversations VALUES ('RM_x', '{}', '2026-01-01T00:00:00')")
+    got = _db(tmp_path)
+    assert got["holds"] == [tuple(night)] and got["conversations"] == 1
+
+
+def test_memory_that_grows_past_five_percent_an_hour_is_found_and_flat_memory_is_not(tmp_path):
+    rec = Recorder(tmp_path, tmp_path)
+    for k in range(0, 3600, 5):
+        rec.samples.append(
+            {
+                "t": float(k),
+                "procs": {"flat": {"rss_mb": 1000.0 + (k % 10)}, "leaky": {"rss_mb": 1000 + k / 36}},
+            }
+        )
+    got = memory_growth(rec, warmup_s=600)
+    assert got["flat"]["growth_pct"] < 1 and got["leaky"]["growth_pct"] > got["leaky"]["allowed_pct"] == 5
