@@ -53,7 +53,8 @@ from benchmarks.support.fleet import drain, kill_engine, kill_worker
 from benchmarks.support.server import ROOT, agent_sip, server_from_env
 from benchmarks.support.sip import find_bridge
 from benchmarks.support.soak_calls import CallRunner, plan_calls, sell_out
-from benchmarks.support.soak_report import Recorder, check, plot, windows
+from benchmarks.support.soak_plot import plot
+from benchmarks.support.soak_report import Recorder, check, windows
 from benchmarks.support.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)

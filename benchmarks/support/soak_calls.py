@@ -315,14 +315,20 @@ def _letters(rng: random.Random, n: int = 6) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n)).capitalize()
 
 
-def _code_of(guest: str) -> str:
-    """The confirmation code of `guest`'s confirmed booking ("" if none), read from the database."""
+@contextlib.contextmanager
+def read_only(path: Path):
+    """A read-only connection to the soak's SQLite hotel, while the workers write it."""
     import sqlite3
 
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        yield db
+
+
+def _code_of(guest: str) -> str:
+    """The confirmation code of `guest`'s confirmed booking ("" if none), read from the database."""
     from tools.settings import StoreSettings
 
-    path = StoreSettings.from_env().sqlite_path
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+    with read_only(StoreSettings.from_env().sqlite_path) as db:
         row = db.execute(
             "SELECT code FROM reservations WHERE guest_name = ? AND status = 'confirmed'", (guest,)
         ).fetchone()

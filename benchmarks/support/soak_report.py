@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
 from benchmarks.support.machine import cmdline, tree
-from benchmarks.support.soak_calls import CallRecord
+from benchmarks.support.soak_calls import CallRecord, read_only
+from benchmarks.support.stats import percentiles
 from benchmarks.support.worker import Worker
 
 LEAVE_GRACE_S = (
@@ -112,7 +112,7 @@ class Recorder:
         return out
 
     def _rows(self) -> dict[str, int]:
-        with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)) as db:
+        with read_only(self.db) as db:
             (confirmed,), (cancelled,) = (
                 db.execute("SELECT count(*) FROM reservations WHERE status = ?", (s,)).fetchone()
                 for s in ("confirmed", "cancelled")
@@ -176,10 +176,10 @@ class Recorder:
     def totals(self, records: list[CallRecord]) -> dict:
         ended = [r for r in records if r.answered_at is not None]
         silences = [r.longest_unasked(REPLY_EVERY_S) for r in ended]
-        missed = _missed(self.samples)
+        missed = _counter(self.samples, "missed")
         return {
             "calls": len(records),
-            "by_kind": dict(sorted(_count(r.plan.kind for r in records).items())),
+            "by_kind": dict(sorted(Counter(r.plan.kind for r in records).items())),
             "answered": len(ended),
             "refused": sum(r.answered_at is None for r in records),
             "resumed": sum(len(r.agents) > 1 for r in records),
@@ -205,27 +205,12 @@ class Recorder:
             "unasked_silence_s": _spread(silences),
             "m2e_ms": _spread([x for s in self.samples for x in s["m2e_ms"]]),
             "missed_deadlines": int(sum(missed.values())),
-            "ticks": int(sum(_ticks(self.samples).values())),
+            "ticks": int(sum(_counter(self.samples, "ticks").values())),
         }
 
 
-def _count(items) -> dict:
-    out: dict = defaultdict(int)
-    for x in items:
-        out[x] += 1
-    return out
-
-
 def _spread(v: list[float]) -> dict:
-    if not v:
-        return {"n": 0}
-    a = np.asarray(v, dtype=float)
-    return {
-        "n": len(v),
-        "p50": round(float(np.percentile(a, 50)), 1),
-        "p99": round(float(np.percentile(a, 99)), 1),
-        "max": round(float(a.max()), 1),
-    }
+    return {"n": len(v), **percentiles(v)}
 
 
 def _counter(samples: list[dict], key: str) -> dict[int, float]:
@@ -239,14 +224,6 @@ def _counter(samples: list[dict], key: str) -> dict[int, float]:
             out[pid] += v - prev if v >= prev else v
             last[pid] = v
     return out
-
-
-def _missed(samples: list[dict]) -> dict[int, float]:
-    return _counter(samples, "missed")
-
-
-def _ticks(samples: list[dict]) -> dict[int, float]:
-    return _counter(samples, "ticks")
 
 
 def windows(rec: Recorder, records: list[CallRecord], window_s: float) -> list[dict]:
@@ -274,7 +251,8 @@ def windows(rec: Recorder, records: list[CallRecord], window_s: float) -> list[d
                 ),
                 "m2e_ms": _spread([x for s in inside for x in s["m2e_ms"]]),
                 "missed_deadlines": int(
-                    sum(_missed(before + inside).values()) - sum(_missed(before).values())
+                    sum(_counter(before + inside, "missed").values())
+                    - sum(_counter(before, "missed").values())
                 ),
                 "live_max": max((s["live"] for s in inside), default=0),
                 "slots_max": max((s["slots"] for s in inside), default=0),
@@ -442,7 +420,7 @@ def check(rec: Recorder, records: list[CallRecord], store_dir: Path, warmup_s: f
 
 def _db(store_dir: Path) -> dict:
     path = store_dir / "hotel.sqlite3"
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+    with read_only(path) as db:
         by_guest = dict(db.execute("SELECT guest_name, count(*) FROM reservations GROUP BY guest_name"))
         status = dict(db.execute("SELECT code, status FROM reservations"))
         stays = db.execute(
@@ -463,52 +441,3 @@ def _db(store_dir: Path) -> dict:
     known = set(map(tuple, everything))
     holds = sorted(k for k in set(want) | set(have) if want.get(k, 0) != have.get(k, 0) and k in known)
     return {"by_guest": by_guest, "status": status, "holds": holds, "conversations": conversations}
-
-
-def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = np.asarray([s["t"] for s in rec.samples]) / 60
-    fig, ax = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
-    names = sorted({n for s in rec.samples for n in s["procs"]})
-    for n in names:
-        pts = [(s["t"] / 60, s["procs"][n]["rss_mb"]) for s in rec.samples if n in s["procs"]]
-        ax[0].plot(*zip(*pts, strict=True), label=n, lw=1)
-    ax[0].set_ylabel("resident MiB")
-    ax[0].legend(fontsize=6, ncol=4)
-    ax[1].step(t, [s["live"] for s in rec.samples], where="post", label="calls live")
-    ax[1].step(t, [s["slots"] for s in rec.samples], where="post", label="slots in use")
-    ax[1].step(t, [s["leaked"] for s in rec.samples], where="post", label="slots kept after a hang-up")
-    ax[1].set_ylabel("calls / slots")
-    ax[1].legend(fontsize=7)
-    ended = [r for r in records if r.answered_at is not None and r.left_at is not None]
-    ax[2].scatter(
-        [(r.left_at - rec.t0) / 60 for r in ended],
-        [r.longest_unasked(REPLY_EVERY_S) for r in ended],
-        s=8,
-        label="a call's longest unasked silence (at its hang-up)",
-    )
-    ax[2].axhline(SILENCE_BOUND_S, color="r", lw=0.8, ls="--", label="bound")
-    ax[2].set_ylabel("s")
-    ax[2].legend(fontsize=7)
-    mid = [(w["from_s"] / 60, w["m2e_ms"]) for w in report["windows"] if w["m2e_ms"].get("n")]
-    if mid:
-        ax[3].plot([m[0] for m in mid], [m[1]["p50"] for m in mid], "o-", label="frame to ear p50")
-        ax[3].plot([m[0] for m in mid], [m[1]["p99"] for m in mid], "o-", label="frame to ear p99")
-    ax[3].set_ylabel("ms")
-    ax[3].set_xlabel("minutes")
-    ax[3].legend(fontsize=7)
-    for f in rec.faults:
-        for a in ax:
-            a.axvline(f["at_s"] / 60, color="k", lw=0.6, ls=":")
-        ax[0].annotate(f["kind"], (f["at_s"] / 60, ax[0].get_ylim()[1]), fontsize=6, rotation=90, va="top")
-    fig.suptitle(
-        f"soak: {report['calls']} calls, {report['minutes']:g} min, seed {report['seed']}"
-        + (f", planted {report['plant']}" if report["plant"] else "")
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
