@@ -48,6 +48,13 @@ class AckClips:
         self._rng = random.Random(seed)
         self._last = -1
 
+    def named(self, stem: str) -> tuple[str, np.ndarray]:
+        """The clip of that file name (without .wav); KeyError if there is none."""
+        for clip in self.clips:
+            if clip[0] == stem:
+                return clip
+        raise KeyError(f"no acknowledgement clip {stem!r}")
+
     def next(self) -> tuple[str, np.ndarray]:
         choices = [i for i in range(len(self.clips)) if i != self._last] or [0]
         self._last = self._rng.choice(choices)

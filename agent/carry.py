@@ -117,6 +117,7 @@ class ConversationLog:
         self._dirty = False
         self._saving: asyncio.Task | None = None
         self.held = False  # nothing saved while the agent's connection to its room is down, or once replaced
+        self._ended = False  # forgotten: never saved again
         self.stats = {"saves": 0, "failed": 0}
 
     @classmethod
@@ -175,8 +176,8 @@ class ConversationLog:
     def hold(self, held: bool) -> None:
         """Stop saving (the agent's connection to its room is down: another agent may carry the conversation
         on from what is saved), or save again what changed meanwhile."""
-        self.held = held
-        if not held and self._dirty:
+        self.held = held or self._ended
+        if not self.held and self._dirty:
             self._changed()
 
     def _changed(self) -> None:
@@ -205,9 +206,13 @@ class ConversationLog:
             await asyncio.shield(self._saving)
 
     async def forget(self) -> None:
-        """The call ended on purpose: its conversation is deleted (kept if an operator turned keeping on)."""
+        """The call ended on purpose: its conversation is deleted (kept if an operator turned keeping on).
+        Nothing is saved from here on, and a write already in its thread is waited for first: cancelling
+        its task would not stop the thread, whose row could land after the delete and outlive the call."""
+        self._ended = self.held = True
+        self._dirty = False
         if self._saving is not None:
-            self._saving.cancel()
+            await asyncio.shield(self._saving)
         if self.keep:
             return
         try:
@@ -216,6 +221,17 @@ class ConversationLog:
             )
         except Exception as e:  # noqa: BLE001 (purged after KEEP_S)
             log.warning("the conversation could not be deleted (%s)", type(e).__name__)
+
+
+def forget_rooms(store: Store, sids: list[str]) -> None:
+    """The conversations of calls that ended while no agent was in their room (agent/fleet.py's "over"):
+    deleted."""
+
+    def delete(tx: Tx) -> None:
+        for sid in sids:
+            tx.delete_conversation(sid)
+
+    store.transact(delete, write=True)
 
 
 _last_purge = -PURGE_EVERY_S  # time.monotonic() of this process's last purge

@@ -167,6 +167,7 @@ class ChorusSession(llm.DuplexSession):
         # caller frames that arrive before the slot is open, handed to the engine when it opens
         self._held: deque[np.ndarray] = deque(maxlen=max(1, int(HELD_BEFORE_OPEN_S * 1000 / clock.frame_ms)))
         self.live = False  # the engine has sent its first frame
+        self._opening_at = time.monotonic()
         self._last_speech_tick = -10
         self.handle: SessionHandle | None = None  # the engine session once opened
         self.opened = asyncio.Event()  # the attempt to open is over: `handle`, or `open_error`
@@ -285,6 +286,7 @@ class ChorusSession(llm.DuplexSession):
                 return
             try:
                 admission, self._model.admission = self._model.admission, None
+                self._opening_at = time.monotonic()
                 handle = self._model.engine.open_session(
                     self._instructions,
                     tool_schemas(self._tools),
@@ -325,6 +327,12 @@ class ChorusSession(llm.DuplexSession):
     def _on_output(self, item: Output) -> None:
         obs = self._model.observer
         if isinstance(item, AudioFrame):
+            if not self.live:  # how long its prompt's prefill (and a full engine's queue) kept the caller
+                log.info(
+                    "session %s: first frame %.0f ms after it was asked for",
+                    self.handle.id,
+                    1000 * (time.monotonic() - self._opening_at),
+                )
             self.live = True
             self._send_audio(item)
         elif isinstance(item, TurnStarted):

@@ -31,6 +31,9 @@ found no worker, each leaves its caller in silence until they hang up.
   `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
   from the draining one, which talks on until the new one's session is live and then is removed by it. With
   no other worker to take them, its calls end as a drain's do (agent/drain.py).
+- **Over.** A served room with no live agent whose caller has been gone OVER_S (they hung up before a new
+  agent came) is no longer served, and the worker that found it deletes its conversation (`watch`'s `over`):
+  no job is left to end that call on purpose.
 - **Ended.** A call that ends on purpose (its caller left or was said goodbye to, transferred, hung up)
   marks its room `...:ended:<room sid>`: a caller still in it is not sent another agent.
 - **One new agent.** Of the workers that find a room alone, the one that sets `...:claim:<room sid>` first
@@ -85,6 +88,7 @@ NODE_MAP = "room_node_map"  # LiveKit's own, in a cluster's Redis: room name -> 
 MOVED_S = 15.0  # a room made again on another node is looked into this long: is its agent in it?
 MOVED_DOWN_MS = 10_000  # a moved room's agent, not in it, is taken as down this long (until replaced)
 HELD_S = 2.0  # how often a job that is up looks whether another job holds its room
+OVER_S = 5.0  # a served room with no agent and no caller this long: the call is over (its caller hung up)
 REDISPATCH_KEY = "chorus_redispatched"  # in a dispatch's metadata: how often its room's agent was replaced
 REASON_KEY = "chorus_reason"  # ... and why, this time
 
@@ -172,8 +176,11 @@ class Fleet:
         self.counts = dict.fromkeys(REASONS, 0)
         self._others: dict[str, float] = {}  # room sid -> when it was last found another agent's
         self._missing: dict[str, float] = {}  # worker -> when its connection was first found missing
+        self._dead: set[str] = set()  # workers found gone (logged once each)
         self._nodes: dict[str, tuple[str, float]] = {}  # room sid -> (its node, when it moved there)
         self._absent: dict[str, float] = {}  # room sid (moved) -> since when its agent was not in it
+        self._empty: dict[str, float] = {}  # room sid (served, agent lost) -> since when no caller was in it
+        self.over: list[str] = []  # rooms whose call ended with no agent in them, since `sweep` last ran
         self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
         self.handing_over = False  # the worker drains: its rooms go to other workers
 
@@ -235,8 +242,16 @@ class Fleet:
                 self._missing.pop(w, None)
             elif at_once or now - self._missing.setdefault(w, now) >= GONE_S:
                 gone.add(w)
+                if w not in self._dead:
+                    self._dead.add(w)
+                    log.info(
+                        "worker %s is gone (its connection left Redis %.1f s ago): its rooms are alone",
+                        w,
+                        now - self._missing[w] if w in self._missing else 0.0,
+                    )
         if len(self._missing) > 1024:  # workers long gone
             self._missing = {w: t for w, t in self._missing.items() if now - t < 3600}
+            self._dead &= set(self._missing)
         return gone
 
     async def alone(self, lk: LiveKit) -> list[tuple[api.Room, str]]:
@@ -267,7 +282,12 @@ class Fleet:
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
             callers = [p for p in people.participants if p.kind in CALLER_KINDS and p.state in PRESENT]
             if not callers:
+                # its agent lost and its caller gone (hung up in the silence): nobody ends the call on purpose
+                lost = served and not live and not moved
+                if lost and now - self._empty.setdefault(room.sid, now) >= OVER_S:
+                    self.over.append(room.sid)
                 return None
+            self._empty.pop(room.sid, None)
             if live:  # made again on another node: is its agent in it, or still on the node that died?
                 # (the server lists the participants its nodes stored in Redis: a dead node's agent stays
                 # listed, joined before the callers came back to the room made again)
@@ -301,6 +321,7 @@ class Fleet:
         if len(self._nodes) > len(listed):  # rooms gone
             self._nodes = {k: v for k, v in self._nodes.items() if k in listed}
             self._absent = {k: v for k, v in self._absent.items() if k in listed}
+            self._empty = {k: v for k, v in self._empty.items() if k in listed}
         return out
 
     def _moved(self, room: api.Room, node: str | None, now: float) -> bool:
@@ -335,8 +356,14 @@ class Fleet:
 
     async def sweep(self, lk: LiveKit) -> int:
         """Ask for a new agent for each room alone that this worker claims first, the rooms at once; how many
-        it asked for. A dispatch that fails gives its claim back: the room is asked for at the next sweep."""
+        it asked for. A dispatch that fails gives its claim back: the room is asked for at the next sweep.
+        A served room found over (`over`) is no longer served: a caller who comes back to it is a new call."""
+        self.over = []
         asked = await asyncio.gather(*(self._dispatch(lk, room, why) for room, why in await self.alone(lk)))
+        if self.over:
+            await self.redis.delete(*(self.keys.served(sid) for sid in self.over))
+            for sid in self.over:
+                self._empty.pop(sid, None)
         return sum(asked)
 
     async def _dispatch(self, lk: LiveKit, room: api.Room, reason: str) -> int:
@@ -408,10 +435,12 @@ async def watch(
     jobs: Callable[[], list[tuple[str, str]]],
     report: Callable[[dict[str, int]], None] | None = None,
     handing_over: Callable[[], bool] = lambda: False,
+    over: Callable[[list[str]], None] | None = None,
 ) -> None:
     """The worker's watch, until cancelled: its rooms marked every BEAT_S (`jobs()`: its running jobs'
     (room sid, job id)) until `handing_over()` (the worker drains), rooms alone looked for every SWEEP_S, and
-    the counts of new agents handed to `report` (in a thread: the engine's snapshot) whenever they change.
+    the counts of new agents handed to `report` (in a thread: the engine's snapshot) whenever they change,
+    and the rooms whose call ended while they had no agent to `over` (in a thread: their conversations).
     A failure of Redis or of LiveKit's API is logged (once while it lasts) and tried again."""
     from agent.lkapi import LiveKit
 
@@ -429,6 +458,10 @@ async def watch(
                         next_sweep = time.monotonic() + SWEEP_S
                         if await fleet.sweep(lk) and report is not None:
                             await asyncio.to_thread(report, dict(fleet.counts))
+                        if fleet.over:
+                            log.info("%d calls ended while their agent was lost", len(fleet.over))
+                            if over is not None:
+                                await asyncio.to_thread(over, fleet.over)
                     if failing:
                         log.info("the fleet's watch works again")
                     failing = False

@@ -25,6 +25,7 @@ from agent.playout_buffer import PlayoutBuffer, Sink
 from engine.stage_config import ClockConfig
 
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
+HOLD_CLIP = "ack_bear"  # "Bear with me a moment.": while a call's new agent is not live yet (`hold_on`)
 
 
 class PlayoutOutput(io.AudioOutput, CallObserver):
@@ -139,6 +140,14 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_FALLBACK_S, self._start_ack)
         else:
             self._start_ack()
+
+    def hold_on(self) -> None:
+        """The call's new agent is not live yet (a session that carries a call on after a break prefills
+        the earlier conversation first): the caller hears "bear with me" rather than more silence; the
+        model's first turn stops the clip if it is still playing."""
+        if self.acks is not None and not self.buffer.clip_playing:
+            name, pcm = self.acks.named(HOLD_CLIP)
+            self.buffer.play_clip(pcm, name)
 
     def report_playout(self, report: Callable[..., None]) -> None:
         self.buffer.report = report

@@ -59,6 +59,7 @@ SESSION_CLOSED = "the session closed"  # the call's end when its session closed 
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame within this, or takes over anyway
+HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
 REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
 REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
 
@@ -237,12 +238,18 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.add_shutdown_callback(call.aclose)
     if handed_over:  # the draining agent talks on until this one's session is live, then leaves
         ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_take_over(ctx, settings, call))))
+    elif replacing is not None:  # the caller has been in silence since the break: not a moment more
+        ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_hold_on(call))))
     _run_alongside(
         ctx, call, engine, line, settings, presence, resumed=convo.resumed, handed_over=handed_over, cues=cues
     )
     try:
         done = [left.wait()] if line is None else [left.wait(), line.finished.wait()]
         await _first(*done)
+        if line is not None and line.finished.is_set():
+            # ended on purpose by the line's transfer or hang-up, not by the session's close that follows:
+            # the room is released, and no agent is sent to a caller the bridge has not yet taken out of it
+            presence.end(f"the phone call was {line.outcome}")
     finally:
         await call.aclose()
         why = presence.reason or "the agent ended it"
@@ -267,6 +274,20 @@ async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
         await asyncio.sleep(0.02)
     if not call.closed:
         await _replace_lost_agent(ctx, settings)
+
+
+async def _hold_on(call) -> None:
+    """A call carried on after its agent was lost: a session whose first frame is not out HOLD_ON_S after it
+    was asked for (its prompt, which holds the earlier conversation, is being prefilled) has the caller hear
+    "bear with me" meanwhile."""
+    duplex = call.duplex
+    await duplex.opened.wait()
+    deadline = time.monotonic() + HOLD_ON_S
+    while duplex.stats["frames_out"] < 1 and not call.closed and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    if duplex.handle is not None and duplex.stats["frames_out"] < 1 and not call.closed:
+        log.info("session %s: not live yet, the caller hears a hold clip", duplex.handle.id)
+        call.output.hold_on()
 
 
 def _cancel_on_end(task: asyncio.Task):

@@ -105,6 +105,14 @@ def engine_load(settings: AgentSettings) -> float:
     return settings.load_target * (1.0 if down else engine.load)
 
 
+def forget_conversations(sids: list[str]) -> None:
+    """The conversations of calls that ended with no agent in their room (the fleet's watch found them)."""
+    from agent.carry import forget_rooms
+    from agent.room import shared_hotel
+
+    forget_rooms(shared_hotel().store, sids)
+
+
 def engine_watch() -> EngineWatch | None:
     """The watch on the worker's engine's process (None before the engine is started)."""
     return _watch
@@ -268,6 +276,7 @@ class ChorusServer(DrainingServer):
                         self._running_rooms,
                         report=engine.report_fleet,
                         handing_over=lambda: self.handing_over,
+                        over=None if self.settings.keep_conversations else forget_conversations,
                     )
                     tasks.append(asyncio.create_task(job))
 

@@ -130,6 +130,57 @@ def test_a_call_that_ends_on_purpose_leaves_nothing_and_one_left_behind_is_purge
     assert gone is None and purged is None
 
 
+def test_a_call_that_ends_while_its_last_turn_is_being_written_leaves_no_row(tmp_path):
+    """The write of a turn runs in a thread; the call ending meanwhile deletes the conversation only once that
+    write is in, so the row it was writing cannot land after the delete and outlive the call."""
+    import threading
+
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+        writing, go_on = threading.Event(), threading.Event()
+        transact = store.transact
+
+        def slow_transact(fn, write=False):  # the first write held in its thread until the test lets it go
+            if write and not writing.is_set():
+                writing.set()
+                go_on.wait(10)
+            return transact(fn, write=write)
+
+        async def main():
+            log = await ConversationLog.open(store, "RM_w", "AJ_w", resumed=False)
+            store.transact = slow_transact
+            log.said("Goodbye")  # its write starts, and is held
+            await asyncio.to_thread(writing.wait, 10)
+            ending = asyncio.ensure_future(log.forget())  # the caller hangs up meanwhile
+            await asyncio.sleep(0.2)
+            go_on.set()
+            await ending
+            log.said("after the end")  # a late turn of an ended call is never saved
+            await asyncio.sleep(0.2)
+            return transact(lambda tx: tx.conversation("RM_w"))
+
+        row = asyncio.run(main())
+    assert writing.is_set() and row is None
+
+
+def test_the_conversations_of_calls_found_over_are_deleted_and_no_other(tmp_path):
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+
+        async def main():
+            for sid in ("RM_over1", "RM_over2", "RM_on"):
+                log = await ConversationLog.open(store, sid, f"AJ_{sid}", resumed=False)
+                log.said("Hello")
+                await log.flush()
+
+        asyncio.run(main())
+        carry.forget_rooms(store, ["RM_over1", "RM_over2", "RM_never"])
+        left = [
+            sid
+            for sid in ("RM_over1", "RM_over2", "RM_on")
+            if store.transact(lambda tx, s=sid: tx.conversation(s))
+        ]
+    assert left == ["RM_on"]
+
+
 def test_a_damaged_or_foreign_row_is_no_conversation():
     assert Conversation.from_json("not json") is None
     assert Conversation.from_json('{"said": ["x"]}') is None  # no key
@@ -205,3 +256,55 @@ def test_a_dropped_line_that_comes_back_is_acknowledged_once_by_the_script(engin
         turns, said = asyncio.run(main())
     assert turns == 1
     assert said == [carry.back_again().strip()]
+
+
+@pytest.mark.parametrize("hold_on_s", [0.0, 30.0])
+def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_models_words(
+    engine, tmp_path, monkeypatch, hold_on_s
+):
+    """A call carried on after a break: its session prefills the earlier conversation first (a prompt no
+    other session has, so nothing cached). Not live HOLD_ON_S after it was asked for (0 s: never in time),
+    the caller hears the "bear with me" clip, and the agent's first words (the forced acknowledgement) come
+    after it, never over it; live in time (30 s: always), no clip plays."""
+    from agent import room
+    from agent.forcing import Script, run_script
+
+    monkeypatch.setattr(room, "HOLD_ON_S", hold_on_s)
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+        hotel = hotel_support.hotel(store)
+
+        async def main():
+            log = await ConversationLog.open(store, "RM_hold", "AJ_hold", resumed=False)
+            log.said(f"Your room for the {hold_on_s} nights is ready.")
+            await log.flush()
+            log = await ConversationLog.open(store, "RM_hold", "AJ_next", resumed=True)
+            agent = HotelAgent(hotel, session_key=log.conversation.key)
+            await agent.update_instructions(resume_prompt(str(agent.instructions), log.conversation))
+            with fake_job_context():
+                call = await start_call(engine, agent, sink=WavSink(tmp_path / "h.wav", OUT_RATE))
+                call.duplex.record = log
+                hold = asyncio.create_task(room._hold_on(call))
+                script = asyncio.create_task(
+                    run_script(call, engine, Script(greeting=carry.acknowledgement(), reply_every_s=0))
+                )
+                await await_until(
+                    lambda: call.duplex.stats["turns"] >= 1 and not call.duplex.speaking, "the first turn", 90
+                )
+                await await_until(
+                    lambda: call.output.queued_s == 0 and not call.output.clip_playing, "playout"
+                )
+                hold.cancel()
+                script.cancel()
+                spans, events = list(call.output.spans), list(call.output.events)
+                await call.aclose()
+            return spans, events, log.conversation.said
+
+        spans, events, said = asyncio.run(main())
+    clips = [s for s in spans if s[0] == "clip" and s[2] > s[1]]
+    model = [s for s in spans if s[0] == "model" and s[2] > s[1]]
+    assert said[-1] == carry.acknowledgement().strip()  # the agent's first words: the break acknowledged
+    if hold_on_s:
+        assert not clips and not any("clip" in e for _, e in events)
+        return
+    assert [e for _, e in events if e.startswith("clip_queued")] == ["clip_queued:ack_bear"]
+    assert clips and model and max(c[2] for c in clips) <= min(m[1] for m in model) + 1e-3

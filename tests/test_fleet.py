@@ -157,6 +157,42 @@ def test_a_jobs_end_unmarks_its_own_mark_only_and_a_call_ended_on_purpose_gets_n
     assert asked == 0 and not lk.created
 
 
+def test_a_served_room_whose_caller_left_while_it_had_no_agent_is_over_once_and_a_caller_back_is_a_new_call(
+    redis_url, monkeypatch
+):
+    """The caller hung up in the silence after their agent was lost: no job is left to end the call on
+    purpose, so the watch finds it over after OVER_S (its conversation is then deleted by the worker), once;
+    the room is no longer served, and a caller who comes back to it is a new call (the first dispatch's)."""
+    monkeypatch.setattr(fleet, "OVER_S", 0.3)
+    lk = FakeLiveKit()
+    room = lk.add("garden", "desk", caller_joined=time.time() - 60)
+    callers = list(lk.rooms["garden"][1])
+    gone = lk.add("lobby", "desk", caller_joined=time.time() - 60)  # its caller left with its agent live
+
+    async def main():
+        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        keys = fleet.Keys("desk")
+        await f.beat([(room.sid, "AJ_1"), (gone.sid, "AJ_2")])
+        await f.redis.delete(keys.live(room.sid))  # the garden's agent lost (its mark lapsed)
+        lk.rooms["garden"][1].clear()
+        lk.rooms["lobby"][1].clear()
+        first = (await f.sweep(lk), list(f.over))
+        await asyncio.sleep(0.4)
+        second = (await f.sweep(lk), list(f.over))
+        third = (await f.sweep(lk), list(f.over))
+        served = await f.redis.exists(keys.served(room.sid))
+        lk.rooms["garden"][1].extend(callers)  # back (joined 60 s ago: past the first dispatch's time)
+        back = await f.sweep(lk)
+        await f.redis.aclose()
+        return first, second, third, served, back
+
+    first, second, third, served, back = asyncio.run(main())
+    assert first == (0, []) and second == (0, [room.sid]) and third == (0, [])
+    assert served == 0
+    assert back == 1 and lk.created[-1].room == "garden"
+    assert json.loads(lk.created[-1].metadata).get(fleet.REASON_KEY) == "never answered"
+
+
 def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_expire(redis_url):
     """A worker's presence is its named connection to Redis: its process killed (SIGKILL, in a process of
     its own here), the kernel closes that connection, and another worker asks for a new agent from its second

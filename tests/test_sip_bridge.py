@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.call import room_label
+from agent.fleet import BEAT_S, SWEEP_S
 from benchmarks.support.callers import RATE, caller_pcm
 from benchmarks.support.server import Server, agent_sip
 from benchmarks.support.sip import PhoneCaller, find_bridge, inbound
@@ -406,11 +408,15 @@ def test_keypad_presses_are_counted_without_their_digits_and_0_puts_the_caller_t
                 await await_until(
                     lambda: bridge.entries("TransferSIPParticipant"), "the transfer", 15, every=POLL_S
                 )
-                # the transfer's answer comes back through the server, then the session closes: a wait, not
-                # a measure (a CI run on a busy machine once took more than 3 s)
+                # the session closes once the transfer's answer is back through the server
                 await await_until(
-                    lambda: phone.session(call["room"]) is None, "the slot freed", 10.0, every=POLL_S
+                    lambda: phone.session(call["room"]) is None, "the slot freed", 3.0, every=POLL_S
                 )
+                # the stand-in leaves the caller in the room: a call handed over is no longer the fleet's to
+                # keep served, so no new agent comes to them while its watch looks the room over (each
+                # worker's watch marks its rooms every BEAT_S and looks for rooms alone every SWEEP_S)
+                await asyncio.sleep(4 * max(BEAT_S, SWEEP_S))
+                assert phone.session(call["room"]) is None, "a new agent took the transferred caller"
                 return caller
             finally:
                 await caller.leave()
@@ -424,8 +430,12 @@ def test_keypad_presses_are_counted_without_their_digits_and_0_puts_the_caller_t
     assert len(presses) == 4, presses  # three presses, and 0's meaning
     assert not any(d in m for m in presses for d in "7#0"), presses  # counted, never the digits
     assert any(m.endswith(": transferred") for m in said), said
+    alone = f"room {room_label(call['room'])} had a caller and no live agent"
+    assert not any(m.startswith(alone) for m in said), [m for m in said if "room" in m]
     ended = [m for m in said if "call ended" in m]
     assert len(ended) == 1, [m for m in said if "job" in m or "room" in m]
+    # ended as the transfer, on purpose: not taken for a session that failed under the call
+    assert "call ended, the phone call was transferred (" in ended[0], ended
     assert ended[0].endswith(", dtmf 3)"), ended
 
 
