@@ -111,8 +111,9 @@ class Fleet:
 
         return max(self.seats, key=held)
 
-    def fault(self, kind: str) -> tuple[Worker, set[str]]:
-        """Play `kind` on the busiest worker; (it, the room labels it held)."""
+    def fault(self, kind: str) -> tuple[Worker, set[str], float]:
+        """Play `kind` on the busiest worker; (it, the room labels it held, when it was played: the
+        snapshots that choose it come first, and on a loaded machine they take a while)."""
         w = self.busiest()
         try:
             held = set(sessions_by_label(w.snapshot()))
@@ -125,8 +126,10 @@ class Fleet:
         else:
             drain(w)
             self.retiring.append(w)
+            at = time.monotonic()
             self.seats[self.seats.index(w)] = self._new().launch()  # its replacement, registered meanwhile
-        return w, held
+            return w, held, at
+        return w, held, time.monotonic()
 
     def stop(self) -> None:
         for w in self.all():
@@ -251,11 +254,12 @@ async def soak(args, plans, fleet: Fleet, runner: CallRunner, rec: Recorder) -> 
         if faults and now >= faults[0]:
             faults.pop(0)
             kind = FAULTS[len(rec.faults) % len(FAULTS)]
-            w, held = await asyncio.to_thread(fleet.fault, kind)
-            rec.faults.append({"at_s": round(now - t0, 1), "kind": kind, "rooms": len(held)})
-            runner.hit(held, now, kind)
+            w, held, at = await asyncio.to_thread(fleet.fault, kind)
+            rec.faults.append({"at_s": round(at - t0, 1), "kind": kind, "rooms": len(held)})
+            runner.hit(held, at, kind)
             print(
-                f"soak {_clock(now - t0)}: fault: {kind}, {len(held)} calls on it",
+                f"soak {_clock(at - t0)}: fault: {kind}, {len(held)} calls on it"
+                f" ({time.strftime('%H:%M:%S', time.gmtime())} UTC)",
                 file=sys.stderr,
                 flush=True,
             )

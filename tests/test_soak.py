@@ -24,8 +24,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.support.soak_calls import CallPlan, CallRecord
-from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, memory_growth
+from benchmarks.support.soak_calls import CallPlan, CallRecord, CallRunner
+from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
 from benchmarks.support.worker import seeded
 from livekit_support import require_livekit
 
@@ -88,6 +88,28 @@ def test_a_calls_silence_counts_to_the_hang_up_and_leaves_out_the_callers_own_ou
     assert _record(1, speech + later, 13.0, [(2.6, 11.9)]).longest_unasked(6.0) == 0.0
     # an agent that goes quiet for good: the silence runs to the caller hanging up
     assert _record(2, speech, 30.0).longest_unasked(6.0) == pytest.approx(30.0 - 2.52 - 6.0)
+
+
+def test_a_call_two_faults_hit_is_judged_on_each_agent_once_not_on_the_second_faults_agent():
+    r = _record(0, [1.0], 100.0)
+    r.left_at = None
+    r.speech_at = {"agent-a": 1.0, "agent-b": 23.0, "agent-c": 62.0}  # b after the first fault, c the second
+    r.said = {"agent-b": "Sorry, we were cut off.", "agent-c": "Sorry, we were cut off."}
+    runner = CallRunner.__new__(CallRunner)
+    runner.records = [r]
+    runner.hit({"room-0"}, 20.0, "worker SIGKILL")
+    runner.hit({"room-0"}, 60.0, "engine SIGKILL")
+    r.left_at = 100.0  # (only calls on the line are hit)
+    got = after_fault(r)
+    assert (r.hit_by, got["new_agents"], got["silence_s"]) == ("worker SIGKILL", 1, 3.0)
+    assert got["acknowledged"] is None  # nothing said whole before the fault: nothing to carry on
+    r.turns_at = [("agent-a", 5.0)]
+    assert after_fault(r)["acknowledged"] is True
+    r.said["agent-b"] = "Welcome to the Grand Hotel."  # greeted afresh, as if nothing had been said
+    assert after_fault(r)["acknowledged"] is False
+    r.said["agent-b"] = "Sorry, we were cut off."
+    r.speech_at["agent-b"] = 27.0  # the first fault's agent heard only 7 s after it: over the bound
+    assert after_fault(r)["silence_s"] == 7.0 > got["bound_s"]
 
 
 def _sample(rec: Recorder, sessions: list[str], rooms: dict, now: float, monkeypatch) -> dict:

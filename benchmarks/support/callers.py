@@ -47,6 +47,7 @@ class Heard:
     frames: list[np.ndarray] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # loop.time() at each frame's arrival
     transcripts: list[tuple[str, str, dict]] = field(default_factory=list)  # (sender, text, attributes)
+    turns_at: list[tuple[str, float]] = field(default_factory=list)  # (sender, loop time) of each transcript
     sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
     agent_identity: str | None = None  # the room's first agent
     agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
@@ -145,6 +146,7 @@ class Caller:
                 except rtc.data_stream.StreamError:  # its sender left mid-stream (an agent gone)
                     return
                 self.heard.transcripts.append((sender, text, dict(reader.info.attributes or {})))
+                self.heard.turns_at.append((sender, asyncio.get_running_loop().time()))
 
             self._tasks.append(asyncio.ensure_future(consume()))
 

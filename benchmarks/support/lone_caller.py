@@ -74,6 +74,7 @@ async def run(spec: dict, out: Path) -> None:
                     "speech_at": caller.heard.speech_at,
                     "agent_left_at": caller.heard.left_at,
                     "said": said_by(caller),
+                    "turns_at": caller.heard.turns_at,
                     "connection": events,
                     "words": len(caller.heard.transcripts),
                     "left_at": left_at,

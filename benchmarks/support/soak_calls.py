@@ -61,11 +61,13 @@ class CallRecord:
     audible: list[float] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
     outages: list[tuple[float, float]] = field(default_factory=list)  # the caller's own network loss
-    hit_at: float | None = None  # a fault on the worker serving it
+    hit_at: float | None = None  # a fault on the worker serving it (the first, if two were)
     hit_by: str = ""  # which
+    hit_again_at: float | None = None  # a later fault on the worker of its new agent: judged up to here
     speech_at: dict[str, float] = field(default_factory=dict)  # each agent's first words heard
     agent_left_at: dict[str, float] = field(default_factory=dict)  # when each agent that left did
     said: dict[str, str] = field(default_factory=dict)  # each agent's words (its turns' transcripts)
+    turns_at: list[tuple[str, float]] = field(default_factory=list)  # (agent, when) each turn's words came
     guest: str = ""  # a booking's (or a cancelled booking's) guest name
     code: str = ""  # a cancel's confirmation code
     reached: bool = False  # the tool's result was in (its line heard)
@@ -147,8 +149,11 @@ class CallRunner:
 
     def hit(self, labels: set[str], at: float, kind: str) -> None:
         for r in self.records:
-            if r.label in labels and r.left_at is None and r.hit_at is None:
-                r.hit_at, r.hit_by = at, kind
+            if r.label in labels and r.left_at is None:
+                if r.hit_at is None:
+                    r.hit_at, r.hit_by = at, kind
+                elif r.hit_again_at is None:
+                    r.hit_again_at = at
 
     def _script(self, rec: CallRecord) -> str:
         p = rec.plan
@@ -234,7 +239,7 @@ class CallRunner:
             caller.heard.frames.clear()
             rec.agents = sorted(caller.heard.agents)
             rec.speech_at, rec.agent_left_at = dict(caller.heard.speech_at), dict(caller.heard.left_at)
-            rec.said = said_by(caller)
+            rec.said, rec.turns_at = said_by(caller), list(caller.heard.turns_at)
             rec.answered_at = rec.audible[0] if rec.audible else None
             said = " ".join(t for _, t, _ in caller.heard.transcripts).lower()
             rec.reached = rec.plan.kind in SAID_AFTER and SAID_AFTER[rec.plan.kind].strip().lower() in said
@@ -303,6 +308,7 @@ class CallRunner:
         got = json.loads(out.read_text())
         rec.left_at, rec.audible, rec.agents = got["left_at"], got["audible"], got["agents"]
         rec.speech_at, rec.agent_left_at, rec.said = got["speech_at"], got["agent_left_at"], got["said"]
+        rec.turns_at = [(a, t) for a, t in got["turns_at"]]
         rec.answered_at = rec.audible[0] if rec.audible else None
         back = [
             t for s, t in got["connection"] if s == "reconnected" and rec.outages and t > rec.outages[0][0]

@@ -6,6 +6,7 @@ left silent, the database against the calls); and the PNG.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -309,12 +310,12 @@ def after_fault(r: CallRecord) -> dict | None:
     if r.hit_at is None or r.left_at is None:
         return None
     bound = HANDOVER_GAP_S if r.hit_by == "drain" else SILENCE_BOUND_S
-    new = {
-        a: t for a, t in r.speech_at.items() if t > r.hit_at and a != min(r.speech_at, key=r.speech_at.get)
-    }
+    until = r.hit_again_at if r.hit_again_at is not None else math.inf  # a second fault's agents are its own
+    first = min(r.speech_at, key=r.speech_at.get) if r.speech_at else None
+    new = {a: t for a, t in r.speech_at.items() if r.hit_at < t < until and a != first}
     since = r.hit_at
     if r.hit_by == "drain":
-        old = [t for t in r.agent_left_at.values() if t > r.hit_at]
+        old = [t for t in r.agent_left_at.values() if r.hit_at < t < until]
         since = min(old) if old else r.left_at
     if not new and (
         r.left_at < since + bound or any(a < since + bound and b > r.hit_at for a, b in r.outages)
@@ -322,11 +323,14 @@ def after_fault(r: CallRecord) -> dict | None:
         return None
     first_new = min(new, key=new.get) if new else None
     words = r.said.get(first_new, "").lower() if first_new else ""
+    # a turn of the earlier agent was whole before the fault: there was a conversation to carry on (none, and
+    # the new agent greets the caller as the first would have)
+    carried = any(a not in new and at < r.hit_at for a, at in r.turns_at)
     return {
         "new_agents": len(new),
         # its first turn heard whole (the caller stayed on through it): did it acknowledge the break?
         "acknowledged": None
-        if first_new is None or r.left_at < new[first_new] + FIRST_TURN_S
+        if first_new is None or not carried or r.left_at < new[first_new] + FIRST_TURN_S
         else any(a in words for a in ACKNOWLEDGED),
         "goodbye": any("goodbye" in t.lower() for t in r.said.values()),
         "silence_s": round((min(new.values()) if new else r.left_at) - since, 2),
