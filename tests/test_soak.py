@@ -110,6 +110,10 @@ def test_a_call_two_faults_hit_is_judged_on_each_agent_once_not_on_the_second_fa
     r.said["agent-b"] = "Sorry, we were cut off."
     r.speech_at["agent-b"] = 27.0  # the first fault's agent heard only 7 s after it: over the bound
     assert after_fault(r)["silence_s"] == 7.0 > got["bound_s"]
+    # the room's first agent killed before the caller heard it (a phone call just answered): its successor is
+    # the new agent, though the first the caller heard
+    r.first_agent, r.speech_at = "agent-a", {"agent-b": 23.0}
+    assert (after_fault(r)["new_agents"], after_fault(r)["silence_s"]) == (1, 3.0)
 
 
 def _sample(rec: Recorder, sessions: list[str], rooms: dict, now: float, monkeypatch) -> dict:

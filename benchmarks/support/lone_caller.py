@@ -71,6 +71,7 @@ async def run(spec: dict, out: Path) -> None:
                 {
                     "audible": audible_times(caller),
                     "agents": sorted(caller.heard.agents),
+                    "first_agent": caller.heard.agent_identity,
                     "speech_at": caller.heard.speech_at,
                     "agent_left_at": caller.heard.left_at,
                     "said": said_by(caller),

@@ -60,6 +60,7 @@ class CallRecord:
     left_at: float | None = None
     audible: list[float] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    first_agent: str = ""  # the room's first agent (heard or not)
     outages: list[tuple[float, float]] = field(default_factory=list)  # the caller's own network loss
     hit_at: float | None = None  # a fault on the worker serving it (the first, if two were)
     hit_by: str = ""  # which
@@ -237,7 +238,7 @@ class CallRunner:
             await caller.leave()
             rec.audible = audible_times(caller)
             caller.heard.frames.clear()
-            rec.agents = sorted(caller.heard.agents)
+            rec.agents, rec.first_agent = sorted(caller.heard.agents), caller.heard.agent_identity or ""
             rec.speech_at, rec.agent_left_at = dict(caller.heard.speech_at), dict(caller.heard.left_at)
             rec.said, rec.turns_at = said_by(caller), list(caller.heard.turns_at)
             rec.answered_at = rec.audible[0] if rec.audible else None
@@ -307,6 +308,7 @@ class CallRunner:
             log.close()
         got = json.loads(out.read_text())
         rec.left_at, rec.audible, rec.agents = got["left_at"], got["audible"], got["agents"]
+        rec.first_agent = got["first_agent"] or ""
         rec.speech_at, rec.agent_left_at, rec.said = got["speech_at"], got["agent_left_at"], got["said"]
         rec.turns_at = [(a, t) for a, t in got["turns_at"]]
         rec.answered_at = rec.audible[0] if rec.audible else None

@@ -311,8 +311,10 @@ def after_fault(r: CallRecord) -> dict | None:
         return None
     bound = HANDOVER_GAP_S if r.hit_by == "drain" else SILENCE_BOUND_S
     until = r.hit_again_at if r.hit_again_at is not None else math.inf  # a second fault's agents are its own
-    first = min(r.speech_at, key=r.speech_at.get) if r.speech_at else None
-    new = {a: t for a, t in r.speech_at.items() if r.hit_at < t < until and a != first}
+    # the agents there before the fault: the room's first (heard or not: one killed before it spoke) and any
+    # heard before it; the others heard before the next fault are the new ones
+    before = {r.first_agent} | {a for a, t in r.speech_at.items() if t <= r.hit_at}
+    new = {a: t for a, t in r.speech_at.items() if r.hit_at < t < until and a not in before}
     since = r.hit_at
     if r.hit_by == "drain":
         old = [t for t in r.agent_left_at.values() if r.hit_at < t < until]
