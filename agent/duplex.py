@@ -166,7 +166,7 @@ class ChorusSession(llm.DuplexSession):
         self._input = InputConverter(clock.input_rate, clock.input_samples)
         # caller frames that arrive before the slot is open, handed to the engine when it opens
         self._held: deque[np.ndarray] = deque(maxlen=max(1, int(HELD_BEFORE_OPEN_S * 1000 / clock.frame_ms)))
-        self.live = False  # the engine has sent its first frame
+        self.first_frame = asyncio.Event()  # the engine has sent its first frame: the session is live
         self._opening_at = time.monotonic()
         self._last_speech_tick = -10
         self.handle: SessionHandle | None = None  # the engine session once opened
@@ -263,6 +263,10 @@ class ChorusSession(llm.DuplexSession):
             if self.record is not None:
                 self.record.answered(item.call_id, str(item.output), bool(item.is_error))
 
+    @property
+    def live(self) -> bool:
+        return self.first_frame.is_set()
+
     def _update_options(self, *, tool_choice: NotGivenOr[llm.ToolChoice | None] = NOT_GIVEN) -> None:
         pass  # the model decides by itself whether to call a tool
 
@@ -333,7 +337,7 @@ class ChorusSession(llm.DuplexSession):
                     self.handle.id,
                     1000 * (time.monotonic() - self._opening_at),
                 )
-            self.live = True
+                self.first_frame.set()
             self._send_audio(item)
         elif isinstance(item, TurnStarted):
             self.speaking = True

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
@@ -269,9 +268,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
 async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
     """A call handed over by a draining worker: its agent is removed once this job's session sends its first
     frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two."""
-    deadline = time.monotonic() + TAKE_OVER_S
-    while call.duplex.stats["frames_out"] < 1 and not call.closed and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await _live_within(call.duplex, TAKE_OVER_S)
     if not call.closed:
         await _replace_lost_agent(ctx, settings)
 
@@ -282,12 +279,18 @@ async def _hold_on(call) -> None:
     "bear with me" meanwhile."""
     duplex = call.duplex
     await duplex.opened.wait()
-    deadline = time.monotonic() + HOLD_ON_S
-    while duplex.stats["frames_out"] < 1 and not call.closed and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    if duplex.handle is not None and duplex.stats["frames_out"] < 1 and not call.closed:
+    if not await _live_within(duplex, HOLD_ON_S) and duplex.handle is not None and not call.closed:
         log.info("session %s: not live yet, the caller hears a hold clip", duplex.handle.id)
         call.output.hold_on()
+
+
+async def _live_within(duplex, timeout: float) -> bool:
+    """Whether the session sends its first frame within `timeout` seconds."""
+    try:
+        await asyncio.wait_for(duplex.first_frame.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _cancel_on_end(task: asyncio.Task):
