@@ -176,11 +176,13 @@ async def start_call(
     label: str | None = None,
     caller: str | None = None,
     admission: str | None = None,
+    context: str = "",
 ) -> Call:
     """Start the session; returns once the framework runs it (the engine slot opens right after). `label` and
     `caller` name the call on the monitoring page (default: the room's label, `room_label`, and "phone" for a
     SIP participant, else "web").
-    `admission` is the job whose engine slot the worker reserved on accepting it (`RemoteEngine.admit`)."""
+    `admission` is the job whose engine slot the worker reserved on accepting it (`RemoteEngine.admit`);
+    `context`, the call's own part of its prompt (`ChorusModel`)."""
     clock = engine.model_cfg.clock
     output = PlayoutOutput(sink, clock=clock, acks=AckClips(sink.sample_rate) if acks else None)
     if getattr(engine.config, "fixed_buffers", False):  # the benchmarks' baseline: a frame, always
@@ -192,6 +194,7 @@ async def start_call(
         label=room_label if label is None else label,
         caller=room_caller if caller is None else caller,
         admission=admission,
+        context=context,
     )
     session = _session(model)
     call = Call(session, model, output, agent)

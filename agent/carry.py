@@ -5,7 +5,7 @@ idempotency (agent/hotel.py `session_key`), so a booking made before the break i
 
 The room's job writes it after each turn and each tool result (in a thread: never on the loop's time), keyed
 by the room's sid; a job that replaces a lost agent reads it, and its prompt holds the earlier turns and
-results (`resume_prompt`), its first words acknowledge the break (prompts/resumed.md). It is deleted when the
+results (`resume_context`), its first words acknowledge the break (prompts/resumed.md). It is deleted when the
 call ends on purpose (the caller left, a goodbye, a transfer), and any left by a call that never ended
 cleanly is purged after KEEP_S; with CHORUS_KEEP_CONVERSATIONS=true an operator keeps them. Knows the store's
 statements and the prompt files; nothing of LiveKit or the engine.
@@ -81,18 +81,20 @@ def _is_tool(t: object) -> bool:
     )
 
 
-def resume_prompt(base: str, c: Conversation) -> str:
-    """The system prompt of a call whose agent was lost and replaced: `base` and, after it, the earlier turns
-    and tool results (prompts/resumed.md), the results in the `<TOOL_RESPONSE>` form the model reads."""
+def resume_context(c: Conversation) -> str:
+    """The prompt's own part for a call whose agent was lost and replaced ("" for none): the earlier turns
+    and tool results (prompts/resumed.md), the results in the `<TOOL_RESPONSE>` form the model reads. The
+    engine prefills it after the agent's system prompt and tools (`open_session(context=)`), whose state it
+    keeps for every call: a call carried on prefills only this."""
     if c.empty:
-        return base
+        return ""
     turns = "\n".join(f"- {s}" for s in c.said) or "- (nothing yet)"
     calls = "\n".join(
         f"- {t['name']}({t['arguments']}) returned <TOOL_RESPONSE>[{t['output']}]</TOOL_RESPONSE>"
         + (" (an error)" if t.get("is_error") else "")
         for t in c.tools
     )
-    return base + "\n\n" + load_prompt("resumed", said=turns, tools=calls or "- (none)")
+    return load_prompt("resumed", said=turns, tools=calls or "- (none)")
 
 
 def acknowledgement(handed_over: bool = False) -> str:

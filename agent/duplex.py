@@ -112,9 +112,12 @@ class ChorusModel(llm.DuplexModel):
         label: str = "",
         caller: str = "",
         admission: str | None = None,
+        context: str = "",
     ) -> None:
         """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page;
-        `admission` is the job whose slot the engine reserved for this call (its first session takes it)."""
+        `admission` is the job whose slot the engine reserved for this call (its first session takes it);
+        `context` is the call's own part of the prompt, after the agent's instructions and tools (the earlier
+        turns of a call carried on after a break, `agent.carry.resume_context`)."""
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
@@ -123,6 +126,7 @@ class ChorusModel(llm.DuplexModel):
         self.session_label, self.caller_kind = label, caller  # (`label` is the framework's own property)
         self.sessions: list[ChorusSession] = []
         self.admission = admission
+        self.context = context
         # the caller's audio when it goes to the engine's ring natively (agent/audio_pump.py), not through
         # `ChorusSession.push_audio`: its ring is handed over when the slot opens
         self.caller_audio: CallerAudio | None = None
@@ -298,6 +302,7 @@ class ChorusSession(llm.DuplexSession):
                     label=self._model.session_label,
                     caller=self._model.caller_kind,
                     admission=admission,
+                    context=self._model.context,
                 )
             except EngineError as e:
                 # a refusal is an answer, not a fault: no traceback for the framework to log

@@ -238,8 +238,7 @@ class PlayoutBuffer:
             self.sink.cut(now)
             self.stats["clip_s"] -= self._end - now
             self._playing, self._end = None, now
-            if self.spans:
-                self.spans[-1][2] = now
+            self._cut_span(now)
             had = True
         if had:
             self.note("clip_stopped")
@@ -264,11 +263,16 @@ class PlayoutBuffer:
                 if chunk.seg is not None:
                     chunk.seg.played_s -= max(0.0, self._end - now)
             self._end = min(self._end, now)
-            if self.spans and self.spans[-1][2] > self._end:
-                self.spans[-1][2] = self._end
+            self._cut_span(self._end)
         if chunk.seg is not None:
             chunk.seg.queued -= 1
             self._maybe_finish(chunk.seg)
+
+    def _cut_span(self, at: float) -> None:
+        """The chunk playing ends at `at`: one handed to the sink early (HANDOVER_EARLY_S) and cut before
+        its start played nothing (a span of no length at its start)."""
+        if self.spans and self.spans[-1][2] > at:
+            self.spans[-1][2] = max(at, self.spans[-1][1])
 
     def _maybe_finish(self, seg: _Segment) -> None:
         if seg.ended and seg.queued <= 0 and not seg.done:

@@ -25,7 +25,7 @@ from livekit.agents import JobContext, JobProcess, cli
 
 from agent import room_connect, rtc_ffi
 from agent.call import start_call
-from agent.carry import ConversationLog, acknowledgement, back_again, resume_prompt
+from agent.carry import ConversationLog, acknowledgement, back_again, resume_context
 from agent.drain import DRAIN, goodbye_on_drain
 from agent.fleet import (
     REASON_KEY,
@@ -193,7 +193,6 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         job_metadata=ctx.job.metadata,
     )
     if convo.resumed:
-        await agent.update_instructions(resume_prompt(str(agent.instructions), convo.conversation))
         log.info(
             "job %s: carries the call on after a break (%d before)", ctx.job.id, convo.conversation.breaks
         )
@@ -209,6 +208,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             room=ctx.room,
             participant=caller.identity,
             admission=ctx.job.id,  # the slot reserved when this worker accepted the job (`on_request`)
+            context=resume_context(convo.conversation) if convo.resumed else "",
         )
     call.duplex.record = convo
     # lines the call asks its script for as things happen (dummy weights only): a dropped line come back
@@ -267,9 +267,13 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
 
 async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
     """A call handed over by a draining worker: its agent is removed once this job's session sends its first
-    frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two."""
-    await _live_within(call.duplex, TAKE_OVER_S)
+    frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two; one
+    removed before that has the caller hear the hold clip until this one speaks."""
+    live = await _live_within(call.duplex, TAKE_OVER_S)
     if not call.closed:
+        if not live:
+            log.info("job %s: the call taken over before its session is live hears a hold clip", ctx.job.id)
+            call.output.hold_on()
         await _replace_lost_agent(ctx, settings)
 
 

@@ -71,7 +71,7 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
                 from engine.serve import EngineProcess
                 from engine.wire import ADDRESS_ENV, KEY_ENV
 
-                config = settings.engine_config().model_dump_json()
+                config = settings.engine_config(warm_prompts=agent_prompts(settings)).model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s
                 process = EngineProcess(config, timeout=timeout).start()
                 os.environ[ADDRESS_ENV] = process.address
@@ -82,6 +82,26 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
                 atexit.register(close_shared)  # the engine's process ends with the worker
                 log.info("engine ready for rooms (%d slots)", settings.slots)
     return _engine
+
+
+def agent_prompts(settings: AgentSettings) -> list:
+    """The prompts and tools of this worker's agents, for its engine to prefill at start (and at every start
+    again): a web caller's concierge and an incoming phone caller's (their number on file). Calls carried on
+    after a break then prefill only their earlier turns. None where the hotel cannot be read now: the calls
+    prefill them as they come."""
+    from agent.hotel import HotelAgent, tool_schemas
+    from agent.phone import PhoneConcierge, PhoneLine
+    from agent.room import shared_hotel
+    from engine.engine_config import WarmPrompt
+
+    try:
+        hotel = shared_hotel()
+        line = PhoneLine(settings, room="", identity="", number="+0")
+        agents = [HotelAgent(hotel), PhoneConcierge(hotel, line)]
+        return [WarmPrompt(prompt=str(a.instructions), tools=tool_schemas(a)) for a in agents]
+    except Exception as e:  # noqa: BLE001 (the store down at start: nothing is lost but the head start)
+        log.warning("the agents' prompts are not prefilled at start (%s)", type(e).__name__)
+        return []
 
 
 def close_shared() -> None:

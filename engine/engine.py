@@ -44,6 +44,7 @@ from engine.scheduler import Scheduler
 from engine.session import HEARD_PHASES, Phase, Session
 from engine.slots import FrameInbox, Reservation, SlotPool
 from engine.tokens import MAX_TOOLS
+from engine.warm import warm_prompts
 from redaction import mask_numbers, warm_redaction
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
@@ -116,6 +117,9 @@ class Engine:
         )
         if cfg.start:
             self.start()
+            # prefilled by the tick before the engine is handed out: a worker registers once they are kept
+            if (warming := warm_prompts(self, cfg.warm_prompts)) is not None:
+                warming.join()
 
     # -- sessions ---------------------------------------------------------------------------------------
 
@@ -132,16 +136,20 @@ class Engine:
         source: Callable[[FrameInbox], None] | None = None,
         pending: Callable[[], bool] | None = None,
         playout: np.ndarray | None = None,
+        context: str = "",
     ) -> SessionHandle:
-        """A slot for a new conversation, or EngineFull. With an `admission` from `admit` the slot it reserved
-        is taken and headroom is not judged again. Outputs arrive on `loop` (an asyncio.Queue in
-        `handle.outputs`), or through `sink` (called on the tick thread: keep it cheap), or in a queue.Queue.
-        `label` and `caller` (the caller's kind) are the agent's words for the conversation: the snapshot
-        shows them (at most 80 characters each; a number in the label by its last four digits), the engine
-        neither reads nor logs them. `source` feeds the session's inbox besides `push_audio`, on the tick
-        thread once a tick: a room in another process writes its caller frames to shared memory
-        (engine/host.py), and its playout figures to `playout` (a view of that memory); `pending` says
-        whether it holds a frame the tick has not taken (a tick starts early once every frame is in)."""
+        """A slot for a new conversation, or EngineFull. `context` is the call's own part of the prompt (the
+        earlier turns of a call carried on after a break), after the tool block: the system prompt and tools
+        before it are prefilled once for every call of the same agent, and their state kept. With an
+        `admission` from `admit` the slot it reserved is taken and headroom is not judged again. Outputs
+        arrive on `loop` (an asyncio.Queue in `handle.outputs`), or through `sink` (called on the tick thread:
+        keep it cheap), or in a queue.Queue. `label` and `caller` (the caller's kind) are the agent's words
+        for the conversation: the snapshot shows them (at most 80 characters each; a number in the label by
+        its last four digits), the engine neither reads nor logs them. `source` feeds the session's inbox
+        besides `push_audio`, on the tick thread once a tick: a room in another process writes its caller
+        frames to shared memory (engine/host.py), and its playout figures to `playout` (a view of that
+        memory); `pending` says whether it holds a frame the tick has not taken (a tick starts early once
+        every frame is in)."""
         self._check_up()
         if admission is None:
             self._check_headroom()
@@ -151,13 +159,22 @@ class Engine:
         names = [t.get("name") for t in tools]
         if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
             raise SessionRejected("tools: every tool needs a distinct, non-empty name")
+        if not isinstance(context, str):
+            raise SessionRejected("context: a string")
         try:
-            prompt_ids = self.tokens.prompt_ids(prompt, tools)
+            prompt_ids, prefix_len = self.tokens.prompt_parts(prompt, tools, context)
         except ValueError as e:
             raise SessionRejected(str(e)) from None
-        key = hash(tuple(prompt_ids))
+        key, prefix_key = hash(tuple(prompt_ids)), hash(tuple(prompt_ids[:prefix_len]))
+        cached = self.scheduler.cached_prompts
+        making = prefix_key if prefix_key not in cached and key not in cached else key
         prefilling = self._prompts_prefilling()
-        if admission is None and key not in prefilling and len(prefilling) >= self.config.max_prompt_prefills:
+        if (
+            admission is None
+            and making not in cached
+            and making not in prefilling
+            and len(prefilling) >= self.config.max_prompt_prefills
+        ):
             raise self.headroom.refuse(
                 f"{len(prefilling)} other system prompts are being prefilled (the most at once is "
                 f"{self.config.max_prompt_prefills}); retry shortly, or share one prompt across sessions"
@@ -176,6 +193,9 @@ class Engine:
                 self._accounted(deliver),
                 prefill_ids=prompt_ids,
                 prompt_key=key,
+                prefix_key=prefix_key,
+                prefix_len=prefix_len,
+                keep_prompt=not context,
                 label=mask_numbers(str(label))[:80],
                 caller=str(caller)[:80],
                 opened_at=self.clock(),
@@ -184,8 +204,8 @@ class Engine:
 
         session = self.pool.open(make, admission)
         log.info(
-            "session %s opened on slot %d (%d prompt tokens, %d tools)",
-            *(session.id, session.slot, len(prompt_ids), len(tools)),
+            "session %s opened on slot %d (%d prompt tokens, %d its own, %d tools)",
+            *(session.id, session.slot, len(prompt_ids), len(prompt_ids) - prefix_len - 1, len(tools)),
         )
         return SessionHandle(self, session, outputs)
 
@@ -230,9 +250,9 @@ class Engine:
         a snapshot, good enough for admission)."""
         cached = self.scheduler.cached_prompts
         return {
-            s.prompt_key
+            key
             for s in list(self.pool.sessions.values())
-            if s.phase is Phase.PROMPT and not s.closed and s.prompt_key not in cached
+            if s.phase is Phase.PROMPT and not s.closed and (key := s.prefill_key) not in cached
         }
 
     @property

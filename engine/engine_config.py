@@ -14,6 +14,15 @@ from engine.dtype_policy import DtypePolicy, DtypePolicyName
 from engine.presets import PRESETS
 
 
+class WarmPrompt(BaseModel):
+    """A system prompt and its tools, prefilled when the engine starts (`EngineConfig.warm_prompts`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str
+    tools: list[dict] = []
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)  # an engine's settings never change under it
 
@@ -60,6 +69,9 @@ class EngineConfig(BaseModel):
     tool_timeout_s: float = Field(15.0, gt=0)
     prefill_chunk: int = Field(64, ge=1)
     prompt_cache_size: int = Field(8, ge=0)  # prefilled system prompts kept for new sessions to start from
+    # prefilled at start, into a slot of their own, and kept in the prompt cache: an agent's prompts, so that
+    # its first calls and every call carried on after a break (a new engine's) start from their state
+    warm_prompts: list[WarmPrompt] = []
     max_prompt_prefills: int = Field(
         4, ge=1
     )  # distinct new prompts admitted at once (each costs its prefill)

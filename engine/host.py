@@ -390,9 +390,9 @@ class EngineHost:
         if conn.handle is not None:
             self._refuse(conn, "this connection already holds a session")
             return
-        prompt, tools = msg.get("prompt"), msg.get("tools") or []
-        if not isinstance(prompt, str) or not isinstance(tools, list):
-            self._refuse(conn, "open: prompt must be a string and tools a list")
+        prompt, tools, context = msg.get("prompt"), msg.get("tools") or [], msg.get("context", "")
+        if not isinstance(prompt, str) or not isinstance(tools, list) or not isinstance(context, str):
+            self._refuse(conn, "open: prompt and context must be strings and tools a list")
             return
         job = msg.get("admission")
         admission = self.take_admission(job) if isinstance(job, str) else None
@@ -410,6 +410,7 @@ class EngineHost:
                 source=conn.pull,
                 pending=conn.pending,
                 playout=link.playout,
+                context=context,
             )
         except (EngineError, ValueError, TypeError) as e:
             if admission is not None:

@@ -102,10 +102,11 @@ class RemoteEngine:
         label: str = "",
         caller: str = "",
         admission: str | None = None,
+        context: str = "",
     ) -> RemoteHandle:
         """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
-        slot)."""
+        slot); `context`: the call's own part of the prompt (`Engine.open_session`)."""
         loop = loop or asyncio.get_running_loop()
         sock = connect(self.address, self.timeout, self._key)
         buf = bytearray()
@@ -113,6 +114,8 @@ class RemoteEngine:
             msg = {"op": "open", "prompt": prompt, "tools": tools or [], "label": label, "caller": caller}
             if admission is not None:
                 msg["admission"] = admission
+            if context:
+                msg["context"] = context
             sock.sendall(encode(msg))
             while b"\n" not in buf:  # the answer comes alone, with the descriptors
                 try:

@@ -137,9 +137,14 @@ class Scheduler:
             p, f = s.progress, s.feed
             if p.live_by is None:  # first seen: opened since the last tick
                 p.live_by = k + lim.admission_ticks
-            if s.phase is Phase.PROMPT and p.prefill_pos == 0 and s.prompt_key in self.prompts:
-                restore.append((s.slot, s.prompt_key))
-                s.enter(Phase.REPLAY, k)
+            if s.phase is Phase.PROMPT:
+                # a state another session has made meanwhile replaces whatever this one made of it so far
+                if s.prompt_key in self.prompts:
+                    restore.append((s.slot, s.prompt_key))
+                    s.enter(Phase.REPLAY, k)
+                elif p.prefill_pos < s.prefix_len and s.prefix_key in self.prompts:  # the rest is prefilled
+                    restore.append((s.slot, s.prefix_key))
+                    p.prefill_pos = s.prefix_len
             if s.phase is Phase.PROMPT:
                 # positions due this tick: the prompt is done two thirds into the admission bound, and a
                 # short one at once
@@ -300,7 +305,7 @@ class Scheduler:
         group = self._prompt_leaders(group) if kind == "prompt" else sorted(group, key=_furthest_first)
         if not group:
             return None
-        t_max = min(chunk, lim.max_chunk, *(s.progress.left for s in group))
+        t_max = min(chunk, lim.max_chunk, *(s.prefill_stop for s in group))
         fit = self._fit(kind, len(group), t_max, budget_ms)
         return self._prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
 
@@ -326,19 +331,19 @@ class Scheduler:
         return None
 
     def _prompt_leaders(self, prompting: list[Session]) -> list[Session]:
-        """One session per distinct uncached prompt, the furthest along: it prefills, and the others with the
-        same prompt start from its state once it is cached."""
+        """One session per distinct uncached prompt state being made (a prefix, or a whole prompt), the
+        furthest along: it prefills, and the others making the same start from its state once it is cached."""
         leaders: dict[int, Session] = {}
         for s in sorted(prompting, key=_furthest_first):
-            if s.prompt_key not in self.prompts:
-                leaders.setdefault(s.prompt_key, s)
+            if (key := s.prefill_key) not in self.prompts:
+                leaders.setdefault(key, s)
         return list(leaders.values())
 
     def _owed_chunk(self, group: list[Session]) -> int:
         return min(
             self.limits.max_chunk,
             max(s.progress.owed for s in group),
-            *(s.progress.left for s in group),
+            *(s.prefill_stop for s in group),
         )
 
     @staticmethod
@@ -380,15 +385,22 @@ class Scheduler:
                 p = s.progress
                 p.prefill_pos += T
                 p.owed -= T
+                if work.kind == "prompt" and p.prefill_pos == s.prefix_len < len(p.prefill_ids):
+                    self._keep(s, s.prefix_key, done)  # the prefix, shared whatever follows it
                 if p.prefill_pos < len(p.prefill_ids):
                     continue
                 if work.kind == "result":  # back from a tool: the held audio is replayed within the bound
                     s.enter(Phase.REPLAY, k, by=k + self.limits.replay_ticks)
                     continue
-                if s.prompt_key not in self.prompts and all(key != s.prompt_key for _, key in done.saves):
-                    done.saves.append((s.slot, s.prompt_key))  # the engine has the runner keep its state
+                if s.keep_prompt:
+                    self._keep(s, s.prompt_key, done)
                 s.enter(Phase.REPLAY, k)
         return done
+
+    def _keep(self, s: Session, key: int, done: SlackOutcome) -> None:
+        """The state `s` has just prefilled is `key`'s: the engine has the runner keep it, once."""
+        if key not in self.prompts and all(k != key for _, k in done.saves):
+            done.saves.append((s.slot, key))
 
 
 def _furthest_first(s: Session) -> tuple[int, float]:

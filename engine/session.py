@@ -134,12 +134,19 @@ class Forcing:
 
 class Session:
     """Engine-side state of one conversation. Set when it opens and never written after: `id`, `slot`,
-    `tools`, `inbox`, `deliver`, `label`, `caller`, `prompt_key`, `opened_at`, `requests`, `playout` (the
-    array; the room writes its figures). `phase` changes only through `enter`."""
+    `tools`, `inbox`, `deliver`, `label`, `caller`, `prompt_key`, `prefix_key`, `prefix_len`, `keep_prompt`,
+    `opened_at`, `requests`, `playout` (the array; the room writes its figures). `phase` changes only through
+    `enter`.
+
+    A prompt's first `prefix_len` positions (the system prompt and tools, `prefix_key`) are shared with every
+    session of the same agent, whatever follows them (the earlier turns of a call carried on after a break):
+    the prompt's prefill stops there, so their state can be kept and loaded on its own. A prompt that is the
+    prefix and its end alone (`keep_prompt`) is kept whole as well."""
 
     __slots__ = (
-        "id", "slot", "tools", "inbox", "deliver", "label", "caller", "prompt_key", "opened_at", "requests",
-        "playout", "private", "closed", "progress", "feed", "turn", "call", "forcing", "_phase", "since",
+        "id", "slot", "tools", "inbox", "deliver", "label", "caller", "prompt_key", "prefix_key",
+        "prefix_len", "keep_prompt", "opened_at", "requests", "playout", "private", "closed", "progress",
+        "feed", "turn", "call", "forcing", "_phase", "since",
     )  # fmt: skip
 
     def __init__(
@@ -155,6 +162,9 @@ class Session:
         caller: str = "",
         prefill_ids: list[int] | None = None,
         prompt_key: int = 0,
+        prefix_key: int = 0,
+        prefix_len: int = 0,
+        keep_prompt: bool = True,
         opened_at: float = 0.0,
         playout: np.ndarray | None = None,
     ) -> None:
@@ -163,6 +173,8 @@ class Session:
         # four digits: shown by the snapshot, never interpreted or logged by the engine
         self.label, self.caller = label, caller
         self.prompt_key = prompt_key  # sessions with the same prompt share one prefill
+        self.prefix_key, self.prefix_len = prefix_key, prefix_len  # ...and with the same prefix, its prefill
+        self.keep_prompt = keep_prompt  # the whole prompt's state is kept for others (not a call's own)
         self.opened_at = opened_at  # on the engine's clock
         # the agent's side: (what, value) pairs put by the handle from any thread, drained by the tick
         self.requests: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
@@ -184,6 +196,20 @@ class Session:
     @property
     def phase(self) -> Phase:
         return self._phase
+
+    @property
+    def prefill_key(self) -> int:
+        """The prompt state this PROMPT session's prefill is making now: its prefix's, then its own."""
+        return self.prefix_key if self.progress.prefill_pos < self.prefix_len else self.prompt_key
+
+    @property
+    def prefill_stop(self) -> int:
+        """Positions to prefill before the next state worth keeping: the prefix's end in a PROMPT phase, else
+        the end of what is prefilled."""
+        p = self.progress
+        if self._phase is Phase.PROMPT and p.prefill_pos < self.prefix_len:
+            return self.prefix_len - p.prefill_pos
+        return p.left
 
     def enter(self, phase: Phase, tick: int, *, ids: list[int] | None = None, by: int | None = None) -> None:
         """The one way between phases (on the tick thread): refuses a move `MOVES` does not list and records

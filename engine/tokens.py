@@ -102,11 +102,19 @@ class Tokens:
     def prompt_ids(self, system_prompt: str, tools: list[dict]) -> list[int]:
         """`[<s>] + tok(system_prompt + tool block) + [</s>]`, prefilled on the audio channel
         at session start."""
+        return self.prompt_parts(system_prompt, tools)[0]
+
+    def prompt_parts(self, system_prompt: str, tools: list[dict], context: str = "") -> tuple[list[int], int]:
+        """The prompt's ids and the length of its prefix, `[<s>] + tok(system_prompt + tool block)`: with a
+        `context` (a call's own, such as its earlier turns), `prefix + tok("\n\n" + context) + [</s>]`, the
+        context after the tool block, so that every call of the same agent shares the prefix's state."""
         from engine.prompt import system_prompt_text
 
         if len(tools) > MAX_TOOLS:
             raise ValueError(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
-        return [self.bos, *self.encode(system_prompt_text(system_prompt, tools)), self.eos]
+        prefix = [self.bos, *self.encode(system_prompt_text(system_prompt, tools))]
+        own = self.encode("\n\n" + context) if context else []
+        return [*prefix, *own, self.eos], len(prefix)
 
     def call_ids(self, calls: list[dict]) -> list[int]:
         """The function-channel tokens of a complete call: start, `<TOOLCALL>[...]</TOOLCALL>`, end."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from livekit.agents.testing import fake_job_context
@@ -18,7 +19,7 @@ from livekit.agents.testing import fake_job_context
 import hotel_support
 from agent import carry
 from agent.call import start_call
-from agent.carry import Conversation, ConversationLog, resume_prompt
+from agent.carry import Conversation, ConversationLog, resume_context
 from agent.hotel import HotelAgent
 from agent.sinks import WavSink
 from engine.engine import Engine
@@ -46,10 +47,11 @@ async def a_call(
     """One call on the engine: the agent's prompt as the job makes it (resumed: with the earlier turns), a
     forced turn, then a forced `book_room`; what the booking answered and the session's prefilled prompt."""
     agent = HotelAgent(hotel, session_key=log.conversation.key)
-    if log.resumed:
-        await agent.update_instructions(resume_prompt(str(agent.instructions), log.conversation))
+    context = resume_context(log.conversation) if log.resumed else ""
     with fake_job_context():
-        call = await start_call(engine, agent, sink=WavSink(tmp_path / f"{len(say)}.wav", OUT_RATE))
+        call = await start_call(
+            engine, agent, sink=WavSink(tmp_path / f"{len(say)}.wav", OUT_RATE), context=context
+        )
         call.duplex.record = log
         handle = await call.wait_open()
         session = handle._s  # the engine's session behind the handle
@@ -258,34 +260,53 @@ def test_a_dropped_line_that_comes_back_is_acknowledged_once_by_the_script(engin
     assert said == [carry.back_again().strip()]
 
 
-@pytest.mark.parametrize("hold_on_s", [0.0, 30.0])
+@pytest.mark.parametrize(
+    "path, wait_s",
+    [("carried on", 0.0), ("carried on", 30.0), ("handed over", 0.0), ("handed over", 30.0)],
+)
 def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_models_words(
-    engine, tmp_path, monkeypatch, hold_on_s
+    engine, tmp_path, monkeypatch, path, wait_s
 ):
-    """A call carried on after a break: its session prefills the earlier conversation first (a prompt no
-    other session has, so nothing cached). Not live HOLD_ON_S after it was asked for (0 s: never in time),
+    """A call carried on after a break: its session prefills the earlier conversation first (its own part
+    of the prompt, never cached). Not live HOLD_ON_S after it was asked for (0 s: never in time),
     the caller hears the "bear with me" clip, and the agent's first words (the forced acknowledgement) come
-    after it, never over it; live in time (30 s: always), no clip plays."""
+    after it, never over it; live in time (30 s: always), no clip plays. The same for a call handed over by
+    a draining worker whose agent is removed TAKE_OVER_S after the new session was asked for, live or not
+    (the removal faked here: tests/test_livekit_fleet.py removes it for real)."""
     from agent import room
     from agent.forcing import Script, run_script
 
-    monkeypatch.setattr(room, "HOLD_ON_S", hold_on_s)
+    removed = []
+    ctx = SimpleNamespace(job=SimpleNamespace(id="AJ_next"))
+
+    async def remove(ctx, settings):
+        removed.append(ctx)
+
+    monkeypatch.setattr(room, "HOLD_ON_S" if path == "carried on" else "TAKE_OVER_S", wait_s)
+    monkeypatch.setattr(room, "_replace_lost_agent", remove)
+    greeting = carry.acknowledgement(handed_over=path == "handed over")
     with hotel_support.seeded_store("sqlite", tmp_path) as store:
         hotel = hotel_support.hotel(store)
 
         async def main():
             log = await ConversationLog.open(store, "RM_hold", "AJ_hold", resumed=False)
-            log.said(f"Your room for the {hold_on_s} nights is ready.")
+            log.said(f"Your room for the {wait_s} nights is ready.")
             await log.flush()
             log = await ConversationLog.open(store, "RM_hold", "AJ_next", resumed=True)
             agent = HotelAgent(hotel, session_key=log.conversation.key)
-            await agent.update_instructions(resume_prompt(str(agent.instructions), log.conversation))
             with fake_job_context():
-                call = await start_call(engine, agent, sink=WavSink(tmp_path / "h.wav", OUT_RATE))
+                call = await start_call(
+                    engine,
+                    agent,
+                    sink=WavSink(tmp_path / "h.wav", OUT_RATE),
+                    context=resume_context(log.conversation),
+                )
                 call.duplex.record = log
-                hold = asyncio.create_task(room._hold_on(call))
+                hold = asyncio.create_task(
+                    room._hold_on(call) if path == "carried on" else room._take_over(ctx, None, call)
+                )
                 script = asyncio.create_task(
-                    run_script(call, engine, Script(greeting=carry.acknowledgement(), reply_every_s=0))
+                    run_script(call, engine, Script(greeting=greeting, reply_every_s=0))
                 )
                 await await_until(
                     lambda: call.duplex.stats["turns"] >= 1 and not call.duplex.speaking, "the first turn", 90
@@ -302,8 +323,9 @@ def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_mod
         spans, events, said = asyncio.run(main())
     clips = [s for s in spans if s[0] == "clip" and s[2] > s[1]]
     model = [s for s in spans if s[0] == "model" and s[2] > s[1]]
-    assert said[-1] == carry.acknowledgement().strip()  # the agent's first words: the break acknowledged
-    if hold_on_s:
+    assert said[-1] == greeting.strip()  # the agent's first words: the break acknowledged
+    assert removed == ([] if path == "carried on" else [ctx])  # a handed-over call's old agent: removed
+    if wait_s:
         assert not clips and not any("clip" in e for _, e in events)
         return
     assert [e for _, e in events if e.startswith("clip_queued")] == ["clip_queued:ack_bear"]
