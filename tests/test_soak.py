@@ -27,6 +27,7 @@ import pytest
 from benchmarks.support.soak_calls import CallPlan, CallRecord, CallRunner
 from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
 from benchmarks.support.worker import seeded
+from engine.warm import WARM_LABEL
 from livekit_support import require_livekit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +135,12 @@ def test_a_slot_kept_after_its_caller_hung_up_is_a_leak_once_the_grace_is_over(t
     # a session no call has (a room the generator never made) is one too, once it outlives the grace
     assert _sample(rec, ["room-x"], rooms, 200.0, monkeypatch)["leaked"] == 0
     assert _sample(rec, ["room-x"], rooms, 200.0 + LEAVE_GRACE_S + 1, monkeypatch)["leaked"] == 1
+    # one seen before, gone, and held again is timed from when it came back
+    assert _sample(rec, [], rooms, 300.0, monkeypatch)["leaked"] == 0
+    assert _sample(rec, ["room-x"], rooms, 400.0, monkeypatch)["leaked"] == 0
+    # the engine's own warm-up sessions (its agents' prompts, prefilled at its start) are no call's
+    assert _sample(rec, [WARM_LABEL], rooms, 400.0, monkeypatch)["slots"] == 0
+    assert _sample(rec, [WARM_LABEL], rooms, 400.0 + LEAVE_GRACE_S + 1, monkeypatch)["leaked"] == 0
 
 
 def test_the_database_checks_find_a_room_held_without_its_booking_and_a_conversation_left(
@@ -145,9 +152,13 @@ def test_the_database_checks_find_a_room_held_without_its_booking_and_a_conversa
     with sqlite3.connect(tmp_path / "hotel.sqlite3") as db:
         night = db.execute("SELECT room_type, night FROM inventory LIMIT 1").fetchone()
         db.execute("UPDATE inventory SET booked = 1 WHERE room_type = ? AND night = ?", night)
-        db.execute("INSERT INTO conversations VALUES ('RM_x', '{}', '2026-01-01T00:00:00')")
+        state = '{"key": "AJ_first", "breaks": 1, "said": ["a", "b"], "tools": []}'
+        db.execute("INSERT INTO conversations VALUES ('RM_x', ?, '2026-01-01T00:00:00')", (state,))
     got = _db(tmp_path)
     assert got["holds"] == [tuple(night)] and got["conversations"] == 1
+    # which call left it, in words the workers' logs have (no word of the conversation itself)
+    want = "room RM_x (job AJ_first, 1 breaks, 2 turns, 0 results; written 2026-01-01T00:00:00)"
+    assert got["kept"] == [want]
 
 
 def test_memory_that_grows_past_five_percent_an_hour_is_found_and_flat_memory_is_not(tmp_path):

@@ -6,6 +6,7 @@ left silent, the database against the calls); and the PNG.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections import Counter, defaultdict
@@ -18,6 +19,7 @@ from benchmarks.support.machine import cmdline, tree
 from benchmarks.support.soak_calls import CallRecord, read_only
 from benchmarks.support.stats import percentiles
 from benchmarks.support.worker import Worker
+from engine.warm import WARM_LABEL
 
 LEAVE_GRACE_S = (
     10.0  # a hung-up call's slot is let go within this (the agent ends the call, the engine frees it)
@@ -132,10 +134,14 @@ class Recorder:
                 continue
             engines[w.proc.pid] = {"missed": snap["missed_deadlines"], "ticks": snap["ticks"]}
             for s in snap["sessions"]:
+                if s["label"] == WARM_LABEL:  # the engine's own, prefilling its agents' prompts at its start
+                    continue
                 sessions.append(s["label"])
                 if s["phase"] == "live" and s.get("heard_ms") is not None:
                     m2e.append(s["heard_ms"] + s.get("playout_ms", 0.0))
         leaked = []
+        for label in set(self._unknown) - set(sessions):  # gone: held again later, it is timed afresh
+            del self._unknown[label]
         for label in set(sessions):
             if label in rooms:
                 left = rooms[label]
@@ -419,7 +425,8 @@ def check(rec: Recorder, records: list[CallRecord], store_dir: Path, warmup_s: f
         },
         "no conversation left": {
             "ok": db["conversations"] == 0,
-            "detail": f"{db['conversations']} conversations kept after every call ended",
+            "detail": f"{db['conversations']} conversations kept after every call ended"
+            + (f": {'; '.join(db.get('kept', []))}" if db["conversations"] else ""),
         },
     }
 
@@ -433,7 +440,7 @@ def _db(store_dir: Path) -> dict:
             "SELECT room_type, check_in, check_out FROM reservations WHERE status = 'confirmed'"
         ).fetchall()
         nights = db.execute("SELECT room_type, night, booked FROM inventory WHERE booked > 0").fetchall()
-        (conversations,) = db.execute("SELECT count(*) FROM conversations").fetchone()
+        kept = db.execute("SELECT room_sid, state, updated_at FROM conversations").fetchall()
         everything = db.execute("SELECT room_type, night FROM inventory").fetchall()
     import datetime as dt
 
@@ -446,4 +453,20 @@ def _db(store_dir: Path) -> dict:
     have = {(t, n): b for t, n, b in nights}
     known = set(map(tuple, everything))
     holds = sorted(k for k in set(want) | set(have) if want.get(k, 0) != have.get(k, 0) and k in known)
-    return {"by_guest": by_guest, "status": status, "holds": holds, "conversations": conversations}
+    found = {"by_guest": by_guest, "status": status, "holds": holds}
+    return {**found, "conversations": len(kept), "kept": _kept(kept)}
+
+
+def _kept(rows: list[tuple]) -> list[str]:
+    """Each conversation left: its room's sid, first job, breaks, turns and tool results, and when it was last
+    written (no words of it), to find its calls in the workers' logs."""
+    out = []
+    for sid, state, at in rows[:10]:
+        try:
+            c = json.loads(state)
+            what = f"job {c.get('key')}, {c.get('breaks', 0)} breaks, {len(c.get('said', []))} turns, "
+            what += f"{len(c.get('tools', []))} results"
+        except (ValueError, AttributeError):
+            what = "unreadable"
+        out.append(f"room {sid} ({what}; written {at})")
+    return out
