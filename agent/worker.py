@@ -87,7 +87,7 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
 def agent_prompts(settings: AgentSettings) -> list:
     """The prompts and tools of this worker's agents, for its engine to prefill at start (and at every start
     again): a web caller's concierge and an incoming phone caller's (their number on file). Calls carried on
-    after a break then prefill only their earlier turns. None where the hotel cannot be read now: the calls
+    after a break then prefill only their earlier turns. Empty where the hotel cannot be read now: the calls
     prefill them as they come."""
     from agent.hotel import HotelAgent, tool_schemas
     from agent.phone import PhoneConcierge, PhoneLine

@@ -83,6 +83,21 @@ def test_the_prefix_is_prefilled_once_kept_and_each_call_prefills_only_its_own_p
             assert s.prompt_key in got
 
 
+def count_prompt_positions(engine) -> list[int]:
+    """The prompt positions each piece of the engine's prefill work takes from here on (rows times positions),
+    appended as the runner runs it."""
+    prefilled: list[int] = []
+    tool = engine.runner.tool
+
+    def counted(work):
+        if work.kind == "prompt":
+            prefilled.append(work.tokens.shape[1] * len(work.sessions))
+        return tool(work)
+
+    engine.runner.tool = counted
+    return prefilled
+
+
 def frames(items) -> list[np.ndarray]:
     return [i.samples for i in items if isinstance(i, AudioFrame)]
 
@@ -100,15 +115,7 @@ def carried_call(cache: int, warm: bool) -> tuple[list[np.ndarray], list[str], i
         else:
             e.open_session(PROMPT, TOOLS).close()  # the same slot number as the warm engine's call
             k = run_ticks(e, k, 1)
-        prefilled: list[int] = []
-        tool = e.runner.tool
-
-        def counted(work):
-            if work.kind == "prompt":
-                prefilled.append(work.tokens.shape[1] * len(work.sessions))
-            return tool(work)
-
-        e.runner.tool = counted
+        prefilled = count_prompt_positions(e)
         h = e.open_session(PROMPT, TOOLS, context=CONTEXT)
         assert h.slot == 1
         h.push_audio(caller_audio(9, 0.8))
@@ -146,15 +153,7 @@ def test_the_prompts_warmed_at_start_are_kept_and_their_sessions_closed():
     with Engine(EngineConfig(preset="tiny", num_slots=3, warm_prompts=warm)) as e:
         keys = {hash(tuple(TOK.prompt_parts(w.prompt, w.tools)[0])) for w in warm}
         wait_until(lambda: keys <= e.scheduler.cached_prompts and not e.pool.sessions, "the warm-up", 120)
-        prefilled: list[int] = []
-        tool = e.runner.tool
-
-        def counted(work):
-            if work.kind == "prompt":
-                prefilled.append(work.tokens.shape[1] * len(work.sessions))
-            return tool(work)
-
-        e.runner.tool = counted
+        prefilled = count_prompt_positions(e)
         plain = e.open_session(PROMPT, TOOLS)
         wait_until(lambda: plain.phase != "prompt", "the plain call's start", 60)
         assert sum(prefilled) == 0
