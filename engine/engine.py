@@ -118,8 +118,7 @@ class Engine:
         if cfg.start:
             self.start()
             # prefilled by the tick before the engine is handed out: a worker registers once they are kept
-            if (warming := warm_prompts(self, cfg.warm_prompts)) is not None:
-                warming.join()
+            warm_prompts(self, cfg.warm_prompts)
 
     # -- sessions ---------------------------------------------------------------------------------------
 

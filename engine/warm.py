@@ -9,7 +9,6 @@ Knows the engine's `open_session` and the sessions' phases; nothing of the agent
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -27,27 +26,18 @@ POLL_S = 0.05
 GIVE_UP_S = 120.0  # a warm-up session still prefilling after this is closed anyway
 
 
-def warm_prompts(engine: Engine, prompts: list[WarmPrompt]) -> threading.Thread | None:
+def warm_prompts(engine: Engine, prompts: list[WarmPrompt]) -> None:
     """Open a session for each of `prompts` (at most one slot fewer than the engine has: a caller always
-    finds one) and close each once its prompt is prefilled; the thread that watches them, or None."""
-    prompts = prompts[: max(0, engine.config.num_slots - 1)]
-    if not prompts:
-        return None
+    finds one) and return once each has been prefilled and closed (its state kept), at most GIVE_UP_S."""
     handles = []
-    for w in prompts:
+    for w in prompts[: max(0, engine.config.num_slots - 1)]:
         try:
             h = engine.open_session(w.prompt, w.tools, sink=_drop, label=WARM_LABEL, caller="engine")
             handles.append(h)
         except EngineError as e:
             log.warning("a prompt was not prefilled at start: %s", e)
     if not handles:
-        return None
-    t = threading.Thread(target=_close_when_kept, args=(engine, handles), name="chorus-warm", daemon=True)
-    t.start()
-    return t
-
-
-def _close_when_kept(engine: Engine, handles: list) -> None:
+        return
     started = time.monotonic()
     while handles and time.monotonic() - started < GIVE_UP_S:
         for h in [h for h in handles if h.closed or h.phase != Phase.PROMPT.value]:
