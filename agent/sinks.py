@@ -176,7 +176,22 @@ class RoomSink(_OwnOutput):
                 log.warning("the agent's track was not published (%s); trying again", e)
         self.track_sid, self._room = publication.sid, room
         room.on("local_track_republished", self._republished)
+        self._unpublish_on_leaving(room)
         self._filler = asyncio.create_task(self._fill())
+
+    def _unpublish_on_leaving(self, room: rtc.Room) -> None:
+        """Leaving the room takes the track out of it first. A call closes this sink before its room is left
+        as a rule, but livekit-agents leaves a job's room before it runs the job's shutdown callbacks, and
+        cancels an entrypoint that takes more than 15 s to end: a sink closed there finds the room gone and
+        cannot unpublish its track, which the runtime then keeps (`_unpublish`). Every way out of the room
+        goes through `room.disconnect`, so the room's own method does it."""
+        leave = room.disconnect
+
+        async def disconnect(*, reason: int = rtc.DisconnectReason.CLIENT_INITIATED) -> None:
+            await self._unpublish()
+            await leave(reason=reason)
+
+        room.disconnect = disconnect  # type: ignore[method-assign]
 
     def _republished(self, publication: rtc.LocalTrackPublication, previous_sid: str) -> None:
         """The rtc SDK's full reconnect published the track again, under a new id."""

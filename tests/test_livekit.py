@@ -65,10 +65,13 @@ def test_the_namespace_has_no_way_out():
     assert all(r[1] != "00000000" for r in routes), routes
 
 
-def test_the_agents_track_is_taken_out_of_the_room_when_its_call_ends_before_the_agent_leaves(server):
+@pytest.mark.parametrize("leaves_first", [False, True], ids=["call-closed-first", "room-left-first"])
+def test_the_agents_track_is_taken_out_of_the_room_before_the_agent_leaves(server, leaves_first):
     """The rtc runtime keeps a track's native sender for good when its room is left with the track still
-    published (0.25 MB a call, measured): the agent's sink unpublishes it at the call's end, which a
-    participant in the room sees while the agent is still there."""
+    published (0.25 MB a call, measured): the agent's track is unpublished while the agent is still in the
+    room, which a participant there sees before the agent leaves. Whether the call is closed first, or the
+    room is left first, as livekit-agents does at a job's end (it runs the job's shutdown callbacks, where
+    the call is closed, after it has left the room)."""
     from livekit import rtc
 
     from agent.sinks import RoomSink
@@ -81,19 +84,33 @@ def test_the_agents_track_is_taken_out_of_the_room_when_its_call_ends_before_the
         seen: list[str] = []
         watcher.on("track_published", lambda pub, p: seen.append(f"published by {p.identity}"))
         watcher.on("track_unpublished", lambda pub, p: seen.append(f"unpublished by {p.identity}"))
+        watcher.on("participant_disconnected", lambda p: seen.append(f"{p.identity} left"))
         await watcher.connect(server.url, token(server, name, "watcher"))
+        unpublished: list[bool] = []  # for each unpublishing the agent asked for: whether it was in the room
+        ask = agent.local_participant.unpublish_track
+
+        async def unpublish_track(sid: str) -> None:
+            unpublished.append(agent.isconnected())
+            await ask(sid)
+
+        agent.local_participant.unpublish_track = unpublish_track
         sink = RoomSink()
         await sink.start(agent)
         await await_until(lambda: seen == ["published by agent"], "the track published", 20, every=POLL_S)
-        await sink.aclose()
-        await await_until(lambda: len(seen) == 2, "the track unpublished", 20, every=POLL_S)
-        still_there = "agent" in {p.identity for p in watcher.remote_participants.values()}
-        await agent.disconnect()
+        if leaves_first:
+            await agent.disconnect()
+            await sink.aclose()
+        else:
+            await sink.aclose()
+            await await_until(lambda: len(seen) == 2, "the track unpublished", 20, every=POLL_S)
+            await agent.disconnect()
+        await await_until(lambda: len(seen) == 3, "the agent gone", 20, every=POLL_S)
         await watcher.disconnect()
-        return seen, still_there
+        return seen, unpublished
 
-    seen, still_there = asyncio.run(main())
-    assert seen == ["published by agent", "unpublished by agent"] and still_there
+    seen, unpublished = asyncio.run(main())
+    assert seen == ["published by agent", "unpublished by agent", "agent left"]
+    assert unpublished == [True]  # once, by the agent, while it was in the room
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-caller-audio", "framework-caller-audio"])
