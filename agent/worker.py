@@ -1,5 +1,6 @@
-"""The LiveKit worker: the process that registers with LiveKit, holds the one engine and its tick, and runs
-each room's call in a process of its own (agent/room.py) that reaches the engine through its door
+"""The LiveKit worker: the process that registers with LiveKit, starts the one engine (and its tick) in a
+process of its own, and runs each room's call (agent/room.py), in a thread of its own or with
+`CHORUS_ROOM_PROCESSES=true` in a process of its own, which reaches the engine through its door
 (engine/host.py: a socket and shared memory per session).
 
 `server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
@@ -164,6 +165,7 @@ def startup_timeout_s(settings: AgentSettings) -> float:
 # GIL was busy elsewhere. At 250 ms its ticks are 50 ms apart; a block that long still gets its warning
 # and its stack.
 LOOP_BLOCK_WARN_MS = 250
+PRELOAD_LOCAL_INFERENCE = "LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE"  # livekit-agents' (ipc/_preload.py)
 HEALTH_PORTS = range(8081, 8100)  # the worker's health port: livekit-agents' 8081, or the next free one
 RELEASE_SWEEP_S = 1.0  # how often the worker looks for jobs that ended (their unused slots given back)
 
@@ -203,6 +205,10 @@ def build_server(settings: AgentSettings) -> AgentServer:
     mask_log_handlers()
     # (read as each job starts)
     os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", str(LOOP_BLOCK_WARN_MS))
+    # livekit-agents loads its own voice-activity and end-of-turn models into every job's process (the
+    # worker's, with rooms as threads: about 220 MB) for agents that use them; a call here never does, the
+    # model hears and decides by itself (agent/call.py)
+    os.environ.setdefault(PRELOAD_LOCAL_INFERENCE, "0")
     kwargs: dict[str, Any] = {}
     if settings.http_port is not None:
         kwargs["port"] = settings.http_port

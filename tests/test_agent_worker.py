@@ -89,6 +89,32 @@ def test_shared_engine_is_built_once_across_threads(seeded_env):
     assert worker.engine_load(settings) == 0.0
 
 
+FRAMEWORK_MODELS_MB = 64  # livekit-agents' voice-activity and end-of-turn models take about 250 MB
+
+
+def test_the_worker_keeps_the_frameworks_own_models_out_of_its_memory():
+    """livekit-agents' warm-up, which each job runner imports (with rooms as threads, in the worker's own
+    process), loads the framework's voice-activity and end-of-turn models for the agents that use them. A
+    Chorus call never does: the worker built, the warm-up loads neither, and the process stays about 250 MB
+    smaller. In a fresh interpreter, so that nothing of this one's counts."""
+    code = (
+        "import os\n"
+        "from agent import worker\n"
+        "from agent.settings import AgentSettings\n"
+        "worker.build_server(AgentSettings(http_port=0))\n"
+        "def rss(): return int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) // 1024\n"
+        "before = rss()\n"
+        "import livekit.agents.ipc._preload as warm_up  # as a job runner imports it\n"
+        "print(warm_up._local_inference_models(), rss() - before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded, grew_mb = out.stdout.split()[-2:]
+    assert loaded == "False" and int(grew_mb) < FRAMEWORK_MODELS_MB, out.stdout
+
+
 def test_token_carries_the_room_and_the_agent_dispatch():
     from livekit import api
 
