@@ -206,7 +206,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
     # (read as each job starts)
     os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", str(LOOP_BLOCK_WARN_MS))
     # livekit-agents loads its own voice-activity and end-of-turn models into every job's process (the
-    # worker's, with rooms as threads: about 220 MB) for agents that use them; a call here never does, the
+    # worker's, with rooms as threads: about 250 MB) for agents that use them; a call here never does, the
     # model hears and decides by itself (agent/call.py)
     os.environ.setdefault(PRELOAD_LOCAL_INFERENCE, "0")
     kwargs: dict[str, Any] = {}
