@@ -98,7 +98,6 @@ def test_the_worker_keeps_the_frameworks_own_models_out_of_its_memory():
     Chorus call never does: the worker built, the warm-up loads neither, and the process stays about 250 MB
     smaller. In a fresh interpreter, so that nothing of this one's counts."""
     code = (
-        "import os\n"
         "from agent import worker\n"
         "from agent.settings import AgentSettings\n"
         "worker.build_server(AgentSettings(http_port=0))\n"
@@ -107,7 +106,7 @@ def test_the_worker_keeps_the_frameworks_own_models_out_of_its_memory():
         "import livekit.agents.ipc._preload as warm_up  # as a job runner imports it\n"
         "print(warm_up._local_inference_models(), rss() - before)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE"}
+    env = {k: v for k, v in os.environ.items() if k != worker.PRELOAD_LOCAL_INFERENCE}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
     )
