@@ -1,5 +1,6 @@
 """A room's side of the worker: the job that runs one room's call, in the room's own process (livekit-agents'
-process executor) or, under the console and `CHORUS_ROOM_PROCESSES=false`, in a thread of the worker's.
+process executor, the default) or, under the console and with `CHORUS_ROOM_PROCESSES=false`, in a thread of
+the worker's.
 
 `prewarm` readies a room's process before its job (the rtc SDK's FFI client, the engine's door:
 engine/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel agent

@@ -204,7 +204,17 @@ class RoutedQueue:
                 inbox = self._inboxes.setdefault(loop, _Inbox(loop))
                 for stale in [lp for lp in self._inboxes if lp.is_closed() and lp is not loop]:
                     del self._inboxes[stale]
+                self._forget_closed_loops()
         return inbox
+
+    def _forget_closed_loops(self) -> None:
+        """(Under `_lock`, as a new loop first takes an event: a new job.) The owners recorded for loops that
+        have closed since: a request whose callback came before the request was recorded, a room or a stream
+        that never sent its end. Each kept its job's loop, and all it holds, until pushed out."""
+        for table in (self._by_async_id, self._by_room, self._by_stream):
+            # (a copy first: `put` pops from these without the lock)
+            for key in [k for k, lp in list(table.items()) if lp.is_closed()]:
+                table.pop(key, None)
 
     # routing
 

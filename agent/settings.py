@@ -154,10 +154,16 @@ class AgentSettings(EnvSettings):
     # a benchmark's baseline, never for callers (EngineConfig.fixed_buffers): the buffers as they were before
     # they followed the measured jitter
     fixed_buffers: bool = Field(False, validation_alias="CHORUS_FIXED_BUFFERS", description="true or false")
-    # the engine and its tick always run in a process of their own (engine/serve.py); the rooms are threads of
-    # the worker's process (one rtc runtime for all, the fewest cores per room), or with true each room's
-    # call in a process of its own (livekit-agents' process executor): for hosts with cores to spare
-    room_processes: bool = Field(False, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
+    # the engine and its tick always run in a process of their own (engine/serve.py); each room's call runs in
+    # a process of its own (livekit-agents' process executor), which takes the rtc runtime's memory for the
+    # call with it when the call ends; false: the rooms are threads of the worker's process (one rtc runtime
+    # for all, about a fifth fewer cores per room), whose runtime keeps about 0.65 MB of every call it served
+    room_processes: bool = Field(True, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
+    # with room processes: how many wait, started, for their callers (at most the slots; more are started as
+    # callers come, as many at once as the host has cores, up to four); each holds about 110 MB
+    warm_rooms: int = Field(
+        4, ge=0, le=1024, validation_alias="CHORUS_WARM_ROOMS", description="a whole number from 0 to 1024"
+    )
     # the caller's audio from the rtc runtime straight into the engine's ring, no Python on its way, and the
     # agent's captures to its track made and answered natively (agent/audio_pump.py, built with the host's C
     # compiler on first use); false: through livekit-agents' room input and the SDK's capture, as without one

@@ -1,6 +1,6 @@
 """The LiveKit worker: the process that registers with LiveKit, starts the one engine (and its tick) in a
-process of its own, and runs each room's call (agent/room.py), in a thread of its own or with
-`CHORUS_ROOM_PROCESSES=true` in a process of its own, which reaches the engine through its door
+process of its own, and runs each room's call (agent/room.py) in a process of its own (with
+`CHORUS_ROOM_PROCESSES=false`, a thread of its own), which reaches the engine through its door
 (engine/host.py: a socket and shared memory per session).
 
 `server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
@@ -152,6 +152,12 @@ def weight_bytes(settings: AgentSettings) -> int:
     return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
 
 
+def warm_runners(settings: AgentSettings) -> int:
+    """The job runners started ahead of their callers: `CHORUS_WARM_ROOMS` room processes (at most the
+    slots), or with the rooms as threads one runner per slot."""
+    return min(settings.warm_rooms, settings.slots) if settings.room_processes else settings.slots
+
+
 def startup_timeout_s(settings: AgentSettings) -> float:
     """Seconds a job runner may take to start: `CHORUS_STARTUP_TIMEOUT_S` when set, else a base plus seconds
     per GB of weights (about five and a half minutes for the 11B preset's 22 GB, two for `tiny`)."""
@@ -218,10 +224,10 @@ def build_server(settings: AgentSettings) -> AgentServer:
         settings,
         job_executor_type=JobExecutorType.PROCESS if settings.room_processes else JobExecutorType.THREAD,
         drain_timeout=int(settings.drain_timeout_s),
-        # One warm job runner per slot. livekit-agents also sizes the load of a job it accepted but has not
-        # launched yet as 1 / num_idle_processes: with its default (the cores, at most 4) callers who arrive
-        # together are turned away as soon as two or three are in flight, whatever the free slots.
-        num_idle_processes=settings.slots,
+        # The room processes waiting for their callers (a runner thread per slot: threads cost nothing
+        # waiting). A job accepted but not launched yet weighs one slot (ChorusServer._get_effective_load),
+        # whatever this number.
+        num_idle_processes=warm_runners(settings),
         load_fnc=lambda: engine_load(settings),
         load_threshold=settings.load_target,  # full: every slot in use, or no headroom
         setup_fnc=prewarm,  # in each room's process: by reference (a process executor pickles it)
@@ -314,6 +320,13 @@ class ChorusServer(DrainingServer):
         finally:
             for task in tasks:
                 task.cancel()
+
+    def _get_effective_load(self) -> float:
+        """The load LiveKit's availability requests are answered with (livekit-agents 1.8's, replaced): the
+        engine's, plus a slot's share for each job accepted but not launched yet. livekit-agents weighs such a
+        job as its target load over the warm runners (with none running): a few callers who arrive together
+        at an idle worker would be turned away with slots free."""
+        return self._worker_load + self._reserved_slots * self.settings.load_target / self.settings.slots
 
     def _running_rooms(self) -> list[tuple[str, str]]:
         """(room sid, job id) of each job this worker runs (agent/fleet.py marks their rooms live), oldest

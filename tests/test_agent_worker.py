@@ -355,3 +355,18 @@ def test_the_worker_gives_back_the_slot_of_a_job_that_ended_before_its_call_open
         assert (before, after) == (0, 1)
     finally:
         worker.close_shared()
+
+
+@pytest.mark.parametrize("room_processes", [True, False])
+def test_callers_who_arrive_together_at_an_idle_worker_are_each_offered_a_slot(room_processes):
+    # LiveKit asks a worker whether it is available for each job; livekit-agents answers with its load plus
+    # an estimate for each job accepted but not launched yet, which it sizes by the warm job runners (with
+    # none running). A worker with sixteen slots and four room processes waiting must not turn the fifth of
+    # six callers who arrive together away
+    settings = AgentSettings(slots=16, http_port=0, warm_rooms=4, room_processes=room_processes)
+    server = worker.build_server(settings)
+    server._devmode, server._worker_load = False, 0.0
+    assert server._num_idle_processes == (4 if room_processes else 16)  # one room process per slot: 1.8 GB
+    for reserved, available in ((6, True), (15, True), (16, False)):
+        server._reserved_slots = reserved
+        assert server._is_available() is available, reserved

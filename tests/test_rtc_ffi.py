@@ -222,3 +222,26 @@ def test_a_rooms_events_reach_the_loop_that_connected_it_once_its_connect_callba
     q.put(ev)
     got = [len(lt.drain(s["room"])) for lt, s in zip(loops, subs, strict=True)]
     assert got == [1, 4, 1]  # the callback, two room events and the end; then everyone gets a stray event
+
+
+def test_an_ended_jobs_loop_is_let_go_once_a_new_job_takes_its_first_event(loops):
+    # a request whose callback came before it was recorded (its owner never popped), and a room that never
+    # sent its end: each kept its job's closed loop, and all that loop still held, for the process's life
+    q = RoutedQueue()
+    ended = loops[0]
+    ended.call(q.record_request, capture_response(41))
+    q.record_stream(7, ended.loop)
+    ended.call(q.subscribe, ended.loop, not_media)
+    q.put(audio_event(7))  # the ended job's inbox: its loop is known to the queue
+    ended.close()
+    loops[0] = LoopThread()  # the fixture closes the replacement
+    live = loops[1]
+    live.call(q.record_request, capture_response(42))
+    assert {id(lp) for lp in q._by_async_id.values()} == {id(ended.loop), id(live.loop)}
+    sub = live.call(q.subscribe, live.loop, is_audio)
+    q.record_stream(8, live.loop)
+    q.put(audio_event(8))  # the new job's first event
+    assert len(live.drain(sub)) == 1
+    assert list(q._by_async_id.values()) == [live.loop] and list(q._by_stream.values()) == [live.loop]
+    q.put(capture_callback(42))  # the live job's request still finds its owner
+    assert q._by_async_id == {}

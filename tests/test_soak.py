@@ -172,3 +172,28 @@ def test_memory_that_grows_past_five_percent_an_hour_is_found_and_flat_memory_is
         )
     got = memory_growth(rec, warmup_s=600)
     assert got["flat"]["growth_pct"] < 1 and got["leaky"]["growth_pct"] > got["leaky"]["allowed_pct"] == 5
+
+
+def _rooms(tmp_path, grow_mb_per_h: float) -> Recorder:
+    """An hour of a flat worker and a room's process every 30 s, each living its 2-minute call (its memory
+    rising from 110 MB as the call goes) and one waiting, at the end, for its caller."""
+    rec = Recorder(tmp_path, tmp_path)
+    for k in range(0, 3600, 5):
+        procs = {"worker 1": {"rss_mb": 800.0 + (k % 10)}}
+        for start in range(0, k + 1, 30):
+            if k - start < 120:
+                rss = 110.0 + (k - start) / 6 + grow_mb_per_h * start / 3600
+                procs[f"room w1.{start // 30}"] = {"rss_mb": rss}
+        procs["room w1.waiting"] = {"rss_mb": 100.0}
+        rec.samples.append({"t": float(k), "procs": procs})
+    return rec
+
+
+def test_room_processes_are_judged_by_each_ones_peak_over_the_hour_the_waiting_ones_left_out(tmp_path):
+    flat = memory_growth(_rooms(tmp_path, 0.0), warmup_s=600)
+    assert set(flat) == {"worker 1", "room processes"}  # no room's process judged as a long-lived one
+    rooms = flat["room processes"]
+    assert abs(rooms["growth_pct"]) < 0.5 and rooms["processes"] > 90 and rooms["peak_mb"]["p50"] > 125
+    # each call's process ending 10 MB (7%) heavier an hour on: a leak outliving the calls (a forkserver's)
+    grown = memory_growth(_rooms(tmp_path, 10.0), warmup_s=600)["room processes"]
+    assert grown["growth_pct"] > grown["allowed_pct"] == 5

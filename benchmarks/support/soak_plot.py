@@ -9,7 +9,7 @@ import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
 from benchmarks.support.soak_calls import CallRecord
-from benchmarks.support.soak_report import SILENCE_BOUND_S, Recorder
+from benchmarks.support.soak_report import ROOM, SILENCE_BOUND_S, Recorder
 
 
 def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> None:
@@ -21,9 +21,16 @@ def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> 
     t = np.asarray([s["t"] for s in rec.samples]) / 60
     fig, ax = plt.subplots(4, 1, figsize=(11, 13), sharex=True)
     names = sorted({n for s in rec.samples for n in s["procs"]})
+    first_room = True
     for n in names:
         pts = [(s["t"] / 60, s["procs"][n]["rss_mb"]) for s in rec.samples if n in s["procs"]]
-        ax[0].plot(*zip(*pts, strict=True), label=n, lw=1)
+        if n.startswith(ROOM):  # one a call: drawn alike, named once
+            ax[0].plot(
+                *zip(*pts, strict=True), color="0.6", lw=0.6, label="a room's process" if first_room else None
+            )
+            first_room = False
+        else:
+            ax[0].plot(*zip(*pts, strict=True), label=n, lw=1)
     ax[0].set_ylabel("resident MiB")
     ax[0].legend(fontsize=6, ncol=4)
     ax[1].step(t, [s["live"] for s in rec.samples], where="post", label="calls live")

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
+from agent.settings import AgentSettings
 from benchmarks.support.machine import cmdline, tree
 from benchmarks.support.soak_calls import CallRecord, read_only
 from benchmarks.support.stats import percentiles
@@ -31,6 +32,9 @@ ACKNOWLEDGED = ("sorry, we were", "thank you for holding")
 FIRST_TURN_S = 8.0  # a new agent's first turn is said whole this long after its first words
 MEMORY_PER_HOUR = 0.05  # a process's resident memory after its warm-up: within 5% per hour (5% at least)
 NOT_JUDGED = ("generator",)  # the callers' side: its memory is the live calls' audio, kept for the checks
+ROOM = "room "  # a room's own process (one call's, CHORUS_ROOM_PROCESSES=true): "room w1", "room w1.2", ...
+WARM_ROOMS = AgentSettings.model_fields["warm_rooms"].default  # room processes a worker keeps waiting
+ROOMS_JUDGED = 10  # room processes after the warm-up needed to judge them as one series
 EDGE_S = 60.0  # memory is compared between the first and the last minute after the warm-up
 
 
@@ -44,6 +48,13 @@ def _status(pid: int) -> tuple[float, int] | None:
     if "VmRSS" not in f:  # exited, not yet reaped
         return None
     return int(f["VmRSS"].split()[0]) / 1024, int(f["Threads"])
+
+
+def _parent(pid: int) -> int | None:
+    try:  # /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _fds(pid: int) -> int:
@@ -100,6 +111,10 @@ class Recorder:
                     if "engine.serve" in cmd
                     else "snapshot server"
                     if "snapshot_serve" in cmd
+                    else "resource tracker"  # multiprocessing's, the rooms' processes' shared memory
+                    if "resource_tracker" in cmd
+                    else "forkserver"  # forks the rooms' processes (which share its command line)
+                    if "forkserver" in cmd and _parent(p) == w.proc.pid
                     else "room"  # a room's own process (CHORUS_ROOM_PROCESSES=true)
                 )
                 pids.append((p, self._name(p, role, w.proc.pid)))
@@ -171,7 +186,11 @@ class Recorder:
         s = self.samples[-1] if self.samples else None
         ended = [r for r in records if r.left_at is not None and r.answered_at is not None]
         silence = max((r.longest_unasked(REPLY_EVERY_S) for r in ended), default=0.0)
-        mem = " ".join(f"{k} {v['rss_mb']:.0f}" for k, v in (s["procs"] if s else {}).items())
+        procs = s["procs"] if s else {}
+        rooms = [v["rss_mb"] for k, v in procs.items() if k.startswith(ROOM)]
+        mem = " ".join(f"{k} {v['rss_mb']:.0f}" for k, v in procs.items() if not k.startswith(ROOM))
+        if rooms:
+            mem += f" rooms {len(rooms)} x {min(rooms):.0f}-{max(rooms):.0f}"
         return (
             f"calls {len(records)} ({sum(r.left_at is None for r in records)} live), answered "
             f"{sum(r.answered_at is not None for r in records)}, "
@@ -243,7 +262,8 @@ def windows(rec: Recorder, records: list[CallRecord], window_s: float) -> list[d
         before = [s for s in rec.samples if s["t"] < a][-1:]
         joined = [r for r in records if r.joined_at is not None and a <= r.joined_at - rec.t0 < b]
         ended = [r for r in records if r.left_at is not None and a <= r.left_at - rec.t0 < b]
-        names = sorted({n for s in inside for n in s["procs"]})
+        names = sorted({n for s in inside for n in s["procs"] if not n.startswith(ROOM)})
+        rooms = [(n, p) for s in inside for n, p in s["procs"].items() if n.startswith(ROOM)]
         out.append(
             {
                 "from_s": a,
@@ -272,6 +292,15 @@ def windows(rec: Recorder, records: list[CallRecord], window_s: float) -> list[d
                 "threads_max": {
                     n: max(s["procs"][n]["threads"] for s in inside if n in s["procs"]) for n in names
                 },
+                # the rooms' own processes (one a call, and those waiting for their callers)
+                "room_processes": {
+                    "max_at_once": max(
+                        (sum(n.startswith(ROOM) for n in s["procs"]) for s in inside), default=0
+                    ),
+                    "rss_max_mb": max((p["rss_mb"] for _, p in rooms), default=0.0),
+                    "fds_max": max((p["fds"] for _, p in rooms), default=0),
+                    "threads_max": max((p["threads"] for _, p in rooms), default=0),
+                },
                 "rows": inside[-1]["rows"] if inside else {},
             }
         )
@@ -290,7 +319,7 @@ def memory_growth(rec: Recorder, warmup_s: float) -> dict[str, dict]:
             series[n].append((s["t"], p["rss_mb"]))
     out = {}
     for n, pts in series.items():
-        if n in NOT_JUDGED:
+        if n in NOT_JUDGED or n.startswith(ROOM):
             continue
         start = pts[0][0] + warmup_s
         after = [(t, v) for t, v in pts if t >= start]
@@ -306,7 +335,41 @@ def memory_growth(rec: Recorder, warmup_s: float) -> dict[str, dict]:
             "allowed_pct": round(MEMORY_PER_HOUR * 100 * max(1.0, span_h), 2),
             "span_min": round(span_h * 60, 1),
         }
+    start = min((p[0][0] for p in series.values()), default=0.0)
+    end = max((p[-1][0] for p in series.values()), default=0.0)
+    rooms = room_growth(series, start + warmup_s, end)
+    if rooms is not None:
+        out["room processes"] = rooms
     return out
+
+
+def room_growth(series: dict[str, list[tuple[float, float]]], after_s: float, end_s: float) -> dict | None:
+    """The rooms' own processes, each one call's (and gone with it), judged as one series: each one's peak
+    resident memory against when it started, for those started after the warm-up and gone before the end
+    (those left wait for their callers). A line fitted through
+    them gives the growth from the first to the last, which must stay within MEMORY_PER_HOUR as a long-lived
+    process's (a forkserver or a worker that grew would show here); None with fewer than ROOMS_JUDGED."""
+    peaks = sorted(
+        (pts[0][0], max(v for _, v in pts))
+        for n, pts in series.items()
+        if n.startswith(ROOM) and pts[0][0] >= after_s and pts[-1][0] < end_s
+    )
+    if len(peaks) < ROOMS_JUDGED or peaks[-1][0] - peaks[0][0] < 2 * EDGE_S:
+        return None
+    t = np.asarray([p[0] for p in peaks])
+    v = np.asarray([p[1] for p in peaks])
+    slope, at0 = np.polyfit(t, v, 1)
+    first, last = at0 + slope * t[0], at0 + slope * t[-1]
+    span_h = (t[-1] - t[0]) / 3600
+    return {
+        "from_mb": round(float(first), 1),
+        "to_mb": round(float(last), 1),
+        "growth_pct": round(float((last - first) / first * 100), 2),
+        "allowed_pct": round(MEMORY_PER_HOUR * 100 * max(1.0, span_h), 2),
+        "span_min": round(span_h * 60, 1),
+        "processes": len(peaks),
+        "peak_mb": _spread(v.tolist()),
+    }
 
 
 def after_fault(r: CallRecord) -> dict | None:
@@ -359,6 +422,8 @@ def check(rec: Recorder, records: list[CallRecord], store_dir: Path, warmup_s: f
         i: v for i, v in faulted.items() if v[1]["silence_s"] > v[1]["bound_s"] or v[1]["new_agents"] != 1
     }
     unsaid = {i: v for i, v in faulted.items() if v[1]["acknowledged"] is False or v[1]["goodbye"]}
+    at_end = Counter(n.split()[1].split(".")[0] for n in final["procs"] if n.startswith(ROOM))
+    kept = {w: n for w, n in at_end.items() if n > WARM_ROOMS}
     db = _db(store_dir)
     booking = [r for r in records if r.plan.kind == "booking" and r.guest]
     twice = {r.guest: db["by_guest"].get(r.guest, 0) for r in booking if db["by_guest"].get(r.guest, 0) > 1}
@@ -380,6 +445,11 @@ def check(rec: Recorder, records: list[CallRecord], store_dir: Path, warmup_s: f
             "ok": not leaked,
             "detail": f"samples with a slot held for a call that ended over {LEAVE_GRACE_S:g} s before: "
             f"{leaked[:5] or 'none'}",
+        },
+        "no room's process outlives its call": {
+            "ok": not kept,
+            "detail": f"room processes at the end, per worker: {dict(at_end) or 'none'} "
+            f"(up to {WARM_ROOMS} wait for their callers)",
         },
         "no slot in use at the end": {
             "ok": final["slots"] == 0,
