@@ -29,13 +29,13 @@ from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
-from engine.phase import MIN_MARGIN_S
-from engine.remote import RemoteEngine
+from engine.client.remote import RemoteEngine
+from engine.tick.phase import MIN_MARGIN_S
 from redaction import pseudonym
 
 if TYPE_CHECKING:
-    from engine.engine import Engine, SessionHandle
-    from engine.stage_config import ClockConfig
+    from engine.sizing.stage_config import ClockConfig
+    from engine.tick.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.call")
 
@@ -272,7 +272,7 @@ def native_caller_input(call: Call, clock: ClockConfig) -> CallerAudio | None:
     if lib is None or not isinstance(call.model.engine, RemoteEngine) or not install_room_input():
         return None
     # the frames end just ahead of the ticks, by the tick's own least margin for late frames
-    # (engine/phase.py); the benchmarks' fixed-buffer baseline leaves them where they fall
+    # (engine/tick/phase.py); the benchmarks' fixed-buffer baseline leaves them where they fall
     lead_s = 0.0 if getattr(call.model.engine.config, "fixed_buffers", False) else MIN_MARGIN_S
     call.model.caller_audio = CallerAudio(
         lib,

@@ -20,7 +20,7 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 
 if TYPE_CHECKING:
     from agent.call import Call
-    from engine.engine import Engine
+    from engine.tick.engine import Engine
 
 log = logging.getLogger("chorus.agent.drain")
 

@@ -42,7 +42,7 @@ from engine.api import (
 
 if TYPE_CHECKING:
     from agent.caller_input import CallerAudio
-    from engine.engine import Engine, SessionHandle
+    from engine.tick.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.duplex")
 

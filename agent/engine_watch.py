@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.api import EngineClosed
-from engine.control import EngineControl
-from engine.serve import EngineProcess
+from engine.client.control import EngineControl
+from engine.door.serve import EngineProcess
 
 log = logging.getLogger("chorus.agent.engine_watch")
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.call import Call
-    from engine.engine import Engine
+    from engine.tick.engine import Engine
 
 log = logging.getLogger("chorus.agent.forcing")
 

@@ -115,7 +115,7 @@ class HotelAgent(Concierge):
 
 
 def tool_schemas(agent: Agent) -> list[dict[str, Any]]:
-    """The agent's function tools as {name, description, parameters}: what `engine.prompt` renders into
+    """The agent's function tools as {name, description, parameters}: what `engine.text.prompt` renders into
     the model's `<AVAILABLE_TOOLS>` block (the same conversion the duplex model applies)."""
     from agent.duplex import tool_schemas as schemas_of
 

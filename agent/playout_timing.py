@@ -52,7 +52,8 @@ class ArrivalJitter:
         self._k += 1
         if self._anchor is None or due < self._anchor:
             # the earliest cadence of the turn so far: frames that come earlier than the first did (the tick
-            # moved toward the callers' frames, engine/phase.py) set the cadence the later ones are late for
+            # moved toward the callers' frames, engine/tick/phase.py) set the cadence the later ones are late
+            # for
             self._anchor = due
         late = max(0.0, due - self._anchor)
         self.measured += 1

@@ -3,12 +3,11 @@ process executor, the default) or, under the console and with `CHORUS_ROOM_PROCE
 the worker's.
 
 `prewarm` readies a room's process before its job (the rtc SDK's FFI client, the engine's door:
-engine/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel agent
-until the caller leaves; a phone caller gets the phone concierge (agent/phone.py), which can also transfer
-the call or hang up. The engine is the worker's (agent/worker.py), reached through its socket and shared
-memory; this module imports nothing of torch, so a room's process starts in a fraction of a second and
-stays small.
-Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
+engine/client/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel
+agent until the caller leaves; a phone caller gets the phone concierge (agent/phone.py), which can also
+transfer the call or hang up. The engine is the worker's (agent/worker.py), reached through its socket and
+shared memory; this module imports nothing of torch, so a room's process starts in a fraction of a second and
+stays small. Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
 """
 
 from __future__ import annotations
@@ -44,13 +43,13 @@ from agent.presence import REPLACED, ROOM_CLOSED, CallerPresence
 from agent.receive_stats import ReceiveWatch
 from agent.settings import AgentSettings
 from agent.sinks import ConsoleSink, RoomSink
-from engine.collector import freeze_long_lived
+from engine.process.collector import freeze_long_lived
 
 if TYPE_CHECKING:
     from livekit.agents import Agent
 
     from agent.phone import PhoneLine
-    from engine.remote import RemoteEngine
+    from engine.client.remote import RemoteEngine
 
 log = logging.getLogger("chorus.agent.room")
 
@@ -90,10 +89,10 @@ def room_settings() -> AgentSettings:
 
 
 def room_engine() -> RemoteEngine:
-    """The worker's engine as this process reaches it (engine/remote.py), made once per process."""
+    """The worker's engine as this process reaches it (engine/client/remote.py), made once per process."""
     if "engine" not in _room:
         from agent.drain import DRAIN
-        from engine.remote import RemoteEngine
+        from engine.client.remote import RemoteEngine
 
         engine = RemoteEngine()
         engine.on_drain = DRAIN.begin

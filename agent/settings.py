@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field
 from envsettings import EnvSettings
 
 if TYPE_CHECKING:
-    from engine.engine import EngineConfig
+    from engine.tick.engine import EngineConfig
 
 __all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "e164"]
 
@@ -110,7 +110,7 @@ class AgentSettings(EnvSettings):
         None, gt=0, validation_alias="CHORUS_STARTUP_TIMEOUT_S", description="a number of seconds above 0"
     )
 
-    # context windows (engine/windows.py); empty: the release's. Capacity mode: a short talker window
+    # context windows (engine/sizing/windows.py); empty: the release's. Capacity mode: a short talker window
     talker_window: int | None = Field(
         None,
         ge=2,
@@ -148,16 +148,17 @@ class AgentSettings(EnvSettings):
     teacher_forcing: bool = Field(
         False, validation_alias="CHORUS_TEACHER_FORCING", description="true or false"
     )
-    # a measurement tool, never for callers (engine/echo.py, benchmarks/livekit_latency.py): each caller
+    # a measurement tool, never for callers (engine/tick/echo.py, benchmarks/livekit_latency.py): each caller
     # hears their own audio back through the whole path, the engine's tick included; the model runs unheard
     echo: bool = Field(False, validation_alias="CHORUS_ECHO", description="true or false")
     # a benchmark's baseline, never for callers (EngineConfig.fixed_buffers): the buffers as they were before
     # they followed the measured jitter
     fixed_buffers: bool = Field(False, validation_alias="CHORUS_FIXED_BUFFERS", description="true or false")
-    # the engine and its tick always run in a process of their own (engine/serve.py); each room's call runs in
-    # a process of its own (livekit-agents' process executor), which takes the rtc runtime's memory for the
-    # call with it when the call ends; false: the rooms are threads of the worker's process (one rtc runtime
-    # for all, about a fifth fewer cores per room), whose runtime keeps about 0.65 MB of every call it served
+    # the engine and its tick always run in a process of their own (engine/door/serve.py); each room's call
+    # runs in a process of its own (livekit-agents' process executor), which takes the rtc runtime's memory
+    # for the call with it when the call ends; false: the rooms are threads of the worker's process (one rtc
+    # runtime for all, about a fifth fewer cores per room), whose runtime keeps about 0.65 MB of every call it
+    # served
     room_processes: bool = Field(True, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
     # with room processes: how many wait, started, for their callers (at most the slots; more are started as
     # callers come, as many at once as the host has cores, up to four); each holds about 110 MB
@@ -195,7 +196,7 @@ class AgentSettings(EnvSettings):
         """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and
         the simulation's); `overrides` are `EngineConfig` fields given another way
         (the simulation's flags)."""
-        from engine.engine_config import EngineConfig
+        from engine.sizing.engine_config import EngineConfig
 
         fields = {
             "preset": self.preset,
@@ -247,7 +248,9 @@ class AgentSettings(EnvSettings):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        from engine.presets import PRESETS  # the presets' names only; the engine itself is not imported
+        from engine.sizing.presets import (
+            PRESETS,  # the presets' names only; the engine itself is not imported
+        )
 
         if preset not in PRESETS:
             raise ValueError(f"one of {', '.join(sorted(PRESETS))}")

@@ -12,15 +12,15 @@ EXIT_INTERRUPTED = 130
 
 def rss_mb() -> float:
     """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
-    from engine.metrics import resident_bytes
+    from engine.observe.metrics import resident_bytes
 
     return round(resident_bytes() / 2**20, 1)
 
 
 def heap_mb() -> float | None:
-    """Bytes the C heap has handed out and not had back, in MiB (`engine.malloc.heap_bytes`; None where the
-    C library is not glibc)."""
-    from engine.malloc import heap_bytes
+    """Bytes the C heap has handed out and not had back, in MiB (`engine.process.malloc.heap_bytes`; None
+    where the C library is not glibc)."""
+    from engine.process.malloc import heap_bytes
 
     used = heap_bytes()
     return None if used is None else round(used / 2**20, 1)

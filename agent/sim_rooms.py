@@ -27,8 +27,8 @@ from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
-    from engine.stage_config import ClockConfig
+    from engine.sizing.stage_config import ClockConfig
+    from engine.tick.engine import Engine
     from tools.hotel import Hotel
 
 log = logging.getLogger("chorus.agent.simulate")
@@ -168,8 +168,9 @@ class Room:
 class Stage:
     """What every room shares: the engine, the hotel, where the WAVs go, the agent's settings, and the run's
     clock (`join_by` on the loop's clock; `go` starts the talk, `end[0]` ends it, `stop` ends everything).
-    The rooms reach the engine as a worker's rooms do, through its door (`remote`: engine/host.py's socket
-    and shared memory); the join decisions read the engine's own load, as the worker's load function does."""
+    The rooms reach the engine as a worker's rooms do, through its door (`remote`: engine/door/host.py's
+    socket and shared memory); the join decisions read the engine's own load, as the worker's load function
+    does."""
 
     engine: Engine
     remote: Any

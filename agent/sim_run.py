@@ -23,13 +23,13 @@ import numpy as np
 from agent.sim_report import heap_mb, rss_mb, write_metrics
 from agent.sim_rooms import Room, Stage, caller_clips, phone_rooms, run_room
 from agent.telephony import telephone_band
-from engine.collector import freeze_long_lived, thaw
-from engine.host import EngineHost
-from engine.remote import RemoteEngine
+from engine.client.remote import RemoteEngine
+from engine.door.host import EngineHost
+from engine.process.collector import freeze_long_lived, thaw
 
 if TYPE_CHECKING:
     from engine.api import EngineSnapshot
-    from engine.engine import Engine
+    from engine.tick.engine import Engine
     from tools.hotel import Hotel
 
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
@@ -58,7 +58,7 @@ class SimulateError(Exception):
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine, or SimulateError with one line naming what is wrong."""
-    from engine.engine import Engine
+    from engine.tick.engine import Engine
 
     if args.checkpoint and not Path(args.checkpoint).exists():
         raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")

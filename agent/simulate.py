@@ -82,7 +82,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Fill the defaults from the settings and the other arguments; SimulateError naming the first bad value.
     Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
     from agent.settings import AgentSettings
-    from engine.presets import PRESETS
+    from engine.sizing.presets import PRESETS
     from envsettings import SettingsError
     from tools.settings import StoreSettings
 
@@ -127,7 +127,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.presets import load_preset
+    from engine.sizing.presets import load_preset
 
     try:
         check_arguments(args)

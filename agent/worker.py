@@ -1,7 +1,7 @@
 """The LiveKit worker: the process that registers with LiveKit, starts the one engine (and its tick) in a
 process of its own, and runs each room's call (agent/room.py) in a process of its own (with
 `CHORUS_ROOM_PROCESSES=false`, a thread of its own), which reaches the engine through its door
-(engine/host.py: a socket and shared memory per session).
+(engine/door/host.py: a socket and shared memory per session).
 
 `server` is the `AgentServer` that livekit-agents' CLI finds in this module (`python -m livekit.agents start
 agent/worker.py`, `lk agent dev`, `lk agent console`; `python -m agent dev|start|console` runs the same
@@ -40,7 +40,7 @@ from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
     from agent.engine_watch import EngineWatch
-    from engine.control import EngineControl
+    from engine.client.control import EngineControl
 
 log = logging.getLogger("chorus.agent.worker")
 
@@ -57,20 +57,20 @@ _watch: EngineWatch | None = None
 
 
 def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> EngineControl:
-    """The worker's engine: its process (`python -m engine.serve`), started on first use by whichever thread
-    asks first and waited for until its door is open (at most `startup_s`, by default `startup_timeout_s`);
-    what is returned is the worker's end of that door (admission, load, drain), with the worker's own key.
-    Its address and the rooms' key go into this process's environment, where the rooms find them (a room's
-    own process inherits them); the worker's key stays in this process's memory. The process is watched
-    (agent/engine_watch.py): one that dies is started again at the same address with the same keys."""
+    """The worker's engine: its process (`python -m engine.door.serve`), started on first use by whichever
+    thread asks first and waited for until its door is open (at most `startup_s`, by default
+    `startup_timeout_s`); what is returned is the worker's end of that door (admission, load, drain), with the
+    worker's own key. Its address and the rooms' key go into this process's environment, where the rooms find
+    them (a room's own process inherits them); the worker's key stays in this process's memory. The process is
+    watched (agent/engine_watch.py): one that dies is started again at the same address with the same keys."""
     global _engine, _watch
     if _engine is None:
         with _lock:
             if _engine is None:
                 from agent.engine_watch import EngineWatch
-                from engine.control import EngineControl
-                from engine.serve import EngineProcess
-                from engine.wire import ADDRESS_ENV, KEY_ENV
+                from engine.client.control import EngineControl
+                from engine.client.wire import ADDRESS_ENV, KEY_ENV
+                from engine.door.serve import EngineProcess
 
                 config = settings.engine_config(warm_prompts=agent_prompts(settings)).model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s
@@ -93,7 +93,7 @@ def agent_prompts(settings: AgentSettings) -> list:
     from agent.hotel import HotelAgent, tool_schemas
     from agent.phone import PhoneConcierge, PhoneLine
     from agent.room import shared_hotel
-    from engine.engine_config import WarmPrompt
+    from engine.sizing.engine_config import WarmPrompt
 
     try:
         hotel = shared_hotel()
@@ -146,8 +146,8 @@ def weight_bytes(settings: AgentSettings) -> int:
         path = Path(settings.checkpoint)
         path = path / "model.safetensors" if path.is_dir() else path
         return path.stat().st_size if path.is_file() else 0  # a missing file fails the engine's own check
-    from engine.info import report
-    from engine.presets import load_preset
+    from engine.sizing.info import report
+    from engine.sizing.presets import load_preset
 
     return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
 
@@ -339,9 +339,9 @@ class ChorusServer(DrainingServer):
 
     async def _release_ended_jobs(self, engine: EngineControl) -> None:
         """Give back the slot of every job that ended before its call opened a session (only the worker may:
-        engine/gate.py). A job is watched from when it runs; one that is no longer running is released, which
-        is a no-op for a job whose session took its slot. A job admitted but never launched lapses in the
-        engine (ADMISSION_TTL_S)."""
+        engine/door/gate.py). A job is watched from when it runs; one that is no longer running is released,
+        which is a no-op for a job whose session took its slot. A job admitted but never launched lapses in
+        the engine (ADMISSION_TTL_S)."""
         running: set[str] = set()
         while True:
             await asyncio.sleep(RELEASE_SWEEP_S)

@@ -15,11 +15,11 @@ import time
 import torch
 
 from benchmarks.engine_serve import add_arguments, main_serve
-from engine.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
-from engine.malloc import tune_malloc
-from engine.presets import PRESETS, load_preset
-from engine.stage_config import ModelConfig
-from engine.windows import add_window_arguments, windows
+from engine.process.malloc import tune_malloc
+from engine.sizing.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
+from engine.sizing.presets import PRESETS, load_preset
+from engine.sizing.stage_config import ModelConfig
+from engine.sizing.windows import add_window_arguments, windows
 
 TICK_MS = 80.0
 
@@ -89,7 +89,7 @@ def bench_thinker(
 def bench_pipeline(args) -> int:
     """Per-stage p50/p99 of the live step at each batch size (all rows active)."""
     from engine.model.pipeline import Pipeline
-    from engine.tokens import Tokens
+    from engine.text.tokens import Tokens
 
     cfg = windows(load_preset(args.preset), args)
     device = _device(args.device)
@@ -148,7 +148,7 @@ def bench_pipeline(args) -> int:
             out[f"graph_ms_p50_{b}"], out[f"graph_ms_p99_{b}"] = st["p50"], st["p99"]
             line.append(f"graphed step {st['p50']:.2f}/{st['p99']:.2f}")
         if device.type == "cuda":
-            from engine.memory import predict_peak_bytes
+            from engine.sizing.memory import predict_peak_bytes
 
             out[f"peak_gb_{b}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
             out[f"predicted_gb_{b}"] = round(predict_peak_bytes(cfg, dtypes, b, live_only=True)[0] / 2**30, 3)
@@ -167,9 +167,9 @@ def _free(device: torch.device) -> None:
 
 
 def _graphed_step_ms(p, b: int, device: torch.device, warmup: int, steps: int) -> list[float]:
-    """The whole live step as one captured CUDA graph (engine/graph.py), replayed: wall ms per step."""
-    from engine.graph import StepGraph
+    """The whole live step as one captured CUDA graph (engine/tick/graph.py), replayed: wall ms per step."""
     from engine.model.pipeline import all_inactive, live_inputs
+    from engine.tick.graph import StepGraph
 
     static = live_inputs(p.cfg, b, device)
     step = StepGraph(p.live_step, static, prepare_warmup=all_inactive)

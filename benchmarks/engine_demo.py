@@ -13,8 +13,8 @@ import sys
 
 from benchmarks.engine_bench import TICK_MS
 from benchmarks.engine_serve import run_workload
-from engine.engine import EngineConfig
-from engine.presets import PRESETS
+from engine.sizing.presets import PRESETS
+from engine.tick.engine import EngineConfig
 
 
 def demo(preset: str, sessions: int, seconds: float, device_name: str | None) -> int:

@@ -18,9 +18,9 @@ import torch
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall, Output, ToolResultConsumed
-from engine.engine import Engine, EngineConfig
-from engine.metrics import pct
-from engine.presets import load_preset
+from engine.observe.metrics import pct
+from engine.sizing.presets import load_preset
+from engine.tick.engine import Engine, EngineConfig
 
 
 def _call_of_length(engine: Engine, n: int) -> list[int]:

@@ -9,17 +9,17 @@ positions a session has filled. Both stages with attention write one position pe
 reset. So a call of m minutes fills min(R, 750 m) positions of a thinker ring of R and min(R, warm-up + 750 m)
 of a talker ring; a paged layout holds that rounded up to whole blocks (`--block`, default 16 positions).
 
-The stages are built on the `meta` device as `engine info` builds them (engine/info.py: `report` gives the
-weights, derived buffers, the thinker's scratch row and the ring figure). Per-position KV bytes come from the
-KV buffers themselves, at one and at two slots, so the figures follow the code. A session's state splits into
-a fixed part (Mamba SSM and conv states, perception's 70-frame attention cache, codec state, counters) and
-the KV that grows with filled positions. Two settings: the release's windows with dtype policy "gpu", and the
-capacity mode (policy "capacity", talker window `CAPACITY_TALKER_WINDOW`). The paged figures count every
+The stages are built on the `meta` device as `engine info` builds them (engine/sizing/info.py: `report` gives
+the weights, derived buffers, the thinker's scratch row and the ring figure). Per-position KV bytes come from
+the KV buffers themselves, at one and at two slots, so the figures follow the code. A session's state splits
+into a fixed part (Mamba SSM and conv states, perception's 70-frame attention cache, codec state, counters)
+and the KV that grows with filled positions. Two settings: the release's windows with dtype policy "gpu", and
+the capacity mode (policy "capacity", talker window `CAPACITY_TALKER_WINDOW`). The paged figures count every
 session at the same call length, one position per frame (system prompt and tool positions, which fill the
 thinker's ring sooner, are left out) and no block tables (both in paging's favour). A paged pool cannot
 preempt a live call, so the script also gives the sessions a pool admits if it is sized for every call
-reaching its full window. `--gpu-mem-gb` is in GB (10**9 bytes), as engine/info.py counts it, keeping its
-`WORKSPACE_GB`. The last stdout line is one JSON object.
+reaching its full window. `--gpu-mem-gb` is in GB (10**9 bytes), as engine/sizing/info.py counts it, keeping
+its `WORKSPACE_GB`. The last stdout line is one JSON object.
 
     python benchmarks/kv_layout.py [--gpu-mem-gb 141] [--block 16] [--minutes 1 2 3 5 10 20 30]
 """
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.dtype_policy import DtypePolicy, dtype_policy
-from engine.info import GB, WORKSPACE_GB, report
 from engine.model.pipeline import STAGES, build_stages
-from engine.presets import load_preset
-from engine.stage_config import ModelConfig
-from engine.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
+from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
+from engine.sizing.info import GB, WORKSPACE_GB, report
+from engine.sizing.presets import load_preset
+from engine.sizing.stage_config import ModelConfig
+from engine.sizing.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 
 PRESET = "nemotron-voicechat-11b"
 MINUTES = (1, 2, 3, 5, 10, 20, 30)

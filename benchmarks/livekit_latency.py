@@ -4,7 +4,7 @@ This module is the command and its figures: one run with a fresh worker, the par
 report. The callers, the measured session and the matching of a burst's times are benchmarks/latency/'s.
 
 `python -m benchmarks.livekit_latency --callers 16 --seconds 20` starts the worker as a user does
-(`python -m agent start`, tiny preset, CPU, one slot per caller) with CHORUS_ECHO=true (engine/echo.py, a
+(`python -m agent start`, tiny preset, CPU, one slot per caller) with CHORUS_ECHO=true (engine/tick/echo.py, a
 measurement tool): the tick runs as always, but each live session's output frame is its own input frame of
 that tick, resampled to 22.05 kHz, so every caller hears itself back through the whole path: WebRTC to the
 server and on to the worker, livekit-agents' room input (80 ms frames at 16 kHz), the engine's inbox and tick,
@@ -15,8 +15,8 @@ Each caller is a real participant (the `livekit` rtc SDK) publishing a 48 kHz to
 20 ms burst (a 1 kHz tone at 0.7 full scale) about every 0.5 s. A burst's onset is timed four times:
   - leaving the caller (the capture time of its 20 ms frame, plus what the SDK still queued, plus its place
     in the frame);
-  - entering the engine: the engine logs every input frame with a sample above `engine.echo.MARK`: when it
-    was pushed into the session's inbox, when the tick that consumed it started, when the output frame was
+  - entering the engine: the engine logs every input frame with a sample above `engine.tick.echo.MARK`: when
+    it was pushed into the session's inbox, when the tick that consumed it started, when the output frame was
     handed to the session, and where in the frame the onset lies;
   - arriving back at the caller (the arrival of the received frame holding it, less the SDK's frame
     assembly, plus its place in the frame).

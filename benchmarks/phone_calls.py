@@ -49,7 +49,7 @@ def caller_number(i: int) -> str:
 
 
 def is_engine(pid: int) -> bool:
-    return "engine.serve" in cmdline(pid)
+    return "engine.door.serve" in cmdline(pid)
 
 
 async def run_calls(

@@ -1,10 +1,11 @@
 """`python -m benchmarks.profile_step`: one live step looked at closely, eager and as a captured graph.
 
 For the live step of a preset at N slots (every slot active) it reports: the operators the step dispatches
-and whether anything in it would stop a CUDA graph capture (engine/graph.py's audit); on CUDA, under the
+and whether anything in it would stop a CUDA graph capture (engine/tick/graph.py's audit); on CUDA, under the
 profiler, the kernels one eager step launches, the GPU-busy time against the wall time of an eager step and
 of a graph replay, and the peak device memory against the prediction of `engine info --slots`
-(engine/memory.py). Last line: one JSON object. Knows the pipeline and torch's profiler; nothing of sessions.
+(engine/sizing/memory.py). Last line: one JSON object. Knows the pipeline and torch's profiler; nothing of
+sessions.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import time
 
 import torch
 
-from engine.dtype_policy import DTYPE_POLICIES, dtype_policy
-from engine.malloc import tune_malloc
-from engine.presets import PRESETS, load_preset
-from engine.windows import add_window_arguments, windows
+from engine.process.malloc import tune_malloc
+from engine.sizing.dtype_policy import DTYPE_POLICIES, dtype_policy
+from engine.sizing.presets import PRESETS, load_preset
+from engine.sizing.windows import add_window_arguments, windows
 
 
 def _busy_ms(prof) -> tuple[int, float]:
@@ -54,10 +55,10 @@ def _timed(fn, device: torch.device, n: int) -> list[float]:
 
 
 def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: int = 20, args=None) -> dict:
-    from engine.graph import StepGraph, audit_step
-    from engine.memory import predict_peak_bytes
     from engine.model.pipeline import Pipeline, all_inactive, live_inputs
-    from engine.tokens import Tokens
+    from engine.sizing.memory import predict_peak_bytes
+    from engine.text.tokens import Tokens
+    from engine.tick.graph import StepGraph, audit_step
 
     cfg = load_preset(preset) if args is None else windows(load_preset(preset), args)
     dtypes = dtype_policy(dtype, device.type, bool(args is not None and args.capacity))

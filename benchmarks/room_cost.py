@@ -11,9 +11,9 @@ runs the load tester with N rooms and measures a steady window of `--seconds` on
 CPU comes from /proc: per process of the worker's tree (the worker, its forkserver, each room's process) and
 per thread, split into Python threads (those that carry the process's own name: CPython does not name its
 threads for the OS) and native ones (the rtc SDK's tokio, audio and network threads, which name themselves).
-The engine's process (`engine.serve`) is counted apart; its busiest Python thread is the tick. A room's cost
-is what the tree spends with N rooms beyond what it spends idle, over N; its Python share the same for the
-Python threads outside the engine's process. The live step's p50 and p99 over each window come from the
+The engine's process (`engine.door.serve`) is counted apart; its busiest Python thread is the tick. A room's
+cost is what the tree spends with N rooms beyond what it spends idle, over N; its Python share the same for
+the Python threads outside the engine's process. The live step's p50 and p99 over each window come from the
 engine's Prometheus histogram (`chorus_live_step_seconds`, interpolated within its buckets) and its mean from
 the histogram's sum.
 
@@ -154,7 +154,7 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
     with Worker(server, tmp, slots=rooms, **env) as worker:
         time.sleep(3.0)  # the rooms' processes warm
         idle_cpu, idle_live = measure(worker, seconds)
-        engine_pid = next((p for p in tree(worker.proc.pid)[1:] if "engine.serve" in cmdline(p)), None)
+        engine_pid = next((p for p in tree(worker.proc.pid)[1:] if "engine.door.serve" in cmdline(p)), None)
         if engine_pid is None:
             raise SystemExit(f"{PROG}: the worker runs no engine process")
         # the same engine serving as many sessions with no room behind them: what the rooms add to its step

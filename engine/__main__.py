@@ -1,6 +1,7 @@
 """`python -m engine info`: size a preset (parameters, weight and state bytes, sessions per GPU, and with
-`--slots` the predicted peak memory). Knows the presets and the sizing (engine/info.py, engine/memory.py);
-builds no engine. The engine's benchmarks and demo are under benchmarks/ (docs/benchmarks.md)."""
+`--slots` the predicted peak memory). Knows the presets and the sizing (engine/sizing/info.py,
+engine/sizing/memory.py); builds no engine. The engine's benchmarks and demo are under benchmarks/
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import argparse
 import json
 import sys
 
-from engine.presets import PRESETS, load_preset
-from engine.windows import add_window_arguments, windows
+from engine.sizing.presets import PRESETS, load_preset
+from engine.sizing.windows import add_window_arguments, windows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,14 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     add_window_arguments(info)
     args = parser.parse_args(argv)
 
-    from engine.info import print_report, report
+    from engine.sizing.info import print_report, report
 
     policy = "capacity" if args.capacity else "gpu"  # the GPU's policies ("auto" on CUDA)
     cfg = windows(load_preset(args.preset), args)
     r = report(cfg, args.gpu_mem_gb, policy)
     print_report(r)
     if args.slots:
-        from engine.memory import peak_report, print_peak
+        from engine.sizing.memory import peak_report, print_peak
 
         r["peak"] = peak_report(cfg, r, args.slots)
         print_peak(r["peak"])

@@ -147,7 +147,8 @@ class SessionSnapshot(BaseModel):
     speaking: bool = False  # the agent is in a turn of its own
     calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)
     turns: int = 0  # the agent's turns so far
-    # the words of the agent's current or last turn (of its last SAID_PIECES text pieces, engine/slots.py)
+    # the words of the agent's current or last turn (of its last SAID_PIECES text pieces,
+    # engine/tick/slots.py)
     turn_words: int = 0
     # the end of the agent's current or last turn, redacted (redaction/), at most LAST_WORDS
     # characters; "" unless the engine shows words (`EngineSnapshot.show_words`)
@@ -196,13 +197,13 @@ class EngineSnapshot(BaseModel):
     at: float = 0.0  # wall-clock time (Unix seconds) of the snapshot
     tick_budget_ms: float = 80.0
     # how much earlier than its nominal time each tick starts, moved toward the callers' frames' arrivals
-    # (engine/phase.py)
+    # (engine/tick/phase.py)
     tick_shift_ms: float = 0.0
     # ticks that started before their time within the margin they keep for late frames, every frame they take
     # in already (engine.py `_loop`), and how early on average
     early_ticks: int = 0
     tick_early_ms: float = 0.0
-    # the tick thread runs at a real-time priority (EngineConfig.tick_priority, engine/priority.py)
+    # the tick thread runs at a real-time priority (EngineConfig.tick_priority, engine/process/priority.py)
     tick_realtime: bool = False
     # the live step over the accounting window (minutes), one point per `history_step_s`: its max and median
     history_step_s: float = 0.96
@@ -211,8 +212,10 @@ class EngineSnapshot(BaseModel):
     memory_bytes: int = 0  # CUDA: allocated on the device; CPU: the process's resident memory
     memory_total_bytes: int = 0  # the device's (or the machine's) memory
     tool_log: list[ToolCallSnapshot] = []  # the latest finished tool calls, newest last
-    echo: dict | None = None  # echo mode only (a measurement tool): marked frames' timings (engine/echo.py)
-    # values rooms wrote to their shared memory that were not plausible, left out (engine/link.py)
+    echo: dict | None = (
+        None  # echo mode only (a measurement tool): marked frames' timings (engine/tick/echo.py)
+    )
+    # values rooms wrote to their shared memory that were not plausible, left out (engine/client/link.py)
     shared_memory_rejected: int = 0
     # rooms with a caller and no live agent for which the worker asked for a new agent, by reason
     # (agent/fleet.py; reported by the worker through the engine's door)

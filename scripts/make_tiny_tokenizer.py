@@ -1,4 +1,4 @@
-"""Build the tiny preset's tokenizer (engine/assets/tiny_tokenizer.json).
+"""Build the tiny preset's tokenizer (engine/sizing/assets/tiny_tokenizer.json).
 
 A byte-level BPE with the Nano-9B-v2 tokenizer's special-token layout: ids 0..31 are `<unk>`, `<s>`,
 `</s>` and `<SPECIAL_3>`..`<SPECIAL_31>` (PAD is `<SPECIAL_12>`, tool-call start/end `<SPECIAL_20>`,

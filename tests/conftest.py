@@ -3,13 +3,14 @@ import os
 import pytest
 import torch
 
-from engine.malloc import tune_malloc
+from engine.process.malloc import tune_malloc
 
 # Tests run on the CPU with two threads (the machine's cores); without a CUDA device Triton kernels run in the
 # interpreter. The interpreter is chosen when a kernel is decorated, for the whole process: on a CUDA host the
 # files that interpret kernels on CPU tensors (test_kernels, test_decode_attention) switch it on themselves,
 # so the CUDA tests of the others run in a process of their own (scripts/gpu_check.sh: one pytest per file).
-# The allocator is the engine's (engine/malloc.py), for the tests that drive the stages without an engine too.
+# The allocator is the engine's (engine/process/malloc.py), for the tests that drive the stages without an
+# engine too.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(min(2, os.cpu_count() or 1))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.engine import Engine, EngineConfig
+from engine.tick.engine import Engine, EngineConfig
 from wait_support import await_until
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,9 +12,9 @@ import pytest
 from agent import worker
 from agent.settings import AgentSettings
 from engine.api import EngineFull, EngineOverloaded
-from engine.engine import Engine, EngineConfig
-from engine.remote import RemoteEngine
-from engine.slots import SlotPool
+from engine.client.remote import RemoteEngine
+from engine.tick.engine import Engine, EngineConfig
+from engine.tick.slots import SlotPool
 
 
 def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
@@ -42,8 +42,8 @@ def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
 
 
 def _session(session_id: str, slot: int):
-    from engine.session import Session
-    from engine.slots import FrameInbox
+    from engine.tick.session import Session
+    from engine.tick.slots import FrameInbox
 
     return Session(session_id, slot, frozenset(), FrameInbox(1280, 8), lambda items: None)
 

@@ -27,8 +27,8 @@ from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
 from agent.playout_buffer import BUFFER_FRAMES, HANDOVER_EARLY_S
 from agent.sinks import ROOM_RATE, WavSink
-from engine.engine import Engine
-from engine.presets import load_preset
+from engine.sizing.presets import load_preset
+from engine.tick.engine import Engine
 from engine_support import ticks_pass
 from hotel_support import TODAY, booking
 from wait_support import await_until

@@ -28,7 +28,7 @@ TIMEOUT_S = 90.0
 def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, monkeypatch):
     # the slots alone decide here: on a busy shared machine the engine may also report no headroom. The jobs
     # are threads here (the harness's fake jobs, watched from this process); they still reach the engine
-    # through its door (engine/host.py), as rooms in their own processes do
+    # through its door (engine/door/host.py), as rooms in their own processes do
     settings = AgentSettings(slots=4, http_port=0, refuse_when_overloaded=False, room_processes=False)
     jobs = []  # the jobs' contexts, as the worker's entrypoint gets them, and the loops they run on
     real_run_job = room.run_job
@@ -192,7 +192,7 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
     the tool output the engine received."""
     import agent.duplex
     from agent import simulate
-    from engine.engine import SessionHandle
+    from engine.tick.engine import SessionHandle
     from tools.hotel import Hotel
     from tools.store import open_store
 
@@ -325,7 +325,7 @@ def test_an_interrupted_simulation_stops_cleanly_and_writes_its_figures(tmp_path
 
 
 def test_the_worker_gives_back_the_slot_of_a_job_that_ended_before_its_call_opened(seeded_env, monkeypatch):
-    """Only the worker's key may release a slot (engine/gate.py): the worker watches its running jobs and
+    """Only the worker's key may release a slot (engine/door/gate.py): the worker watches its running jobs and
     releases each that ended (a no-op for one whose session took its slot)."""
     from types import SimpleNamespace
 

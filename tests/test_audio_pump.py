@@ -1,7 +1,7 @@
 """The native caller audio (agent/native/audio_pump.c through agent/audio_pump.py): the rtc runtime's events
 as its native library delivers them (protobuf bytes, built here with the SDK's own message classes), a
-session's real shared memory (engine/link.py) as the ring, and stand-ins for the SDK's Python callback and
-the native library's handle drop that record what reached them.
+session's real shared memory (engine/client/link.py) as the ring, and stand-ins for the SDK's Python callback
+and the native library's handle drop that record what reached them.
 
 Each test loads its own copy of the library (built into the test's directory), so the process-wide state of
 the one a worker installs is never touched."""
@@ -17,7 +17,7 @@ import pytest
 from livekit.rtc._proto import ffi_pb2
 
 from agent import audio_pump
-from engine.link import IN_R, IN_W, Layout, SessionLink
+from engine.client.link import IN_R, IN_W, Layout, SessionLink
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -257,7 +257,7 @@ def test_only_a_loud_frame_marks_when_the_caller_last_spoke(pump, link):
 
 
 PIECE = RATE // 100  # the runtime's 10 ms pieces (audio_pump.PIECE_MS)
-LEAD = 0.008  # the lead asked for (the tick's least margin, engine/phase.py)
+LEAD = 0.008  # the lead asked for (the tick's least margin, engine/tick/phase.py)
 
 
 def quiet(k: int) -> np.ndarray:

@@ -22,7 +22,7 @@ from agent.call import start_call
 from agent.carry import Conversation, ConversationLog, resume_context
 from agent.hotel import HotelAgent
 from agent.sinks import WavSink
-from engine.engine import Engine
+from engine.tick.engine import Engine
 from hotel_support import booking
 from wait_support import await_until
 

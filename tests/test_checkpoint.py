@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.dtype_policy import DTYPE_POLICIES
-from engine.info import check_memory
 from engine.model import weights
 from engine.model.checkpoint import CheckpointError, write_header_only
 from engine.model.pipeline import Pipeline, build_stages
 from engine.model.release_config import check_release_config, release_config
 from engine.model.weights import Progress, load_checkpoint, model_config, targets
-from engine.presets import load_preset
-from engine.tokens import Tokens
+from engine.sizing.dtype_policy import DTYPE_POLICIES
+from engine.sizing.info import check_memory
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -238,7 +238,7 @@ def test_the_speaker_is_a_setting_and_the_names_come_from_the_checkpoint(release
 
 
 def test_the_engine_takes_checkpoint_tokenizer_and_speaker(release, tmp_path):
-    from engine.engine import Engine, EngineConfig
+    from engine.tick.engine import Engine, EngineConfig
 
     folder = save(tmp_path / "release", release)
     tok = tmp_path / "nano"  # the tokenizer download: a folder with tokenizer.json

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from engine.model import codec_ops
 from engine.model.codec import PREFIX, Codec, ignored_release_names, load_release_weights
-from engine.presets import load_preset
+from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codec"

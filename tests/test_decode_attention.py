@@ -25,7 +25,7 @@ from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention_ref,
     decode_attention_triton,
 )
-from engine.presets import load_preset  # noqa: E402
+from engine.sizing.presets import load_preset  # noqa: E402
 from engine_support import run_compiled  # noqa: E402
 from fixture_weights import stage_weights  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""Echo mode (engine/echo.py), a measurement tool: the engine at the tiny preset, ticks driven by hand. With
-echo on a live session's output frame is its own input frame of that tick, resampled to the output clock,
+"""Echo mode (engine/tick/echo.py), a measurement tool: the engine at the tiny preset, ticks driven by hand.
+With echo on a live session's output frame is its own input frame of that tick, resampled to the output clock,
 inside one turn that never ends and with no tool call; marked frames' timings reach the snapshot. With echo
 off the same pushes give the model's own output, and nothing of echo mode is there."""
 
@@ -8,9 +8,9 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, ToolCallStarted, TurnEnded
-from engine.echo import MARK, Echo
-from engine.engine import Engine, EngineConfig
-from engine.slots import FrameInbox
+from engine.tick.echo import MARK, Echo
+from engine.tick.engine import Engine, EngineConfig
+from engine.tick.slots import FrameInbox
 from engine_support import ManualClock, drain, run_ticks
 
 N_IN, N_OUT = 1280, 1764

@@ -20,8 +20,8 @@ from engine.api import (
     ToolCallStarted,
     ToolResultConsumed,
 )
-from engine.engine import Engine, EngineConfig
-from engine.slots import FrameInbox
+from engine.tick.engine import Engine, EngineConfig
+from engine.tick.slots import FrameInbox
 from engine_support import CALL, ManualClock, caller_audio, drain, engine_on, poll_between_ticks, run_ticks
 
 
@@ -316,7 +316,7 @@ def test_the_tick_thread_frees_old_reference_cycles_in_its_slack():
     import gc
     import weakref
 
-    from engine.collector import EVERY_S, FORCE_AFTER
+    from engine.process.collector import EVERY_S, FORCE_AFTER
 
     class Node:
         pass

@@ -1,10 +1,10 @@
-"""Who may use the engine's door (engine/gate.py, engine/host.py): another user's process is closed before a
-byte of it is read, whatever it sends (its attacker runs as `nobody`, through `setpriv`, and is skipped
-where this suite cannot change user); a process of the engine's own user needs a key, and its key's role
-bounds what it may ask; a message nested too deep, or one whose handling fails, is refused and counted and
-the door keeps serving; connections without a key are bounded in number and time, so the worker's own
-questions and a room's new session get through a crowd of them; a door whose thread stopped makes its
-engine's process exit. Rooms refuse a socket at the engine's address that another user holds.
+"""Who may use the engine's door (engine/door/gate.py, engine/door/host.py): another user's process is closed
+before a byte of it is read, whatever it sends (its attacker runs as `nobody`, through `setpriv`, and is
+skipped where this suite cannot change user); a process of the engine's own user needs a key, and its key's
+role bounds what it may ask; a message nested too deep, or one whose handling fails, is refused and counted
+and the door keeps serving; connections without a key are bounded in number and time, so the worker's own
+questions and a room's new session get through a crowd of them; a door whose thread stopped makes its engine's
+process exit. Rooms refuse a socket at the engine's address that another user holds.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import EngineClosed
-from engine.control import EngineControl
-from engine.gate import AUTH_S, MAX_PENDING
-from engine.host import EngineHost
-from engine.remote import RemoteEngine
-from engine.serve import DOOR_STOPPED, run_until_stopped
-from engine.wire import MAX_DEPTH, encode
+from engine.client.control import EngineControl
+from engine.client.remote import RemoteEngine
+from engine.client.wire import MAX_DEPTH, encode
+from engine.door.gate import AUTH_S, MAX_PENDING
+from engine.door.host import EngineHost
+from engine.door.serve import DOOR_STOPPED, run_until_stopped
 from engine_support import engine_on
 
 
@@ -282,7 +282,7 @@ def test_a_message_nested_too_deep_or_whose_handling_fails_is_refused_and_the_do
         def broken(*_a, **_k):
             raise RuntimeError("a defect in one operation's handler")
 
-        monkeypatch.setattr("engine.host.apply_session_op", broken)
+        monkeypatch.setattr("engine.door.host.apply_session_op", broken)
         room.pad_between(True)
         await asyncio.sleep(0.3)
         monkeypatch.undo()
@@ -377,8 +377,8 @@ def test_the_workers_new_agents_reach_the_snapshot_and_metrics_and_only_its_key_
     and /metrics; a room may not report them, nor anyone send a malformed count."""
     from prometheus_client.core import CounterMetricFamily
 
-    from engine.metrics import _FiguresCollector
-    from engine.snapshot import figures
+    from engine.observe.metrics import _FiguresCollector
+    from engine.observe.snapshot import figures
 
     engine, host = hosted
     worker = EngineControl(host.address, host.keys.control)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.api import AudioFrame, EngineClosed
-from engine.engine import Engine, EngineConfig
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import ManualClock, caller_audio, run_ticks
 
 # the NeMo-built tiny model: random but structured weights, unlike the dummy weights' near-uniform logits

@@ -1,8 +1,9 @@
-"""Rooms in other processes (engine/host.py, engine/remote.py): a session reached over the engine's socket and
-shared memory hears and says exactly what the same session in the engine's own process does; a room's
-process killed mid-call frees its slot and costs the others nothing; bad data on the channel is refused,
-counted and reaches no other session; an engine that fails or goes away ends every room's session with one
-SessionFailed, and nothing waits on it. Ticks are driven by hand (engine_support's ManualClock and run_ticks).
+"""Rooms in other processes (engine/door/host.py, engine/client/remote.py): a session reached over the
+engine's socket and shared memory hears and says exactly what the same session in the engine's own process
+does; a room's process killed mid-call frees its slot and costs the others nothing; bad data on the channel is
+refused, counted and reaches no other session; an engine that fails or goes away ends every room's session
+with one SessionFailed, and nothing waits on it. Ticks are driven by hand (engine_support's ManualClock and
+run_ticks).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
-from engine.control import EngineControl
-from engine.host import EngineHost
-from engine.link import IN_W
-from engine.remote import RemoteEngine
-from engine.wire import encode
+from engine.client.control import EngineControl
+from engine.client.link import IN_W
+from engine.client.remote import RemoteEngine
+from engine.client.wire import encode
+from engine.door.host import EngineHost
 from engine_support import REPO, caller_audio, engine_on, run_ticks
 
 FRAME = 1280
@@ -172,7 +173,7 @@ def test_the_engines_refusal_reaches_the_room_as_its_own_error(hosted):
 ROOM_PROCESS = """
 import asyncio, sys, time
 import numpy as np
-from engine.remote import RemoteEngine
+from engine.client.remote import RemoteEngine
 async def main():
     remote = RemoteEngine(sys.argv[1], key=sys.argv[2])
     loop = asyncio.get_running_loop()
@@ -268,7 +269,7 @@ def test_bad_data_on_the_channel_is_refused_counted_and_reaches_no_other_session
 
 def test_a_message_longer_than_the_limit_closes_only_its_own_session(hosted, monkeypatch):
     engine, host = hosted
-    monkeypatch.setattr("engine.host.MAX_LINE", 1 << 16)
+    monkeypatch.setattr("engine.door.host.MAX_LINE", 1 << 16)
 
     async def main():
         remote = RemoteEngine(host.address, key=host.keys.room)
@@ -379,7 +380,7 @@ def test_the_room_side_imports_no_torch():
     code = textwrap.dedent(
         """
         import sys
-        import engine.remote, engine.tokens
+        import engine.client.remote, engine.tokens
         print("torch" in sys.modules)
         """
     )
@@ -388,10 +389,10 @@ def test_the_room_side_imports_no_torch():
 
 
 def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_reports_itself_full():
-    """The engine in its own process (`python -m engine.serve`, as the worker starts it), killed mid-call: the
-    room's session ends with one failure, and the load the worker reports is full."""
-    from engine.engine_config import EngineConfig
-    from engine.serve import EngineProcess
+    """The engine in its own process (`python -m engine.door.serve`, as the worker starts it), killed
+    mid-call: the room's session ends with one failure, and the load the worker reports is full."""
+    from engine.door.serve import EngineProcess
+    from engine.sizing.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
     try:
@@ -425,8 +426,8 @@ def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_repo
 
 def test_the_engines_process_ends_with_the_worker():
     """The worker holds the engine's standard input: when it ends, however it ends, so does the engine."""
-    from engine.engine_config import EngineConfig
-    from engine.serve import EngineProcess
+    from engine.door.serve import EngineProcess
+    from engine.sizing.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=1).model_dump_json(), timeout=180).start()
     try:
@@ -437,11 +438,11 @@ def test_the_engines_process_ends_with_the_worker():
 
 
 def test_the_silence_between_turns_wakes_the_room_once_per_batch_and_a_turn_at_once():
-    """The tick's side of a session (engine/host_conn.py RoomConn): every frame goes into the ring, but the
-    eventfd that wakes the room's loop is written for each frame of a turn (and one with text, and the first)
-    and only once per QUIET_WAKE frames of the silence between turns."""
-    from engine.host_conn import QUIET_WAKE, RoomConn
-    from engine.link import OUT_W, Layout, SessionLink
+    """The tick's side of a session (engine/door/host_conn.py RoomConn): every frame goes into the ring, but
+    the eventfd that wakes the room's loop is written for each frame of a turn (and one with text, and the
+    first) and only once per QUIET_WAKE frames of the silence between turns."""
+    from engine.client.link import OUT_W, Layout, SessionLink
+    from engine.door.host_conn import QUIET_WAKE, RoomConn
 
     link = SessionLink.create(Layout(in_samples=FRAME, out_samples=1764))
     efd = os.eventfd(0, os.EFD_NONBLOCK)

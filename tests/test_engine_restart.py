@@ -23,7 +23,7 @@ import pytest
 from agent import engine_watch, worker
 from agent.settings import AgentSettings
 from engine.api import EngineClosed
-from engine.remote import RemoteEngine
+from engine.client.remote import RemoteEngine
 from wait_support import await_until
 
 ROOT = Path(__file__).resolve().parent.parent

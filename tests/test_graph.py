@@ -1,4 +1,4 @@
-"""The live step as one CUDA graph (engine/graph.py): the capture audit on any device, and the wrapper's
+"""The live step as one CUDA graph (engine/tick/graph.py): the capture audit on any device, and the wrapper's
 outputs.
 
 On CPU the wrapper runs the step eagerly over its static buffers; these tests prove that plumbing changes
@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.dtype_policy import dtype_policy
-from engine.graph import StepGraph, audit_step
 from engine.model.pipeline import Pipeline, all_inactive, live_inputs
-from engine.presets import load_preset
-from engine.tokens import Tokens
+from engine.sizing.dtype_policy import dtype_policy
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
+from engine.tick.graph import StepGraph, audit_step
 
 CFG = load_preset("tiny")
 S = 4

@@ -149,7 +149,7 @@ def layering_breaches(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_layering_check_finds_an_import_against_the_rule():
     graph = {
-        "ui.page": {"engine.api", "engine.slots"},
+        "ui.page": {"engine.api", "engine.tick.slots"},
         "engine.tick": {"agent.room"},
         "tools.db": {"tools.x"},
     }

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.dtype_policy import dtype_policy
-from engine.info import report
 from engine.model.pipeline import Pipeline
-from engine.presets import load_preset
-from engine.tokens import Tokens
+from engine.sizing.dtype_policy import dtype_policy
+from engine.sizing.info import report
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
 
 PUBLISHED = {"llm": 7.714e9, "embed_tokens": 0.587e9, "lm_head": 0.587e9, "function_head": 0.587e9}
 

@@ -188,7 +188,7 @@ def realtime_threads(worker: Worker) -> tuple[int, list[tuple[str, int]]]:
     """The tick's real-time priority (the engine process's highest, sampled until the tick is seen in its live
     step; 0 if never), and (name, priority) of every other SCHED_FIFO or SCHED_RR thread of the worker's
     tree."""
-    engine = next(p for p in tree(worker.proc.pid) if "engine.serve" in cmdline(p))
+    engine = next(p for p in tree(worker.proc.pid) if "engine.door.serve" in cmdline(p))
     tick, others = 0, []
     for _ in range(300):  # up to 3 s: a busy machine may run few live steps in that time
         others = []

@@ -1,6 +1,7 @@
-"""The engine sets glibc's allocator for the tick itself (engine/malloc.py), however it is started: a large
-block freed is kept in the heap for the next tick instead of being unmapped. Checked in a fresh interpreter
-without the Makefile's MALLOC_* variables, by the process's resident memory around a freed 64 MiB block."""
+"""The engine sets glibc's allocator for the tick itself (engine/process/malloc.py), however it is started: a
+large block freed is kept in the heap for the next tick instead of being unmapped. Checked in a fresh
+interpreter without the Makefile's MALLOC_* variables, by the process's resident memory around a freed 64 MiB
+block."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def freed_kept():
     del a
     return held - resident()  # what freeing gave back to the system
 before = freed_kept()
-from engine.malloc import tune_malloc
+from engine.process.malloc import tune_malloc
 ok = tune_malloc()
 after = freed_kept()
 print(json.dumps({"ok": ok, "returned_before": before, "returned_after": after}))
@@ -41,7 +42,7 @@ def test_a_large_block_freed_stays_in_the_heap_once_the_engine_tuned_malloc():
 
 
 def test_the_engine_tunes_malloc_when_it_starts(monkeypatch):
-    import engine.engine as engine_module
+    import engine.tick.engine as engine_module
 
     calls = []
     monkeypatch.setattr(engine_module, "tune_malloc", lambda: calls.append(1) or True)

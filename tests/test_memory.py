@@ -1,6 +1,6 @@
-"""The peak-memory prediction (engine/memory.py): transient memory traced on the meta device, checked against
-what the C allocator really hands out when the same steps run on CPU, and the bounds it shows at
-the 11B shape.
+"""The peak-memory prediction (engine/sizing/memory.py): transient memory traced on the meta device, checked
+against what the C allocator really hands out when the same steps run on CPU, and the bounds it shows at the
+11B shape.
 
 The CPU check reads glibc's `mallinfo2` after every operator of a real step (a dispatch mode): the most bytes
 in use beyond what was in use before the step. That is the allocator's own count, independent of the storages
@@ -19,14 +19,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.dtype_policy import dtype_policy
-from engine.info import needed_bytes
-from engine.malloc import heap_bytes
-from engine.memory import predict_peak_bytes, step_peaks, transient_bytes
 from engine.model.pipeline import Pipeline, live_inputs
-from engine.presets import load_preset
-from engine.tokens import Tokens
-from engine.windows import with_windows
+from engine.process.malloc import heap_bytes
+from engine.sizing.dtype_policy import dtype_policy
+from engine.sizing.info import needed_bytes
+from engine.sizing.memory import predict_peak_bytes, step_peaks, transient_bytes
+from engine.sizing.presets import load_preset
+from engine.sizing.windows import with_windows
+from engine.text.tokens import Tokens
 
 CFG = load_preset("tiny")
 

@@ -16,8 +16,8 @@ from streamlit.testing.v1 import AppTest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
-from engine.engine import Engine, EngineConfig
-from engine.metrics import SnapshotServer
+from engine.observe.metrics import SnapshotServer
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, drain, run_ticks
 from hotel_support import booking, hotel, seeded_store
 from ui.fleet import ms

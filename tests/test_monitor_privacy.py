@@ -17,8 +17,8 @@ from streamlit.testing.v1 import AppTest
 from agent.call import describe_caller, room_label
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall, ToolResultConsumed
-from engine.engine import Engine, EngineConfig
-from engine.metrics import SnapshotServer
+from engine.observe.metrics import SnapshotServer
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import drain, run_ticks
 from test_monitor import FAR_S, PAGE, StepClock, shown_text
 from test_privacy import PHONE_ROOM, caller_room

@@ -22,8 +22,8 @@ from engine.api import (
     FunctionCall,
     ToolResultConsumed,
 )
-from engine.engine import Engine, EngineConfig
-from engine.slots import FrameInbox
+from engine.tick.engine import Engine, EngineConfig
+from engine.tick.slots import FrameInbox
 from engine_support import drain
 from prompts import load_prompt
 from tools.schemas import tool_specs

@@ -17,7 +17,7 @@ from engine.model.perception import (
     load_release_weights,
     slaney_mel_filterbank,
 )
-from engine.presets import load_preset
+from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perception"

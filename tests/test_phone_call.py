@@ -21,9 +21,9 @@ from agent.phone import PhoneConcierge, PhoneLine
 from agent.settings import AgentSettings
 from agent.sinks import WavSink
 from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
-from engine.engine import Engine
-from engine.presets import load_preset
-from engine.slots import SILENT_RMS
+from engine.sizing.presets import load_preset
+from engine.tick.engine import Engine
+from engine.tick.slots import SILENT_RMS
 from engine_support import ticks_pass
 from prompts import PROMPTS_DIR
 from wait_support import await_until

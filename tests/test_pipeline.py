@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.dtype_policy import DtypePolicy, dtype_policy
 from engine.model.pipeline import DTYPES, STAGES, Pipeline
 from engine.model.weights import load_into, read_tensors
-from engine.presets import load_preset
-from engine.tokens import Tokens
+from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
 
 DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -8,7 +8,7 @@ from datetime import date
 
 import pytest
 
-from engine.prompt import MAX_TOOLS, render_tool_block, system_prompt_text
+from engine.text.prompt import MAX_TOOLS, render_tool_block, system_prompt_text
 from prompts import load_prompt
 from tools import schemas
 

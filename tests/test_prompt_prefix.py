@@ -1,19 +1,19 @@
-"""A prompt's shared prefix (engine/session.py, engine/scheduler.py): the agent's system prompt and tools are
-prefilled once and their state kept, whatever a call adds after them (`open_session(context=)`, the earlier
-turns of a call carried on after a break). On the scheduler with hand-made results, then on the engine at the
-tiny preset: a call carried on prefills only its own part, and hears and says exactly what the same prompt
-prefilled whole from nothing gives."""
+"""A prompt's shared prefix (engine/tick/session.py, engine/tick/scheduler.py): the agent's system prompt and
+tools are prefilled once and their state kept, whatever a call adds after them (`open_session(context=)`, the
+earlier turns of a call carried on after a break). On the scheduler with hand-made results, then on the engine
+at the tiny preset: a call carried on prefills only its own part, and hears and says exactly what the same
+prompt prefilled whole from nothing gives."""
 
 import numpy as np
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame
-from engine.plan import Limits, ToolResult
-from engine.scheduler import Scheduler
-from engine.session import Phase, Session
-from engine.slots import FrameInbox
-from engine.stage_config import TokenConfig
-from engine.tokens import Tokens
+from engine.sizing.stage_config import TokenConfig
+from engine.text.tokens import Tokens
+from engine.tick.plan import Limits, ToolResult
+from engine.tick.scheduler import Scheduler
+from engine.tick.session import Phase, Session
+from engine.tick.slots import FrameInbox
 from engine_support import caller_audio, drain, engine_on, run_ticks
 
 S, FRAME = 8, 1280
@@ -145,8 +145,8 @@ def test_the_prompts_warmed_at_start_are_kept_and_their_sessions_closed():
     """An engine started with `warm_prompts` prefills them in sessions of their own, closed once their state
     is kept: a call then opened with one of them prefills nothing, and one carried on with it only its own
     part."""
-    from engine.engine import Engine, EngineConfig
-    from engine.engine_config import WarmPrompt
+    from engine.sizing.engine_config import WarmPrompt
+    from engine.tick.engine import Engine, EngineConfig
     from wait_support import wait_until
 
     warm = [WarmPrompt(prompt=PROMPT, tools=TOOLS), WarmPrompt(prompt="You are the night porter.")]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.model.mamba import Mamba2Mixer
 from engine.model.talker_heads import GatedProjectedSumRMSNorm
-from engine.stage_config import ThinkerConfig
+from engine.sizing.stage_config import ThinkerConfig
 
 CFG = ThinkerConfig(
     hidden_size=48,

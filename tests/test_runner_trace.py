@@ -1,17 +1,17 @@
-"""The CPU live step as one traced graph (engine/runner.py `traced_live_step`) is the eager live step, bit for
-bit: the same tokens and audio of the live rows and the same state of every slot, step after step, through
-slot resets, a prompt state loaded into another slot, slots going inactive and back, and rows replaying held
-audio. Tiny preset, seeded dummy weights: two pipelines built from the same seed, one stepped eagerly and one
-through the trace."""
+"""The CPU live step as one traced graph (engine/tick/runner.py `traced_live_step`) is the eager live step,
+bit for bit: the same tokens and audio of the live rows and the same state of every slot, step after step,
+through slot resets, a prompt state loaded into another slot, slots going inactive and back, and rows
+replaying held audio. Tiny preset, seeded dummy weights: two pipelines built from the same seed, one stepped
+eagerly and one through the trace."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.model.pipeline import PROMPT_STAGES, Pipeline
-from engine.presets import load_preset
-from engine.runner import traced_live_step
-from engine.tokens import Tokens
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
+from engine.tick.runner import traced_live_step
 
 CFG = load_preset("tiny")
 TOK = Tokens(CFG.tokens)

@@ -17,12 +17,12 @@ from engine.api import (
     TurnEnded,
     TurnStarted,
 )
-from engine.plan import Limits, LivePlan, LiveResult, Tick, ToolResult
-from engine.scheduler import Scheduler
-from engine.session import Phase, Session
-from engine.slots import FrameInbox
-from engine.stage_config import TokenConfig
-from engine.tokens import Tokens
+from engine.sizing.stage_config import TokenConfig
+from engine.text.tokens import Tokens
+from engine.tick.plan import Limits, LivePlan, LiveResult, Tick, ToolResult
+from engine.tick.scheduler import Scheduler
+from engine.tick.session import Phase, Session
+from engine.tick.slots import FrameInbox
 
 S, FRAME = 8, 1280
 TOK = Tokens(TokenConfig())
@@ -543,9 +543,9 @@ def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while
 def test_the_fixed_buffer_baseline_keeps_a_frame_in_reserve_for_the_call():
     """The benchmarks' baseline (EngineConfig.fixed_buffers): back from replay a session keeps one frame in
     reserve, and steady arrivals never shed it, as before the reserve followed the arrivals."""
-    from engine import build
-    from engine.engine_config import EngineConfig
-    from engine.presets import load_preset
+    from engine.sizing.engine_config import EngineConfig
+    from engine.sizing.presets import load_preset
+    from engine.tick import build
 
     lim = build.limits(EngineConfig(preset="tiny", fixed_buffers=True), load_preset("tiny"))
     assert (lim.reserve_frames, lim.spare_ticks > 10**6) == (1, True)

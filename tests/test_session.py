@@ -1,11 +1,11 @@
-"""A session's phase moves and the agent's requests (engine/session.py), and the prompt cache
-(engine/prompt_cache.py): plain objects, no model."""
+"""A session's phase moves and the agent's requests (engine/tick/session.py), and the prompt cache
+(engine/tick/prompt_cache.py): plain objects, no model."""
 
 import pytest
 
-from engine.prompt_cache import PromptCache
-from engine.session import MOVES, Phase, Session
-from engine.slots import FrameInbox
+from engine.tick.prompt_cache import PromptCache
+from engine.tick.session import MOVES, Phase, Session
+from engine.tick.slots import FrameInbox
 
 
 def session(phase: Phase = Phase.PROMPT) -> Session:

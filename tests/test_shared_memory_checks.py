@@ -1,9 +1,9 @@
-"""A room's shared memory (engine/link.py) is the room's to write, so nothing in it is trusted: whatever a
-room writes there (infinities, NaN, 1e308, negative figures, a time far in the future), the engine's
-`/snapshot` answers 200 with strict JSON, `/metrics` holds only finite values, the other sessions' figures
-are as they were, and what was not plausible is left out and counted (`shared_memory_rejected`,
-`chorus_shared_memory_rejected_total`). Rooms are wired as engine/host.py wires them (a `RoomConn` pulling
-the caller ring, the playout read from the same memory); ticks are driven by hand on a ManualClock.
+"""A room's shared memory (engine/client/link.py) is the room's to write, so nothing in it is trusted:
+whatever a room writes there (infinities, NaN, 1e308, negative figures, a time far in the future), the
+engine's `/snapshot` answers 200 with strict JSON, `/metrics` holds only finite values, the other sessions'
+figures are as they were, and what was not plausible is left out and counted (`shared_memory_rejected`,
+`chorus_shared_memory_rejected_total`). Rooms are wired as engine/door/host.py wires them (a `RoomConn`
+pulling the caller ring, the playout read from the same memory); ticks are driven by hand on a ManualClock.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import EngineSnapshot
-from engine.host_conn import RoomConn
-from engine.link import PLAYOUT_FIELDS, Layout, SessionLink
-from engine.metrics import ServeLimits, SnapshotServer
+from engine.client.link import PLAYOUT_FIELDS, Layout, SessionLink
+from engine.door.host_conn import RoomConn
+from engine.observe.metrics import ServeLimits, SnapshotServer
 from engine_support import caller_audio, engine_on, run_ticks
 from test_snapshot_server import request
 
@@ -62,8 +62,8 @@ def samples(text: str) -> dict[str, float]:
 
 class Rooms:
     """A tiny engine with three sessions in a turn: two rooms of other processes (their caller frames and
-    playout figures in shared memory, as engine/host.py wires them), `good` and `bad`, and `local` (a room of
-    the engine's own process, its playout in the session); the snapshot endpoint over it."""
+    playout figures in shared memory, as engine/door/host.py wires them), `good` and `bad`, and `local` (a
+    room of the engine's own process, its playout in the session); the snapshot endpoint over it."""
 
     def __init__(self) -> None:
         self.engine = e = engine_on(num_slots=4)

@@ -1,9 +1,9 @@
-"""Slack work at fixed shapes (engine/runner.py, engine/graph.py `StepGraphs`): tool-call steps, prefill
-chunks and replay run as the step of a bucket, their rows padded to a power of two and a chunk's positions
-split into power-of-two pieces. On CPU each bucket runs eagerly over its static buffers; these tests prove
-that the padding and the splitting change nothing but float rounding, that padding rows touch no slot, and
-that every bucket's step has nothing a CUDA graph capture refuses. With a CUDA device the graphed buckets are
-compared with eager calls.
+"""Slack work at fixed shapes (engine/tick/runner.py, engine/tick/graph.py `StepGraphs`): tool-call steps,
+prefill chunks and replay run as the step of a bucket, their rows padded to a power of two and a chunk's
+positions split into power-of-two pieces. On CPU each bucket runs eagerly over its static buffers; these tests
+prove that the padding and the splitting change nothing but float rounding, that padding rows touch no slot,
+and that every bucket's step has nothing a CUDA graph capture refuses. With a CUDA device the graphed buckets
+are compared with eager calls.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.graph import audit_step, pow2_at_least, pow2_pieces
 from engine.model.pipeline import Pipeline
-from engine.plan import ToolWork
-from engine.presets import load_preset
-from engine.runner import Runner, prefill_pieces
-from engine.tokens import Tokens
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
+from engine.tick.graph import audit_step, pow2_at_least, pow2_pieces
+from engine.tick.plan import ToolWork
+from engine.tick.runner import Runner, prefill_pieces
 
 CFG = load_preset("tiny")
 S = 6

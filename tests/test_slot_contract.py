@@ -16,12 +16,12 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engine.dtype_policy import DtypePolicy, dtype_policy
-from engine.info import report
 from engine.model.pipeline import DTYPES, PROMPT_STAGES, STAGES, Pipeline
-from engine.presets import load_preset
-from engine.stage_config import ModelConfig
-from engine.tokens import Tokens
+from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
+from engine.sizing.info import report
+from engine.sizing.presets import load_preset
+from engine.sizing.stage_config import ModelConfig
+from engine.text.tokens import Tokens
 
 CFG = load_preset("tiny")
 S = 3

@@ -1,9 +1,9 @@
-"""The snapshot endpoint (engine/metrics.py's SnapshotServer, engine/snapshot_serve.py) against the requests
-that stalled the tick or locked others out: unknown paths, idle connections (from one address, thousands;
-from a hundred addresses), a request that never finishes arriving, a client in a tight loop. Every wait is
-for an event (an answer, a closed connection), bounded only against a hang, except where a bound on the
-answer is the point: the monitoring page's own 2 s timeout, the product's 1 s (`ANSWER_S`), a request's
-deadline."""
+"""The snapshot endpoint (engine/observe/metrics.py's SnapshotServer, engine/observe/snapshot_serve.py)
+against the requests that stalled the tick or locked others out: unknown paths, idle connections (from one
+address, thousands; from a hundred addresses), a request that never finishes arriving, a client in a tight
+loop. Every wait is for an event (an answer, a closed connection), bounded only against a hang, except where a
+bound on the answer is the point: the monitoring page's own 2 s timeout, the product's 1 s (`ANSWER_S`), a
+request's deadline."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import pytest
 from pydantic import BaseModel
 
 from engine.api import EngineSnapshot
-from engine.engine import Engine, EngineConfig
-from engine.metrics import ServeLimits, SnapshotServer
+from engine.observe.metrics import ServeLimits, SnapshotServer
+from engine.tick.engine import Engine, EngineConfig
 from wait_support import wait_until
 
 HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs

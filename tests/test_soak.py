@@ -27,7 +27,7 @@ import pytest
 from benchmarks.support.soak_calls import CallPlan, CallRecord, CallRunner
 from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
 from benchmarks.support.worker import seeded
-from engine.warm import WARM_LABEL
+from engine.tick.warm import WARM_LABEL
 from livekit_support import require_livekit
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ HANG_S = 20.0  # no wait below takes this long unless the store hangs
 
 def tool_timeout_s() -> float:
     """How long the engine waits for a tool before telling the model it did not answer."""
-    from engine.engine import EngineConfig
+    from engine.tick.engine import EngineConfig
 
     return float(EngineConfig.model_fields["tool_timeout_s"].default)
 

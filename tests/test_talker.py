@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from engine.model.talker import PREFIX, Talker, load_release_weights
 from engine.model.talker_heads import unmasking_schedule
-from engine.presets import load_preset
+from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "talker"

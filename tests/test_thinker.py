@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine.model.thinker import Thinker, load_release_weights
-from engine.presets import load_preset
-from engine.stage_config import ThinkerConfig
+from engine.sizing.presets import load_preset
+from engine.sizing.stage_config import ThinkerConfig
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "thinker"

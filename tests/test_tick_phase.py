@@ -1,4 +1,4 @@
-"""The tick's phase against the callers' frames (engine/phase.py): ticks move earlier while every frame
+"""The tick's phase against the callers' frames (engine/tick/phase.py): ticks move earlier while every frame
 arrives well before its tick, never so far that a frame misses it, and not at all when some room's frames
 arrive just in time. Simulated on exact numbers (arrival times against tick times), then through a real
 engine on a manual clock."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.support.concierge import PROMPT, TOOLS
-from engine.engine import POLL_S, Engine, EngineConfig
-from engine.phase import MIN_MARGIN_S, TickPhase
+from engine.tick.engine import POLL_S, Engine, EngineConfig
+from engine.tick.phase import MIN_MARGIN_S, TickPhase
 from engine_support import ManualClock
 
 TICK = 0.08
@@ -189,9 +189,9 @@ def loop_on_a_manual_clock(callers: int, sends, ticks: int = 150, **config):
 
 
 def test_a_tick_starts_as_soon_as_its_frames_are_in_within_its_margin():
-    """Steady frames: the ticks move toward them (engine/phase.py) until a tick is due within its margin of
-    them, and from then on each tick starts when its frame is in, found by polling every POLL_S, rather than
-    a margin later: the frame waits at most POLL_S for its tick, where it waited the margin before."""
+    """Steady frames: the ticks move toward them (engine/tick/phase.py) until a tick is due within its margin
+    of them, and from then on each tick starts when its frame is in, found by polling every POLL_S, rather
+    than a margin later: the frame waits at most POLL_S for its tick, where it waited the margin before."""
     engine, plans = loop_on_a_manual_clock(1, lambda i, k: True)
     waits = np.array([p.t_start - p.arrived[p.live][0] for p in plans[-40:]])
     assert np.all(waits >= 0) and np.all(waits <= POLL_S + 1e-9), waits

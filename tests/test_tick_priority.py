@@ -1,9 +1,9 @@
-"""The tick thread's priority (engine/priority.py), at the tiny preset with dummy weights: the live step
-runs under SCHED_FIFO, the paused work after it (here a teacher-forced tool call's tokens) at normal
+"""The tick thread's priority (engine/process/priority.py), at the tiny preset with dummy weights: the live
+step runs under SCHED_FIFO, the paused work after it (here a teacher-forced tool call's tokens) at normal
 priority, and the thread is real-time again before it sleeps; a process the kernel refuses a real-time
-priority runs its ticks all the same, says so once, and shows it in the snapshot. Ticks are driven by hand
-on the test's thread, which is given back its normal policy after each test. The effect on the live step
-beside busy rooms is measured by `benchmarks/room_cost.py` (docs/benchmarks.md), not here."""
+priority runs its ticks all the same, says so once, and shows it in the snapshot. Ticks are driven by hand on
+the test's thread, which is given back its normal policy after each test. The effect on the live step beside
+busy rooms is measured by `benchmarks/room_cost.py` (docs/benchmarks.md), not here."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
-from engine.engine import Engine, EngineConfig
-from engine.priority import TickPriority
+from engine.process.priority import TickPriority
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, ManualClock, drain, run_ticks
 
 

@@ -10,8 +10,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.stage_config import TokenConfig
-from engine.tokens import CALL_CLOSE, CALL_OPEN, ParsedCall, Tokens, ToolCallError, parse_tool_call
+from engine.sizing.stage_config import TokenConfig
+from engine.text.tokens import CALL_CLOSE, CALL_OPEN, ParsedCall, Tokens, ToolCallError, parse_tool_call
 
 TOK = Tokens(TokenConfig())
 FUZZ = settings(

@@ -112,9 +112,9 @@ def test_the_concierge_says_the_sentence_for_an_answer_too_deep_to_write():
 
 
 def test_the_engine_takes_a_result_nested_100000_deep_as_text():
-    """The engine's side (engine/handle.py): a tool result is any text; one nested too deep to parse safely
-    is not parsed for its private words, and reaches the model as the text it is."""
-    from engine.handle import _json_object
+    """The engine's side (engine/tick/handle.py): a tool result is any text; one nested too deep to parse
+    safely is not parsed for its private words, and reaches the model as the text it is."""
+    from engine.tick.handle import _json_object
 
     deep = "[" * 100_000 + "]" * 100_000
     assert _json_object(deep) == {}

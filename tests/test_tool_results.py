@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
-from engine.engine import Engine, EngineConfig
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, ManualClock, drain, poll_between_ticks, run_ticks
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, TurnEnded, TurnStarted
-from engine.engine import Engine, EngineConfig
-from engine.stage_config import TokenConfig
-from engine.tokens import TextStream, Tokens
+from engine.sizing.stage_config import TokenConfig
+from engine.text.tokens import TextStream, Tokens
+from engine.tick.engine import Engine, EngineConfig
 from engine_support import ManualClock, drain, run_ticks
 
 TOK = Tokens(TokenConfig())

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.engine import Engine, EngineConfig
 from engine.model.pipeline import Pipeline
 from engine.model.release_config import release_config
 from engine.model.weights import CheckpointError, load_into, read_tensors
-from engine.presets import load_preset
-from engine.tokens import Tokens
+from engine.sizing.presets import load_preset
+from engine.text.tokens import Tokens
+from engine.tick.engine import Engine, EngineConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CFG = load_preset("tiny")

@@ -16,9 +16,9 @@ def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
     from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
     from agent.playout_timing import MAX_START_DELAY_FRAMES, MIN_START_DELAY_S
-    from engine.echo import MARK
     from engine.model.codec_ops import cached_columns
-    from engine.presets import load_preset
+    from engine.sizing.presets import load_preset
+    from engine.tick.echo import MARK
 
     cfg = load_preset("tiny")  # the 11B preset has the same clock, perception geometry and codec head
     big = load_preset("nemotron-voicechat-11b")

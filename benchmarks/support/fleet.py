@@ -78,13 +78,13 @@ def kill_worker(w: Worker) -> None:
 
 
 def kill_engine(w: Worker) -> None:
-    engine = next(p for p in tree(w.proc.pid)[1:] if "engine.serve" in cmdline(p))
+    engine = next(p for p in tree(w.proc.pid)[1:] if "engine.door.serve" in cmdline(p))
     os.kill(engine, signal.SIGKILL)
 
 
 def kill_job(w: Worker) -> None:
     """The room's own process (livekit-agents' process executor, CHORUS_ROOM_PROCESSES=true)."""
-    rooms = [p for p in tree(w.proc.pid)[1:] if "engine.serve" not in cmdline(p)]
+    rooms = [p for p in tree(w.proc.pid)[1:] if "engine.door.serve" not in cmdline(p)]
     busy = [p for p in rooms if holds_a_session(p)]
     os.kill(busy[0], signal.SIGKILL)
 

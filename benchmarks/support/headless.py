@@ -1,9 +1,9 @@
 """Sessions on a running worker's engine with no room behind them: the baseline a room's cost is measured
 against. Each session reaches the engine as a room's process does (its socket and shared memory,
-engine/remote.py), opens with the concierge's prompt and tools, hears a caller's recording looped in real
-time, and is teacher-forced as the rooms' script forces theirs (agent/forcing.py: padding between scripted
-turns, the greeting, a reply every REPLY_EVERY_S), so the engine does the work it does for as many rooms,
-while nothing of LiveKit runs. All of it on one event loop in a thread of this process.
+engine/client/remote.py), opens with the concierge's prompt and tools, hears a caller's recording looped in
+real time, and is teacher-forced as the rooms' script forces theirs (agent/forcing.py: padding between
+scripted turns, the greeting, a reply every REPLY_EVERY_S), so the engine does the work it does for as many
+rooms, while nothing of LiveKit runs. All of it on one event loop in a thread of this process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from agent.call import read_wav
 from agent.forcing import GREETING, REPLIES, REPLY_EVERY_S, Forcing
 from engine.api import AudioFrame
-from engine.remote import RemoteEngine
+from engine.client.remote import RemoteEngine
 from prompts import PROMPTS_DIR, load_prompt
 from tools.schemas import tool_specs
 
@@ -29,7 +29,7 @@ LIVE_WAIT_S = 60.0  # every session live by then, or the baseline is refused
 def engine_address(engine_pid: int) -> tuple[str, str]:
     """The address a worker gave its engine's process and its rooms' key to it (its CHORUS_ENGINE_SOCKET
     and CHORUS_ENGINE_KEY): what a room's process of that worker reaches the engine with."""
-    from engine.wire import ADDRESS_ENV, KEY_ENV
+    from engine.client.wire import ADDRESS_ENV, KEY_ENV
 
     env = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
 

@@ -20,7 +20,7 @@ from benchmarks.support.machine import cmdline, tree
 from benchmarks.support.soak_calls import CallRecord, read_only
 from benchmarks.support.stats import percentiles
 from benchmarks.support.worker import Worker
-from engine.warm import WARM_LABEL
+from engine.tick.warm import WARM_LABEL
 
 LEAVE_GRACE_S = (
     10.0  # a hung-up call's slot is let go within this (the agent ends the call, the engine frees it)
@@ -108,7 +108,7 @@ class Recorder:
                     "worker"
                     if p == w.proc.pid
                     else "engine"
-                    if "engine.serve" in cmd
+                    if "engine.door.serve" in cmd
                     else "snapshot server"
                     if "snapshot_serve" in cmd
                     else "resource tracker"  # multiprocessing's, the rooms' processes' shared memory

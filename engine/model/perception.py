@@ -30,7 +30,7 @@ from torch import nn
 
 from engine.model.conformer import ConformerEncoder
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state, ring_write
-from engine.stage_config import PerceptionConfig
+from engine.sizing.stage_config import PerceptionConfig
 
 _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.model.checkpoint import WEIGHTS_FILE, CheckpointError
-from engine.stage_config import ModelConfig
+from engine.sizing.stage_config import ModelConfig
 
 CONFIG_FILE = "config.json"
 

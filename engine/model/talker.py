@@ -31,7 +31,7 @@ from engine.model.talker_heads import (
     uniform_noise,
     unmasking_schedule,
 )
-from engine.stage_config import TalkerConfig
+from engine.sizing.stage_config import TalkerConfig
 
 log = logging.getLogger(__name__)
 

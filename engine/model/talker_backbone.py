@@ -23,7 +23,7 @@ from engine.model.talker_heads import (
     rope_inv_freq,
     rotate_half_tables,
 )
-from engine.stage_config import TalkerConfig
+from engine.sizing.stage_config import TalkerConfig
 
 
 class Attention(nn.Module):

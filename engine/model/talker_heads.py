@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.stage_config import TalkerConfig
+from engine.sizing.stage_config import TalkerConfig
 
 _MASK32 = 0xFFFFFFFF
 

@@ -18,7 +18,7 @@ from engine.kernels.reset_rows import reset_rows
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
 from engine.model.thinker_attention import Attention
-from engine.stage_config import ThinkerConfig
+from engine.sizing.stage_config import ThinkerConfig
 
 
 class RMSNorm(nn.Module):

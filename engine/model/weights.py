@@ -23,7 +23,7 @@ import torch
 from engine.model import codec, perception, talker, thinker
 from engine.model.checkpoint import CheckpointError, SafetensorsFile, TensorInfo, weights_path
 from engine.model.release_config import check_release_config, read_release_config
-from engine.stage_config import ModelConfig, TalkerConfig, TokenConfig
+from engine.sizing.stage_config import ModelConfig, TalkerConfig, TokenConfig
 
 __all__ = ["CheckpointError", "load_checkpoint", "load_into", "model_config", "read_tensors", "resolve"]
 

@@ -1,0 +1,97 @@
+"""The worker's end of its engine's door (engine/door/host.py): admissions, their release, the engine's load
+and the drain, asked with the worker's own key (engine/door/gate.py `control`) on one connection kept open, so
+no crowd of other connections to the door stands between the worker and its engine. Knows the wire format;
+nothing of sessions, LiveKit or the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from typing import Any
+
+from engine.api import EngineClosed, EngineError
+from engine.client.wire import connect, encode, raise_error, read_line
+
+REQUEST_TIMEOUT_S = 10.0  # an answer, or EngineClosed
+
+
+class EngineControl:
+    """The engine at `address`, as its worker asks it, with the worker's `key`. Questions from any thread,
+    one at a time; a connection that failed is made again for the next question (EngineClosed when the
+    engine cannot be reached, or refuses the key)."""
+
+    def __init__(self, address: str, key: str, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+        self.address, self.timeout = address, timeout
+        self._key = key
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._rx = bytearray()
+
+    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One question and its answer; the connection is made again once if the kept one has failed."""
+        with self._lock:
+            for attempt in (0, 1):
+                fresh = self._sock is None
+                if fresh:
+                    self._sock, self._rx = connect(self.address, self.timeout, self._key), bytearray()
+                try:
+                    self._sock.sendall(encode(msg))
+                    reply = read_line(self._sock, self._rx)
+                except (OSError, EngineClosed, ValueError):
+                    self._reset()
+                    if fresh or attempt:
+                        raise
+                    continue
+                if reply.get("op") == "refused":
+                    self._reset()  # the door closes a connection it refused the key of
+                    raise EngineClosed(f"the engine refused the worker ({str(reply.get('why'))[:200]})")
+                raise_error(reply)
+                return reply
+        raise EngineClosed("the engine is not reachable")  # not reached: the second try raises
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        self._sock = None
+
+    def admit(self, job: str) -> str:
+        """Reserve a slot for a job the worker is about to accept (the engine's EngineFull, EngineOverloaded
+        or EngineClosed otherwise); the job's session takes it by naming the job
+        (`RemoteEngine.open_session(admission=)`)."""
+        return str(self._ask({"op": "admit", "admission": job})["admission"])
+
+    def release(self, admission: str) -> None:
+        """Give back the slot reserved for this job (it ended before it opened a session); best effort."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "release", "admission": admission})
+
+    def drain(self, seconds: float) -> None:
+        """Tell every room with a session that the worker drains: its calls have `seconds` left."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "drain", "seconds": float(seconds)})
+
+    def report_fleet(self, redispatches: dict[str, int]) -> None:
+        """The worker's new agents for rooms alone, by reason (agent/fleet.py), for the engine's snapshot and
+        /metrics; best effort."""
+        with contextlib.suppress(OSError, EngineError, ValueError):
+            self._ask({"op": "fleet", "redispatches": dict(redispatches)})
+
+    def status(self) -> dict[str, Any]:
+        """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
+        runs."""
+        return self._ask({"op": "load"})
+
+    @property
+    def load(self) -> float:
+        """What the worker tells LiveKit: 1.0 (full) when the engine cannot be reached."""
+        try:
+            return float(self.status()["load"])
+        except (EngineError, OSError, ValueError, KeyError):
+            return 1.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()

@@ -1,0 +1,168 @@
+"""The wire format of the engine's door (engine/door/host.py) and of what reaches it
+(engine/client/remote.py): one JSON object a line on a Unix socket in the abstract namespace, an event as its
+type's name and fields, an engine error as its class's name and message. Knows sockets, JSON and the engine's
+wire types (`engine.api`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+import socket
+import struct
+import time
+import typing
+from typing import Any
+
+from engine import api
+from engine.api import EngineClosed, EngineError, Output
+
+ADDRESS_ENV = "CHORUS_ENGINE_SOCKET"  # where a room's process finds the engine (set by the worker)
+KEY_ENV = "CHORUS_ENGINE_KEY"  # the rooms' key to the door (set by the worker for its rooms; never logged)
+MAX_LINE = 4 << 20  # one message: a tool's result is cut to the engine's max_result_chars after this
+MAX_DEPTH = (
+    16  # arrays and objects inside one another in a message (the deepest the door sends or takes is 4)
+)
+MAX_TOKENS = 1 << 16  # brackets and strings in one message, past the first MAX_DEPTH brackets
+CONNECT_RETRY_S = 0.01  # a door whose queue of connections is full (EAGAIN) is tried again this often
+EVENTS = {cls.__name__: cls for cls in typing.get_args(api.Event)}  # every output but audio frames
+
+
+@dataclasses.dataclass(frozen=True)
+class DoorKeys:
+    """The two keys to the engine's door: `room` (a room's process: hello, open, its own session) and
+    `control` (the worker: admission, release, load, drain). Made fresh for each engine; the repr shows
+    neither."""
+
+    room: str = dataclasses.field(repr=False)
+    control: str = dataclasses.field(repr=False)
+
+    @classmethod
+    def fresh(cls) -> DoorKeys:
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+
+
+# a JSON string (escapes included) or one bracket: what `shape_error` walks
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def shape_error(line: bytes) -> str | None:
+    """Why a message may not be parsed (too long, nested deeper than MAX_DEPTH, too many parts to walk), or
+    None. Cheap for every message: only one with more than MAX_DEPTH brackets is walked, and that walk
+    stops after MAX_TOKENS parts (json.loads itself would recurse once per level)."""
+    if len(line) > MAX_LINE:
+        return "a message longer than the limit"
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return None
+    depth = 0
+    for n, m in enumerate(_TOKEN.finditer(line)):
+        if n >= MAX_TOKENS:
+            return f"a message of more than {MAX_TOKENS} parts"
+        c = m.group()
+        if c == b"[" or c == b"{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return f"a message nested deeper than {MAX_DEPTH}"
+        elif c == b"]" or c == b"}":
+            depth -= 1
+    return None
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end of a Unix socket (the kernel's SO_PEERCRED)."""
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def event_message(seq: int, frames_before: int, item: Output) -> dict[str, Any]:
+    """An output other than audio, numbered, with the frames written before it (`decode_event` reads it)."""
+    return {
+        "op": "event",
+        "seq": seq,
+        "frames": frames_before,
+        "type": type(item).__name__,
+        "fields": dataclasses.asdict(item),
+    }
+
+
+def decode_event(msg: dict[str, Any]) -> Output | None:
+    cls = EVENTS.get(msg.get("type"))
+    fields = msg.get("fields")
+    if cls is None or not isinstance(fields, dict):
+        return None
+    try:
+        return cls(**fields)
+    except TypeError:
+        return None
+
+
+def error_message(e: EngineError, kind: str | None = None) -> dict[str, Any]:
+    """The engine's refusal as the room raises it again (`raise_error`)."""
+    return {"op": "error", "kind": kind or type(e).__name__, "message": str(e)}
+
+
+def raise_error(reply: dict[str, Any]) -> None:
+    """An `error` answer as the EngineError the engine raised (EngineError itself for a kind not known)."""
+    if reply.get("op") == "error":
+        cls = getattr(api, str(reply.get("kind")), None)
+        cls = cls if isinstance(cls, type) and issubclass(cls, EngineError) else EngineError
+        raise cls(str(reply.get("message", "")))
+
+
+def connect(address: str, timeout: float, key: str) -> socket.socket:
+    """A connection to the door at `address`, its first line the key (sent at once: the door reads it as it
+    accepts). The door must be this user's (the kernel's credentials of the listening process): a socket of
+    the same name made by another user is not the engine. A door whose queue of connections is full is
+    tried again until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect("\0" + address)
+            break
+        except BlockingIOError:  # EAGAIN: the door's backlog is full for now
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise EngineClosed(f"the engine did not take the connection within {timeout:.0f} s") from None
+            time.sleep(CONNECT_RETRY_S)
+        except OSError as e:
+            sock.close()
+            raise EngineClosed(f"the engine is not reachable ({e.strerror or e})") from None
+    try:
+        if peer_uid(sock) != os.geteuid():
+            raise EngineClosed("the socket at the engine's address belongs to another user")
+        sock.sendall(encode({"op": "key", "key": key}))
+    except OSError as e:
+        sock.close()
+        raise EngineClosed(f"the engine is not reachable ({e.strerror or e})") from None
+    except EngineClosed:
+        sock.close()
+        raise
+    return sock
+
+
+def read_line(sock: socket.socket, buf: bytearray) -> dict[str, Any]:
+    """The next message on a blocking socket (what is past it stays in `buf`); EngineClosed when none comes
+    within the socket's timeout or the engine closes it."""
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE:
+            raise EngineClosed("the engine sent a message longer than the limit")
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            raise EngineClosed(f"the engine did not answer within {sock.gettimeout():.0f} s") from None
+        if not data:
+            raise EngineClosed("the engine closed the connection")
+        buf += data
+    end = buf.index(b"\n")
+    line = bytes(buf[:end])
+    del buf[: end + 1]
+    return json.loads(line)

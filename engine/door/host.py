@@ -1,0 +1,506 @@
+"""The engine's door for rooms that run in other processes: one Unix socket, one connection per session (each
+an engine/door/host_conn.py `RoomConn`), and the worker's admissions, load and drain. Knows the engine's
+session API, sockets and the shared-memory layout; nothing of LiveKit or rooms.
+
+A room's process (engine/client/remote.py) connects, asks for a session and gets back, with the answer, the
+session's shared memory (engine/client/link.py) and an eventfd that the tick signals when it has written
+frames. From then on caller audio and agent audio cross through the shared memory, with no Python object,
+pickle or socket per frame. What is left crosses the socket as one JSON object a line:
+
+- the worker -> engine: `admit` (a slot reserved for a job it is about to accept), `release`, `load`,
+  `drain` (passed on to every room with a session);
+- room -> engine: `hello`, `open` (naming its job's admission), then `result`
+  (a tool's output), `force` (teacher forcing), `private` (words to keep out of the snapshot) and `close`,
+  each naming its session;
+- engine -> room: `hello` (the engine's clock, tokens and preset), `opened` (with the two descriptors) or
+  `error`, then `event` (every output but audio frames, numbered, with the frames written before it) and
+  `drain`.
+
+Who may connect, with which key, and ask for what is engine/door/gate.py's: a process of another user is
+closed as it connects, one without a key within 2 s is closed, the rooms' key opens sessions and the worker's
+asks for admissions, load and drain. A connection that closes, for whatever reason (the room's process killed
+included), closes its session: the slot is free at the next tick. A message that is not a JSON object, is
+nested deeper than engine/client/wire.py MAX_DEPTH or longer than MAX_LINE, names an operation its role may
+not ask for or another session, is refused and counted (`stats`); the connection stays, and nothing of it
+reaches another session. Whatever goes wrong handling one message or one connection refuses that message or
+closes that connection, and is counted (`errors`): it never stops the door. The socket lives in the abstract
+namespace (no file to clean up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import selectors
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from engine.api import EngineError
+from engine.client.link import Layout, SessionLink
+from engine.client.wire import MAX_LINE, DoorKeys, encode, error_message, shape_error
+from engine.door.gate import MAX_KEY_LINE, Gate
+from engine.door.host_conn import RoomConn, apply_session_op
+
+if TYPE_CHECKING:
+    from engine.tick.engine import Engine
+    from engine.tick.slots import Reservation
+
+log = logging.getLogger("chorus.engine.host")
+
+MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
+ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
+RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
+ACCEPT_BATCH = 64  # connections taken from the queue before the ones already open are served again
+
+
+def _worth_a_line(n: int) -> bool:
+    """A count logged at 1, 10, 100, ...: a flood is seen in the log without filling it."""
+    return n > 0 and 10 ** (len(str(n)) - 1) == n
+
+
+class EngineHost:
+    """Serves `engine` to rooms in other processes on `address` (an abstract Unix socket name; a fresh one by
+    default) to the holders of `keys` (fresh ones by default). `start` runs its thread; `close` ends every
+    connection (their sessions close); `alive` is false once its thread has stopped."""
+
+    def __init__(self, engine: Engine, address: str | None = None, keys: DoorKeys | None = None) -> None:
+        self.engine = engine
+        self.address = address or f"chorus-engine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.keys = keys or DoorKeys.fresh()
+        self.gate = Gate(self.keys, engine.config.num_slots)
+        clock = engine.model_cfg.clock
+        self.layout = Layout(clock.input_samples, clock.output_samples)
+        self._sel = selectors.DefaultSelector()
+        self._listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listen.bind("\0" + self.address)
+        self._listen.listen(256)
+        self._listen.setblocking(False)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._listen, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._outbox: deque[tuple[RoomConn, bytes]] = deque()  # from the tick thread and `drain`
+        self._conns: set[RoomConn] = set()
+        self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
+        self._admissions: dict[str, tuple[Reservation, float]] = {}  # job -> (the engine's admission, when)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = {
+            "connections": 0,
+            "sessions": 0,
+            "bad_messages": 0,  # refused: not JSON, unknown operation, another session's, too long
+            "dropped_connections": 0,  # closed for not reading what the engine sent
+            "lost_frames": 0,  # caller frames a room wrote faster than the tick took them
+            "bad_counters": 0,  # a room's ring counter that went backwards
+            "refused_peers": 0,  # connections of another user, closed unread
+            "refused_keys": 0,  # closed for a missing or wrong key, none in time, or a role's cap reached
+            "errors": 0,  # a message or a connection whose handling failed: refused or closed
+        }
+
+    # -- life -------------------------------------------------------------------------------------------
+
+    def start(self) -> EngineHost:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="chorus-host", daemon=True)
+            self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """The door's thread runs (a door that stopped by itself is a failed engine: engine/door/serve.py)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(5)
+        for conn in list(self._conns):
+            self._drop(conn)
+        for _, fd in self._retired:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retired.clear()
+        with contextlib.suppress(OSError):
+            self._listen.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def drain(self, seconds: float) -> None:
+        """Tell every room with a session that the worker is draining (its calls have `seconds` left)."""
+        msg = encode({"op": "drain", "seconds": float(seconds)})
+        for conn in list(self._conns):
+            if conn.handle is not None:
+                self._send(conn, msg)
+
+    # -- the host thread --------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, mask in self._sel.select(timeout=0.5):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                    else:
+                        self._serve(key.data, mask)
+                self._take_outbox()
+                self._close_retired()
+                for conn in self.gate.expired(time.monotonic()):
+                    self.stats["refused_keys"] += 1
+                    self._drop(conn)
+        except Exception:
+            log.exception("the engine host stopped")
+            raise
+
+    def _serve(self, conn: RoomConn, mask: int) -> None:
+        """One connection's turn: whatever fails in it closes that connection, counted, and nothing more."""
+        try:
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._flush(conn)
+        except Exception as e:  # noqa: BLE001 (one connection's failure closes that connection only, never the door)
+            self._failed(conn, e)
+
+    def _failed(self, conn: RoomConn, e: BaseException) -> None:
+        self.stats["errors"] += 1
+        n = self.stats["errors"]
+        if _worth_a_line(n):
+            log.warning("a connection to the door failed (%s); %d so far", type(e).__name__, n)
+        self._drop(conn)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self._listen.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, say: the queue waits for the next turn
+                self.stats["errors"] += 1
+                log.warning("the door could not accept a connection (%s)", e.strerror or e)
+                return
+            if not self.gate.accept(sock):
+                self.stats["refused_peers"] += 1
+                n = self.stats["refused_peers"]
+                if _worth_a_line(n):
+                    log.warning("closed a connection from another user's process; %d so far", n)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = RoomConn(sock, self.stats, self._post)
+            self._conns.add(conn)
+            self.stats["connections"] += 1
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            evicted = self.gate.pending(conn)
+            if evicted is not None:
+                self.stats["refused_keys"] += 1
+                self._drop(evicted)
+            self._serve(conn, selectors.EVENT_READ)  # its key was sent with the connection: read it now
+
+    def _read(self, conn: RoomConn) -> None:
+        try:
+            data = conn.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        conn.rx += data
+        while not conn.closed:
+            end = conn.rx.find(b"\n")
+            if end < 0:
+                if conn.role is None and len(conn.rx) > MAX_KEY_LINE:
+                    self._unkeyed(conn, "a key line longer than the limit")
+                elif len(conn.rx) > MAX_LINE:
+                    self._refuse(conn, "a message longer than the limit")
+                    self._drop(conn)
+                return
+            line = bytes(conn.rx[:end])
+            del conn.rx[: end + 1]
+            if conn.role is None:
+                self._key(conn, line)
+                continue
+            try:
+                self._message(conn, line)
+            except Exception as e:  # noqa: BLE001 (a message's handling failed: that message is refused, nothing else)
+                self.stats["errors"] += 1
+                log.warning("the door could not handle a message (%s)", type(e).__name__)
+                self._refuse(conn, "the engine could not handle this message")
+
+    def _key(self, conn: RoomConn, line: bytes) -> None:
+        """A connection's first line: its key, and so its role (or it is closed)."""
+        msg = None
+        if len(line) <= MAX_KEY_LINE:
+            with contextlib.suppress(ValueError, RecursionError):
+                msg = json.loads(line)
+        why = self.gate.key(conn, msg)
+        if why is not None:
+            self._unkeyed(conn, why)
+
+    def _unkeyed(self, conn: RoomConn, why: str) -> None:
+        self.stats["refused_keys"] += 1
+        n = self.stats["refused_keys"]
+        if _worth_a_line(n):
+            log.warning("closed a connection to the door (%s); %d so far", why, n)
+        self._send(conn, encode({"op": "refused", "why": why}))
+        self._drop(conn)
+
+    def _message(self, conn: RoomConn, line: bytes) -> None:
+        why = shape_error(line)
+        if why is not None:
+            self._refuse(conn, why)
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self._refuse(conn, "not JSON")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+            self._refuse(conn, "not a message")
+            return
+        op = msg["op"]
+        if not self.gate.allowed(conn.role, op):
+            self._refuse(conn, f"{op[:40]!r} is not an operation this connection may ask for")
+            return
+        if op == "hello":
+            self._send(conn, encode(self._hello()))
+            return
+        if op == "open":
+            self._open(conn, msg)
+            return
+        if op == "drain":
+            seconds = msg.get("seconds")
+            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
+                self.drain(float(seconds))
+                self._send(conn, encode({"op": "draining"}))
+            else:
+                self._refuse(conn, "drain: seconds must be a number of seconds")
+            return
+        if op == "fleet":
+            counts = msg.get("redispatches")
+            if (
+                not isinstance(counts, dict)
+                or len(counts) > 8
+                or not all(
+                    isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0
+                    for k, v in counts.items()
+                )
+            ):
+                self._refuse(conn, "fleet: redispatches must be a few counts by reason")
+                return
+            self.engine.redispatches = dict(counts)
+            self._send(conn, encode({"op": "noted"}))
+            return
+        if op in ("admit", "release", "load"):
+            self._control(conn, op, msg)
+            return
+        handle = conn.handle
+        if handle is None or msg.get("session") != handle.id:
+            self._refuse(conn, "a message for a session this connection does not hold")
+            return
+        if op == "close":
+            self._drop(conn)
+            return
+        try:
+            apply_session_op(handle, op, msg)
+        except ValueError as e:
+            self._refuse(conn, str(e))
+
+    def _control(self, conn: RoomConn, op: str, msg: dict[str, Any]) -> None:
+        """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
+        by a job that ended before it opened its session (`release`), and the engine's load."""
+        e = self.engine
+        job = msg.get("admission")
+        if op == "load":
+            reply = {
+                "op": "load",
+                "load": e.load,
+                "occupancy": e.occupancy,
+                "available": e.pool.available,
+                "num_slots": e.config.num_slots,
+                "up": e.failure is None,
+            }
+            self._send(conn, encode(reply))
+            return
+        if not isinstance(job, str) or not 0 < len(job) <= 200:
+            self._refuse(conn, f"{op}: admission must name a job")
+            return
+        if op == "release":
+            admission = self.take_admission(job)
+            if admission is not None:
+                e.release(admission)
+            self._send(conn, encode({"op": "released"}))
+            return
+        try:
+            admission = e.admit()
+        except EngineError as err:
+            self._send(conn, encode(error_message(err)))
+            return
+        self.hold_admission(job, admission)
+        self._send(conn, encode({"op": "admitted", "admission": job}))
+
+    def hold_admission(self, job: str, admission: Reservation) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._admissions[job] = (admission, now)
+            for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
+                del self._admissions[key]
+
+    def take_admission(self, job: str) -> Reservation | None:
+        with self._lock:
+            held = self._admissions.pop(job, None)
+        return held[0] if held is not None else None
+
+    def _refuse(self, conn: RoomConn, why: str) -> None:
+        self.stats["bad_messages"] += 1
+        if _worth_a_line(self.stats["bad_messages"]):
+            log.warning("refused a room's message (%s); %d refused so far", why, self.stats["bad_messages"])
+        self._send(conn, encode({"op": "refused", "why": why[:200]}))
+
+    def _hello(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "op": "hello",
+            "preset": e.config.preset,
+            "clock": e.model_cfg.clock.model_dump(),
+            "tokens": e.model_cfg.tokens.model_dump(),
+            "vocab_size": e.vocab_size,
+            "max_result_chars": e.config.max_result_chars,
+            "fixed_buffers": e.config.fixed_buffers,
+        }
+
+    def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
+        if conn.handle is not None:
+            self._refuse(conn, "this connection already holds a session")
+            return
+        prompt, tools, context = msg.get("prompt"), msg.get("tools") or [], msg.get("context", "")
+        if not isinstance(prompt, str) or not isinstance(tools, list) or not isinstance(context, str):
+            self._refuse(conn, "open: prompt and context must be strings and tools a list")
+            return
+        job = msg.get("admission")
+        admission = self.take_admission(job) if isinstance(job, str) else None
+        link = SessionLink.create(self.layout)
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        conn.link, conn.efd = link, efd
+        try:
+            handle = self.engine.open_session(
+                prompt,
+                tools,
+                sink=conn.deliver,
+                label=str(msg.get("label", ""))[:200],
+                caller=str(msg.get("caller", ""))[:200],
+                admission=admission,
+                source=conn.pull,
+                pending=conn.pending,
+                playout=link.playout,
+                context=context,
+            )
+        except (EngineError, ValueError, TypeError) as e:
+            if admission is not None:
+                self.engine.release(admission)
+            self._release_link(conn)
+            kind = None if isinstance(e, EngineError) else "SessionRejected"
+            self._send(conn, encode(error_message(e, kind)))
+            return
+        conn.handle = handle
+        self.stats["sessions"] += 1
+        reply = encode({"op": "opened", "session": handle.id, "slot": handle.slot})
+        try:  # the answer and the two descriptors together, before anything else on this connection
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(2.0)
+            socket.send_fds(conn.sock, [reply], [link.fd, efd])
+        except OSError:
+            self._drop(conn)
+        finally:
+            link.forget_fd()  # the mapping stays; the room holds its own descriptor now
+            if not conn.closed:
+                conn.sock.setblocking(False)
+
+    def _post(self, conn: RoomConn, msg: bytes) -> None:
+        """An event from the tick thread, for this thread to send (the tick never touches a socket)."""
+        self._outbox.append((conn, msg))
+        self._wake()
+
+    # -- sending ----------------------------------------------------------------------------------------
+
+    def _take_outbox(self) -> None:
+        while self._outbox:
+            conn, msg = self._outbox.popleft()
+            self._send(conn, msg)
+
+    def _send(self, conn: RoomConn, msg: bytes) -> None:
+        if conn.closed:
+            return
+        if threading.current_thread() is not self._thread:
+            self._outbox.append((conn, msg))
+            self._wake()
+            return
+        conn.tx += msg
+        if len(conn.tx) > MAX_QUEUED:
+            self.stats["dropped_connections"] += 1
+            log.warning(
+                "a room stopped reading; its session %s is closed", conn.handle.id if conn.handle else ""
+            )
+            self._drop(conn)
+            return
+        self._flush(conn)
+
+    def _flush(self, conn: RoomConn) -> None:
+        try:
+            n = conn.sock.send(conn.tx)
+            del conn.tx[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(conn)
+            return
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.tx else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.modify(conn.sock, want, conn)
+
+    def _drop(self, conn: RoomConn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self.gate.forget(conn)
+        if conn.handle is not None:
+            conn.handle.close()
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        self._conns.discard(conn)
+        self._release_link(conn)
+
+    def _release_link(self, conn: RoomConn) -> None:
+        """The tick may be writing to a session closed a moment ago: its shared memory is unmapped only with
+        the last reference to it (the session's sink, gone when the pool frees the slot), and its eventfd is
+        closed RETIRE_S later, so that no write can reach a descriptor number that was reused."""
+        if conn.link is not None:
+            conn.link.forget_fd()
+        if conn.efd >= 0:
+            self._retired.append((time.monotonic(), conn.efd))
+            conn.efd = -1
+
+    def _close_retired(self) -> None:
+        now = time.monotonic()
+        while self._retired and now - self._retired[0][0] > RETIRE_S:
+            with contextlib.suppress(OSError):
+                os.close(self._retired.popleft()[1])

@@ -1,0 +1,1 @@
+"""Tuning of a process, either side's: real-time priority, the C heap, the collector."""

@@ -1,0 +1,431 @@
+"""The engine facade and its tick thread: one model, many sessions, one frame per 80 ms tick.
+
+`Engine(config)` builds (or loads) the model once and starts the tick thread; `open_session` hands out slots.
+The tick thread never awaits and never blocks on a session: outputs go back to each session's own event
+loop with `call_soon_threadsafe` (or to a sink called on the tick thread). Knows slots, time and the model;
+knows nothing of LiveKit, rooms or hotels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from engine.api import (
+    EngineClosed,
+    EngineSnapshot,
+    Output,
+    SessionFailed,
+    SessionRejected,
+    ToolResultConsumed,
+)
+from engine.observe import snapshot
+from engine.observe.metrics import Accounting, SnapshotServer, publish
+from engine.process.collector import Collector, freeze_long_lived
+from engine.process.malloc import tune_malloc
+from engine.process.priority import TickPriority
+from engine.sizing.engine_config import EngineConfig
+from engine.text.tokens import MAX_TOOLS
+from engine.tick import build
+from engine.tick.echo import Echo
+from engine.tick.handle import SessionHandle, delivery
+from engine.tick.headroom import Headroom
+from engine.tick.phase import STEP_S, TickPhase
+from engine.tick.plan import TickObserver
+from engine.tick.runner import Runner
+from engine.tick.scheduler import Scheduler
+from engine.tick.session import HEARD_PHASES, Phase, Session
+from engine.tick.slots import FrameInbox, Reservation, SlotPool
+from engine.tick.warm import warm_prompts
+from redaction import mask_numbers, warm_redaction
+
+__all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
+
+POLL_S = 0.001  # within its margin, a tick looks this often whether its frames are all in
+ADMISSION_TTL_S = 90.0  # how long an admitted caller's slot is held for the session to open: a phone call
+# opens it once answered, and agent/phone.py waits up to 60 s while the phone rings
+
+log = logging.getLogger("chorus.engine")
+
+
+class Engine:
+    def __init__(
+        self, config: EngineConfig | None = None, *, clock: Callable[[], float] = time.monotonic, **overrides
+    ) -> None:
+        """`clock` is the engine's notion of now (seconds); tests drive ticks by hand against their own."""
+        self.config = cfg = config or EngineConfig(**overrides)
+        self.clock = clock
+        tune_malloc()  # before the model and its first tick allocate
+        if cfg.show_words == "redacted":  # what redaction reads on first use: now, not on a request
+            warm_redaction()
+        model = build.build_model(cfg, clock)
+        self.model_cfg, self.device, self.dtypes = model.cfg, model.device, model.dtypes
+        self.tokens, self.pipeline = model.tokens, model.pipeline
+        self.vocab_size = self.model_cfg.thinker.vocab_size
+        frame_clock = self.model_cfg.clock
+        self.tick_ms = float(frame_clock.frame_ms)  # the tick is the model's frame
+        self.pool = SlotPool(cfg.num_slots, clock)
+        # tool results are tokenised off the tick thread
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chorus-tokens")
+        self.runner = Runner(self.pipeline, self.device, cfg.prompt_cache_size, capture=cfg.cuda_graph)
+        self.scheduler = Scheduler(
+            cfg.num_slots,
+            self.tokens,
+            frame_clock.input_samples,
+            build.limits(cfg, self.model_cfg),
+            clock,
+            encode_pool=self._encoder,
+            prompts=self.runner.prompts,  # the runner's: it saves and loads, the scheduler asks what is in
+        )
+        self.acct = Accounting()
+        self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
+        self.headroom = Headroom(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio)
+        # ticks start soon after the frames they take arrive (the fixed-buffer baseline leaves them where they
+        # fell)
+        self.phase = TickPhase(self.tick_ms / 1000, step_s=0.0 if cfg.fixed_buffers else STEP_S)
+        self._early = not cfg.fixed_buffers  # a tick starts within its margin once its frames are all in
+        self._heard: list[Session] = []
+        self._stop = threading.Event()
+        self._closed = False  # the model released (by close)
+        self._thread: threading.Thread | None = None
+        self.collector = Collector(clock)  # full collections in the tick's slack
+        self.tick = 0  # the tick running or last run, for other threads (the tick itself passes its own)
+        self.failure: BaseException | None = None
+        self.redispatches: dict[str, int] = {}  # the worker's new agents for lost ones (agent/fleet.py)
+        self.priority = TickPriority(cfg.tick_priority)  # the tick thread's (engine/process/priority.py)
+        self.echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
+        # what watches every tick (engine/tick/plan.py TickObserver): echo mode, else nothing
+        self.observers: list[TickObserver] = [self.echo] if self.echo is not None else []
+        if cfg.echo:
+            also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
+            log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
+        build.warm_up(model, self.runner, self.scheduler, clock)
+        freeze_long_lived(again=True)  # the model lives until close (close drops it)
+        publish(lambda: snapshot.figures(self))  # what /metrics reads at a scrape
+        self.server = (
+            SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
+            if cfg.metrics_port is not None
+            else None
+        )
+        if cfg.start:
+            self.start()
+            # prefilled by the tick before the engine is handed out: a worker registers once they are kept
+            warm_prompts(self, cfg.warm_prompts)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        prompt: str,
+        tools: list[dict] | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        sink: Callable[[list[Output]], None] | None = None,
+        label: str = "",
+        caller: str = "",
+        admission: Reservation | None = None,
+        source: Callable[[FrameInbox], None] | None = None,
+        pending: Callable[[], bool] | None = None,
+        playout: np.ndarray | None = None,
+        context: str = "",
+    ) -> SessionHandle:
+        """A slot for a new conversation, or EngineFull. `context` is the call's own part of the prompt (the
+        earlier turns of a call carried on after a break), after the tool block: the system prompt and tools
+        before it are prefilled once for every call of the same agent, and their state kept. With an
+        `admission` from `admit` the slot it reserved is taken and headroom is not judged again. Outputs
+        arrive on `loop` (an asyncio.Queue in `handle.outputs`), or through `sink` (called on the tick thread:
+        keep it cheap), or in a queue.Queue. `label` and `caller` (the caller's kind) are the agent's words
+        for the conversation: the snapshot shows them (at most 80 characters each; a number in the label by
+        its last four digits), the engine neither reads nor logs them. `source` feeds the session's inbox
+        besides `push_audio`, on the tick thread once a tick: a room in another process writes its caller
+        frames to shared memory (engine/door/host.py), and its playout figures to `playout` (a view of that
+        memory); `pending` says whether it holds a frame the tick has not taken (a tick starts early once
+        every frame is in)."""
+        self._check_up()
+        if admission is None:
+            self._check_headroom()
+        tools = tools or []
+        if len(tools) > MAX_TOOLS:
+            raise SessionRejected(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
+        names = [t.get("name") for t in tools]
+        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise SessionRejected("tools: every tool needs a distinct, non-empty name")
+        if not isinstance(context, str):
+            raise SessionRejected("context: a string")
+        try:
+            prompt_ids, prefix_len = self.tokens.prompt_parts(prompt, tools, context)
+        except ValueError as e:
+            raise SessionRejected(str(e)) from None
+        key, prefix_key = hash(tuple(prompt_ids)), hash(tuple(prompt_ids[:prefix_len]))
+        cached = self.scheduler.cached_prompts
+        making = prefix_key if prefix_key not in cached and key not in cached else key
+        prefilling = self._prompts_prefilling()
+        if (
+            admission is None
+            and making not in cached
+            and making not in prefilling
+            and len(prefilling) >= self.config.max_prompt_prefills
+        ):
+            raise self.headroom.refuse(
+                f"{len(prefilling)} other system prompts are being prefilled (the most at once is "
+                f"{self.config.max_prompt_prefills}); retry shortly, or share one prompt across sessions"
+            )
+        outputs, deliver = delivery(loop, sink)
+        frame = self.model_cfg.clock.input_samples
+
+        def make(session_id: str, slot: int) -> Session:
+            box = FrameInbox(frame, self._max_backlog, clock=self.clock)
+            box.source, box.pending = source, pending
+            return Session(
+                session_id,
+                slot,
+                frozenset(names),
+                box,
+                self._accounted(deliver),
+                prefill_ids=prompt_ids,
+                prompt_key=key,
+                prefix_key=prefix_key,
+                prefix_len=prefix_len,
+                keep_prompt=not context,
+                label=mask_numbers(str(label))[:80],
+                caller=str(caller)[:80],
+                opened_at=self.clock(),
+                playout=playout,
+            )
+
+        session = self.pool.open(make, admission)
+        log.info(
+            "session %s opened on slot %d (%d prompt tokens, %d its own, %d tools)",
+            *(session.id, session.slot, len(prompt_ids), len(prompt_ids) - prefix_len - 1, len(tools)),
+        )
+        return SessionHandle(self, session, outputs)
+
+    def admit(self, ttl_s: float = ADMISSION_TTL_S) -> Reservation:
+        """Admission of a caller the worker is about to accept: the engine is up and has headroom, and a slot
+        is reserved for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise). The session
+        opened with it (`open_session(admission=...)`) gets that slot: the decision is made once, before the
+        caller is taken on, so no accepted caller is refused afterwards.
+        `release` gives an unused one back."""
+        self._check_up()
+        self._check_headroom()
+        return self.pool.reserve(ttl_s)
+
+    def release(self, admission: Reservation) -> None:
+        self.pool.release(admission)
+
+    def _check_up(self) -> None:
+        if self._stop.is_set():
+            raise EngineClosed("the engine is shut down")
+        if self.failure is not None:
+            raise EngineClosed(f"the engine's tick thread stopped: {self.failure!r}")
+
+    def _check_headroom(self) -> None:
+        if self.config.refuse_when_overloaded:
+            self.headroom.check()
+
+    def _accounted(self, deliver: Callable[[list[Output]], None]) -> Callable[[list[Output]], None]:
+        def wrapped(items: list[Output]) -> None:
+            for item in items:
+                if isinstance(item, ToolResultConsumed):
+                    self.acct.record_resume(item.resume_ms)
+            deliver(items)
+
+        return wrapped
+
+    @property
+    def occupancy(self) -> float:
+        return self.pool.occupancy
+
+    def _prompts_prefilling(self) -> set[int]:
+        """Distinct system prompts not yet cached that open sessions are waiting for (read across threads:
+        a snapshot, good enough for admission)."""
+        cached = self.scheduler.cached_prompts
+        return {
+            key
+            for s in list(self.pool.sessions.values())
+            if s.phase is Phase.PROMPT and not s.closed and (key := s.prefill_key) not in cached
+        }
+
+    @property
+    def load(self) -> float:
+        """What the worker reports to LiveKit: the share of slots in use, or 1.0 (full) while overloaded or
+        after the tick thread stopped."""
+        full = self.failure is not None or (self.overloaded and self.config.refuse_when_overloaded)
+        return 1.0 if full else self.occupancy
+
+    @property
+    def overloaded(self) -> bool:
+        """No headroom for another caller (engine/tick/headroom.py): measured and shown whether or not the
+        engine refuses callers for it (`refuse_when_overloaded`)."""
+        return self.headroom.overloaded
+
+    # -- the tick ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the tick thread. The process's GIL switch interval drops to `switch_interval_ms`: the tick
+        thread gives the GIL up at every tensor op, and with the default 5 ms it waited that long behind the
+        rooms' event loops to get it back, many times a tick."""
+        if self._thread is None:
+            if sys.getswitchinterval() > self.config.switch_interval_ms / 1000:
+                sys.setswitchinterval(self.config.switch_interval_ms / 1000)
+            self._thread = threading.Thread(target=self._run, name="chorus-tick", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.threads)  # OpenMP settings are per thread: set them here too
+        self.priority.start()
+        try:
+            with torch.inference_mode():
+                self._loop()
+        except BaseException as e:  # the tick thread must not die silently
+            self.failure = e
+            log.exception("tick thread stopped")
+            self._fail_all(f"the engine stopped: {type(e).__name__}: {e}")
+
+    def _fail_all(self, message: str) -> None:
+        """Tell every open session the engine is gone (the worker reports itself full from now on)."""
+        for s in list(self.pool.sessions.values()):
+            if not s.closed:
+                s.deliver([SessionFailed(self.tick, message)])
+
+    def _loop(self) -> None:
+        tick_s = self.tick_ms / 1000
+        t0 = self.clock()
+        k = 0
+        while not self._stop.is_set():
+            due = t0 + k * tick_s - self.phase.shift_s
+            now = self.clock()
+            if now < due:
+                # within the margin the tick keeps for late frames, it starts as soon as every frame is in
+                opens = due - self.phase.margin_s if self._early else due
+                if now < opens or not self._frames_in():
+                    self._stop.wait(opens - now if now < opens else min(POLL_S, due - now))
+                    continue
+                self.acct.record_early(due - now)
+            elif now - due > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
+                self.acct.record_slip(int((now - due) / tick_s))
+                t0 = now - k * tick_s + self.phase.shift_s
+                due = now
+            self.run_tick(k, due + tick_s, due)
+            k += 1
+            self.collector.maybe_collect(t0 + k * tick_s)
+
+    def _frames_in(self) -> bool:
+        """Whether every session the last tick heard has its next caller frame in already (and there is one).
+        Polled every POLL_S within the margin before a tick; stops at the first session still waiting."""
+        heard = False
+        for s in self._heard:
+            if s.closed or s.phase not in HEARD_PHASES:
+                continue
+            if not s.inbox.fresh():
+                return False
+            heard = True
+        return heard
+
+    def run_tick(self, k: int, deadline: float, due: float | None = None) -> None:
+        """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
+        the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever
+        the time: the progress guarantee. Work past the deadline is counted (`overruns`). `due`: when the
+        tick was due to start (it may start earlier, its frames all in; default: when it starts), which the
+        frames' leads are measured against (engine/tick/phase.py)."""
+        clock, sch = self.clock, self.scheduler
+        t_start = clock()
+        self.tick = k
+        # schedule: this tick's sessions, the results that came in, the live batch
+        reset, sessions, freed = self.pool.begin_tick()
+        self._heard = sessions  # whose frames the next tick may start early for (`_frames_in`)
+        for s in freed:
+            self.acct.closed_dropped += s.inbox.dropped
+            self.acct.closed_skipped += s.inbox.skipped
+        tick = sch.begin_tick(k, sessions, freed, t_start)
+        sch.poll(tick, t_start)
+        plan = sch.plan_live(tick, reset)
+        heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
+        if plan.late:
+            self.phase.missed()
+        self.phase.observe((t_start if due is None else due) - plan.arrived[heard])
+        # execute and update: one batched live step for every live slot, its frames out to their sessions
+        result = self.runner.live(plan)
+        for observer in self.observers:
+            observer.live(tick, plan, result)
+        sch.apply_live(tick, plan, result)
+        t_live = clock()
+        self.acct.record_heard(plan, heard, t_live)
+        for observer in self.observers:
+            observer.sent(t_live)
+        # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed
+        until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
+        cadence = self.config.cadence_locked_tools
+        skip: frozenset[str] = frozenset()
+        served: frozenset[str] = frozenset()
+        while not self._stop.is_set():
+            now = clock()
+            sch.poll(tick, now)
+            budget_ms = (until - now) * 1e3
+            work = sch.next_tool_work(tick, budget_ms, skip, served) if budget_ms > 0 else None
+            if work is None:
+                work = sch.owed_work(tick)
+                if work is None:
+                    break
+                self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
+            self.priority.relax()  # paused work takes turns with the rooms
+            served = served | {work.kind}
+            if cadence and work.kind in ("call", "result"):
+                skip = skip | {work.kind}
+            t = clock()
+            res = self.runner.tool(work)
+            done = sch.apply_tool(tick, work, res, (clock() - t) * 1e3)
+            for slot, key in done.saves:
+                self.runner.save_prompt(slot, key)
+            for call_ms, ticks in done.calls:
+                self.acct.record_call(call_ms, ticks)
+        self.priority.restore()
+        t_end = clock()
+        self.acct.record_tick(
+            (t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline, t_end > deadline
+        )
+
+    # -- observation and shutdown -----------------------------------------------------------------------
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state for the monitoring page and the benchmarks (engine/observe/snapshot.py): from
+        any thread, never waited on by the tick; no transcript in clear."""
+        return snapshot.build(self)
+
+    def close(self) -> None:
+        """Stop the tick thread, the tokeniser pool and the metrics server, then release the model: the
+        pipeline and the runner's buffers become unreachable (on CUDA the allocator's cache is emptied too),
+        so the next engine in this process gets their memory. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._encoder.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._closed:
+            return
+        if self._thread is not None and self._thread.is_alive():  # never pull tensors from a running step
+            log.warning("tick thread still in a step 5 s after close: the model's memory stays allocated")
+            return
+        self._closed = True
+        self.pipeline = self.runner = None  # the only references: no cycle holds them, so they die here
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,166 @@
+"""The types the scheduler hands the runner and the engine, one tick's worth: the tick itself, the live
+batch's inputs and outputs, a piece of paused work and its result, what that work finished, the limits that
+bound each phase, and the cost model that decides what fits in a tick's slack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from engine.tick.session import Session
+
+WorkKind = Literal["call", "result", "replay", "prompt"]
+PRIORITY: tuple[WorkKind, ...] = ("call", "result", "replay", "prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One finished tool call, made once per call (when the session is live again), read by snapshots."""
+
+    session: str
+    label: str
+    names: tuple[str, ...]  # () when the call could not be read
+    ok: bool  # every result came back without an error
+    at: float  # wall-clock time (Unix seconds) the session was live again
+    call_ms: float  # start of call -> function calls emitted (the model writing the call)
+    tool_ms: float  # function calls emitted -> the last result submitted (the tool's own time)
+    resume_ms: float  # last result -> live again (result prefill and replay)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_call_tokens: int = 512
+    tool_timeout_s: float = 15.0
+    prefill_chunk: int = 64  # prompt positions per prefill forward in the slack
+    result_chunk: int = 64  # tool-result positions per prefill forward
+    max_chunk: int = 256  # the most positions one prefill forward may take (the thinker's attention window)
+    admission_ticks: int = 25  # a new session is live within this many ticks (2 s)
+    replay_ticks: int = 25  # a session back from a tool is live within this many ticks of its results
+    result_ticks: int = 12  # tool results are prefilled within this many ticks of arriving (1 s)
+    owed_rows: int = 8  # rows of one forced piece of work (the least recently served first)
+    live_lag_frames: int = 12  # a live session's backlog beyond this sheds its silent frames
+    # a live session that had a frame to spare at this many ticks in a row (1 s) sheds one silent frame: a
+    # reserve that steady arrivals never touch is latency, not a jitter buffer (a late frame puts it back)
+    spare_ticks: int = 12
+    # a late arrival within this many ticks (8 s, the playout's jitter window) of the last one doubles how
+    # long the reserve it makes is kept, up to this many ticks: arrivals late again and again keep their
+    # reserve, as NetEQ keeps a buffer for the jitter it keeps seeing, where one late frame costs 1 s of it
+    late_memory_ticks: int = 100
+    max_spare_ticks: int = 100
+    # caller frames a caught-up session keeps in reserve (0: none until a late arrival makes one; 1 is the
+    # fixed-buffer baseline, EngineConfig.fixed_buffers)
+    reserve_frames: int = 0
+    # a reserve is caught up only outside the agent's turns (a quiet step would cut its speech), except in
+    # echo mode, where the turn is nominal and the echoed frame is all there is (engine/tick/echo.py)
+    catch_up_in_turns: bool = False
+
+
+@dataclass(slots=True)
+class Tick:
+    """One tick as the engine drives it: its number, when it started and the sessions open at its start. Made
+    by `Scheduler.begin_tick` and passed to every scheduler call of the tick; nothing keeps it after."""
+
+    number: int
+    sessions: list[Session]
+    t_start: float = float("nan")  # the engine's clock
+
+
+@dataclass
+class LivePlan:
+    """Inputs of the live step, one row per slot; rows that are not live are computed but change nothing."""
+
+    tick: int
+    live: np.ndarray  # [S] bool
+    audio: np.ndarray  # [S, 1280] float32 (silence where no frame)
+    force_text: np.ndarray  # [S] int64, -1 = the model's own token
+    force_func: np.ndarray  # [S] int64
+    reset: np.ndarray  # [S] bool: rows to return to a fresh state before the step
+    quiet: np.ndarray | None = None  # [S] bool: replaying rows, agent channels forced silent, output withheld
+    restore: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): load a cached prompt
+    arrived: np.ndarray | None = None  # [S] float64: when the row's frame arrived (NaN: no frame)
+    t_start: float = float("nan")  # when the tick started (the engine's clock)
+    late: int = 0  # sessions whose frame for the last tick came after it (found by this plan)
+
+
+@dataclass
+class LiveResult:
+    text: np.ndarray  # [S] int64
+    func: np.ndarray  # [S] int64
+    audio: np.ndarray  # [S, 1764] float32
+
+
+class TickObserver(Protocol):
+    """What watches every tick from outside the plan (echo mode, engine/tick/echo.py): `live` is given the
+    live step's result before its frames go out (and may replace them), `sent` the time they went out. The
+    engine holds none unless one is configured, so a tick without one calls nothing."""
+
+    def live(self, tick: Tick, plan: LivePlan, result: LiveResult) -> None: ...
+
+    def sent(self, t: float) -> None: ...
+
+
+@dataclass
+class ToolWork:
+    """One piece of slack work over a batch of paused slots."""
+
+    kind: WorkKind
+    sessions: list[Session]
+    slots: np.ndarray  # [b] int64
+    tokens: np.ndarray  # call: forced func token [b, 1] (-1 none); result/prompt: ids [b, T]; replay: unused
+    audio: np.ndarray | None = None  # replay: [S, 1280] with the replayed frames in the replaying rows
+    active: np.ndarray | None = None  # replay: [S] bool
+
+
+@dataclass
+class ToolResult:
+    func: np.ndarray | None = None  # call: [b] int64 tokens produced
+
+
+@dataclass
+class SlackOutcome:
+    """What one piece of slack work finished that the engine acts on."""
+
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (slot, prompt key): prompt states to keep
+    calls: list[tuple[float, int]] = field(default_factory=list)  # (ms, ticks) per call the model has written
+
+
+@dataclass
+class CostModel:
+    """Predicted milliseconds per piece of slack work, learned from measurements per kind and shape: an EMA of
+    the cost plus two EMAs of its deviation, so a noisy machine plans with a margin without one outlier
+    locking the estimate high."""
+
+    default_ms: float = 5.0
+    alpha: float = 0.2
+    table: dict[tuple[str, int, int], float] = field(default_factory=dict)  # the prediction per shape
+    _mean: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    _dev: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(kind: str, b: int, t: int) -> tuple[str, int, int]:
+        bucket = 1 << max(0, (b - 1).bit_length())  # 1, 2, 4, 8, ...
+        return kind, bucket, t
+
+    def predict(self, kind: str, b: int, t: int = 1) -> float:
+        """Measured cost of the same kind and shape, else the nearest measured shape scaled by work units."""
+        key = self._key(kind, b, t)
+        if key in self.table:
+            return self.table[key]
+        units = key[1] * t
+        same = [(bb * tt, v) for (k, bb, tt), v in self.table.items() if k == kind]
+        if not same:
+            return self.default_ms
+        ref_units, ref_ms = min(same, key=lambda uv: abs(uv[0] - units))
+        return ref_ms * units / ref_units
+
+    def observe(self, kind: str, b: int, t: int, ms: float) -> None:
+        key = self._key(kind, b, t)
+        if key not in self._mean:
+            self._mean[key], self._dev[key] = ms, 0.0
+        else:
+            mean = self._mean[key]
+            self._dev[key] += self.alpha * (abs(ms - mean) - self._dev[key])
+            self._mean[key] = mean + self.alpha * (ms - mean)
+        self.table[key] = self._mean[key] + 2 * self._dev[key]
