@@ -29,8 +29,8 @@ from agent.history import bound_call_memory
 from agent.playout import PlayoutOutput
 from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
+from engine.api import MIN_MARGIN_S
 from engine.client.remote import RemoteEngine
-from engine.tick.phase import MIN_MARGIN_S
 from redaction import pseudonym
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from engine.api import EngineClosed
 from engine.client.control import EngineControl
-from engine.door.serve import EngineProcess
+from engine.client.process import EngineProcess
 
 log = logging.getLogger("chorus.agent.engine_watch")
 

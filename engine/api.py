@@ -14,6 +14,9 @@ import numpy as np
 from pydantic import BaseModel
 
 LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
+# the least a caller's frame leads the tick that takes it by (engine/tick/phase.py): a room cuts its frames to
+# end this far ahead of the ticks
+MIN_MARGIN_S = 0.008
 
 
 class EngineError(RuntimeError):

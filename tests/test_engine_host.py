@@ -391,7 +391,7 @@ def test_the_room_side_imports_no_torch():
 def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_reports_itself_full():
     """The engine in its own process (`python -m engine.door.serve`, as the worker starts it), killed
     mid-call: the room's session ends with one failure, and the load the worker reports is full."""
-    from engine.door.serve import EngineProcess
+    from engine.client.process import EngineProcess
     from engine.sizing.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
@@ -426,7 +426,7 @@ def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_repo
 
 def test_the_engines_process_ends_with_the_worker():
     """The worker holds the engine's standard input: when it ends, however it ends, so does the engine."""
-    from engine.door.serve import EngineProcess
+    from engine.client.process import EngineProcess
     from engine.sizing.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=1).model_dump_json(), timeout=180).start()

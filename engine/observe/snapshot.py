@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -24,7 +25,38 @@ from engine.tick.session import SAID_PIECES, Phase, Session
 from redaction import last_words
 
 if TYPE_CHECKING:
-    from engine.tick.engine import Engine
+    from engine.observe.metrics import Accounting
+    from engine.process.priority import TickPriority
+    from engine.sizing.engine_config import EngineConfig
+    from engine.tick.echo import Echo
+    from engine.tick.headroom import Headroom
+    from engine.tick.phase import TickPhase
+    from engine.tick.scheduler import Scheduler
+    from engine.tick.slots import SlotPool
+
+
+class Observed(Protocol):
+    """What the snapshot and `/metrics` read of the engine (engine/tick/engine.py `Engine`)."""
+
+    config: EngineConfig
+    acct: Accounting
+    scheduler: Scheduler
+    pool: SlotPool
+    clock: Callable[[], float]
+    tick_ms: float
+    device: torch.device
+    headroom: Headroom
+    phase: TickPhase
+    priority: TickPriority
+    echo: Echo | None
+    redispatches: dict[str, int]
+
+    @property
+    def occupancy(self) -> float: ...
+
+    @property
+    def overloaded(self) -> bool: ...
+
 
 HISTORY_POINTS = 200  # whole ticks in `recent_tick_ms`
 CALLING = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL)
@@ -83,7 +115,7 @@ def session_row(
     )
 
 
-def build(engine: Engine) -> EngineSnapshot:
+def build(engine: Observed) -> EngineSnapshot:
     cfg, a, sch = engine.config, engine.acct, engine.scheduler
     sessions = list(engine.pool.sessions.values())
     now = engine.clock()
@@ -162,7 +194,7 @@ def build(engine: Engine) -> EngineSnapshot:
     )
 
 
-def figures(engine: Engine) -> Figures:
+def figures(engine: Observed) -> Figures:
     """What `/metrics` reads at a scrape (engine/observe/metrics.py), from the same counters as the
     snapshot."""
     a, sch = engine.acct, engine.scheduler

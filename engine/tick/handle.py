@@ -13,7 +13,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -25,13 +25,24 @@ from engine.tick.session import Session
 from redaction import private_values
 
 if TYPE_CHECKING:
-    from engine.tick.engine import Engine
+    from engine.sizing.engine_config import EngineConfig
+    from engine.text.tokens import Tokens
+    from engine.tick.slots import SlotPool
+
+
+class HandleHost(Protocol):
+    """What a handle uses of its engine (engine/tick/engine.py `Engine`)."""
+
+    config: EngineConfig
+    tokens: Tokens
+    vocab_size: int
+    pool: SlotPool
 
 
 class SessionHandle:
     """What a conversation holds: push caller audio, read outputs, answer function calls, close."""
 
-    def __init__(self, engine: Engine, session: Session, outputs) -> None:
+    def __init__(self, engine: HandleHost, session: Session, outputs) -> None:
         self._engine = engine
         self._s = session
         self.id = session.id

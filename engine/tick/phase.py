@@ -22,8 +22,9 @@ from collections import deque
 
 import numpy as np
 
+from engine.api import MIN_MARGIN_S
+
 WINDOW_TICKS = 25  # 2 s of ticks: every frame of them must have led by more than the margin
-MIN_MARGIN_S = 0.008
 STEP_S = 0.01  # the most the tick moves in one tick
 MAX_MARGIN_S = 0.04  # the margin a run of missed ticks can raise it to
 CALM_TICKS = 375  # 30 s without a frame missing its tick: the raised margin halves

@@ -10,14 +10,34 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.api import EngineError
 from engine.tick.session import Phase
 
 if TYPE_CHECKING:
-    from engine.sizing.engine_config import WarmPrompt
-    from engine.tick.engine import Engine
+    from engine.sizing.engine_config import EngineConfig, WarmPrompt
+    from engine.tick.handle import SessionHandle
+    from engine.tick.scheduler import Scheduler
+
+
+class Warmed(Protocol):
+    """What the warm-up uses of the engine (engine/tick/engine.py `Engine`)."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+
+    def open_session(
+        self,
+        prompt: str,
+        tools: list[dict] | None = None,
+        *,
+        sink: Callable[[list[Any]], None] | None = None,
+        label: str = "",
+        caller: str = "",
+    ) -> SessionHandle: ...
+
 
 log = logging.getLogger("chorus.engine.warm")
 
@@ -26,7 +46,7 @@ POLL_S = 0.05
 GIVE_UP_S = 120.0  # a warm-up session still prefilling after this is closed anyway
 
 
-def warm_prompts(engine: Engine, prompts: list[WarmPrompt]) -> None:
+def warm_prompts(engine: Warmed, prompts: list[WarmPrompt]) -> None:
     """Open a session for each of `prompts` (at most one slot fewer than the engine has: a caller always
     finds one) and return once each has been prefilled and closed (its state kept), at most GIVE_UP_S."""
     handles = []

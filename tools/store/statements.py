@@ -9,13 +9,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import astuple, fields
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import StoreError, Unavailable
 from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType, as_date, as_datetime
 
-if TYPE_CHECKING:
-    from .base import Store
+
+class Backend(Protocol):
+    """What a transaction runs its statements through (tools/store/base.py `Store`, per database)."""
+
+    lock_clause: str
+
+    def _execute(self, conn: Any, sql: str, params: Sequence[Any]) -> Any: ...
+
+    def _execute_many(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    def _param(self, value: Any) -> Any: ...
+
+    def now(self) -> datetime: ...
 
 
 def in_time(deadline: float | None) -> None:
@@ -49,7 +60,7 @@ _NIGHT_COLUMNS = "room_type, night, total, booked, rate_cents"
 class Tx:
     """One open transaction. Methods run single statements; the caller composes them."""
 
-    def __init__(self, store: Store, conn: Any, deadline: float | None = None):
+    def __init__(self, store: Backend, conn: Any, deadline: float | None = None):
         self._store = store
         self._conn = conn
         self._deadline = deadline  # time.monotonic() by which every statement must be answered
