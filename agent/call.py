@@ -34,8 +34,8 @@ from engine.client.remote import RemoteEngine
 from redaction import pseudonym
 
 if TYPE_CHECKING:
+    from engine.api import EngineClient, SessionPort
     from engine.sizing.stage_config import ClockConfig
-    from engine.tick.engine import Engine, SessionHandle
 
 log = logging.getLogger("chorus.agent.call")
 
@@ -108,11 +108,11 @@ class Call:
         return self.model.sessions[-1] if self.model.sessions else None
 
     @property
-    def handle(self) -> SessionHandle | None:
+    def handle(self) -> SessionPort | None:
         d = self.duplex
         return d.handle if d is not None else None
 
-    async def wait_open(self, timeout: float = 10.0) -> SessionHandle:
+    async def wait_open(self, timeout: float = 10.0) -> SessionPort:
         """The engine session handle, once the slot is open; the engine's refusal (EngineFull,
         EngineOverloaded, ...) is raised as it came."""
         async with asyncio.timeout(timeout):
@@ -165,7 +165,7 @@ def _session(model: ChorusModel) -> AgentSession:
 
 
 async def start_call(
-    engine: Engine,
+    engine: EngineClient,
     agent: Agent,
     *,
     sink: CallSink,

@@ -20,7 +20,7 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 
 if TYPE_CHECKING:
     from agent.call import Call
-    from engine.tick.engine import Engine
+    from engine.api import EngineClient
 
 log = logging.getLogger("chorus.agent.drain")
 
@@ -61,7 +61,7 @@ class DrainingServer(AgentServer):
 
 async def goodbye_on_drain(
     call: Call,
-    engine: Engine,
+    engine: EngineClient,
     hang_up: Callable[[], Awaitable[None]],
     before: Callable[[], None] | None = None,
 ) -> None:

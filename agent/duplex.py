@@ -42,7 +42,7 @@ from engine.api import (
 
 if TYPE_CHECKING:
     from agent.caller_input import CallerAudio
-    from engine.tick.engine import Engine, SessionHandle
+    from engine.api import EngineClient, SessionPort
 
 log = logging.getLogger("chorus.agent.duplex")
 
@@ -106,7 +106,7 @@ class ChorusModel(llm.DuplexModel):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         *,
         observer: CallObserver | None = None,
         label: str = "",
@@ -173,7 +173,7 @@ class ChorusSession(llm.DuplexSession):
         self.first_frame = asyncio.Event()  # the engine has sent its first frame: the session is live
         self._opening_at = time.monotonic()
         self._last_speech_tick = -10
-        self.handle: SessionHandle | None = None  # the engine session once opened
+        self.handle: SessionPort | None = None  # the engine session once opened
         self.opened = asyncio.Event()  # the attempt to open is over: `handle`, or `open_error`
         self.open_error: EngineError | None = None
         self.speaking = False

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.call import Call
-    from engine.tick.engine import Engine
+    from engine.api import EngineClient
 
 log = logging.getLogger("chorus.agent.forcing")
 
@@ -129,7 +129,7 @@ def _words(text: object) -> str:
 
 
 async def run_script(
-    call: Call, engine: Engine, script: Script, cues: asyncio.Queue[str] | None = None
+    call: Call, engine: EngineClient, script: Script, cues: asyncio.Queue[str] | None = None
 ) -> dict[str, int]:
     """Drive one call's model by `script` until the call ends; returns what was forced (turns, calls).
     `cues`: lines the call asks for as things happen (the agent back after a dropped line), each said at the

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field
 from envsettings import EnvSettings
 
 if TYPE_CHECKING:
-    from engine.tick.engine import EngineConfig
+    from engine.sizing.engine_config import EngineConfig
 
 __all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "e164"]
 

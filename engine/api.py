@@ -8,10 +8,16 @@ one description of the engine's state: the monitoring page, the benchmarks and `
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from engine.sizing.stage_config import ClockConfig, TokenConfig
+    from engine.text.tokens import Tokens
 
 LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)
 # the least a caller's frame leads the tick that takes it by (engine/tick/phase.py): a room cuts its frames to
@@ -113,6 +119,79 @@ Event = (
     | SessionFailed
 )
 Output = AudioFrame | Event
+
+
+class SessionPort(Protocol):
+    """What a room holds of its session: `engine/client/remote.py` `RemoteHandle` across the engine's door,
+    `engine/tick/handle.py` `SessionHandle` in the engine's own process. Outputs arrive on `outputs` (or the
+    sink the session was opened with) in tick order; nothing here waits on the tick."""
+
+    id: str
+    outputs: asyncio.Queue[list[Output]]
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def frames_in(self) -> int: ...
+
+    def push_audio(self, pcm: np.ndarray) -> None: ...
+
+    def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None: ...
+
+    def force_text(self, tokens: list[int] | str) -> None: ...
+
+    def force_function(self, tokens: list[int] | str) -> None: ...
+
+    def pad_between(self, on: bool = True) -> None: ...
+
+    def keep_private(self, *terms: str) -> None: ...
+
+    def report_playout(
+        self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
+    ) -> None: ...
+
+    def report_receive(self, jitter_s: float, concealed_s: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClientConfig(Protocol):
+    """The part of the engine's config a call reads."""
+
+    preset: str
+    max_result_chars: int
+    fixed_buffers: bool
+
+
+class ClientModelConfig(Protocol):
+    clock: ClockConfig
+    tokens: TokenConfig
+
+
+class EngineClient(Protocol):
+    """The engine as a room sees it: `engine/client/remote.py` `RemoteEngine` across the door, or
+    `engine/tick/engine.py` `Engine` in the same process. `admission` names the slot the worker reserved
+    for the call (a job id across the door, the `Reservation` itself in the engine's process)."""
+
+    config: ClientConfig
+    model_cfg: ClientModelConfig
+    vocab_size: int
+
+    @property
+    def tokens(self) -> Tokens: ...
+
+    def open_session(
+        self,
+        prompt: str,
+        tools: list[dict] | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        label: str = "",
+        caller: str = "",
+        admission: Any = None,
+        context: str = "",
+    ) -> SessionPort: ...
 
 
 class SessionSnapshot(BaseModel):

@@ -77,11 +77,11 @@ class SessionHandle:
         """Caller frames this session received (also after it closed)."""
         return self._s.inbox.frames_in
 
-    def push_audio(self, pcm16k: np.ndarray) -> None:
+    def push_audio(self, pcm: np.ndarray) -> None:
         """Caller audio at 16 kHz mono, int16 or float in [-1, 1], any length; cut into 1280-sample frames."""
         if self._s.closed:
             raise EngineClosed(f"session {self.id} is closed")
-        self._s.inbox.push(pcm16k)
+        self._s.inbox.push(pcm)
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
         """The result of a FunctionCall; results for unknown or already answered calls are ignored. The

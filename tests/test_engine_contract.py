@@ -1,0 +1,116 @@
+"""engine/api.py's contract between the rooms and the engine: both sides of it, the client across the door
+(engine/client/remote.py) and the engine's own objects (engine/tick/engine.py, engine/tick/handle.py), have
+every member each Protocol declares, with the parameters it declares (names, kinds and defaults; an
+implementation may add parameters of its own, never required ones). Read from the classes; nothing is started.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+
+import pytest
+
+from engine.api import EngineClient, SessionPort
+from engine.client.remote import RemoteEngine, RemoteHandle
+from engine.tick.engine import Engine
+from engine.tick.handle import SessionHandle
+
+
+def members(proto: type) -> dict[str, object]:
+    """The Protocol's own members: methods and properties by their objects, data attributes as None."""
+    out: dict[str, object] = {
+        n: None for n in typing.get_type_hints(proto, localns=vars(__import__("engine.api")))
+    }
+    out.update(
+        {
+            n: v
+            for n, v in vars(proto).items()
+            if not n.startswith("_") and callable(v) or isinstance(v, property)
+        }
+    )
+    return out
+
+
+def has_data(cls: type, name: str) -> bool:
+    """A class attribute, a property, or an attribute its __init__ sets on the instance."""
+    return (
+        hasattr(cls, name)
+        or re.search(rf"self\.{name}\b\s*[:=,]", inspect.getsource(cls.__init__)) is not None
+    )
+
+
+def breaches(proto: type, cls: type) -> list[str]:
+    out = []
+    for name, want in members(proto).items():
+        if want is None or isinstance(want, property):
+            if not has_data(cls, name):
+                out.append(f"{cls.__name__}.{name} missing")
+            continue
+        got = getattr(cls, name, None)
+        if got is None or not callable(got):
+            out.append(f"{cls.__name__}.{name}() missing")
+            continue
+        theirs = inspect.signature(got).parameters
+        for p in inspect.signature(want).parameters.values():
+            q = theirs.get(p.name)
+            if q is None and p.kind != p.VAR_POSITIONAL:
+                out.append(f"{cls.__name__}.{name} has no parameter {p.name}")
+            elif q is not None and (q.kind != p.kind or q.default != p.default):
+                out.append(f"{cls.__name__}.{name}'s {p.name} is {q} where the contract says {p}")
+        for q in theirs.values():
+            if (
+                q.name not in inspect.signature(want).parameters
+                and q.default is q.empty
+                and q.kind
+                not in (
+                    q.VAR_POSITIONAL,
+                    q.VAR_KEYWORD,
+                )
+            ):
+                out.append(f"{cls.__name__}.{name} requires {q.name}, which the contract does not pass")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("proto", "cls"),
+    [
+        (SessionPort, RemoteHandle),
+        (SessionPort, SessionHandle),
+        (EngineClient, RemoteEngine),
+        (EngineClient, Engine),
+    ],
+)
+def test_both_sides_of_the_door_keep_the_rooms_contract(proto, cls):
+    assert breaches(proto, cls) == []
+
+
+def test_the_contract_check_finds_a_missing_member_a_renamed_parameter_and_a_new_required_one():
+    class Port:
+        id = ""
+        outputs = None
+        closed = frames_in = False
+
+        def push_audio(self, samples): ...  # renamed
+
+        def submit_tool_result(self, call_id, output, is_error=False, *, urgent): ...  # a new required one
+
+        def force_text(self, tokens): ...
+
+        def force_function(self, tokens): ...
+
+        def pad_between(self, on=True): ...
+
+        def keep_private(self, *terms): ...
+
+        def report_receive(self, jitter_s, concealed_s): ...
+
+        def close(self): ...
+
+    assert breaches(SessionPort, Port) == [
+        "Port.push_audio has no parameter pcm",
+        "Port.push_audio requires samples, which the contract does not pass",
+        "Port.submit_tool_result requires urgent, which the contract does not pass",
+        "Port.report_playout() missing",
+    ]
