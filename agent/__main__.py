@@ -1,8 +1,8 @@
 """`python -m agent simulate | token | sip | dev | start | console`: the simulation (the embedded default), a
-join token for a test client, the phone line (`sip setup | list | teardown | call`, agent/sip.py), or the
-worker: `dev` and `start` are livekit-agents' `python -m livekit.agents start [--dev] agent/worker.py`,
-`console` is what `lk agent console` runs (it needs the LiveKit CLI's --connect-addr).
-Settings come from the environment or `.env` (see agent/settings.py).
+join token for a test client, the phone line (`sip setup | list | teardown | call`, agent/phone/sip.py), or
+the worker: `dev` and `start` are livekit-agents' `python -m livekit.agents start [--dev] agent/worker.py`,
+`console` is what `lk agent console` runs (it needs the LiveKit CLI's --connect-addr). Settings come from the
+environment or `.env` (see agent/settings.py).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else "simulate"
     if command == "simulate":
-        from agent import simulate
+        from agent.sim import simulate
 
         p = argparse.ArgumentParser(
             prog="python -m agent simulate", description=simulate.__doc__.splitlines()[0]
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "token":
         return _token(argv[1:])
     if command == "sip":
-        from agent import sip
+        from agent.phone import sip
 
         return sip.main(argv[1:])
     if command in ("-h", "--help"):

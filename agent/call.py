@@ -21,13 +21,13 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import Agent, AgentSession, io, llm, room_io
 
-from agent import audio_pump
-from agent.acks import AckClips
-from agent.caller_input import CallerAudio, install_room_input
+from agent.audio_in import audio_pump
+from agent.audio_in.caller_input import CallerAudio, install_room_input
+from agent.audio_out.acks import AckClips
+from agent.audio_out.playout import PlayoutOutput
+from agent.audio_out.sinks import CallSink
 from agent.duplex import VOICED_ENERGY, ChorusModel, ChorusSession
 from agent.history import bound_call_memory
-from agent.playout import PlayoutOutput
-from agent.sinks import CallSink
 from agent.transcript import RoomTranscript
 from engine.api import MIN_MARGIN_S
 from engine.client.remote import RemoteEngine
@@ -266,8 +266,9 @@ async def _start_in_room(
 
 
 def native_caller_input(call: Call, clock: ClockConfig) -> CallerAudio | None:
-    """The call's caller audio straight from the rtc runtime into the engine's ring (agent/caller_input.py),
-    when this process has the native callback and the engine is a ring away (not in this process)."""
+    """The call's caller audio straight from the rtc runtime into the engine's ring
+    (agent/audio_in/caller_input.py), when this process has the native callback and the engine is a ring away
+    (not in this process)."""
     lib = audio_pump.installed()
     if lib is None or not isinstance(call.model.engine, RemoteEngine) or not install_room_input():
         return None

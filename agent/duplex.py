@@ -25,7 +25,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import aio
 
-from agent.caller_audio import InputConverter
+from agent.audio_in.caller_audio import InputConverter
 from engine.api import (
     AudioFrame,
     EngineError,
@@ -41,7 +41,7 @@ from engine.api import (
 )
 
 if TYPE_CHECKING:
-    from agent.caller_input import CallerAudio
+    from agent.audio_in.caller_input import CallerAudio
     from engine.api import EngineClient, SessionPort
 
 log = logging.getLogger("chorus.agent.duplex")
@@ -117,7 +117,7 @@ class ChorusModel(llm.DuplexModel):
         """`label` (the room's name) and `caller` ("web", "phone") name the call on the monitoring page;
         `admission` is the job whose slot the engine reserved for this call (its first session takes it);
         `context` is the call's own part of the prompt, after the agent's instructions and tools (the earlier
-        turns of a call carried on after a break, `agent.carry.resume_context`)."""
+        turns of a call carried on after a break, `agent.fleet.carry.resume_context`)."""
         super().__init__(
             capabilities=llm.DuplexCapabilities(user_transcription=False, auto_tool_reply_generation=True)
         )
@@ -127,8 +127,8 @@ class ChorusModel(llm.DuplexModel):
         self.sessions: list[ChorusSession] = []
         self.admission = admission
         self.context = context
-        # the caller's audio when it goes to the engine's ring natively (agent/audio_pump.py), not through
-        # `ChorusSession.push_audio`: its ring is handed over when the slot opens
+        # the caller's audio when it goes to the engine's ring natively (agent/audio_in/audio_pump.py), not
+        # through `ChorusSession.push_audio`: its ring is handed over when the slot opens
         self.caller_audio: CallerAudio | None = None
 
     @property
@@ -180,7 +180,8 @@ class ChorusSession(llm.DuplexSession):
         self.paused = False
         self._turn_text = ""
         self._answered: set[str] = set()  # call ids whose result went to the engine
-        # the call's conversation as it goes (agent/carry.py ConversationLog: said, called, answered), or None
+        # the call's conversation as it goes (agent/fleet/carry.py ConversationLog: said, called, answered),
+        # or None
         self.record: Any = None
         self._audio_ms = 0  # the adapter's audio clock: output audio handed over so far
         self._voiced_at = -1e9  # monotonic time of the last loud caller frame

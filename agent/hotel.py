@@ -1,7 +1,7 @@
 """The hotel concierge: a livekit-agents `Agent` whose five function tools call `tools/`.
 
 `Concierge` holds what every caller's agent shares (the tool runner and the tools common to all);
-`HotelAgent` is a web caller's concierge, and agent/phone.py's `PhoneConcierge` a phone caller's.
+`HotelAgent` is a web caller's concierge, and agent/phone/phone.py's `PhoneConcierge` a phone caller's.
 The only module that joins the hotel to LiveKit. The tools' JSON schemas come from `tools.schemas`
 (one source of truth), so each `@function_tool` takes the model's raw arguments and `tools/` validates
 them with messages the model can speak. Domain failures become `ToolError`s; the store is synchronous,

@@ -4,7 +4,7 @@ the worker's.
 
 `prewarm` readies a room's process before its job (the rtc SDK's FFI client, the engine's door:
 engine/client/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel
-agent until the caller leaves; a phone caller gets the phone concierge (agent/phone.py), which can also
+agent until the caller leaves; a phone caller gets the phone concierge (agent/phone/phone.py), which can also
 transfer the call or hang up. The engine is the worker's (agent/worker.py), reached through its socket and
 shared memory; this module imports nothing of torch, so a room's process starts in a fraction of a second and
 stays small. Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
@@ -23,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents import JobContext, JobProcess, cli
 
-from agent import room_connect, rtc_ffi
+from agent import room_connect
+from agent.audio_in import rtc_ffi
+from agent.audio_in.receive_stats import ReceiveWatch
+from agent.audio_out.sinks import ConsoleSink, RoomSink
 from agent.call import start_call
-from agent.carry import ConversationLog, acknowledgement, back_again, resume_context
-from agent.drain import DRAIN, goodbye_on_drain
-from agent.fleet import (
+from agent.fleet.carry import ConversationLog, acknowledgement, back_again, resume_context
+from agent.fleet.drain import DRAIN, goodbye_on_drain
+from agent.fleet.fleet import (
     REASON_KEY,
     REDISPATCH_KEY,
     holder,
@@ -37,18 +40,16 @@ from agent.fleet import (
     take_room,
     watch_link,
 )
+from agent.fleet.presence import REPLACED, ROOM_CLOSED, CallerPresence
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
-from agent.presence import REPLACED, ROOM_CLOSED, CallerPresence
-from agent.receive_stats import ReceiveWatch
 from agent.settings import AgentSettings
-from agent.sinks import ConsoleSink, RoomSink
 from engine.process.collector import freeze_long_lived
 
 if TYPE_CHECKING:
     from livekit.agents import Agent
 
-    from agent.phone import PhoneLine
+    from agent.phone.phone import PhoneLine
     from engine.client.remote import RemoteEngine
 
 log = logging.getLogger("chorus.agent.room")
@@ -91,7 +92,7 @@ def room_settings() -> AgentSettings:
 def room_engine() -> RemoteEngine:
     """The worker's engine as this process reaches it (engine/client/remote.py), made once per process."""
     if "engine" not in _room:
-        from agent.drain import DRAIN
+        from agent.fleet.drain import DRAIN
         from engine.client.remote import RemoteEngine
 
         engine = RemoteEngine()
@@ -136,8 +137,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     # (agent/worker.py `_release_ended_jobs`): only the worker's key may release a slot
 
     async def redispatch_if_lost(reason: str = "") -> None:
-        # the rtc connection gave up, not the caller nor the worker; with the fleet's watch (agent/fleet.py)
-        # the room, alone, gets its new agent from there
+        # the rtc connection gave up, not the caller nor the worker; with the fleet's watch
+        # (agent/fleet/fleet.py) the room, alone, gets its new agent from there
         if reason == "room disconnected" and not settings.redis_url:
             await redispatch(ctx, settings)
 
@@ -305,8 +306,8 @@ def _cancel_on_end(task: asyncio.Task):
 
 
 async def _replace_lost_agent(ctx: JobContext, settings: AgentSettings) -> None:
-    """This job's agent replaces one the room lost (agent/fleet.py): the agents left in the room from before
-    (a dead worker's stays until the server drops it) are removed, so no two answer the caller."""
+    """This job's agent replaces one the room lost (agent/fleet/fleet.py): the agents left in the room from
+    before (a dead worker's stays until the server drops it) are removed, so no two answer the caller."""
     from agent.lkapi import LiveKit, LiveKitFailure
 
     try:
@@ -322,7 +323,7 @@ async def _answered(ctx: JobContext, caller: rtc.RemoteParticipant, line: PhoneL
     """A phone call before its session starts: the caller's keypad presses go to the line, the agent's track
     is published (the bridge answers the phone once it has subscribed to it), and the call waits until it is
     answered, so that the agent's first words reach the phone. False if the caller left first."""
-    from agent.phone import answered
+    from agent.phone.phone import answered
 
     def on_dtmf(ev: rtc.SipDTMF) -> None:
         if ev.participant is not None and ev.participant.identity == caller.identity:
@@ -483,7 +484,7 @@ def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence |
     names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
     parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
     native = call.model.caller_audio
-    if native is not None:  # the caller's audio went to the ring natively (agent/audio_pump.py)
+    if native is not None:  # the caller's audio went to the ring natively (agent/audio_in/audio_pump.py)
         n = native.stats()
         parts += [f"native_in {int(n['frames'])}", f"native_ring_full {int(n['ring_full'])}"]
         parts += [f"native_held {int(n['held'])}", f"native_bad {int(n['bad'])}"]
@@ -515,7 +516,7 @@ def concierge_for(
     """The caller's agent: a web caller's `HotelAgent`, or for a phone caller (a SIP participant) the
     `PhoneConcierge` with its `PhoneLine` (transfer, hang-up, their number for bookings)."""
     from agent.hotel import HotelAgent
-    from agent.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
+    from agent.phone.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
 
     if not phone:
         return HotelAgent(hotel, session_key=job_id), None

@@ -71,11 +71,12 @@ class AgentSettings(EnvSettings):
         30.0, gt=0, validation_alias="CHORUS_SIP_RING_TIMEOUT_S", description="a number of seconds above 0"
     )
     # the LiveKit cluster's Redis (LiveKit's own `redis.address`: host:port, or a redis:// URL): where the
-    # workers mark the rooms they serve and claim a room's new agent (agent/fleet.py). Unset: no watch, and a
-    # room whose agent died stays without one
+    # workers mark the rooms they serve and claim a room's new agent (agent/fleet/fleet.py). Unset: no watch,
+    # and a room whose agent died stays without one
     redis_url: str = Field("", validation_alias="CHORUS_REDIS_URL", repr=False)
     # a call's conversation (the agent's turns, its tool calls and results) is kept in the booking database
-    # only while the call lasts, for an agent that replaces a lost one (agent/carry.py); true: after it too
+    # only while the call lasts, for an agent that replaces a lost one (agent/fleet/carry.py); true: after it
+    # too
     keep_conversations: bool = Field(
         False, validation_alias="CHORUS_KEEP_CONVERSATIONS", description="true or false"
     )
@@ -166,8 +167,9 @@ class AgentSettings(EnvSettings):
         4, ge=0, le=1024, validation_alias="CHORUS_WARM_ROOMS", description="a whole number from 0 to 1024"
     )
     # the caller's audio from the rtc runtime straight into the engine's ring, no Python on its way, and the
-    # agent's captures to its track made and answered natively (agent/audio_pump.py, built with the host's C
-    # compiler on first use); false: through livekit-agents' room input and the SDK's capture, as without one
+    # agent's captures to its track made and answered natively (agent/audio_in/audio_pump.py, built with the
+    # host's C compiler on first use); false: through livekit-agents' room input and the SDK's capture, as
+    # without one
     native_audio: bool = Field(True, validation_alias="CHORUS_NATIVE_AUDIO", description="true or false")
     # the engine's live step at this real-time priority (SCHED_FIFO; 0: normal priority); refused without
     # CAP_SYS_NICE or RLIMIT_RTPRIO, and then said once in the log
@@ -183,7 +185,8 @@ class AgentSettings(EnvSettings):
     room_nice: int = Field(
         5, ge=0, le=19, validation_alias="CHORUS_ROOM_NICE", description="a whole number from 0 to 19"
     )
-    # phone calls (agent/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule makes
+    # phone calls (agent/phone/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule
+    # makes
     front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)
     sip_room_prefix: str = Field(
         "call-",

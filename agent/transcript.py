@@ -33,7 +33,7 @@ from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_SEGMENT_ID as SEGMENT_I
 from livekit.agents.types import ATTRIBUTE_TRANSCRIPTION_TRACK_ID as TRACK_ID
 from livekit.agents.types import TOPIC_TRANSCRIPTION as TOPIC
 
-from agent.playout_timing import Wake
+from agent.audio_out.playout_timing import Wake
 
 log = logging.getLogger("chorus.agent.transcript")
 

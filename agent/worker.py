@@ -33,13 +33,13 @@ from livekit.agents import AgentServer, JobExecutorType, JobRequest
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.worker import ServerEnvOption
 
-from agent.drain import DrainingServer
+from agent.fleet.drain import DrainingServer
 from agent.log_privacy import mask_log_handlers
 from agent.room import close_room, entrypoint, prewarm
 from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
-    from agent.engine_watch import EngineWatch
+    from agent.fleet.engine_watch import EngineWatch
     from engine.client.control import EngineControl
 
 log = logging.getLogger("chorus.agent.worker")
@@ -49,7 +49,14 @@ log = logging.getLogger("chorus.agent.worker")
 STARTUP_BASE_S = 120.0
 STARTUP_S_PER_GB = 10.0  # 100 MB/s: a slow network disk
 
-ROOM_MODULES = ["agent.room", "agent.hotel", "agent.phone", "agent.forcing", "tools.hotel", "tools.store"]
+ROOM_MODULES = [
+    "agent.room",
+    "agent.hotel",
+    "agent.phone.phone",
+    "agent.forcing",
+    "tools.hotel",
+    "tools.store",
+]
 
 _lock = threading.Lock()
 _engine: EngineControl | None = None
@@ -62,12 +69,13 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
     `startup_timeout_s`); what is returned is the worker's end of that door (admission, load, drain), with the
     worker's own key. Its address and the rooms' key go into this process's environment, where the rooms find
     them (a room's own process inherits them); the worker's key stays in this process's memory. The process is
-    watched (agent/engine_watch.py): one that dies is started again at the same address with the same keys."""
+    watched (agent/fleet/engine_watch.py): one that dies is started again at the same address with the same
+    keys."""
     global _engine, _watch
     if _engine is None:
         with _lock:
             if _engine is None:
-                from agent.engine_watch import EngineWatch
+                from agent.fleet.engine_watch import EngineWatch
                 from engine.client.control import EngineControl
                 from engine.client.process import EngineProcess
                 from engine.client.wire import ADDRESS_ENV, KEY_ENV
@@ -91,7 +99,7 @@ def agent_prompts(settings: AgentSettings) -> list:
     after a break then prefill only their earlier turns. Empty where the hotel cannot be read now: the calls
     prefill them as they come."""
     from agent.hotel import HotelAgent, tool_schemas
-    from agent.phone import PhoneConcierge, PhoneLine
+    from agent.phone.phone import PhoneConcierge, PhoneLine
     from agent.room import shared_hotel
     from engine.sizing.engine_config import WarmPrompt
 
@@ -128,7 +136,7 @@ def engine_load(settings: AgentSettings) -> float:
 
 def forget_conversations(sids: list[str]) -> None:
     """The conversations of calls that ended with no agent in their room (the fleet's watch found them)."""
-    from agent.carry import forget_rooms
+    from agent.fleet.carry import forget_rooms
     from agent.room import shared_hotel
 
     forget_rooms(shared_hotel().store, sids)
@@ -255,7 +263,7 @@ async def on_request(request: JobRequest, settings: AgentSettings) -> None:
     """Accept a job only with a slot reserved for it: LiveKit samples the worker's load every 0.5 s, so it can
     offer more rooms than there are free slots (livekit-agents issue #4884). A refused job goes to another
     worker; an accepted caller is never refused by the engine afterwards (the reservation is its slot)."""
-    from agent.drain import DRAIN
+    from agent.fleet.drain import DRAIN
     from engine.api import EngineError
 
     if DRAIN.started.is_set():
@@ -296,7 +304,7 @@ class ChorusServer(DrainingServer):
         log.info("health and /worker on port %s", ServerEnvOption.getvalue(self._port, devmode) or "any free")
         tasks = [asyncio.create_task(self._release_ended_jobs(engine))]
         if self.settings.redis_url and not unregistered and not self.settings.missing_livekit():
-            from agent import fleet
+            from agent.fleet import fleet
 
             me = f"{socket.gethostname()}-{os.getpid()}"
 
@@ -329,8 +337,9 @@ class ChorusServer(DrainingServer):
         return self._worker_load + self._reserved_slots * self.settings.load_target / self.settings.slots
 
     def _running_rooms(self) -> list[tuple[str, str]]:
-        """(room sid, job id) of each job this worker runs (agent/fleet.py marks their rooms live), oldest
-        first: of two jobs for one room (a new agent beside one whose link is down) the newest is marked."""
+        """(room sid, job id) of each job this worker runs (agent/fleet/fleet.py marks their rooms live),
+        oldest first: of two jobs for one room (a new agent beside one whose link is down) the newest is
+        marked."""
         try:
             jobs = sorted(self.active_jobs, key=lambda i: i.received_at or i.launched_at)
             return [(i.job.room.sid, i.job.id) for i in jobs if i.job.room.sid]
@@ -355,8 +364,8 @@ class ChorusServer(DrainingServer):
 
     async def drain(self, timeout: NotGivenOr[int | None] = NOT_GIVEN) -> None:
         seconds = float(timeout) if isinstance(timeout, int | float) and timeout else self.drain_s
-        # with the fleet's watch (agent/fleet.py), each call is handed to an agent of another worker; a call
-        # none takes over in time ends with the drain's goodbye (agent/drain.py)
+        # with the fleet's watch (agent/fleet/fleet.py), each call is handed to an agent of another worker; a
+        # call none takes over in time ends with the drain's goodbye (agent/fleet/drain.py)
         self.handing_over = bool(self.settings.redis_url)
         if _engine is not None:
             await asyncio.to_thread(_engine.drain, seconds)

@@ -1,4 +1,5 @@
-"""What the rtc SDK's event fan-out costs a worker with N rooms, and what routing (agent/rtc_ffi.py) saves.
+"""What the rtc SDK's event fan-out costs a worker with N rooms, and what routing (agent/audio_in/rtc_ffi.py)
+saves.
 
 `python -m benchmarks.ffi_fanout --rooms 8 16 64` runs N event loops in threads, each holding the
 subscriptions one job's loop holds (its room's queue, its audio stream's, a request waiter), and puts, at real
@@ -20,7 +21,7 @@ import time
 from livekit.rtc._ffi_client import FfiQueue
 from livekit.rtc._proto import ffi_pb2
 
-from agent.rtc_ffi import RoutedQueue
+from agent.audio_in.rtc_ffi import RoutedQueue
 
 PER_ROOM_PER_S = {"capture": 16.0, "audio": 12.5, "room": 2.0}
 

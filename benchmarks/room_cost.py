@@ -200,8 +200,9 @@ def run(rooms: int, seconds: float, tmp: Path, env: dict[str, str]) -> dict:
             room_pids = [p for f in servers[:1] for p in tree(f)[1:]]
             memory = sorted(rss_mb(p) for p in room_pids)
             worker_rss = rss_mb(main_pid)
-            # how each process's caller audio went: straight into the engine's ring (agent/audio_pump.py), or
-            # through Python (no compiler, CHORUS_NATIVE_AUDIO=false: no line)
+            # how each process's caller audio went: straight into the engine's ring
+            # (agent/audio_in/audio_pump.py), or through Python (no compiler, CHORUS_NATIVE_AUDIO=false: no
+            # line)
             log = worker.log.read_text(errors="replace")
             caller_audio = {
                 "native_processes": log.count("caller audio goes from the rtc runtime straight"),

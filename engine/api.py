@@ -300,5 +300,5 @@ class EngineSnapshot(BaseModel):
     # values rooms wrote to their shared memory that were not plausible, left out (engine/client/link.py)
     shared_memory_rejected: int = 0
     # rooms with a caller and no live agent for which the worker asked for a new agent, by reason
-    # (agent/fleet.py; reported by the worker through the engine's door)
+    # (agent/fleet/fleet.py; reported by the worker through the engine's door)
     redispatches: dict[str, int] = {}

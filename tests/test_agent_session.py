@@ -20,13 +20,13 @@ from livekit import rtc
 from livekit.agents import get_job_context, io
 from livekit.agents.testing import fake_job_context
 
-from agent.acks import AckClips
+from agent.audio_out.acks import AckClips
+from agent.audio_out.playout_buffer import BUFFER_FRAMES, HANDOVER_EARLY_S
+from agent.audio_out.sinks import ROOM_RATE, WavSink
 from agent.call import PcmInput, start_call
 from agent.duplex import ChorusModel, InputConverter
 from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
-from agent.playout_buffer import BUFFER_FRAMES, HANDOVER_EARLY_S
-from agent.sinks import ROOM_RATE, WavSink
 from engine.sizing.presets import load_preset
 from engine.tick.engine import Engine
 from engine_support import ticks_pass

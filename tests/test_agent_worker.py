@@ -191,7 +191,7 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
     forced went through the real tool: the reservation is in the database, and its confirmation code is in
     the tool output the engine received."""
     import agent.duplex
-    from agent import simulate
+    from agent.sim import simulate
     from engine.tick.engine import SessionHandle
     from tools.hotel import Hotel
     from tools.store import open_store
@@ -241,7 +241,7 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
 def test_the_simulation_builds_its_engine_from_every_engine_setting(tmp_path, monkeypatch):
     """The worker's settings-to-engine mapping is the simulation's too: the context windows, capacity mode and
     admission of the environment reach its engine, and its flags win over the environment."""
-    from agent import simulate
+    from agent.sim import simulate
 
     monkeypatch.setenv("CHORUS_THINKER_WINDOW", "64")
     monkeypatch.setenv("CHORUS_TALKER_WINDOW", "48")

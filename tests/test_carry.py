@@ -1,9 +1,9 @@
-"""The conversation carried over (agent/carry.py): a call's turns and tool results are kept in the booking
-database while it lasts; an agent that replaces a lost one opens its engine session with a prompt that holds
-them (checked at the engine: the session's prefilled tokens), keeps the conversation's key, so a booking made
-before the break and asked for again after it exists once; a call that ends on purpose leaves nothing, and one
-left behind is purged. On the real engine (tiny, dummy weights) with turns and tool calls forced by teacher
-forcing, on SQLite and PostgreSQL.
+"""The conversation carried over (agent/fleet/carry.py): a call's turns and tool results are kept in the
+booking database while it lasts; an agent that replaces a lost one opens its engine session with a prompt that
+holds them (checked at the engine: the session's prefilled tokens), keeps the conversation's key, so a booking
+made before the break and asked for again after it exists once; a call that ends on purpose leaves nothing,
+and one left behind is purged. On the real engine (tiny, dummy weights) with turns and tool calls forced by
+teacher forcing, on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from livekit.agents.testing import fake_job_context
 
 import hotel_support
-from agent import carry
+from agent.audio_out.sinks import WavSink
 from agent.call import start_call
-from agent.carry import Conversation, ConversationLog, resume_context
+from agent.fleet import carry
+from agent.fleet.carry import Conversation, ConversationLog, resume_context
 from agent.hotel import HotelAgent
-from agent.sinks import WavSink
 from engine.tick.engine import Engine
 from hotel_support import booking
 from wait_support import await_until

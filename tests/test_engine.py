@@ -228,7 +228,7 @@ def test_tick_thread_delivers_on_the_callers_loop_and_serves_metrics():
             for _ in range(4):
                 await asyncio.wait_for(h.outputs.get(), timeout=60)
             h.report_playout(0.12, 1, 0.05, 0.02)  # what a room's playout says of itself
-            h.report_receive(0.045, 0.3)  # and its receive side (agent/receive_stats.py)
+            h.report_receive(0.045, 0.3)  # and its receive side (agent/audio_in/receive_stats.py)
             prom = urllib.request.urlopen(url + "/metrics").read().decode()
             assert (
                 "chorus_live_step_seconds_bucket" in prom

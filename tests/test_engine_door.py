@@ -373,8 +373,8 @@ def test_a_door_whose_thread_stopped_makes_its_engines_process_exit(hosted, monk
 
 
 def test_the_workers_new_agents_reach_the_snapshot_and_metrics_and_only_its_key_may_report_them(hosted):
-    """agent/fleet.py's counts, reported by the worker through the door: in the snapshot (the monitoring page)
-    and /metrics; a room may not report them, nor anyone send a malformed count."""
+    """agent/fleet/fleet.py's counts, reported by the worker through the door: in the snapshot (the monitoring
+    page) and /metrics; a room may not report them, nor anyone send a malformed count."""
     from prometheus_client.core import CounterMetricFamily
 
     from engine.observe.metrics import _FiguresCollector

@@ -1,8 +1,8 @@
-"""The worker's engine comes back (agent/engine_watch.py): its process killed, the worker reports itself full
-and turns jobs away at once, starts the engine again at the same address with the same keys (a room's
-process made before the death reaches the new one), and reports itself available when it is up; an engine
-that dies three times within five minutes makes the worker exit non-zero, for its supervisor. Two workers on
-one host start with nothing set to tell their health ports apart. Real engine processes (`tiny`), no LiveKit.
+"""The worker's engine comes back (agent/fleet/engine_watch.py): its process killed, the worker reports itself
+full and turns jobs away at once, starts the engine again at the same address with the same keys (a room's
+process made before the death reaches the new one), and reports itself available when it is up; an engine that
+dies three times within five minutes makes the worker exit non-zero, for its supervisor. Two workers on one
+host start with nothing set to tell their health ports apart. Real engine processes (`tiny`), no LiveKit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import engine_watch, worker
+from agent import worker
+from agent.fleet import engine_watch
 from agent.settings import AgentSettings
 from engine.api import EngineClosed
 from engine.client.remote import RemoteEngine
@@ -78,7 +79,8 @@ def test_a_killed_engine_is_restarted_and_the_worker_is_full_until_it_is_back(se
 WORKER = textwrap.dedent(
     """
     import sys, time
-    from agent import engine_watch, worker
+    from agent import worker
+    from agent.fleet import engine_watch
     from agent.settings import AgentSettings
     engine_watch.RESTART_FIRST_S = 0.2
     worker.shared_engine(AgentSettings(slots=1))

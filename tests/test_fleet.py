@@ -1,8 +1,8 @@
-"""The fleet's watch (agent/fleet.py) against a real Redis (redis-server, started here on a free port) and
-LiveKit's API as a stand-in that holds rooms, participants and dispatches: a room whose live mark lapsed gets
-one new dispatch however many workers find it alone; a room whose call ended on purpose, a room of another
-agent and a caller still within the first dispatch's time get none; a job's end unmarks only its own mark.
-The real server is tests/test_livekit_fleet.py's.
+"""The fleet's watch (agent/fleet/fleet.py) against a real Redis (redis-server, started here on a free port)
+and LiveKit's API as a stand-in that holds rooms, participants and dispatches: a room whose live mark lapsed
+gets one new dispatch however many workers find it alone; a room whose call ended on purpose, a room of
+another agent and a caller still within the first dispatch's time get none; a job's end unmarks only its own
+mark. The real server is tests/test_livekit_fleet.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from livekit import api, rtc
 
-from agent import fleet
+from agent.fleet import fleet
 from agent.settings import AgentSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")

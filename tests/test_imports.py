@@ -122,9 +122,7 @@ MAY_IMPORT = {
     "engine.api": {"engine.sizing.stage_config", "engine.text"},
     "agent": ROOMS_SIDE | {"tools", "prompts", "envsettings", "redaction"},
     # the simulation hosts an engine in its own process (`make run`): it may reach the engine's side too
-    "agent.sim_run": {"engine", "tools", "prompts", "envsettings", "redaction"},
-    "agent.sim_rooms": {"engine", "tools", "prompts", "envsettings", "redaction"},
-    "agent.sim_report": {"engine", "tools", "prompts", "envsettings", "redaction"},
+    "agent.sim": {"engine", "tools", "prompts", "envsettings", "redaction"},
     "tools": {"envsettings"},
     "ui": {"engine.api", "tools", "envsettings", "redaction"},
     "prompts": set(),
@@ -164,7 +162,7 @@ def test_the_layering_check_finds_an_import_against_the_rule():
         "engine.tick.engine": {"agent.room", "engine.client.link"},
         "engine.client.remote": {"engine.api", "engine.text.tokens", "engine.tick.session"},
         "agent.call": {"agent.duplex", "engine.client.remote", "engine.tick.engine"},
-        "agent.sim_run": {"engine.door.host", "engine.tick.engine"},
+        "agent.sim.run": {"engine.door.host", "engine.tick.engine"},
         "tools.db": {"tools.x"},
     }
     assert layering_breaches(graph) == [

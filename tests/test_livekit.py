@@ -74,7 +74,7 @@ def test_the_agents_track_is_taken_out_of_the_room_before_the_agent_leaves(serve
     the call is closed, after it has left the room)."""
     from livekit import rtc
 
-    from agent.sinks import RoomSink
+    from agent.audio_out.sinks import RoomSink
     from benchmarks.support.server import token
 
     async def main():
@@ -129,8 +129,8 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         snap = sessions_by_label(worker.snapshot())[room]
         # the engine counts whole 80 ms frames; the 160 ms playout and the framework's buffering lag behind
         assert snap["frames_in"] >= FRAMES_PER_S * (sent_s - 1.0), (snap, sent_s)
-        # the room read its receive side (agent/receive_stats.py): WebRTC's jitter buffer held the caller's
-        # audio for some milliseconds (a packet at least), not for seconds
+        # the room read its receive side (agent/audio_in/receive_stats.py): WebRTC's jitter buffer held the
+        # caller's audio for some milliseconds (a packet at least), not for seconds
         assert 0 < snap["rx_jitter_ms"] < 1000, snap
         caller.session_snapshot = snap
         caller.realtime = realtime_threads(worker)  # while the call's media threads are up
@@ -162,7 +162,7 @@ def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_th
         # the job logs its end just after the engine freed its slot
         wait_until(lambda: "call ended" in worker.log.read_text(), "the job's end", 5.0, every=POLL_S)
         # the caller's audio took the path asked for: the rtc runtime straight into the engine's ring
-        # (agent/audio_pump.py), or livekit-agents' room input and the session's push_audio
+        # (agent/audio_in/audio_pump.py), or livekit-agents' room input and the session's push_audio
         ended = next(line for line in worker.log.read_text().splitlines() if "call ended" in line)
         native_in = re.search(r"native_in (\d+)", ended)
         pushed = int(re.search(r"frames_pushed (\d+)", ended).group(1))
@@ -363,8 +363,8 @@ def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_d
 def test_a_caller_who_rejoins_keeps_their_call(server, store_dir):
     """A caller's new connection (a reloaded page, or the SDK's full reconnect after their network dropped)
     replaces their old one, which the server closes (DUPLICATE_IDENTITY). The agent holds the call for them
-    (agent/presence.py) instead of ending it: on the new connection the caller hears the same agent's voice
-    and words again."""
+    (agent/fleet/presence.py) instead of ending it: on the new connection the caller hears the same agent's
+    voice and words again."""
 
     async def call(worker: Worker) -> tuple[Caller, Caller]:
         # (an identity that is no word of the log's: the log shows a caller's identity as a label)
@@ -397,8 +397,8 @@ def test_a_caller_who_rejoins_keeps_their_call(server, store_dir):
 def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir):
     """The agent's room connection is rebuilt mid-call (the rtc SDK's full reconnect, which it makes by itself
     after a network loss; forced here by the job's script). While it happens every remote participant leaves
-    and joins again on the agent's side, the caller too: the call waits for them (agent/presence.py) and goes
-    on, and the caller hears the agent's voice and words after it."""
+    and joins again on the agent's side, the caller too: the call waits for them (agent/fleet/presence.py) and
+    goes on, and the caller hears the agent's voice and words after it."""
     meta = json.dumps({"script": {"reconnect_at_s": 3}})
 
     async def call(worker: Worker) -> tuple[Caller, int, int]:
@@ -575,7 +575,7 @@ def test_livekits_dispatcher_spreads_six_callers_over_two_four_slot_workers(serv
 
 def test_sigterm_drains_the_worker_calls_end_with_a_goodbye_and_it_exits_0(server, store_dir):
     """SIGTERM with two calls in progress: no new job is taken, each call ends with the agent's spoken goodbye
-    (agent/drain.py) before the drain timeout, and the process exits 0."""
+    (agent/fleet/drain.py) before the drain timeout, and the process exits 0."""
     drain_s = 14
 
     async def calls(worker: Worker) -> tuple[list[Caller], Caller, float]:

@@ -28,7 +28,7 @@ from livekit.protocol import agent_dispatch as proto_dispatch
 from livekit.protocol import room as proto_room
 from livekit.protocol import sip as proto_sip
 
-from agent.phone import PhoneLine
+from agent.phone.phone import PhoneLine
 from agent.settings import AgentSettings
 from envsettings import SettingsError
 from test_sip import GUEST_NUMBER, HOTEL_NUMBER, line_for

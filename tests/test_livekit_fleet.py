@@ -1,6 +1,6 @@
-"""No caller left alone (agent/fleet.py), through the real LiveKit server and its Redis: two workers of one
-agent name, a caller talking to one of them, and a fault: the room's own job process killed; or a caller whose
-room's first dispatch found no worker; a rolling restart; a booking made before a SIGKILL. Each time the
+"""No caller left alone (agent/fleet/fleet.py), through the real LiveKit server and its Redis: two workers of
+one agent name, a caller talking to one of them, and a fault: the room's own job process killed; or a caller
+whose room's first dispatch found no worker; a rolling restart; a booking made before a SIGKILL. Each time the
 caller hears an agent's voice again (a new agent, from a worker that can serve), within REHEARD_S of the
 fault, and exactly one new agent answers. The worker SIGKILLed, its engine's process SIGKILLed and a worker
 drained are played among mixed calls by the soak's CI form (tests/test_soak.py), held to the same bounds.
@@ -61,7 +61,7 @@ def run_fault(server, store_dir, fault, **env: str) -> dict:
 
 def check(got: dict, reason: str = "agent lost", first_words: str = "sorry, we were cut off") -> None:
     """Heard again in time, one new agent, one dispatch for `reason`, and the new agent carried the
-    conversation on: its first words acknowledge the break (agent/carry.py)."""
+    conversation on: its first words acknowledge the break (agent/fleet/carry.py)."""
     assert got["after_s"] <= REHEARD_S, got["after_s"]
     assert first_words in " ".join(got["said"]).lower(), got["said"]
     assert got["speakers"] == {got["agent"]}  # one new agent answered, and only it
@@ -79,7 +79,7 @@ def test_a_caller_whose_first_dispatch_found_no_worker_gets_an_agent(server, sto
     """The caller joins while no worker of the agent's name is registered: the server's one dispatch finds no
     worker and is not tried again. A worker that registers afterwards finds the room alone and asks for its
     agent once the caller has waited FIRST_AGENT_S."""
-    from agent.fleet import FIRST_AGENT_S
+    from agent.fleet.fleet import FIRST_AGENT_S
 
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
 
@@ -140,10 +140,10 @@ HANDOVER_GAP_S = 1.5
 
 def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, store_dir):
     """8 calls on 2 workers; each worker in turn is replaced: a new one is started, then the old one drains
-    (SIGTERM). Each of its calls is handed to an agent of another worker (agent/fleet.py, "Handed over"): the
-    caller stays connected, hears no goodbye, and hears the new agent's voice within HANDOVER_GAP_S of the
-    draining one leaving it; a caller who calls during each drain is answered; the old worker exits 0 once
-    its calls are handed over."""
+    (SIGTERM). Each of its calls is handed to an agent of another worker (agent/fleet/fleet.py, "Handed
+    over"): the caller stays connected, hears no goodbye, and hears the new agent's voice within
+    HANDOVER_GAP_S of the draining one leaving it; a caller who calls during each drain is answered; the old
+    worker exits 0 once its calls are handed over."""
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
     env = {"CHORUS_DRAIN_TIMEOUT_S": "90"}
 
@@ -216,9 +216,9 @@ def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, s
 
 def test_a_booking_made_before_a_sigkill_exists_once_after_the_call_resumes(server, store_dir):
     """The agent books a room (a scripted `book_room`), then its worker is killed. The new agent carries the
-    call on (agent/carry.py): its first words acknowledge the break (their start: the script's booking, 1 s
-    into the session, cuts them short as it cut the first greeting), and its script asks for the same booking
-    again, which the conversation's key makes the one booking already made."""
+    call on (agent/fleet/carry.py): its first words acknowledge the break (their start: the script's booking,
+    1 s into the session, cuts them short as it cut the first greeting), and its script asks for the same
+    booking again, which the conversation's key makes the one booking already made."""
     import sqlite3
 
     metadata, _ = scripted_booking(days_ahead=12, at_s=1.0)

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.livekit
 
 # An agent's voice after the caller is back on the node that lives, as item 1 bounds any room alone. The room
 # made again there keeps its sid (the cluster's Redis holds it) and the server dispatches its agent again; a
-# job whose own connection is down no longer holds the room (agent/fleet.py, "Down"), and a new job for a room
-# whose agent is up in it leaves ("Held").
+# job whose own connection is down no longer holds the room (agent/fleet/fleet.py, "Down"), and a new job for
+# a room whose agent is up in it leaves ("Held").
 NODE_REHEARD_S = 5.0
 SETTLE_S = 3.0  # after every lost caller heard an agent: the callers go on, and no room has two agents
 

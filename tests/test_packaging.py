@@ -130,7 +130,7 @@ def test_the_wheel_ships_the_files_the_code_reads_beside_its_modules(tmp_path):
     ]
     wanted = {f for f in packaged if Path(f).suffix in {".c", ".h", ".wav", ".json", ".sql", ".md"}}
     native = ("audio_pump.c", "capture.c", "resample.c", "pump.h", "resample.h")
-    assert {f"agent/native/{name}" for name in native} <= wanted
+    assert {f"agent/audio_in/native/{name}" for name in native} <= wanted
     src = tmp_path / "src"
     for f in [*packaged, "pyproject.toml", "README.md"]:
         (src / f).parent.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from livekit.agents.testing import fake_job_context
 
+from agent.audio_out.sinks import WavSink
 from agent.call import PcmInput, read_wav, start_call
-from agent.phone import PhoneConcierge, PhoneLine
+from agent.phone.phone import PhoneConcierge, PhoneLine
+from agent.phone.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from agent.settings import AgentSettings
-from agent.sinks import WavSink
-from agent.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from engine.sizing.presets import load_preset
 from engine.tick.engine import Engine
 from engine.tick.slots import SILENT_RMS

@@ -1,8 +1,8 @@
-"""The playout's start delay follows the measured jitter (agent/playout_timing.py, `ArrivalJitter`): it grows
-at once after a turn whose frames came late, shrinks back after steady ones, and never drops below what the
-lateness in its window needs. On a manual clock, then through the buffer itself in real time, where a fixed
-one-frame delay (the playout before it adapted) gaps on the second of two late turns and starts every turn a
-frame late on a steady machine."""
+"""The playout's start delay follows the measured jitter (agent/audio_out/playout_timing.py, `ArrivalJitter`):
+it grows at once after a turn whose frames came late, shrinks back after steady ones, and never drops below
+what the lateness in its window needs. On a manual clock, then through the buffer itself in real time, where a
+fixed one-frame delay (the playout before it adapted) gaps on the second of two late turns and starts every
+turn a frame late on a steady machine."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from agent.playout_buffer import PlayoutBuffer
-from agent.playout_timing import (
+from agent.audio_out.playout_buffer import PlayoutBuffer
+from agent.audio_out.playout_timing import (
     JITTER_MARGIN_S,
     JITTER_WARMUP,
     JITTER_WINDOW_S,

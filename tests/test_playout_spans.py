@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from agent.playout_buffer import HANDOVER_EARLY_S, PlayoutBuffer
+from agent.audio_out.playout_buffer import HANDOVER_EARLY_S, PlayoutBuffer
 
 FRAME_S = 0.08
 RATE = 8000

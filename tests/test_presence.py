@@ -1,6 +1,6 @@
-"""A call's caller on the line (agent/presence.py): a caller who hung up ends the call at once; one whose
-connection was lost is waited for, and the call goes on when they come back. The room is the rtc SDK's own
-event emitter, fed the events a real room emits; the real server's side is in tests/test_livekit.py."""
+"""A call's caller on the line (agent/fleet/presence.py): a caller who hung up ends the call at once; one
+whose connection was lost is waited for, and the call goes on when they come back. The room is the rtc SDK's
+own event emitter, fed the events a real room emits; the real server's side is in tests/test_livekit.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from livekit import rtc
 
-from agent.presence import CallerPresence
+from agent.fleet.presence import CallerPresence
 
 R = rtc.DisconnectReason
 

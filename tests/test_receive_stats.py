@@ -1,5 +1,6 @@
-"""The receive side's figures (agent/receive_stats.py): the rtc runtime's stats messages, as the SDK returns
-them, read into the jitter buffer's means over a window, and a room's readings reported every few seconds."""
+"""The receive side's figures (agent/audio_in/receive_stats.py): the rtc runtime's stats messages, as the SDK
+returns them, read into the jitter buffer's means over a window, and a room's readings reported every few
+seconds."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 from livekit.rtc._proto import stats_pb2
 
-from agent.receive_stats import DECODER_RATE, ReceiveWatch, inbound_audio, window
+from agent.audio_in.receive_stats import DECODER_RATE, ReceiveWatch, inbound_audio, window
 
 
 def inbound(kind: str = "audio", **counters: float) -> stats_pb2.RtcStats:

@@ -1,7 +1,7 @@
-"""The native resampler the agent's captures go through (agent/native/resample.c, built into the library of
-agent/audio_pump.py): 22,050 Hz (the engine's output) to 48,000 Hz (the track's), against the exact
-band-limited signal it should make (sines at known times), frame sizes, streaming in pieces against one piece,
-images of the input's spectrum, and silence."""
+"""The native resampler the agent's captures go through (agent/audio_in/native/resample.c, built into the
+library of agent/audio_in/audio_pump.py): 22,050 Hz (the engine's output) to 48,000 Hz (the track's), against
+the exact band-limited signal it should make (sines at known times), frame sizes, streaming in pieces against
+one piece, images of the input's spectrum, and silence."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from agent import audio_pump
+from agent.audio_in import audio_pump
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 

@@ -1,6 +1,6 @@
-"""agent/rtc_emit.py: the rtc SDK's event emitter with each callback's argument count learnt once, against the
-SDK's own `emit` as the reference (the same callbacks, the same events: the same calls, in the same order, and
-the same errors raised or logged)."""
+"""agent/audio_in/rtc_emit.py: the rtc SDK's event emitter with each callback's argument count learnt once,
+against the SDK's own `emit` as the reference (the same callbacks, the same events: the same calls, in the
+same order, and the same errors raised or logged)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 import pytest
 from livekit.rtc import event_emitter
 
-from agent import rtc_emit
+from agent.audio_in import rtc_emit
 
 SDK_EMIT = event_emitter.EventEmitter.emit  # as imported, before any install in this process's tests
 

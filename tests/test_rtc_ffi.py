@@ -1,5 +1,6 @@
-"""agent/rtc_ffi.py: the rtc SDK's FFI client created once for many job threads, and its events routed to the
-loop that owns them, with the SDK's own FfiQueue as the reference for what each subscriber must receive."""
+"""agent/audio_in/rtc_ffi.py: the rtc SDK's FFI client created once for many job threads, and its events
+routed to the loop that owns them, with the SDK's own FfiQueue as the reference for what each subscriber must
+receive."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from livekit.rtc._ffi_client import FfiClient, FfiQueue
 from livekit.rtc._proto import ffi_pb2
 
-from agent import rtc_ffi
-from agent.rtc_ffi import RoutedQueue
+from agent.audio_in import rtc_ffi
+from agent.audio_in.rtc_ffi import RoutedQueue
 
 
 class LoopThread:

@@ -22,13 +22,13 @@ import sys
 import pytest
 from livekit import api
 
-from agent import sip
+from agent.audio_out.playout import PlayoutOutput
+from agent.audio_out.sinks import WavSink
 from agent.hotel import HotelAgent, tool_schemas
-from agent.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
-from agent.playout import PlayoutOutput
+from agent.phone import sip
+from agent.phone.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
 from agent.room import concierge_for
 from agent.settings import AgentSettings
-from agent.sinks import WavSink
 from hotel_support import booking
 from twirp_fake import KEY, SECRET
 from wait_support import await_until

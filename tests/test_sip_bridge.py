@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from agent.call import room_label
-from agent.fleet import BEAT_S, SWEEP_S
+from agent.fleet.fleet import BEAT_S, SWEEP_S
 from benchmarks.support.callers import RATE, caller_pcm
 from benchmarks.support.server import Server, agent_sip
 from benchmarks.support.sip import PhoneCaller, find_bridge, inbound

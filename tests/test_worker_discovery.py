@@ -20,7 +20,7 @@ from livekit.agents.cli.discover import get_import_data
 from livekit.agents.cli.tcp_console import TcpAudioInput, TcpAudioOutput
 
 from agent import room, worker
-from agent.playout import PlayoutOutput
+from agent.audio_out.playout import PlayoutOutput
 from agent.settings import AgentSettings
 from wait_support import await_until
 

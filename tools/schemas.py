@@ -74,7 +74,9 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
 
-ToolArgs = _Args  # the base of every tool's arguments, for tools defined outside the hotel (agent/phone.py)
+ToolArgs = (
+    _Args  # the base of every tool's arguments, for tools defined outside the hotel (agent/phone/phone.py)
+)
 
 
 class CheckAvailability(_Args):
@@ -205,9 +207,9 @@ WEB_TOOLS = (
     "change_or_cancel_reservation",
     "hotel_info",
 )
-# A phone call also needs call control (agent/phone.py), so on the phone finding, changing and cancelling a
-# reservation are one tool, `manage_reservation`, whose action picks the step: the three take the same
-# confirmation code and last name, and the model already picks change or cancel by an action.
+# A phone call also needs call control (agent/phone/phone.py), so on the phone finding, changing and
+# cancelling a reservation are one tool, `manage_reservation`, whose action picks the step: the three take the
+# same confirmation code and last name, and the model already picks change or cancel by an action.
 PHONE_TOOLS = ("check_availability", "book_room", "manage_reservation", "hotel_info")
 
 

@@ -88,7 +88,7 @@ class Totals:
     dropped_frames: int
     underruns: int
     tool_calls: int
-    redispatches: int  # new agents for rooms whose agent was lost or never came (agent/fleet.py)
+    redispatches: int  # new agents for rooms whose agent was lost or never came (agent/fleet/fleet.py)
 
 
 def totals(workers: list[Worker]) -> Totals:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.receive_stats import every_stat, inbound_audio, window
+from agent.audio_in.receive_stats import every_stat, inbound_audio, window
 from benchmarks.support.server import Server, token
 
 RATE = 48_000  # the callers' tracks, both ways
@@ -146,7 +146,8 @@ class Caller:
         self.rx.append(inbound_audio(every_stat(stats)))
 
     def receive_stats(self) -> dict:
-        """What the caller's jitter buffer did over the measurement (agent/receive_stats.py `window`)."""
+        """What the caller's jitter buffer did over the measurement (agent/audio_in/receive_stats.py
+        `window`)."""
         return window(self.rx[0], self.rx[-1]) if len(self.rx) >= 2 else {}
 
     async def leave(self) -> None:

@@ -14,8 +14,8 @@ WITHIN_S = 1.5  # a burst's echo is looked for this long after it (its name repe
 
 def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
-    from agent.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
-    from agent.playout_timing import MAX_START_DELAY_FRAMES, MIN_START_DELAY_S
+    from agent.audio_out.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
+    from agent.audio_out.playout_timing import MAX_START_DELAY_FRAMES, MIN_START_DELAY_S
     from engine.model.codec_ops import cached_columns
     from engine.sizing.presets import load_preset
     from engine.tick.echo import MARK

@@ -116,7 +116,7 @@ class Caller:
     async def join(self) -> None:
         from livekit import rtc
 
-        from agent import rtc_ffi
+        from agent.audio_in import rtc_ffi
 
         # the callers' rooms share this process's FFI client as the worker's rooms share the worker's: routed,
         # and their events handed to the loop in batches (the SDK's own queue wakes the loop once per event)

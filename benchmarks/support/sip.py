@@ -122,7 +122,7 @@ def phone_line(pcm: np.ndarray) -> np.ndarray:
     48 kHz (as the bridge decodes a call's audio for the room)."""
     from livekit import rtc
 
-    from agent.telephony import PHONE_RATE, telephone_band
+    from agent.phone.telephony import PHONE_RATE, telephone_band
 
     narrow = telephone_band(pcm, RATE)
     up = rtc.AudioResampler(PHONE_RATE, RATE, num_channels=1, quality=rtc.AudioResamplerQuality.HIGH)

@@ -97,7 +97,7 @@ class Worker:
             # the tests are of behaviour on a shared 2-core machine that also runs the server and the callers;
             # capacity is the benchmarks' to measure
             "CHORUS_REFUSE_WHEN_OVERLOADED": "false",
-            # the server's own Redis, where the workers mark the rooms they serve (agent/fleet.py)
+            # the server's own Redis, where the workers mark the rooms they serve (agent/fleet/fleet.py)
             "CHORUS_REDIS_URL": server.redis,
             **env,
         }

@@ -74,8 +74,8 @@ class EngineControl:
             self._ask({"op": "drain", "seconds": float(seconds)})
 
     def report_fleet(self, redispatches: dict[str, int]) -> None:
-        """The worker's new agents for rooms alone, by reason (agent/fleet.py), for the engine's snapshot and
-        /metrics; best effort."""
+        """The worker's new agents for rooms alone, by reason (agent/fleet/fleet.py), for the engine's
+        snapshot and /metrics; best effort."""
         with contextlib.suppress(OSError, EngineError, ValueError):
             self._ask({"op": "fleet", "redispatches": dict(redispatches)})
 

@@ -8,7 +8,7 @@ room's playout figures:
   the time the room wrote it (CLOCK_MONOTONIC seconds); the room writes a frame and its time, then advances
   `in_w`; the engine takes what lies between its own `in_r` and `in_w` once a tick and publishes `in_r`, and
   beside it when it took them (`taken_at`, CLOCK_MONOTONIC seconds, float64): the room's native caller
-  audio times its frames against the ticks with it (agent/native/audio_pump.c, aligning).
+  audio times its frames against the ticks with it (agent/audio_in/native/audio_pump.c, aligning).
 - agent frames out: `out_frames` records of one engine output frame (float32 samples), its tick, its text
   piece (UTF-8, at most TEXT_BYTES) and how many of the session's events (sent on the socket) come before it;
   the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
@@ -105,7 +105,7 @@ class Layout:
 class CallerRing:
     """Where a session's caller ring lies in this process: the mapping's address and the byte offsets of the
     write and read counters, the frames and their write times. For a writer outside Python (the room's native
-    caller audio, agent/audio_pump.py), which must stop writing before the mapping is closed."""
+    caller audio, agent/audio_in/audio_pump.py), which must stop writing before the mapping is closed."""
 
     base: int
     in_w: int

@@ -220,9 +220,9 @@ class RemoteHandle:
         self._tail = a[whole * n :].copy()
 
     def caller_ring(self, on_close: Callable[[], None]) -> CallerRing:
-        """The session's caller ring, for a writer outside Python (agent/audio_pump.py) that takes over from
-        `push_audio` (not to be used after this). `on_close` runs when the session closes, before its memory
-        is unmapped: the writer must stop there."""
+        """The session's caller ring, for a writer outside Python (agent/audio_in/audio_pump.py) that takes
+        over from `push_audio` (not to be used after this). `on_close` runs when the session closes, before
+        its memory is unmapped: the writer must stop there."""
         if self._closed:
             raise EngineClosed(f"session {self.id} is closed")
         self._on_close.append(on_close)

@@ -57,7 +57,7 @@ class Figures:
     reserve: list[int]  # its inbox's reserve,
     playout: np.ndarray  # [sessions, len(PLAYOUT_FIELDS)]: its room's playout as checked (NaN: rejected)
     rejected: int  # values read from rooms' shared memory and left out (`SharedReads`, `Accounting`)
-    redispatches: dict[str, int]  # the worker's new agents for rooms alone, by reason (agent/fleet.py)
+    redispatches: dict[str, int]  # the worker's new agents for rooms alone, by reason (agent/fleet/fleet.py)
 
 
 class _FiguresCollector:

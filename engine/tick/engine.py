@@ -52,7 +52,7 @@ __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 
 POLL_S = 0.001  # within its margin, a tick looks this often whether its frames are all in
 ADMISSION_TTL_S = 90.0  # how long an admitted caller's slot is held for the session to open: a phone call
-# opens it once answered, and agent/phone.py waits up to 60 s while the phone rings
+# opens it once answered, and agent/phone/phone.py waits up to 60 s while the phone rings
 
 log = logging.getLogger("chorus.engine")
 
@@ -100,7 +100,7 @@ class Engine:
         self.collector = Collector(clock)  # full collections in the tick's slack
         self.tick = 0  # the tick running or last run, for other threads (the tick itself passes its own)
         self.failure: BaseException | None = None
-        self.redispatches: dict[str, int] = {}  # the worker's new agents for lost ones (agent/fleet.py)
+        self.redispatches: dict[str, int] = {}  # the worker's new agents for lost ones (agent/fleet/fleet.py)
         self.priority = TickPriority(cfg.tick_priority)  # the tick thread's (engine/process/priority.py)
         self.echo = Echo(self.model_cfg.clock, self.tokens) if cfg.echo else None
         # what watches every tick (engine/tick/plan.py TickObserver): echo mode, else nothing

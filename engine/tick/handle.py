@@ -130,7 +130,7 @@ class SessionHandle:
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:
         """The room's receive side of the caller's audio, for the snapshot and /metrics: WebRTC's jitter
-        buffer's mean delay lately, and the audio it concealed this call (agent/receive_stats.py)."""
+        buffer's mean delay lately, and the audio it concealed this call (agent/audio_in/receive_stats.py)."""
         self._s.playout[RECEIVE_AT:] = (jitter_s, concealed_s)
 
     def _ids(self, tokens: list[int] | str) -> list[int]:

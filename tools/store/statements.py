@@ -215,7 +215,8 @@ class Tx:
             astuple(r),
         )
 
-    # conversations (agent/carry.py) ----------------------------------------------------------------------
+    # conversations (agent/fleet/carry.py)
+    # ----------------------------------------------------------------------
 
     def conversation(self, room_sid: str) -> str | None:
         """The conversation kept for a room (its JSON), or None."""

@@ -10,8 +10,8 @@ the join deadline is a failure, the whole run has a hard deadline, and Ctrl-C st
 far. `metrics.json` is written in every case; the exit code is 0 only when every room went live, no room
 failed and every scripted tool call was answered.
 
-This module is the command line (arguments, settings, exit code); the rooms are agent/sim_rooms.py, the run
-agent/sim_run.py, the report agent/sim_report.py. It knows nothing of sessions or the engine's figures.
+This module is the command line (arguments, settings, exit code); the rooms are agent/sim/rooms.py, the run
+agent/sim/run.py, the report agent/sim/report.py. It knows nothing of sessions or the engine's figures.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import logging
 import sys
 from pathlib import Path
 
-from agent.sim_report import EXIT_INTERRUPTED, exit_code, print_summary
-from agent.sim_run import SimulateError, build_engine, simulate
+from agent.sim.report import EXIT_INTERRUPTED, exit_code, print_summary
+from agent.sim.run import SimulateError, build_engine, simulate
 from engine.api import EngineFull
 
 __all__ = [

@@ -1,25 +1,25 @@
 """The call's audio and the rtc runtime without Python in between: the caller's frames from the runtime
 straight into the engine's caller ring, and the agent's captures into its track made and answered natively.
 
-A room's caller track reaches the engine through `agent/native/audio_pump.c`, the callback the rtc SDK's
-native library calls with every event. A caller track's stream (16 kHz mono, in 10 ms pieces) is registered
-there; its pieces are cut into the engine's frames, where the frames' ends fall just ahead of the engine's
-ticks, and written into the session's shared memory (engine/client/link.py) by the callback's own thread, and
-their native buffers dropped. No event of theirs crosses into Python, and no Python runs for them: the room's
-loop and the interpreter see none of the hundred pieces a second a caller sends. Every other event reaches the
-SDK's Python callback as before, but for the runtime's batches of debug and trace log records, which that
-callback would parse only to throw away.
+A room's caller track reaches the engine through `agent/audio_in/native/audio_pump.c`, the callback the rtc
+SDK's native library calls with every event. A caller track's stream (16 kHz mono, in 10 ms pieces) is
+registered there; its pieces are cut into the engine's frames, where the frames' ends fall just ahead of the
+engine's ticks, and written into the session's shared memory (engine/client/link.py) by the callback's own
+thread, and their native buffers dropped. No event of theirs crosses into Python, and no Python runs for them:
+the room's loop and the interpreter see none of the hundred pieces a second a caller sends. Every other event
+reaches the SDK's Python callback as before, but for the runtime's batches of debug and trace log records,
+which that callback would parse only to throw away.
 
-- `install()` (agent/rtc_ffi.py, before the process's FFI client exists) builds the callback once (`cc`,
-  cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it to the
-  native library in place of the SDK's; without a C compiler, or with CHORUS_NATIVE_AUDIO=false, the
+- `install()` (agent/audio_in/rtc_ffi.py, before the process's FFI client exists) builds the callback once
+  (`cc`, cached by the source's hash under CHORUS_NATIVE_CACHE, default ~/.cache/chorus/native) and hands it
+  to the native library in place of the SDK's; without a C compiler, or with CHORUS_NATIVE_AUDIO=false, the
   caller's audio takes the framework's path (livekit-agents' room input and `ChorusSession.push_audio`).
-- `TrackCapture` is the agent's track (agent/sinks.py `RoomSink`): each frame the playout hands it is copied
-  and captured into the track's audio source by a request the library makes, and the runtime's answer is taken
-  there too, where the SDK's `capture_frame` subscribes a queue to the FFI client per capture and waits on the
-  room's loop for the answer.
+- `TrackCapture` is the agent's track (agent/audio_out/sinks.py `RoomSink`): each frame the playout hands it
+  is copied and captured into the track's audio source by a request the library makes, and the runtime's
+  answer is taken there too, where the SDK's `capture_frame` subscribes a queue to the FFI client per capture
+  and waits on the room's loop for the answer.
 - `NativeStream` is one caller track's stream, registered with the callback (a call's streams are
-  agent/caller_input.py's).
+  agent/audio_in/caller_input.py's).
 Knows the rtc SDK's FFI (livekit 1.1.21, pinned); nothing of sessions, the framework or tensors.
 """
 
@@ -322,15 +322,16 @@ CAPTURE_STATS = ("sent", "done", "errors", "slow", "refused")
 
 class TrackCapture:
     """The agent's frames into its track's audio source without Python on their way back: each capture's
-    request is made by the native callback's library and its answer taken there (agent/native/audio_pump.c),
-    where `rtc.AudioSource.capture_frame` builds a request, subscribes a queue to the FFI client and waits on
-    the room's loop for the answer. `capture` returns at once; a capture the runtime answers more than
-    `slow_s` after it was made is counted slow (`stats`). At most 1024 captures of the process are in flight;
-    one never answered (its source closed under it) gives its place up after 30 s, counted as an error.
+    request is made by the native callback's library and its answer taken there
+    (agent/audio_in/native/audio_pump.c), where `rtc.AudioSource.capture_frame` builds a request, subscribes a
+    queue to the FFI client and waits on the room's loop for the answer. `capture` returns at once; a capture
+    the runtime answers more than `slow_s` after it was made is counted slow (`stats`). At most 1024 captures
+    of the process are in flight; one never answered (its source closed under it) gives its place up after 30
+    s, counted as an error.
 
     `rate`: the rate of the frames it is handed (default: the source's). Frames at another rate are resampled
-    to the source's there too (agent/native/resample.c, a streaming polyphase filter), where the framework
-    would resample each frame through a request of its own from Python."""
+    to the source's there too (agent/audio_in/native/resample.c, a streaming polyphase filter), where the
+    framework would resample each frame through a request of its own from Python."""
 
     def __init__(self, lib: ctypes.CDLL, source: Any, slow_s: float, rate: int | None = None) -> None:
         self._lib, self._source = lib, source

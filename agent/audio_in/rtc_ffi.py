@@ -16,7 +16,7 @@ FFI client (livekit 1.1.21, pinned). Two of its properties break a worker that s
   that connected it; anything it cannot place (an event that came before its owner was recorded, track
   events) still goes to every subscriber, as before. Its subscribers and their filters are the SDK's own.
 - Its event emitter inspects every callback's signature each time it emits; `install()` puts in one that
-  learns it once (agent/rtc_emit.py).
+  learns it once (agent/audio_in/rtc_emit.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from livekit.rtc._utils import Queue  # the SDK's own subscriber queue
 
-from agent import audio_pump, rtc_emit
+from agent.audio_in import audio_pump, rtc_emit
 
 log = logging.getLogger("chorus.agent.rtc_ffi")
 
@@ -41,7 +41,7 @@ _installed = False
 def install(native_audio: bool = False) -> bool:
     """Create the FFI client once and route its events (idempotent; False if the SDK is not the one this
     was written for, which then keeps its own queue). With `native_audio`, the client is made with
-    the native callback in front of the SDK's (agent/audio_pump.py) when it can be."""
+    the native callback in front of the SDK's (agent/audio_in/audio_pump.py) when it can be."""
     global _installed
     from livekit import rtc
     from livekit.rtc._ffi_client import FfiClient, FfiQueue  # the SDK's singleton; no public accessor

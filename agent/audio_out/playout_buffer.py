@@ -5,8 +5,9 @@ late by the start delay: as late as the frames of recent turns arrived behind th
 so a turn plays without a gap on a machine whose ticks jitter and starts promptly on one whose ticks are
 steady; within a turn, audio that keeps waiting longer than the jitter needs is played sooner (its excess
 cut from quiet stretches, `shorten`); a barge-in drops what is queued at once; clips queue after the model's
-words and never play over them. Knows samples, seconds and the sink's contract (agent/sinks.py); nothing of
-livekit-agents, sessions or models (agent/playout.py adapts it to the framework's audio output).
+words and never play over them. Knows samples, seconds and the sink's contract (agent/audio_out/sinks.py);
+nothing of livekit-agents, sessions or models (agent/audio_out/playout.py adapts it to the framework's audio
+output).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Protocol
 import numpy as np
 from livekit.agents.utils import aio
 
-from agent.playout_timing import ArrivalJitter, Wake, shorten
+from agent.audio_out.playout_timing import ArrivalJitter, Wake, shorten
 
 BUFFER_FRAMES = 2  # the playout buffer: at least this many engine frames of audio queued ahead of the play
 START_DELAY_FRAMES = 1  # a call's first turns wait one frame, until the jitter has been measured
@@ -40,7 +41,7 @@ HISTORY = 1024  # playout events and spans kept per call (about a thousand chunk
 
 
 class Sink(Protocol):
-    """What the buffer plays into (agent/sinks.py)."""
+    """What the buffer plays into (agent/audio_out/sinks.py)."""
 
     sample_rate: int
 

@@ -1,7 +1,7 @@
 """A call's conversation, kept in the booking database while the call lasts, so that an agent that replaces a
-lost one (agent/fleet.py) carries it on instead of starting over: what the agent said (its text channel, turn
-by turn), the tool calls it made with their results, and the conversation's key, which scopes its bookings'
-idempotency (agent/hotel.py `session_key`), so a booking made before the break is never made twice.
+lost one (agent/fleet/fleet.py) carries it on instead of starting over: what the agent said (its text channel,
+turn by turn), the tool calls it made with their results, and the conversation's key, which scopes its
+bookings' idempotency (agent/hotel.py `session_key`), so a booking made before the break is never made twice.
 
 The room's job writes it after each turn and each tool result (in a thread: never on the loop's time), keyed
 by the room's sid; a job that replaces a lost agent reads it, and its prompt holds the earlier turns and
@@ -226,7 +226,7 @@ class ConversationLog:
 
 
 def forget_rooms(store: Store, sids: list[str]) -> None:
-    """The conversations of calls that ended while no agent was in their room (agent/fleet.py's "over"):
+    """The conversations of calls that ended while no agent was in their room (agent/fleet/fleet.py's "over"):
     deleted."""
 
     def delete(tx: Tx) -> None:

@@ -3,7 +3,7 @@
 A room joins the engine as LiveKit's dispatcher would send a caller (waiting while the engine has no
 headroom), then plays caller utterances in real time while its model is teacher-forced to reply and, in a tool
 room, to call the hotel's tools. Knows calls, forcing and the engine's admission answers; nothing of the run's
-phases, its deadlines beyond a room's own, or its report (agent/sim_run.py, agent/sim_report.py).
+phases, its deadlines beyond a room's own, or its report (agent/sim/run.py, agent/sim/report.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agent.audio_out.sinks import WavSink
 from agent.call import Call, PcmInput, read_wav, start_call
 from agent.forcing import AFTER_TOOL, REPLIES, Forcing
-from agent.sinks import WavSink
-from agent.telephony import PHONE_RATE
+from agent.phone.telephony import PHONE_RATE
 from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
@@ -186,7 +186,7 @@ class Stage:
 
 def _agent(room: Room, stage: Stage) -> Any:
     from agent.hotel import HotelAgent
-    from agent.phone import PhoneConcierge, PhoneLine
+    from agent.phone.phone import PhoneConcierge, PhoneLine
 
     key = f"sim-{room.name}-{time.time_ns()}"
     if room.phone:

@@ -1,6 +1,6 @@
 """Where the agent's voice lands: a WAV file written on the wall clock, a room's published audio track, or the
 console's speaker (`lk agent console`). Knows audio files, LiveKit's rtc audio source and the console's audio
-output; nothing of turns, sessions or the engine (agent/playout_buffer.py decides what plays when).
+output; nothing of turns, sessions or the engine (agent/audio_out/playout_buffer.py decides what plays when).
 
 A sink takes int16 mono chunks at its own rate with the moment each starts playing, and can cut the chunk now
 playing (`Sink`); a call wires it into its room by what `CallSink` says of it.
@@ -21,8 +21,8 @@ from livekit import rtc
 from livekit.agents import io
 from livekit.agents.cli.tcp_console import AGENT_SAMPLE_RATE as CONSOLE_SAMPLE_RATE
 
-from agent import audio_pump
-from agent.playout_buffer import Sink
+from agent.audio_in import audio_pump
+from agent.audio_out.playout_buffer import Sink
 
 log = logging.getLogger("chorus.agent.sinks")
 
@@ -114,8 +114,8 @@ class RoomSink(_OwnOutput):
     never holds up the speech behind it.
 
     `takes`: the rate of the audio written to it (the engine's output rate). With the native captures
-    (agent/audio_pump.py) it takes that rate and resamples to the track's in C, so the framework has nothing
-    to resample; without them it takes the track's rate (`sample_rate` says which), and the framework
+    (agent/audio_in/audio_pump.py) it takes that rate and resamples to the track's in C, so the framework has
+    nothing to resample; without them it takes the track's rate (`sample_rate` says which), and the framework
     resamples the session's frames to it."""
 
     IDLE_FILL_S = 0.06
@@ -138,8 +138,8 @@ class RoomSink(_OwnOutput):
         self.track_sid: str | None = None  # the published track's, once `start` has published it
         self._room: rtc.Room | None = None  # the room it was published in
         self._stalls = 0  # captures given up after CAPTURE_WAIT_S
-        # the captures made natively, their answers taken off the room's loop (agent/audio_pump.py), when
-        # this process has the native callback
+        # the captures made natively, their answers taken off the room's loop (agent/audio_in/audio_pump.py),
+        # when this process has the native callback
         self._native: audio_pump.TrackCapture | None = None
         lib = audio_pump.installed()
         if lib is not None:

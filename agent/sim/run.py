@@ -3,8 +3,8 @@ the wind-down, and the figures it leaves in metrics.json.
 
 It always ends: the whole run has a hard deadline, SIGTERM and Ctrl-C stop it with the figures so far, and the
 engine, the rooms and the database are closed in every case. Knows the engine's snapshot and the rooms'
-readings; nothing of what a room's script does (agent/sim_rooms.py) or how the summary is laid out
-(agent/sim_report.py).
+readings; nothing of what a room's script does (agent/sim/rooms.py) or how the summary is laid out
+(agent/sim/report.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.sim_report import heap_mb, rss_mb, write_metrics
-from agent.sim_rooms import Room, Stage, caller_clips, phone_rooms, run_room
-from agent.telephony import telephone_band
+from agent.phone.telephony import telephone_band
+from agent.sim.report import heap_mb, rss_mb, write_metrics
+from agent.sim.rooms import Room, Stage, caller_clips, phone_rooms, run_room
 from engine.client.remote import RemoteEngine
 from engine.door.host import EngineHost
 from engine.process.collector import freeze_long_lived, thaw

@@ -30,7 +30,7 @@ found no worker, each leaves its caller in silence until they hang up.
 - **Handed over.** A worker that drains (SIGTERM: a rolling restart) stops marking its rooms and marks each
   `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
   from the draining one, which talks on until the new one's session is live and then is removed by it. With
-  no other worker to take them, its calls end as a drain's do (agent/drain.py).
+  no other worker to take them, its calls end as a drain's do (agent/fleet/drain.py).
 - **Over.** A served room with no live agent whose caller has been gone OVER_S (they hung up before a new
   agent came) is no longer served, and the worker that found it deletes its conversation (`watch`'s `over`):
   no job is left to end that call on purpose.

@@ -1,9 +1,9 @@
-"""A call's caller audio on the native path (agent/audio_pump.py): livekit-agents' room input follows the
-caller's microphone track as always (who is linked, a rejoin, a new track), but each track it picks becomes a
-`NativeStream`, whose frames never reach Python. The frames that come before the engine's slot is open are
-held in the callback (up to HELD_S, the oldest dropped and counted) and written in order once it opens
-(`CallerAudio.attach`). Its counters go in the call's end line (agent/room.py).
-Knows livekit-agents' room input (1.8.9, pinned) and agent/audio_pump.py; nothing of tensors.
+"""A call's caller audio on the native path (agent/audio_in/audio_pump.py): livekit-agents' room input follows
+the caller's microphone track as always (who is linked, a rejoin, a new track), but each track it picks
+becomes a `NativeStream`, whose frames never reach Python. The frames that come before the engine's slot is
+open are held in the callback (up to HELD_S, the oldest dropped and counted) and written in order once it
+opens (`CallerAudio.attach`). Its counters go in the call's end line (agent/room.py). Knows livekit-agents'
+room input (1.8.9, pinned) and agent/audio_in/audio_pump.py; nothing of tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from livekit.agents.utils import aio
 
-from agent.audio_pump import STATS, NativeStream, PumpUnavailable
+from agent.audio_in.audio_pump import STATS, NativeStream, PumpUnavailable
 from engine.api import EngineError
 
 log = logging.getLogger("chorus.agent.caller_input")

@@ -1,6 +1,6 @@
 """How late the model's frames come, how a played chunk is made shorter, and what the pacing sleeps on: the
-measurements, the one sound operation and the one wait the playout (agent/playout_buffer.py) is made of.
-Knows samples, seconds and the event loop.
+measurements, the one sound operation and the one wait the playout (agent/audio_out/playout_buffer.py) is made
+of. Knows samples, seconds and the event loop.
 """
 
 from __future__ import annotations

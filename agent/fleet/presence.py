@@ -39,7 +39,8 @@ REJOIN_WAIT_S = 20.0
 # the call's end when the agent's own connection closed: not the caller's doing, so the room may be served
 # again
 ROOM_CLOSED = "the agent's connection to the room closed"
-# the call's end when the agent's connection came back to a room another agent serves now (agent/fleet.py)
+# the call's end when the agent's connection came back to a room another agent serves now
+# (agent/fleet/fleet.py)
 REPLACED = "another agent serves the room now"
 
 

@@ -31,7 +31,7 @@ from tools import schemas
 from tools.hotel import Hotel
 
 if TYPE_CHECKING:
-    from agent.playout import PlayoutOutput
+    from agent.audio_out.playout import PlayoutOutput
     from agent.settings import AgentSettings
 
 log = logging.getLogger("chorus.agent.phone")

@@ -1,10 +1,10 @@
 """The agent's voice on its way out: the session's `io.AudioOutput` in front of the paced playout buffer.
 
-`PlayoutOutput` takes the framework's frames of the model's turns into the buffer (agent/playout_buffer.py),
-reports their playback back to the framework, cuts them when the caller barges in, fills a tool pause with an
-acknowledgement clip that never overlaps the model's speech, and waits for a turn to have played before a
-phone line is handed over. Knows livekit-agents' output contract and the duplex session's observer; nothing of
-models, tensors or how the buffer keeps time.
+`PlayoutOutput` takes the framework's frames of the model's turns into the buffer
+(agent/audio_out/playout_buffer.py), reports their playback back to the framework, cuts them when the caller
+barges in, fills a tool pause with an acknowledgement clip that never overlaps the model's speech, and waits
+for a turn to have played before a phone line is handed over. Knows livekit-agents' output contract and the
+duplex session's observer; nothing of models, tensors or how the buffer keeps time.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import io
 
-from agent.acks import AckClips
+from agent.audio_out.acks import AckClips
+from agent.audio_out.playout_buffer import PlayoutBuffer, Sink
 from agent.duplex import CallObserver
-from agent.playout_buffer import PlayoutBuffer, Sink
 from engine.sizing.stage_config import ClockConfig
 
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive

@@ -1,7 +1,7 @@
 """Acknowledgement clips: the prerecorded "one moment" phrasings that fill a tool pause, at the sink's rate.
 
 Loads prompts/acks/*.wav once per rate (resampled, downmixed) and picks one never twice in a row. Knows WAV
-files and resampling; nothing of when a clip plays (agent/playout.py decides that).
+files and resampling; nothing of when a clip plays (agent/audio_out/playout.py decides that).
 """
 
 from __future__ import annotations

@@ -1,0 +1,3 @@
+"""The agent's audio on its way out: the playout buffer and its timing, the sinks that write a track or a
+file, and the acknowledgement clips.
+"""

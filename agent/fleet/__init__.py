@@ -1,0 +1,3 @@
+"""A fleet of workers: a room whose agent died is given another (agent/fleet/fleet.py), its conversation
+carried over, the engine's process watched and started again, a drain's goodbye.
+"""
