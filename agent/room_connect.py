@@ -1,11 +1,12 @@
 """Joining a room without risking the worker.
 
-After it answers a connect, the `livekit` rtc SDK's native library (1.1.21) waits 15 s for the SDK's
-`ReadyForRoomEventRequest`, the last statement of `Room.connect`; if none comes it reports a panic, and the
-SDK answers every panic with SIGTERM to its own process, every other room of the worker included. A
-`Room.connect` cancelled by a timeout (or by the job's shutdown) never sends it. `connect()` therefore never
-cancels a connect in flight: when its bound passes it lets the connect finish, leaves the room, and then fails
-the job. (The FFI client itself is made safe for many job threads by agent/audio_in/rtc_ffi.py.)
+After it answers a connect, the `livekit` rtc SDK's native library (the version agent/audio_in names) waits 15
+s for the SDK's `ReadyForRoomEventRequest`, the last statement of `Room.connect`; if none comes it reports a
+panic, and the SDK answers every panic with SIGTERM to its own process, every other room of the worker
+included. A `Room.connect` cancelled by a timeout (or by the job's shutdown) never sends it. `connect()`
+therefore never cancels a connect in flight: when its bound passes it lets the connect finish, leaves the
+room, and then fails the job. (The FFI client itself is made safe for many job threads by
+agent/audio_in/rtc_ffi.py.)
 """
 
 from __future__ import annotations

@@ -330,10 +330,10 @@ class ChorusServer(DrainingServer):
                 task.cancel()
 
     def _get_effective_load(self) -> float:
-        """The load LiveKit's availability requests are answered with (livekit-agents 1.8's, replaced): the
-        engine's, plus a slot's share for each job accepted but not launched yet. livekit-agents weighs such a
-        job as its target load over the warm runners (with none running): a few callers who arrive together
-        at an idle worker would be turned away with slots free."""
+        """The load LiveKit's availability requests are answered with (livekit-agents', replaced: the version
+        agent/audio_in names): the engine's, plus a slot's share for each job accepted but not launched yet.
+        livekit-agents weighs such a job as its target load over the warm runners (with none running): a few
+        callers who arrive together at an idle worker would be turned away with slots free."""
         return self._worker_load + self._reserved_slots * self.settings.load_target / self.settings.slots
 
     def _running_rooms(self) -> list[tuple[str, str]]:

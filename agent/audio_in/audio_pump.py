@@ -20,7 +20,7 @@ which that callback would parse only to throw away.
   and waits on the room's loop for the answer.
 - `NativeStream` is one caller track's stream, registered with the callback (a call's streams are
   agent/audio_in/caller_input.py's).
-Knows the rtc SDK's FFI (livekit 1.1.21, pinned); nothing of sessions, the framework or tensors.
+Knows the rtc SDK's FFI (the version agent/audio_in names); nothing of sessions, the framework or tensors.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the caller's microphone track as always (who is linked, a rejoin, a new track), 
 becomes a `NativeStream`, whose frames never reach Python. The frames that come before the engine's slot is
 open are held in the callback (up to HELD_S, the oldest dropped and counted) and written in order once it
 opens (`CallerAudio.attach`). Its counters go in the call's end line (agent/room.py). Knows livekit-agents'
-room input (1.8.9, pinned) and agent/audio_in/audio_pump.py; nothing of tensors.
+room input (the version agent/audio_in names) and agent/audio_in/audio_pump.py; nothing of tensors.
 """
 
 from __future__ import annotations

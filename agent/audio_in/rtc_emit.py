@@ -1,14 +1,14 @@
 """The rtc SDK's event emitter without a signature inspected per event.
 
-`rtc.EventEmitter.emit` (livekit 1.1.21, pinned), the base of the rtc `Room` and of livekit-agents' duplex
-sessions, calls `inspect.signature` on every callback each time it emits, to pass a callback only as many
-positional arguments as it takes. A call emits a transcript delta with every frame of the agent's speech and a
-room event for much of what the server says, so with 8 rooms that inspection was 6% of the rooms' Python
-(py-spy, GIL samples). `install()` replaces `emit` with one that learns each callback's count once: it is
-kept per function (weakly: a function that goes away takes its entry along), for a plain function and for a
-bound method of it apart. Any other callable (a `functools.partial`, an object with `__call__`) is inspected
-as before, every time. What is passed to each callback, the order, and what is raised or logged are the
-SDK's own.
+`rtc.EventEmitter.emit` (the version agent/audio_in names), the base of the rtc `Room` and of livekit-agents'
+duplex sessions, calls `inspect.signature` on every callback each time it emits, to pass a callback only as
+many positional arguments as it takes. A call emits a transcript delta with every frame of the agent's speech
+and a room event for much of what the server says, so with 8 rooms that inspection was 6% of the rooms' Python
+(py-spy, GIL samples). `install()` replaces `emit` with one that learns each callback's count once: it is kept
+per function (weakly: a function that goes away takes its entry along), for a plain function and for a bound
+method of it apart. Any other callable (a `functools.partial`, an object with `__call__`) is inspected as
+before, every time. What is passed to each callback, the order, and what is raised or logged are the SDK's
+own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rtc SDK's process-wide FFI client, made safe and O(1) per event for many rooms in one process.
 
 Every job of a worker is a thread with its own event loop, and all of them share the `livekit` rtc SDK's one
-FFI client (livekit 1.1.21, pinned). Two of its properties break a worker that serves many rooms:
+FFI client (the version agent/audio_in names). Two of its properties break a worker that serves many rooms:
 
 - `FfiClient.instance` is created lazily, without a lock. Two job threads that touch it first at the same
   moment each create one; the native library's events go to the one stored last, and the other thread's

@@ -246,10 +246,10 @@ class RoomSink(_OwnOutput):
         await self.source.aclose()
 
     async def _unpublish(self) -> None:
-        """Take the track out of the room while the agent is still in it. The rtc runtime (livekit 1.1.21)
-        keeps a track's native sender and its buffers for good when the room is left with the track still
-        published: about 0.25 MB a call, a worker's memory growing call after call (measured: RSS flat
-        over 60 publish-leave cycles with this, +13 MB without)."""
+        """Take the track out of the room while the agent is still in it. The rtc runtime (the version
+        agent/audio_in names) keeps a track's native sender and its buffers for good when the room is left
+        with the track still published: about 0.25 MB a call, a worker's memory growing call after call
+        (measured: RSS flat over 60 publish-leave cycles with this, +13 MB without)."""
         room, sid = self._room, self.track_sid
         self._room = None
         if room is None or sid is None or not room.isconnected():
