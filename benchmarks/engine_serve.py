@@ -16,11 +16,11 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall, Output, ToolResultConsumed
 from engine.observe.metrics import pct
 from engine.sizing.presets import load_preset
 from engine.tick.engine import Engine, EngineConfig
+from testkit.concierge import PROMPT, TOOLS
 
 
 def _call_of_length(engine: Engine, n: int) -> list[int]:

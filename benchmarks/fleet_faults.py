@@ -33,9 +33,9 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.support.fleet import FAULTS, fault_on_calls, two_workers
-from benchmarks.support.server import server_from_env
-from benchmarks.support.worker import seeded
+from testkit.fleet import FAULTS, fault_on_calls, two_workers
+from testkit.server import server_from_env
+from testkit.worker import seeded
 
 ACKNOWLEDGED = ("sorry, we were", "thank you for holding")
 

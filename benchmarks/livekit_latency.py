@@ -52,9 +52,9 @@ import numpy as np
 from benchmarks.latency.caller import RATE, TONE, Caller
 from benchmarks.latency.session import session
 from benchmarks.latency.timing import constants, match
-from benchmarks.support.server import server_from_env
-from benchmarks.support.stats import percentiles
-from benchmarks.support.worker import Worker, seeded
+from testkit.server import server_from_env
+from testkit.stats import percentiles
+from testkit.worker import Worker, seeded
 
 
 def write_dump(folder: Path, callers: list[Caller], matched: list, engine: dict) -> None:

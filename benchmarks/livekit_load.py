@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.support.server import load_tester, server_from_env
-from benchmarks.support.worker import Worker, seeded
+from testkit.server import load_tester, server_from_env
+from testkit.worker import Worker, seeded
 
 PROG = "livekit_load"
 

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.support.callers import RATE, caller_pcm
-from benchmarks.support.machine import cmdline, cpu_seconds, tree
-from benchmarks.support.server import agent_sip, server_from_env
-from benchmarks.support.sip import PhoneCaller, find_bridge, inbound
-from benchmarks.support.stats import percentiles
-from benchmarks.support.worker import Worker, seeded, sessions_by_label
+from testkit.callers import RATE, caller_pcm
+from testkit.machine import cmdline, cpu_seconds, tree
+from testkit.server import agent_sip, server_from_env
+from testkit.sip import PhoneCaller, find_bridge, inbound
+from testkit.stats import percentiles
+from testkit.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
 ANSWER_WAIT_S = 120.0  # for the agent's track in every call

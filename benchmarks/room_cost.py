@@ -4,7 +4,7 @@ callers.
 `python -m benchmarks.room_cost --rooms 1 4 8 16 --seconds 20` starts, for each N, a worker as a user does
 (`python -m agent start`, tiny preset, N slots, teacher forcing so the agents speak; `--processes`: each room
 in a process of its own), measures it idle for `--seconds` (the live step with no room), then serving N
-sessions with no room behind them (benchmarks/support/headless.py: the engine's own socket and shared memory,
+sessions with no room behind them (testkit/headless.py: the engine's own socket and shared memory,
 fed and teacher-forced as the rooms are; what the rooms add to the step is measured against this), the same
 beside a process that does nothing but spin one core (what merely sharing the machine does to the step), then
 runs the load tester with N rooms and measures a steady window of `--seconds` once every room is in its call.
@@ -35,10 +35,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.support.headless import HeadlessSessions, engine_address
-from benchmarks.support.machine import TICKS_PER_S, cmdline, thread_stats, tree
-from benchmarks.support.server import load_tester, server_from_env
-from benchmarks.support.worker import Worker, seeded
+from testkit.headless import HeadlessSessions, engine_address
+from testkit.machine import TICKS_PER_S, cmdline, thread_stats, tree
+from testkit.server import load_tester, server_from_env
+from testkit.worker import Worker, seeded
 
 PROG = "room_cost"
 

@@ -9,12 +9,12 @@ again. Calls arrive as a Poisson process whose rate keeps `--live` calls on (6 t
 waits while 8 are on, and below 6 the next one comes at once), each lasting `--call-s` (1 to 3 minutes by
 default) and hanging up wherever that falls, mid-turn included:
   - a quarter are phone calls: the bridge stand-in (scripts/sip-bridge) asks the server's dispatch rule for
-    the call's room, and the caller talks through a G.711 line (benchmarks/support/sip.py);
+    the call's room, and the caller talks through a G.711 line (testkit/sip.py);
   - a quarter make a scripted booking (`book_room` forced on the function channel), of which some cancel a
     booking an earlier call made (`change_or_cancel_reservation`) and some ask for a room sold out
     beforehand (the family suites on one stay, booked by residents before the run);
   - the rest are web callers; 5% of the web callers lose their network for 5-15 s (their process stopped,
-    benchmarks/support/lone_caller.py) and come back as LiveKit's clients do.
+    testkit/lone_caller.py) and come back as LiveKit's clients do.
 Every `--fault-every-s` one fault of [fleet] is played on the worker serving most calls, in turn: the
 worker SIGKILLed, its engine's process SIGKILLed (the worker starts it again), the worker drained (SIGTERM)
 and replaced by a new one at once, as a rolling restart does.
@@ -49,20 +49,20 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.support.fleet import drain, kill_engine, kill_worker
-from benchmarks.support.server import ROOT, agent_sip, server_from_env
-from benchmarks.support.sip import find_bridge
-from benchmarks.support.soak_calls import CallRunner, plan_calls, sell_out
-from benchmarks.support.soak_plot import plot
-from benchmarks.support.soak_report import Recorder, check, windows
-from benchmarks.support.worker import Worker, seeded, sessions_by_label
+from testkit.fleet import drain, kill_engine, kill_worker
+from testkit.server import ROOT, agent_sip, server_from_env
+from testkit.sip import find_bridge
+from testkit.soak_calls import CallRunner, plan_calls, sell_out
+from testkit.soak_plot import plot
+from testkit.soak_report import Recorder, check, windows
+from testkit.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
 SAMPLE_S = 5.0
 PROGRESS_S = 30.0
 SETTLE_S = 60.0  # after the last call: for the slots and the conversations to be let go
 FAULTS = ("worker SIGKILL", "engine SIGKILL", "drain")
-PLANTS = {"slot-leak": ROOT / "benchmarks" / "support" / "plants" / "slot_leak"}
+PLANTS = {"slot-leak": ROOT / "testkit" / "plants" / "slot_leak"}
 
 
 class Fleet:

@@ -1,5 +1,5 @@
 """Helpers the engine and kernel tests share: a call of the concierge's tool (its prompt and tool are
-benchmarks/support/concierge.py), a caller's audio, the engine's clock moved by hand and the ticks driven on
+testkit/concierge.py), a caller's audio, the engine's clock moved by hand and the ticks driven on
 it (and the poll between them), a session's queued outputs, and code run with the kernels compiled. Knows
 nothing of LiveKit or the hotel."""
 

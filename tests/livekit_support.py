@@ -1,6 +1,6 @@
 """The real LiveKit server for the end-to-end tests: the one scripts/livekit.sh's start_livekit started, in a
 network namespace with no way out (netns_up). Without it the tests skip; under CI=true they fail. The worker,
-the callers and the SIP stand-in the tests drive are `benchmarks.support`'s, shared with the benchmarks.
+the callers and the SIP stand-in the tests drive are `testkit`'s, shared with the benchmarks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from benchmarks.support.server import Server, leaks
+from testkit.server import Server, leaks
 
 # how often a test asks the worker (its snapshot, its log) or its callers whether what it waits for has come:
 # each question costs the shared machine that runs the server, the worker and every caller's WebRTC stack

@@ -6,12 +6,12 @@ off the same pushes give the model's own output, and nothing of echo mode is the
 import numpy as np
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, ToolCallStarted, TurnEnded
 from engine.tick.echo import MARK, Echo
 from engine.tick.engine import Engine, EngineConfig
 from engine.tick.slots import FrameInbox
 from engine_support import ManualClock, drain, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 N_IN, N_OUT = 1280, 1764
 

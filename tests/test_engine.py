@@ -8,7 +8,6 @@ import urllib.request
 import numpy as np
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import (
     AudioFrame,
     EngineFull,
@@ -23,6 +22,7 @@ from engine.api import (
 from engine.tick.engine import Engine, EngineConfig
 from engine.tick.slots import FrameInbox
 from engine_support import CALL, ManualClock, caller_audio, drain, engine_on, poll_between_ticks, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 
 def frames(items) -> list[np.ndarray]:

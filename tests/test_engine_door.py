@@ -23,7 +23,6 @@ import time
 
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import EngineClosed
 from engine.client.control import EngineControl
 from engine.client.remote import RemoteEngine
@@ -32,6 +31,7 @@ from engine.door.gate import AUTH_S, MAX_PENDING
 from engine.door.host import EngineHost
 from engine.door.serve import DOOR_STOPPED, run_until_stopped
 from engine_support import engine_on
+from testkit.concierge import PROMPT, TOOLS
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
 from engine.client.control import EngineControl
 from engine.client.link import IN_W
@@ -29,6 +28,7 @@ from engine.client.remote import RemoteEngine
 from engine.client.wire import encode
 from engine.door.host import EngineHost
 from engine_support import REPO, caller_audio, engine_on, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 FRAME = 1280
 

@@ -2,7 +2,7 @@
 cycle hidden in a function is still one: whichever side loads first sees the other half-built) and those under
 `if TYPE_CHECKING:` (a cycle of types is a cycle a reader follows). The layout rule: which package, and which
 side of the engine, may import which (README, "Layout"), and the engine's client free of torch. And the
-layering of the benchmarks and the tests: the tests may import the benchmarks' support, never the other way.
+layering of the benchmarks and the tests: both may import testkit/, which imports neither.
 Read from the source alone; nothing is imported.
 """
 
@@ -207,10 +207,11 @@ def test_a_rooms_process_reaches_the_engine_without_torch():
 
 
 def test_the_benchmarks_import_nothing_of_the_tests():
-    """What the end-to-end tests and the benchmarks share is benchmarks.support: no module under benchmarks/
-    imports a module of tests/ (or pytest), nor reaches one through sys.path."""
+    """What the end-to-end tests and the benchmarks share is testkit: no module under benchmarks/ or testkit/
+    imports a module of tests/ (or pytest), nor reaches one through sys.path; testkit/ imports nothing of
+    benchmarks/."""
     of_tests = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests", "pytest"}
-    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+    for path in sorted([*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "testkit").rglob("*.py")]):
         tree = ast.parse(path.read_text(), str(path))
         named = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         named |= {
@@ -219,4 +220,6 @@ def test_the_benchmarks_import_nothing_of_the_tests():
             if isinstance(n, ast.ImportFrom) and n.module and not n.level
         }
         assert not named & of_tests, f"{path.relative_to(ROOT)} imports {sorted(named & of_tests)}"
+        in_kit = path.relative_to(ROOT).parts[0] == "testkit"
+        assert not (in_kit and "benchmarks" in named), f"{path.relative_to(ROOT)} imports benchmarks"
         assert "sys.path" not in ast.unparse(tree), f"{path.relative_to(ROOT)} changes sys.path"

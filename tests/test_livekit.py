@@ -23,11 +23,11 @@ import pytest
 
 from agent.call import room_label
 from agent.settings import AgentSettings
-from benchmarks.support.callers import RATE, Caller, caller_pcm, read_wav
-from benchmarks.support.machine import cmdline, thread_stats, tree
-from benchmarks.support.server import ALLOWED_INTERFACES, ROOT, interfaces
-from benchmarks.support.worker import Worker, sessions_by_label
 from livekit_support import POLL_S, require_livekit, scripted_booking, server_lines
+from testkit.callers import RATE, Caller, caller_pcm, read_wav
+from testkit.machine import cmdline, thread_stats, tree
+from testkit.server import ALLOWED_INTERFACES, ROOT, interfaces
+from testkit.worker import Worker, sessions_by_label
 from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit
@@ -75,7 +75,7 @@ def test_the_agents_track_is_taken_out_of_the_room_before_the_agent_leaves(serve
     from livekit import rtc
 
     from agent.audio_out.sinks import RoomSink
-    from benchmarks.support.server import token
+    from testkit.server import token
 
     async def main():
         name = room_name("unpublish")

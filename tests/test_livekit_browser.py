@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.support.callers import caller_pcm
-from benchmarks.support.server import ROOT, token
-from benchmarks.support.worker import Worker, sessions_by_label
 from chromium_support import Browser, chromium_path
 from livekit_support import POLL_S, require_livekit
+from testkit.callers import caller_pcm
+from testkit.server import ROOT, token
+from testkit.worker import Worker, sessions_by_label
 from wait_support import wait_until
 
 pytestmark = pytest.mark.livekit

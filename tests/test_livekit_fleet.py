@@ -19,16 +19,16 @@ import uuid
 import pytest
 from livekit import rtc
 
-from benchmarks.support.callers import Caller
-from benchmarks.support.fleet import (
+from livekit_support import POLL_S, require_livekit, scripted_booking
+from testkit.callers import Caller
+from testkit.fleet import (
     heard_again,
     kill_job,
     one_fault,
     serving,
     two_workers,
 )
-from benchmarks.support.worker import Worker
-from livekit_support import POLL_S, require_livekit, scripted_booking
+from testkit.worker import Worker
 from wait_support import await_until
 
 pytestmark = pytest.mark.livekit

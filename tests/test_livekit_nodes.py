@@ -1,4 +1,4 @@
-"""Two LiveKit nodes (benchmarks/support/nodes.py): two livekit-server processes sharing one Redis, each in a
+"""Two LiveKit nodes (testkit/nodes.py): two livekit-server processes sharing one Redis, each in a
 network namespace of its own as a host of its own, with a worker on each registered with its own node only.
 Each caller connects through a load balancer (`Balancer`, a TCP proxy) that leads first to a node of its
 own. Both reach an agent. Then the node that hosts the second caller's room dies (its server SIGKILLed; the
@@ -16,10 +16,10 @@ import uuid
 import pytest
 from livekit import rtc
 
-from benchmarks.support.callers import Caller
-from benchmarks.support.nodes import PORT, Balancer, Cluster
-from benchmarks.support.worker import Worker
 from livekit_support import require_livekit
+from testkit.callers import Caller
+from testkit.nodes import PORT, Balancer, Cluster
+from testkit.worker import Worker
 from wait_support import await_until
 
 pytestmark = pytest.mark.livekit

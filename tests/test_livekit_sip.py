@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from benchmarks.support.server import Server, agent_sip
 from livekit_support import require_livekit
+from testkit.server import Server, agent_sip
 
 pytestmark = pytest.mark.livekit
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.observe.metrics import SnapshotServer
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, drain, run_ticks
 from hotel_support import booking, hotel, seeded_store
+from testkit.concierge import PROMPT, TOOLS
 from ui.fleet import ms
 from ui.privacy import mask_code, mask_contact, mask_name, mask_phones
 from ui.settings import MonitorSettings, parse_urls

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.support.worker import free_port
 from chromium_support import Browser, chromium_path
 from engine.api import EngineSnapshot
+from testkit.worker import free_port
 from wait_support import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

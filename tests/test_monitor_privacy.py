@@ -15,13 +15,13 @@ from livekit import rtc
 from streamlit.testing.v1 import AppTest
 
 from agent.call import describe_caller, room_label
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall, ToolResultConsumed
 from engine.observe.metrics import SnapshotServer
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import drain, run_ticks
 from test_monitor import FAR_S, PAGE, StepClock, shown_text
 from test_privacy import PHONE_ROOM, caller_room
+from testkit.concierge import PROMPT, TOOLS
 
 BOOK = {
     "name": "book_room",

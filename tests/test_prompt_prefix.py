@@ -6,7 +6,6 @@ prompt prefilled whole from nothing gives."""
 
 import numpy as np
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame
 from engine.sizing.stage_config import TokenConfig
 from engine.text.tokens import Tokens
@@ -15,6 +14,7 @@ from engine.tick.scheduler import Scheduler
 from engine.tick.session import Phase, Session
 from engine.tick.slots import FrameInbox
 from engine_support import caller_audio, drain, engine_on, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 S, FRAME = 8, 1280
 TOK = Tokens(TokenConfig())

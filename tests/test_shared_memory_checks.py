@@ -16,13 +16,13 @@ import socket
 import numpy as np
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import EngineSnapshot
 from engine.client.link import PLAYOUT_FIELDS, Layout, SessionLink
 from engine.door.host_conn import RoomConn
 from engine.observe.metrics import ServeLimits, SnapshotServer
 from engine_support import caller_audio, engine_on, run_ticks
 from test_snapshot_server import request
+from testkit.concierge import PROMPT, TOOLS
 
 FRAME = 1280
 # every request is answered from a snapshot built for it, and none refused for its rate

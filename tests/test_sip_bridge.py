@@ -23,11 +23,11 @@ import pytest
 
 from agent.call import room_label
 from agent.fleet.fleet import BEAT_S, SWEEP_S
-from benchmarks.support.callers import RATE, caller_pcm
-from benchmarks.support.server import Server, agent_sip
-from benchmarks.support.sip import PhoneCaller, find_bridge, inbound
-from benchmarks.support.worker import Worker, sessions_by_label
 from livekit_support import POLL_S, require_livekit
+from testkit.callers import RATE, caller_pcm
+from testkit.server import Server, agent_sip
+from testkit.sip import PhoneCaller, find_bridge, inbound
+from testkit.worker import Worker, sessions_by_label
 from wait_support import await_until, wait_until
 
 pytestmark = pytest.mark.livekit

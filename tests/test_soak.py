@@ -24,11 +24,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.support.soak_calls import CallPlan, CallRecord, CallRunner
-from benchmarks.support.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
-from benchmarks.support.worker import seeded
 from engine.tick.warm import WARM_LABEL
 from livekit_support import require_livekit
+from testkit.soak_calls import CallPlan, CallRecord, CallRunner
+from testkit.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
+from testkit.worker import seeded
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.tick.engine import POLL_S, Engine, EngineConfig
 from engine.tick.phase import MIN_MARGIN_S, TickPhase
 from engine_support import ManualClock
+from testkit.concierge import PROMPT, TOOLS
 
 TICK = 0.08
 

@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.process.priority import TickPriority
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, ManualClock, drain, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 
 def realtime_allowed() -> bool:

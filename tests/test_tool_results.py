@@ -9,10 +9,10 @@ import concurrent.futures
 
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import FunctionCall
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import CALL, ManualClock, drain, poll_between_ticks, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from benchmarks.support.concierge import PROMPT, TOOLS
 from engine.api import AudioFrame, TurnEnded, TurnStarted
 from engine.sizing.stage_config import TokenConfig
 from engine.text.tokens import TextStream, Tokens
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import ManualClock, drain, run_ticks
+from testkit.concierge import PROMPT, TOOLS
 
 TOK = Tokens(TokenConfig())
 PHRASES = ["Booked for José García", " the café", "Müller", "東京", "Ελλάδα", " 😀 see you", "naïve façade"]

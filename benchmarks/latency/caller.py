@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.audio_in.receive_stats import every_stat, inbound_audio, window
-from benchmarks.support.server import Server, token
+from testkit.server import Server, token
 
 RATE = 48_000  # the callers' tracks, both ways
 # each caller's own tone (full scale 1.0), standing for a room's noise between words: well below the mark,

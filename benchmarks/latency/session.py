@@ -16,9 +16,9 @@ import numpy as np
 
 from agent.call import room_label
 from benchmarks.latency.caller import Caller
-from benchmarks.support.machine import cpu_times, other_workers
-from benchmarks.support.server import Server
-from benchmarks.support.worker import Worker
+from testkit.machine import cpu_times, other_workers
+from testkit.server import Server
+from testkit.worker import Worker
 
 JOIN_EVERY_S = 0.25  # one caller joins after another
 AGENT_WAIT_S = 90.0  # a caller whose agent is not heard by then is left out of the figures

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from agent.call import room_label
-from benchmarks.support.callers import RATE, Caller, caller_pcm
-from benchmarks.support.lone_caller import audible_times, said_by
-from benchmarks.support.server import ROOT, Server
-from benchmarks.support.sip import PhoneCaller, inbound
+from testkit.callers import RATE, Caller, caller_pcm
+from testkit.lone_caller import audible_times, said_by
+from testkit.server import ROOT, Server
+from testkit.sip import PhoneCaller, inbound
 
 ANSWER_S = 30.0  # a call whose caller heard no agent this long after joining is refused
 TAKEN = {"room_type": "family suite", "days_ahead": 20, "nights": 2, "rooms": 4}  # sold out before the run
@@ -283,7 +283,7 @@ class CallRunner:
         )
         log = open(self.tmp / f"call-{p.i}.log", "wb")  # noqa: SIM115 (closed once the process ended)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.support.lone_caller", str(spec), str(out)],
+            [sys.executable, "-m", "testkit.lone_caller", str(spec), str(out)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=log,

@@ -13,10 +13,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.support.callers import Caller
-from benchmarks.support.machine import cmdline, tree
-from benchmarks.support.server import Server
-from benchmarks.support.worker import Worker, sessions_by_label
+from testkit.callers import Caller
+from testkit.machine import cmdline, tree
+from testkit.server import Server
+from testkit.worker import Worker, sessions_by_label
 
 POLL_S = 0.1
 

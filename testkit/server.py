@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # scripts/livekit.sh: loopback and the veth pair with both ends here
 ALLOWED_INTERFACES = {"lo", "lkv0", "lkv1"}
 
@@ -36,7 +36,7 @@ def interfaces() -> set[str]:
 
 def leaks() -> list[str]:
     """The interfaces of this namespace that lead out of it (none inside one made by netns_up)."""
-    # (a cluster's node links, benchmarks/support/nodes.py, join namespaces that have no way out either)
+    # (a cluster's node links, testkit/nodes.py, join namespaces that have no way out either)
     return sorted(i for i in interfaces() - ALLOWED_INTERFACES if not i.startswith("lkn"))
 
 

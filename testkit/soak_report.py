@@ -16,11 +16,11 @@ import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
 from agent.settings import AgentSettings
-from benchmarks.support.machine import cmdline, tree
-from benchmarks.support.soak_calls import CallRecord, read_only
-from benchmarks.support.stats import percentiles
-from benchmarks.support.worker import Worker
 from engine.tick.warm import WARM_LABEL
+from testkit.machine import cmdline, tree
+from testkit.soak_calls import CallRecord, read_only
+from testkit.stats import percentiles
+from testkit.worker import Worker
 
 LEAVE_GRACE_S = (
     10.0  # a hung-up call's slot is let go within this (the agent ends the call, the engine frees it)

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.support.server import Server
+from testkit.server import Server
 
 PORT = 7880  # each node's own, in its own namespace
 UDP = 7882

@@ -3,7 +3,7 @@ process (SIGSTOP) for a few seconds and lets it go on (SIGCONT), which to the se
 network loss and to the caller's own rtc SDK a connection that went quiet, so it resumes or reconnects as
 LiveKit's clients do after a drop. The callers that share one process cannot lose their network one at a time.
 
-    python -m benchmarks.support.lone_caller SPEC.json OUT.json
+    python -m testkit.lone_caller SPEC.json OUT.json
 
 SPEC: `{"url", "key", "secret", "room", "agent_name", "identity", "metadata", "until"}` (`until`: when to hang
 up, a time.monotonic() value, which every process of the machine shares). OUT: when the agent's voice was
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.support.callers import SPEECH_PEAK, Caller, caller_pcm
-from benchmarks.support.server import Server
+from testkit.callers import SPEECH_PEAK, Caller, caller_pcm
+from testkit.server import Server
 
 
 def said_by(caller: Caller) -> dict[str, str]:

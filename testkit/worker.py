@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from agent.call import room_label
-from benchmarks.support.server import ROOT, Server
+from testkit.server import ROOT, Server
 
 
 def free_port() -> int:
@@ -76,7 +76,7 @@ class Worker:
         **env: str,
     ):
         self.server, self.slots = server, slots
-        self.netns = netns  # a host of a cluster (benchmarks/support/nodes.py): its snapshot is not reachable
+        self.netns = netns  # a host of a cluster (testkit/nodes.py): its snapshot is not reachable
         self.agent_name = name or f"chorus-test-{uuid.uuid4().hex[:8]}"
         self.metrics_port = free_port()
         self.http_port = next(p for p in iter(free_port, None) if p != self.metrics_port)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
-from benchmarks.support.soak_calls import CallRecord
-from benchmarks.support.soak_report import ROOM, SILENCE_BOUND_S, Recorder
+from testkit.soak_calls import CallRecord
+from testkit.soak_report import ROOM, SILENCE_BOUND_S, Recorder
 
 
 def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> None:

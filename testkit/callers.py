@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.support.server import ROOT, Server, token
+from testkit.server import ROOT, Server, token
 
 CALLERS = ROOT / "prompts" / "callers"
 RATE = 48_000  # a browser's microphone track

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.support.callers import RATE, Caller
-from benchmarks.support.server import ROOT, Server
+from testkit.callers import RATE, Caller
+from testkit.server import ROOT, Server
 
 BRIDGE_DIR = ROOT / "scripts" / "sip-bridge"
 
