@@ -121,6 +121,43 @@ Event = (
 Output = AudioFrame | Event
 
 
+@dataclass(frozen=True)
+class SubmitResult:
+    """A room's answer to one of the model's tool calls (`SessionPort.submit_tool_result`)."""
+
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ForceTokens:
+    """Tokens the model is made to say on one channel, "text" or "function" (`force_text`,
+    `force_function`)."""
+
+    channel: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PadBetween:
+    """Pad the text channel between the forced turns, or stop (`pad_between`)."""
+
+    on: bool
+
+
+@dataclass(frozen=True)
+class KeepPrivate:
+    """Terms the engine keeps out of what it shows of the call (`keep_private`)."""
+
+    terms: tuple[str, ...]
+
+
+# what a room asks of its own session: through the door as engine/client/wire.py encodes it, or on the
+# session's queue in the engine's process
+Request = SubmitResult | ForceTokens | PadBetween | KeepPrivate
+
+
 class SessionPort(Protocol):
     """What a room holds of its session: `engine/client/remote.py` `RemoteHandle` across the engine's door,
     `engine/tick/handle.py` `SessionHandle` in the engine's own process. Outputs arrive on `outputs` (or the

@@ -2,18 +2,22 @@
 (engine/client/remote.py) and the engine's own objects (engine/tick/engine.py, engine/tick/handle.py), have
 every member each Protocol declares, with the parameters it declares (names, kinds and defaults; an
 implementation may add parameters of its own, never required ones). Read from the classes; nothing is started.
+And a room's typed requests through the one codec (engine/client/wire.py): each comes back as it was sent, a
+malformed one is refused saying what is wrong.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import typing
 
 import pytest
 
-from engine.api import EngineClient, SessionPort
+from engine.api import EngineClient, ForceTokens, KeepPrivate, PadBetween, SessionPort, SubmitResult
 from engine.client.remote import RemoteEngine, RemoteHandle
+from engine.client.wire import REQUESTS, decode_request, encode, request_message
 from engine.tick.engine import Engine
 from engine.tick.handle import SessionHandle
 
@@ -114,3 +118,37 @@ def test_the_contract_check_finds_a_missing_member_a_renamed_parameter_and_a_new
         "Port.submit_tool_result requires urgent, which the contract does not pass",
         "Port.report_playout() missing",
     ]
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        SubmitResult("call-1", '{"rooms": 2}', False),
+        SubmitResult("call-2", "no such room", True),
+        ForceTokens("text", (5, 6, 7)),
+        ForceTokens("function", ()),
+        PadBetween(True),
+        KeepPrivate(("Ada Lovelace", "+14155550100")),
+    ],
+)
+def test_every_request_crosses_the_door_and_comes_back_the_same(request_):
+    msg = json.loads(encode(request_message(request_, "s1")))
+    assert msg["session"] == "s1" and msg["op"] in REQUESTS
+    assert decode_request(msg["op"], msg) == request_
+
+
+@pytest.mark.parametrize(
+    ("msg", "why"),
+    [
+        ({"op": "result", "call_id": 7, "output": "x"}, "result: call_id and output must be strings"),
+        ({"op": "force", "channel": "text", "ids": [1, "2"]}, "force: ids must be a list of at most"),
+        ({"op": "force", "channel": "audio", "ids": [1]}, "force: channel must be text or function"),
+        ({"op": "force", "channel": "text", "ids": [True]}, "force: ids must be a list"),
+        ({"op": "pad_between", "on": 1}, "pad_between: on must be true or false"),
+        ({"op": "private", "terms": "Ada"}, "private: terms must be a list of strings"),
+        ({"op": "drain"}, "unknown operation 'drain'"),
+    ],
+)
+def test_a_malformed_request_is_refused_with_what_is_wrong(msg, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        decode_request(msg["op"], msg)

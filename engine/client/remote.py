@@ -26,9 +26,28 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import AudioFrame, EngineClosed, Output, SessionFailed
+from engine.api import (
+    AudioFrame,
+    EngineClosed,
+    ForceTokens,
+    KeepPrivate,
+    Output,
+    PadBetween,
+    Request,
+    SessionFailed,
+    SubmitResult,
+)
 from engine.client.link import IN_W, OUT_R, OUT_W, RECEIVE_AT, CallerRing, Layout, SessionLink
-from engine.client.wire import ADDRESS_ENV, KEY_ENV, connect, decode_event, encode, raise_error, read_line
+from engine.client.wire import (
+    ADDRESS_ENV,
+    KEY_ENV,
+    connect,
+    decode_event,
+    encode,
+    raise_error,
+    read_line,
+    request_message,
+)
 from engine.sizing.stage_config import ClockConfig, TokenConfig
 from engine.text.tokens import forced_ids
 
@@ -230,21 +249,19 @@ class RemoteHandle:
         return self._link.caller_ring()
 
     def submit_tool_result(self, call_id: str, output: str, is_error: bool = False) -> None:
-        self._send(
-            {"op": "result", "call_id": str(call_id), "output": str(output), "is_error": bool(is_error)}
-        )
+        self._send(SubmitResult(str(call_id), str(output), bool(is_error)))
 
     def force_text(self, tokens: list[int] | str) -> None:
-        self._send({"op": "force", "channel": "text", "ids": self._ids(tokens)})
+        self._send(ForceTokens("text", tuple(self._ids(tokens))))
 
     def force_function(self, tokens: list[int] | str) -> None:
-        self._send({"op": "force", "channel": "function", "ids": self._ids(tokens)})
+        self._send(ForceTokens("function", tuple(self._ids(tokens))))
 
     def pad_between(self, on: bool = True) -> None:
-        self._send({"op": "pad_between", "on": bool(on)})
+        self._send(PadBetween(bool(on)))
 
     def keep_private(self, *terms: str) -> None:
-        self._send({"op": "private", "terms": [t for t in terms if isinstance(t, str)]})
+        self._send(KeepPrivate(tuple(t for t in terms if isinstance(t, str))))
 
     def report_playout(
         self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
@@ -263,11 +280,10 @@ class RemoteHandle:
     def _ids(self, tokens: list[int] | str) -> list[int]:
         return forced_ids(self._engine.tokens, tokens, self._engine.vocab_size)
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, request: Request) -> None:
         if self._closed:
             return
-        msg["session"] = self.id
-        data = encode(msg)
+        data = encode(request_message(request, self.id))
         try:
             self._sock.setblocking(True)
             self._sock.settimeout(REQUEST_TIMEOUT_S)

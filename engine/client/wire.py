@@ -18,7 +18,16 @@ import typing
 from typing import Any
 
 from engine import api
-from engine.api import EngineClosed, EngineError, Output
+from engine.api import (
+    EngineClosed,
+    EngineError,
+    ForceTokens,
+    KeepPrivate,
+    Output,
+    PadBetween,
+    Request,
+    SubmitResult,
+)
 
 ADDRESS_ENV = "CHORUS_ENGINE_SOCKET"  # where a room's process finds the engine (set by the worker)
 KEY_ENV = "CHORUS_ENGINE_KEY"  # the rooms' key to the door (set by the worker for its rooms; never logged)
@@ -29,6 +38,16 @@ MAX_DEPTH = (
 MAX_TOKENS = 1 << 16  # brackets and strings in one message, past the first MAX_DEPTH brackets
 CONNECT_RETRY_S = 0.01  # a door whose queue of connections is full (EAGAIN) is tried again this often
 EVENTS = {cls.__name__: cls for cls in typing.get_args(api.Event)}  # every output but audio frames
+# a room's requests of its own session, by the operation each crosses the door as
+REQUESTS: dict[str, type] = {
+    "result": SubmitResult,
+    "force": ForceTokens,
+    "pad_between": PadBetween,
+    "private": KeepPrivate,
+}
+OPS = {cls: op for op, cls in REQUESTS.items()}
+FORCE_MAX = 4096  # teacher-forced tokens in one request
+PRIVATE_MAX = 64  # terms kept private in one request (more are dropped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +120,39 @@ def decode_event(msg: dict[str, Any]) -> Output | None:
         return cls(**fields)
     except TypeError:
         return None
+
+
+def request_message(request: Request, session: str) -> dict[str, Any]:
+    """A room's request of its session `session`, as it crosses the door (`decode_request` reads it)."""
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(request).items()}
+    return {"op": OPS[type(request)], **fields, "session": session}
+
+
+def decode_request(op: str, msg: dict[str, Any]) -> Request:
+    """The request a message names (`request_message`'s); ValueError, saying what is wrong, for a malformed
+    one or an operation that is no request."""
+    if op == "result":
+        call_id, output = msg.get("call_id"), msg.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            raise ValueError("result: call_id and output must be strings")
+        return SubmitResult(call_id, output, bool(msg.get("is_error", False)))
+    if op == "force":
+        ids = msg.get("ids")
+        if not isinstance(ids, list) or len(ids) > FORCE_MAX or not all(type(i) is int for i in ids):
+            raise ValueError(f"force: ids must be a list of at most {FORCE_MAX} integers")
+        if msg.get("channel") not in ("text", "function"):
+            raise ValueError("force: channel must be text or function")
+        return ForceTokens(msg["channel"], tuple(ids))
+    if op == "pad_between":
+        if not isinstance(msg.get("on"), bool):
+            raise ValueError("pad_between: on must be true or false")
+        return PadBetween(msg["on"])
+    if op == "private":
+        terms = msg.get("terms")
+        if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
+            raise ValueError("private: terms must be a list of strings")
+        return KeepPrivate(tuple(terms[:PRIVATE_MAX]))
+    raise ValueError(f"unknown operation {op[:40]!r}")
 
 
 def error_message(e: EngineError, kind: str | None = None) -> dict[str, Any]:

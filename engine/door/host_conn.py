@@ -15,15 +15,24 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.api import AudioFrame, Output, ToolCallStarted, TurnEnded, TurnStarted
+from engine.api import (
+    AudioFrame,
+    ForceTokens,
+    KeepPrivate,
+    Output,
+    PadBetween,
+    SubmitResult,
+    ToolCallStarted,
+    TurnEnded,
+    TurnStarted,
+)
 from engine.client.link import IN_W, SessionLink
-from engine.client.wire import encode, event_message
+from engine.client.wire import decode_request, encode, event_message
 
 if TYPE_CHECKING:
     from engine.tick.handle import SessionHandle
     from engine.tick.slots import FrameInbox
 
-FORCE_MAX = 4096  # teacher-forced tokens in one message
 # frames outside the model's turns (no text, no event) wake the room's loop once per this many: it has nothing
 # to do with them but count them, and reads them all at once (the ring holds 64); a turn's frames, a frame
 # with text and the session's first frame wake it at once
@@ -104,31 +113,16 @@ class RoomConn:
 
 
 def apply_session_op(handle: SessionHandle, op: str, msg: dict[str, Any]) -> None:
-    """A room's request of its own session (`result`, `force`, `pad_between`, `private`); ValueError for a
-    malformed one or an operation that is none of these."""
-    if op == "result":
-        call_id, output = msg.get("call_id"), msg.get("output")
-        if not isinstance(call_id, str) or not isinstance(output, str):
-            raise ValueError("result: call_id and output must be strings")
-        handle.submit_tool_result(call_id, output, bool(msg.get("is_error", False)))
-    elif op == "force":
-        ids = msg.get("ids")
-        if not isinstance(ids, list) or len(ids) > FORCE_MAX or not all(type(i) is int for i in ids):
-            raise ValueError(f"force: ids must be a list of at most {FORCE_MAX} integers")
-        if msg.get("channel") == "text":
-            handle.force_text(ids)
-        elif msg.get("channel") == "function":
-            handle.force_function(ids)
-        else:
-            raise ValueError("force: channel must be text or function")
-    elif op == "pad_between":
-        if not isinstance(msg.get("on"), bool):
-            raise ValueError("pad_between: on must be true or false")
-        handle.pad_between(msg["on"])
-    elif op == "private":
-        terms = msg.get("terms")
-        if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
-            raise ValueError("private: terms must be a list of strings")
-        handle.keep_private(*terms[:64])
-    else:
-        raise ValueError(f"unknown operation {op[:40]!r}")
+    """A room's request of its own session (engine/client/wire.py `decode_request`); ValueError for a
+    malformed one or an operation that is none."""
+    match decode_request(op, msg):
+        case SubmitResult(call_id, output, is_error):
+            handle.submit_tool_result(call_id, output, is_error)
+        case ForceTokens("text", ids):
+            handle.force_text(list(ids))
+        case ForceTokens(_, ids):
+            handle.force_function(list(ids))
+        case PadBetween(on):
+            handle.pad_between(on)
+        case KeepPrivate(terms):
+            handle.keep_private(*terms)

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from engine.api import EngineClosed, Output
+from engine.api import EngineClosed, ForceTokens, Output, SubmitResult
 from engine.client.link import RECEIVE_AT
 from engine.client.wire import shape_error
 from engine.text.tokens import forced_ids
-from engine.tick.session import Session
+from engine.tick.session import Hold, Session
 from redaction import private_values
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class SessionHandle:
         output, cap = str(output), self._engine.config.max_result_chars
         if len(output) > cap:
             output = f"{output[:cap]} [the result was cut: {len(output)} characters, the first {cap} kept]"
-        self._s.requests.put(("result", {"call_id": call_id, "output": output, "is_error": bool(is_error)}))
+        self._s.requests.put(SubmitResult(call_id, output, bool(is_error)))
 
     def keep_private(self, *terms: str) -> None:
         """Words this conversation must never show in clear: a guest's name (each of its words too), a
@@ -109,16 +109,16 @@ class SessionHandle:
 
     def force_text(self, tokens: list[int] | str) -> None:
         """Teacher forcing: the text channel emits these tokens (one per position) instead of its own."""
-        self._s.requests.put(("text", self._ids(tokens)))
+        self._s.requests.put(ForceTokens("text", tuple(self._ids(tokens))))
 
     def force_function(self, tokens: list[int] | str) -> None:
         """Teacher forcing of the function channel (e.g. a complete tool call from `Tokens.call_ids`)."""
-        self._s.requests.put(("func", self._ids(tokens)))
+        self._s.requests.put(ForceTokens("function", tuple(self._ids(tokens))))
 
     def pad_between(self, on: bool = True) -> None:
         """Teacher forcing: between forced tokens both channels emit the padding token in live steps
         (`on`), or the model's own again."""
-        self._s.requests.put(("hold", self._engine.tokens.pad if on else -1))
+        self._s.requests.put(Hold(self._engine.tokens.pad if on else -1))
 
     def report_playout(
         self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0

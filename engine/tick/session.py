@@ -17,11 +17,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.api import Output
+from engine.api import ForceTokens, Output, SubmitResult
 from engine.client.link import PLAYOUT_FIELDS
 from engine.text.tokens import ParsedCall, TextStream
 
 SAID_PIECES = 64  # text pieces of the agent's current (or last) turn kept for the snapshot's `last_words`
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What the padding between forced turns is (`PadBetween` as the engine takes it): the padding token on
+    both channels, or -1 for the model's own tokens."""
+
+    token: int
 
 
 class Phase(enum.Enum):
@@ -177,7 +185,7 @@ class Session:
         self.keep_prompt = keep_prompt  # the whole prompt's state is kept for others (not a call's own)
         self.opened_at = opened_at  # on the engine's clock
         # the agent's side: (what, value) pairs put by the handle from any thread, drained by the tick
-        self.requests: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[SubmitResult | ForceTokens | Hold] = queue.SimpleQueue()
         # the room's playout (engine/client/link.py PLAYOUT_FIELDS), written by the room alone: its shared
         # memory for a room in another process, else through the handle
         self.playout = np.zeros(len(PLAYOUT_FIELDS)) if playout is None else playout
@@ -230,12 +238,12 @@ class Session:
         """Apply what the agent's side asked for since the last call (the tick thread): forced tokens and
         padding go to `forcing`, tool results to `result`."""
         while not self.requests.empty():
-            what, value = self.requests.get_nowait()
-            if what == "result":
-                result(self, value)
-            elif what == "text":
-                self.forcing.text.extend(value)
-            elif what == "func":
-                self.forcing.func.extend(value)
-            elif what == "hold":
-                self.forcing.hold_text = self.forcing.hold_func = value
+            match self.requests.get_nowait():
+                case SubmitResult() as r:
+                    result(self, {"call_id": r.call_id, "output": r.output, "is_error": r.is_error})
+                case ForceTokens("text", ids):
+                    self.forcing.text.extend(ids)
+                case ForceTokens(_, ids):
+                    self.forcing.func.extend(ids)
+                case Hold(token):
+                    self.forcing.hold_text = self.forcing.hold_func = token
