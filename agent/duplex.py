@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +26,8 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import aio
 
 from agent.audio_in.caller_audio import InputConverter
+from agent.tool_schemas import tool_schemas
+from agent.turns import SPEECH, CallObserver, TurnGate, cut_short
 from engine.api import (
     AudioFrame,
     EngineError,
@@ -46,58 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chorus.agent.duplex")
 
-SPEECH = "chorus.speech"  # AudioFrame.userdata key: the frame belongs to one of the model's turns
-BARGE_IN_WINDOW_S = 0.6  # a turn that ends this soon after caller speech was cut short by the caller
 VOICE_RMS = 0.02  # caller frames louder than this (about -34 dBFS) count as speech
 VOICED_ENERGY = (VOICE_RMS * 32768.0) ** 2  # ...as the mean square of int16 samples
 HELD_BEFORE_OPEN_S = 30.0  # caller audio kept while the engine slot opens (oldest dropped and counted beyond)
-_SENTENCE_END = (".", "!", "?")
-
-
-class CallObserver:
-    """What the playout side hears about a session besides its audio (all calls on the session's loop)."""
-
-    def on_turn_started(self) -> None: ...
-
-    def on_turn_ended(self, barge_in: bool) -> None: ...
-
-    def on_tool_pause(self, after_speech: bool) -> None:
-        """The model paused for a tool; `after_speech`: it cut its own turn short, whose audio is still on
-        its way to the output."""
-
-    def on_tool_resume(self) -> None: ...
-
-    def report_playout(self, report: Callable[..., None]) -> None:
-        """The engine session is open: tell it what the playout costs through `report` (queued seconds,
-        gaps, gap seconds, start delay, when the last turn began to play; `SessionHandle.report_playout`)."""
-
-
-class TurnGate:
-    """The adapter's audio gate, driven by the model's own turns instead of loudness: a frame is speech
-    exactly when it lies between the text channel's start-of-turn and end-of-turn tokens."""
-
-    def update(self, frame: rtc.AudioFrame) -> bool:
-        return bool(frame.userdata.get(SPEECH, False))
-
-    def deactivate(self) -> None:
-        pass
-
-
-def tool_schemas(tools: list[llm.Tool]) -> list[dict[str, Any]]:
-    """Function tools as {name, description, parameters}, the form the engine renders into its prompt."""
-    found = []
-    for tool in llm.ToolContext(tools).flatten():
-        if isinstance(tool, llm.RawFunctionTool):
-            schema = tool.info.raw_schema
-        elif isinstance(tool, llm.FunctionTool):
-            schema = llm.utils.build_legacy_openai_schema(tool, internally_tagged=True)
-        else:
-            raise TypeError(f"the duplex model takes function tools only, not {type(tool).__name__}")
-        params = schema.get("parameters") or {"type": "object", "properties": {}}
-        found.append(
-            {"name": schema["name"], "description": schema.get("description") or "", "parameters": params}
-        )
-    return found
 
 
 class ChorusModel(llm.DuplexModel):
@@ -409,9 +362,7 @@ class ChorusSession(llm.DuplexSession):
         voiced_at = self._voiced_at
         if self._model.caller_audio is not None:
             voiced_at = max(voiced_at, self._model.caller_audio.voiced_at)
-        barge_in = time.monotonic() - voiced_at < BARGE_IN_WINDOW_S and not self._turn_text.rstrip().endswith(
-            _SENTENCE_END
-        )
+        barge_in = cut_short(voiced_at, self._turn_text)
         if barge_in:
             self.stats["barge_ins"] += 1
         # an empty non-speech frame closes the adapter's burst now rather than on the next frame or timeout

@@ -117,6 +117,6 @@ class HotelAgent(Concierge):
 def tool_schemas(agent: Agent) -> list[dict[str, Any]]:
     """The agent's function tools as {name, description, parameters}: what `engine.text.prompt` renders into
     the model's `<AVAILABLE_TOOLS>` block (the same conversion the duplex model applies)."""
-    from agent.duplex import tool_schemas as schemas_of
+    from agent.tool_schemas import tool_schemas as schemas_of
 
     return schemas_of(list(agent.tools))

@@ -2,12 +2,13 @@
 process executor, the default) or, under the console and with `CHORUS_ROOM_PROCESSES=false`, in a thread of
 the worker's.
 
-`prewarm` readies a room's process before its job (the rtc SDK's FFI client, the engine's door:
-engine/client/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or SIP), run the hotel
-agent until the caller leaves; a phone caller gets the phone concierge (agent/phone/phone.py), which can also
-transfer the call or hang up. The engine is the worker's (agent/worker.py), reached through its socket and
-shared memory; this module imports nothing of torch, so a room's process starts in a fraction of a second and
-stays small. Knows livekit-agents jobs, rooms and calls; nothing of the engine's internals.
+`prewarm` (agent/room_process.py) readies a room's process before its job (the rtc SDK's FFI client, the
+engine's door: engine/client/remote.py); `entrypoint` is the job: connect, wait for a caller (standard or
+SIP), run the hotel agent until the caller leaves; a phone caller gets the phone concierge
+(agent/phone/phone.py), which can also transfer the call or hang up. The engine is the worker's
+(agent/worker.py), reached through its socket and shared memory; this module imports nothing of torch, so a
+room's process starts in a fraction of a second and stays small. Knows livekit-agents jobs, rooms and calls;
+nothing of the engine's internals.
 """
 
 from __future__ import annotations
@@ -16,41 +17,30 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from livekit import rtc
-from livekit.agents import JobContext, JobProcess, cli
+from livekit.agents import JobContext, cli
 
 from agent import room_connect
-from agent.audio_in import rtc_ffi
 from agent.audio_in.receive_stats import ReceiveWatch
 from agent.audio_out.sinks import ConsoleSink, RoomSink
 from agent.call import start_call
+from agent.call_figures import call_figures
+from agent.concierge import concierge_for
 from agent.fleet.carry import ConversationLog, acknowledgement, back_again, resume_context
 from agent.fleet.drain import DRAIN, goodbye_on_drain
-from agent.fleet.fleet import (
-    REASON_KEY,
-    REDISPATCH_KEY,
-    holder,
-    redispatched,
-    release_room,
-    remove_stale_agents,
-    take_room,
-    watch_link,
-)
+from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
 from agent.fleet.presence import REPLACED, ROOM_CLOSED, CallerPresence
+from agent.fleet.room_job import holder, redispatched, release_room, take_room, watch_link
+from agent.fleet.takeover import _hold_on, _replace_lost_agent, _take_over
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
+from agent.room_process import room_engine, room_settings, shared_hotel
 from agent.settings import AgentSettings
-from engine.process.collector import freeze_long_lived
 
 if TYPE_CHECKING:
-    from livekit.agents import Agent
-
     from agent.phone.phone import PhoneLine
-    from engine.client.remote import RemoteEngine
 
 log = logging.getLogger("chorus.agent.room")
 
@@ -58,68 +48,8 @@ CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKi
 SESSION_CLOSED = "the session closed"  # the call's end when its session closed under it (its engine failed)
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
-TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame within this, or takes over anyway
-HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
 REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
 REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
-
-_lock = threading.Lock()
-_hotel: Any = None
-
-
-def shared_hotel() -> Any:
-    """The process's one booking store (its own connection pool), opened on first use."""
-    global _hotel
-    if _hotel is None:
-        with _lock:
-            if _hotel is None:
-                from tools.hotel import Hotel
-                from tools.store import open_store
-
-                _hotel = Hotel(open_store())
-    return _hotel
-
-
-_room: dict[str, Any] = {}  # this process's settings and the engine it reaches
-
-
-def room_settings() -> AgentSettings:
-    if "settings" not in _room:
-        _room["settings"] = AgentSettings.from_env()
-    return _room["settings"]
-
-
-def room_engine() -> RemoteEngine:
-    """The worker's engine as this process reaches it (engine/client/remote.py), made once per process."""
-    if "engine" not in _room:
-        from agent.fleet.drain import DRAIN
-        from engine.client.remote import RemoteEngine
-
-        engine = RemoteEngine()
-        engine.on_drain = DRAIN.begin
-        _room["engine"] = engine
-    return _room["engine"]
-
-
-def proc_is_own_process() -> bool:
-    """This job runner is a room's own process (the process executor), not a thread of the worker's."""
-    import multiprocessing
-
-    return multiprocessing.parent_process() is not None
-
-
-def prewarm(proc: JobProcess) -> None:
-    """A room's process (or, under the thread executor, a job runner) before its job: the rtc SDK's FFI
-    client, the engine's door and its tokenizer, then the long-lived objects frozen out of the collector."""
-    rtc_ffi.install(room_settings().native_audio)  # before any job of this process touches the rtc SDK
-    if proc_is_own_process():
-        # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
-        # cannot: on a machine short of cores the rooms yield first
-        os.nice(room_settings().room_nice)
-    engine = room_engine()
-    _ = engine.tokens
-    proc.userdata["engine"] = engine
-    freeze_long_lived()  # the job process's own objects, once
 
 
 async def entrypoint(ctx: JobContext) -> None:
@@ -266,57 +196,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     )
 
 
-async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
-    """A call handed over by a draining worker: its agent is removed once this job's session sends its first
-    frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two; one
-    removed before that has the caller hear the hold clip until this one speaks."""
-    live = await _live_within(call.duplex, TAKE_OVER_S)
-    if not call.closed:
-        if not live:
-            log.info("job %s: the call taken over before its session is live hears a hold clip", ctx.job.id)
-            call.output.hold_on()
-        await _replace_lost_agent(ctx, settings)
-
-
-async def _hold_on(call) -> None:
-    """A call carried on after its agent was lost: a session whose first frame is not out HOLD_ON_S after it
-    was asked for (its prompt, which holds the earlier conversation, is being prefilled) has the caller hear
-    "bear with me" meanwhile."""
-    duplex = call.duplex
-    await duplex.opened.wait()
-    if not await _live_within(duplex, HOLD_ON_S) and duplex.handle is not None and not call.closed:
-        log.info("session %s: not live yet, the caller hears a hold clip", duplex.handle.id)
-        call.output.hold_on()
-
-
-async def _live_within(duplex, timeout: float) -> bool:
-    """Whether the session sends its first frame within `timeout` seconds."""
-    try:
-        await asyncio.wait_for(duplex.first_frame.wait(), timeout)
-    except TimeoutError:
-        return False
-    return True
-
-
 def _cancel_on_end(task: asyncio.Task):
     async def cancel(*_args: Any) -> None:
         task.cancel()
 
     return cancel
-
-
-async def _replace_lost_agent(ctx: JobContext, settings: AgentSettings) -> None:
-    """This job's agent replaces one the room lost (agent/fleet/fleet.py): the agents left in the room from
-    before (a dead worker's stays until the server drops it) are removed, so no two answer the caller."""
-    from agent.lkapi import LiveKit, LiveKitFailure
-
-    try:
-        async with LiveKit(settings) as lk:
-            n = await remove_stale_agents(lk, ctx.job.room.name, ctx.room.local_participant.identity)
-    except LiveKitFailure as e:
-        log.warning("job %s: the room's earlier agents could not be removed (%s)", ctx.job.id, e)
-        return
-    log.info("job %s: replaces the room's lost agent (%d left from before removed)", ctx.job.id, n)
 
 
 async def _answered(ctx: JobContext, caller: rtc.RemoteParticipant, line: PhoneLine, sink: RoomSink) -> bool:
@@ -471,75 +355,3 @@ async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
         ctx.job.id,
     )
     return True
-
-
-def call_figures(call, line: PhoneLine | None = None, presence: CallerPresence | None = None) -> str:
-    """A finished call's counters for the log: frames, turns, barge-ins, what played, what the engine's rings
-    lost, a phone caller's keypad presses (no words, no digits, no numbers of the caller's)."""
-    d = call.duplex.stats if call.duplex is not None else {}
-    p = call.output.stats
-    ring = getattr(call.handle, "stats", {}) if call.handle is not None else {}
-    keys = ("frames_pushed", "frames_out", "speech_frames", "turns", "barge_ins", "function_calls")
-    parts = [f"{k} {d[k]}" for k in keys if k in d]
-    names = {"ring_full": "ring_full", "frames_lost": "ring_lost", "refused": "refused"}
-    parts += [f"{name} {ring[k]}" for k, name in names.items() if k in ring]
-    native = call.model.caller_audio
-    if native is not None:  # the caller's audio went to the ring natively (agent/audio_in/audio_pump.py)
-        n = native.stats()
-        parts += [f"native_in {int(n['frames'])}", f"native_ring_full {int(n['ring_full'])}"]
-        parts += [f"native_held {int(n['held'])}", f"native_bad {int(n['bad'])}"]
-        parts.append(f"native_aligned_ms {1000 * n['aligned'] / native.rate:.0f}")
-    parts += [f"{k} {p[k]:.1f}" if isinstance(p[k], float) else f"{k} {p[k]}" for k in sorted(p)]
-    stalls = getattr(call.output.sink, "stalls", None)
-    if stalls is not None:
-        parts.append(f"capture_stalls {stalls}")
-    if call.transcript is not None:
-        parts += [f"text_{k} {v}" for k, v in call.transcript.stats.items()]
-    if presence is not None:
-        parts += [f"caller_lost {presence.lost}", f"caller_rejoins {presence.rejoins}"]
-    if line is not None:
-        parts.append(f"dtmf {line.dtmf}")
-    return ", ".join(parts)
-
-
-def concierge_for(
-    settings: AgentSettings,
-    hotel: Any,
-    *,
-    phone: bool,
-    room: str,
-    identity: str,
-    attributes: dict[str, str],
-    job_id: str,
-    job_metadata: str | None = None,
-) -> tuple[Agent, PhoneLine | None]:
-    """The caller's agent: a web caller's `HotelAgent`, or for a phone caller (a SIP participant) the
-    `PhoneConcierge` with its `PhoneLine` (transfer, hang-up, their number for bookings)."""
-    from agent.hotel import HotelAgent
-    from agent.phone.phone import PHONE_NUMBER_ATTRIBUTE, PhoneConcierge, PhoneLine
-
-    if not phone:
-        return HotelAgent(hotel, session_key=job_id), None
-    line = PhoneLine(settings, room=room, identity=identity, number=attributes.get(PHONE_NUMBER_ATTRIBUTE))
-    return PhoneConcierge(hotel, line, purpose=call_purpose(job_metadata), session_key=job_id), line
-
-
-def call_purpose(metadata: str | None) -> str:
-    """Why the hotel placed this call: the `reason` that `python -m agent sip call` put in the job's metadata
-    ("" for an incoming call, or metadata that is not ours)."""
-    try:
-        meta = json.loads(metadata or "{}")
-    except ValueError:
-        return ""
-    reason = meta.get("reason") if isinstance(meta, dict) else None
-    return reason.strip()[:500] if isinstance(reason, str) else ""
-
-
-def close_room() -> None:
-    """Close this process's store and forget its engine (between tests)."""
-    global _hotel
-    with _lock:
-        if _hotel is not None:
-            _hotel.store.close()
-        _hotel = None
-        _room.clear()

@@ -35,7 +35,8 @@ from livekit.agents.worker import ServerEnvOption
 
 from agent.fleet.drain import DrainingServer
 from agent.log_privacy import mask_log_handlers
-from agent.room import close_room, entrypoint, prewarm
+from agent.room import entrypoint
+from agent.room_process import close_room, prewarm
 from agent.settings import AgentSettings
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def agent_prompts(settings: AgentSettings) -> list:
     prefill them as they come."""
     from agent.hotel import HotelAgent, tool_schemas
     from agent.phone.phone import PhoneConcierge, PhoneLine
-    from agent.room import shared_hotel
+    from agent.room_process import shared_hotel
     from engine.sizing.engine_config import WarmPrompt
 
     try:
@@ -137,7 +138,7 @@ def engine_load(settings: AgentSettings) -> float:
 def forget_conversations(sids: list[str]) -> None:
     """The conversations of calls that ended with no agent in their room (the fleet's watch found them)."""
     from agent.fleet.carry import forget_rooms
-    from agent.room import shared_hotel
+    from agent.room_process import shared_hotel
 
     forget_rooms(shared_hotel().store, sids)
 
@@ -304,13 +305,13 @@ class ChorusServer(DrainingServer):
         log.info("health and /worker on port %s", ServerEnvOption.getvalue(self._port, devmode) or "any free")
         tasks = [asyncio.create_task(self._release_ended_jobs(engine))]
         if self.settings.redis_url and not unregistered and not self.settings.missing_livekit():
-            from agent.fleet import fleet
+            from agent.fleet import worker_watch
 
             me = f"{socket.gethostname()}-{os.getpid()}"
 
             def watch(*_: Any) -> None:  # once registered: a new agent it asks for can be this worker's
                 if len(tasks) == 1:
-                    job = fleet.watch(
+                    job = worker_watch.watch(
                         self.settings,
                         me,
                         self._running_rooms,

@@ -34,6 +34,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from agent.sim.report import TICK_FIGURES
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_FROM = "127.0.0.2"  # the window's probe is a client of its own (loopback: all of 127/8 is this machine)
 TIMED_FROM = "127.0.0.3"  # the timed client of the held run
@@ -299,20 +301,7 @@ def run(args: argparse.Namespace, name: str) -> dict:
             f"snapshot_flood: the {name} simulation did not finish:\n" + "\n".join(lines[-20:])
         ) from None
     load_after = os.getloadavg()
-    keys = (
-        "ended",
-        "rooms_live",
-        "ticks",
-        "live_ms_p50",
-        "live_ms_p99",
-        "live_ms_max",
-        "missed_deadlines",
-        "overruns",
-        "slipped_ticks",
-        "skipped_frames",
-        "dropped_frames",
-        "underruns",
-    )
+    keys = ("ended", "rooms_live", *TICK_FIGURES)
     result = {k: sim.get(k) for k in keys} | {"exit": proc.returncode, "flood_window": probe}
     result |= {"answers": answers, "load_average": [round(load_before[0], 2), round(load_after[0], 2)]}
     log(

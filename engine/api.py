@@ -159,7 +159,7 @@ Request = SubmitResult | ForceTokens | PadBetween | KeepPrivate
 
 
 class SessionPort(Protocol):
-    """What a room holds of its session: `engine/client/remote.py` `RemoteHandle` across the engine's door,
+    """What a room holds of its session: `engine/client/handle.py` `RemoteHandle` across the engine's door,
     `engine/tick/handle.py` `SessionHandle` in the engine's own process. Outputs arrive on `outputs` (or the
     sink the session was opened with) in tick order; nothing here waits on the tick."""
 

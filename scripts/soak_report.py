@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from agent.sim.report import TICK_FIGURES
+
 KEEP = (
     "rooms",
     "tool_rooms",
@@ -24,16 +26,7 @@ KEEP = (
     "rooms_live",
     "rooms_refused",
     "room_errors",
-    "ticks",
-    "live_ms_p50",
-    "live_ms_p99",
-    "live_ms_max",
-    "missed_deadlines",
-    "overruns",
-    "slipped_ticks",
-    "dropped_frames",
-    "skipped_frames",
-    "underruns",
+    *TICK_FIGURES,
     "scripted_calls",
     "function_calls",
     "tool_results",

@@ -5,13 +5,16 @@ nothing of LiveKit or the hotel."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from engine.door.host import EngineHost
 from engine.tick.engine import Engine, EngineConfig
 from wait_support import await_until
 
@@ -50,6 +53,18 @@ class ManualClock:
 def engine_on(clock: ManualClock | None = None, **config) -> Engine:
     """An engine at the tiny preset with no tick thread, on `clock` (a fresh ManualClock by default)."""
     return Engine(EngineConfig(preset="tiny", start=False, **config), clock=clock or ManualClock())
+
+
+@contextlib.contextmanager
+def hosted_engine(num_slots: int = 4) -> Iterator[tuple[Engine, EngineHost]]:
+    """An engine at the tiny preset (no tick thread) behind its door, both closed on the way out."""
+    engine = engine_on(num_slots=num_slots)
+    host = EngineHost(engine).start()
+    try:
+        yield engine, host
+    finally:
+        host.close()
+        engine.close()
 
 
 def run_ticks(engine: Engine, start: int, n: int, deadline_s: float = 60.0) -> int:

@@ -124,3 +124,14 @@ def booking(**overrides: object) -> dict[str, object]:
         del args["check_out"]
     args.update(overrides)
     return args
+
+
+def cancelling(code: str, last_name: str = "Lovelace", **overrides: object) -> dict[str, object]:
+    """change_or_cancel_reservation arguments that cancel `code`, the fee accepted."""
+    return {
+        "confirmation_code": code,
+        "last_name": last_name,
+        "action": "cancel",
+        "accept_fee": True,
+        **overrides,
+    }

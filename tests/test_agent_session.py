@@ -65,6 +65,19 @@ def turn(engine: Engine, text: str, end: bool = True) -> list[int]:
     return [tok.bos, *tok.encode(text), *([tok.eos] if end else [])]
 
 
+async def start_live(engine: Engine, hotel, tmp_path, inp: PcmInput, *, padded: bool = False):
+    """A call with the hotel's agent hearing `inp`, its audio written to out.wav, and its session; `padded`:
+    padded between forced turns (no turn or call of the dummy weights' own), and live."""
+    call = await start_call(
+        engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
+    )
+    handle = await call.wait_open()
+    if padded:
+        handle.pad_between(True)
+        await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+    return call, handle
+
+
 def overlaps(a: list, b: list) -> bool:
     return a[1] < b[2] - 1e-6 and b[1] < a[2] - 1e-6
 
@@ -95,10 +108,7 @@ def test_audio_in_engine_audio_out_of_the_turns_duration(engine, hotel, tmp_path
     async def main():
         inp = PcmInput(CLOCK)
         with fake_job_context():
-            call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
-            )
-            handle = await call.wait_open()
+            call, handle = await start_live(engine, hotel, tmp_path, inp)
             handle.pad_between(True)  # no turn or call of the dummy weights' own
             inp.push(loud(1.0) // 4)
             await await_until(lambda: call.duplex.stats["frames_out"] >= 5, "the session to go live")
@@ -143,12 +153,7 @@ def test_forced_tool_call_runs_the_real_tool_with_a_clip_during_the_pause(engine
     async def main():
         inp = PcmInput(CLOCK)
         with fake_job_context():
-            call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
-            )
-            handle = await call.wait_open()
-            handle.pad_between(True)  # no turn or call of the dummy weights' own
-            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            call, handle = await start_live(engine, hotel, tmp_path, inp, padded=True)
             tok = engine.tokens
             handle.force_text(turn(engine, " Let me book that room for you right", end=False))
             args = booking(guest_name="Grace Hopper")
@@ -254,12 +259,7 @@ def test_barge_in_flushes_the_queued_audio(engine, hotel, tmp_path):
     async def main():
         inp = PcmInput(CLOCK)
         with fake_job_context():
-            call = await start_call(
-                engine, HotelAgent(hotel), sink=WavSink(tmp_path / "out.wav", OUT_RATE), audio_input=inp
-            )
-            handle = await call.wait_open()
-            handle.pad_between(True)  # no turn or call of the dummy weights' own
-            await await_until(lambda: call.duplex.stats["frames_out"] >= 3, "the session to go live")
+            call, handle = await start_live(engine, hotel, tmp_path, inp, padded=True)
             inp.push(loud(30.0))  # the caller keeps talking over the whole turn
             ids = turn(engine, " The pool is open from seven in the morning until")
             handle.force_text(ids)

@@ -1,9 +1,9 @@
 """engine/api.py's contract between the rooms and the engine: both sides of it, the client across the door
-(engine/client/remote.py) and the engine's own objects (engine/tick/engine.py, engine/tick/handle.py), have
-every member each Protocol declares, with the parameters it declares (names, kinds and defaults; an
-implementation may add parameters of its own, never required ones). Read from the classes; nothing is started.
-And a room's typed requests through the one codec (engine/client/wire.py): each comes back as it was sent, a
-malformed one is refused saying what is wrong.
+(engine/client/remote.py, engine/client/handle.py) and the engine's own objects (engine/tick/engine.py,
+engine/tick/handle.py), have every member each Protocol declares, with the parameters it declares (names,
+kinds and defaults; an implementation may add parameters of its own, never required ones). Read from the
+classes; nothing is started. And a room's typed requests through the one codec (engine/client/wire.py): each
+comes back as it was sent, a malformed one is refused saying what is wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import typing
 import pytest
 
 from engine.api import EngineClient, ForceTokens, KeepPrivate, PadBetween, SessionPort, SubmitResult
-from engine.client.remote import RemoteEngine, RemoteHandle
+from engine.client.handle import RemoteHandle
+from engine.client.remote import RemoteEngine
 from engine.client.wire import REQUESTS, decode_request, encode, request_message
 from engine.tick.engine import Engine
 from engine.tick.handle import SessionHandle

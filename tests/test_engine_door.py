@@ -30,17 +30,14 @@ from engine.client.wire import MAX_DEPTH, encode
 from engine.door.gate import AUTH_S, MAX_PENDING
 from engine.door.host import EngineHost
 from engine.door.serve import DOOR_STOPPED, run_until_stopped
-from engine_support import engine_on
+from engine_support import hosted_engine
 from testkit.concierge import PROMPT, TOOLS
 
 
 @pytest.fixture
 def hosted():
-    engine = engine_on(num_slots=4)
-    host = EngineHost(engine).start()
-    yield engine, host
-    host.close()
-    engine.close()
+    with hosted_engine() as pair:
+        yield pair
 
 
 def _other_user_python() -> list[str] | None:
@@ -282,7 +279,7 @@ def test_a_message_nested_too_deep_or_whose_handling_fails_is_refused_and_the_do
         def broken(*_a, **_k):
             raise RuntimeError("a defect in one operation's handler")
 
-        monkeypatch.setattr("engine.door.host.apply_session_op", broken)
+        monkeypatch.setattr("engine.door.host_ops.apply_session_op", broken)
         room.pad_between(True)
         await asyncio.sleep(0.3)
         monkeypatch.undo()

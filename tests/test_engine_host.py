@@ -27,7 +27,7 @@ from engine.client.link import IN_W
 from engine.client.remote import RemoteEngine
 from engine.client.wire import encode
 from engine.door.host import EngineHost
-from engine_support import REPO, caller_audio, engine_on, run_ticks
+from engine_support import REPO, caller_audio, engine_on, hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 
 FRAME = 1280
@@ -35,11 +35,8 @@ FRAME = 1280
 
 @pytest.fixture
 def hosted():
-    engine = engine_on(num_slots=4)
-    host = EngineHost(engine).start()
-    yield engine, host
-    host.close()
-    engine.close()
+    with hosted_engine() as pair:
+        yield pair
 
 
 async def settle(seconds: float = 0.05) -> None:

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from livekit import api, rtc
 
-from agent.fleet import fleet
+from agent.fleet import fleet, marks, room_job
 from agent.settings import AgentSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
@@ -96,7 +96,7 @@ def test_a_room_whose_agent_was_lost_gets_one_new_agent_however_many_workers_wat
     other = lk.add("elsewhere", "another-agent", caller_joined=now - 60)
 
     async def main():
-        a, b = (fleet.Fleet(fleet.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
+        a, b = (fleet.Fleet(marks.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
         await a.beat([(room.sid, "AJ_1")])
         assert await a.sweep(lk) == 0 and await b.sweep(lk) == 0  # live: nobody acts
         await asyncio.sleep(0.5)  # the worker that served it stopped marking it (killed): the mark lapses
@@ -111,7 +111,7 @@ def test_a_room_whose_agent_was_lost_gets_one_new_agent_however_many_workers_wat
     assert [(d.room, d.agent_name) for d in lk.created] == [("lobby", "desk")]
     meta = json.loads(lk.created[0].metadata)
     assert meta == {"script": "greet", fleet.REDISPATCH_KEY: 1, fleet.REASON_KEY: "agent lost"}
-    assert fleet.redispatched(lk.created[0].metadata) == meta
+    assert room_job.redispatched(lk.created[0].metadata) == meta
     assert other.name not in [d.room for d in lk.created]  # another agent's room is not ours
 
 
@@ -121,7 +121,7 @@ def test_a_caller_still_within_the_first_dispatchs_time_is_left_to_it_and_then_g
     room = lk.add("new-room", "desk", caller_joined=1000.0)
 
     async def main():
-        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a", clock=lambda: clock[0])
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", clock=lambda: clock[0])
         early = await f.sweep(lk)
         clock[0] += fleet.FIRST_AGENT_S
         late = await f.sweep(lk)
@@ -140,14 +140,14 @@ def test_a_jobs_end_unmarks_its_own_mark_only_and_a_call_ended_on_purpose_gets_n
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
 
     async def main():
-        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
-        keys = fleet.Keys("desk")
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
+        keys = marks.Keys("desk")
         await f.beat([(room.sid, "AJ_old")])
         await f.redis.set(keys.live(room.sid), "w-b AJ_new")  # a newer job (another worker's) marked it since
         await f.beat([])  # the old job ended here: the newer job's mark stays
         kept = await f.redis.get(keys.live(room.sid))
         await f.redis.delete(keys.live(room.sid))
-        await fleet.release_room(settings, room.sid)  # the newer job's call ended on purpose
+        await room_job.release_room(settings, room.sid)  # the newer job's call ended on purpose
         asked = await f.sweep(lk)
         await f.redis.aclose()
         return kept, asked
@@ -170,8 +170,8 @@ def test_a_served_room_whose_caller_left_while_it_had_no_agent_is_over_once_and_
     gone = lk.add("lobby", "desk", caller_joined=time.time() - 60)  # its caller left with its agent live
 
     async def main():
-        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
-        keys = fleet.Keys("desk")
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
+        keys = marks.Keys("desk")
         await f.beat([(room.sid, "AJ_1"), (gone.sid, "AJ_2")])
         await f.redis.delete(keys.live(room.sid))  # the garden's agent lost (its mark lapsed)
         lk.rooms["garden"][1].clear()
@@ -208,11 +208,11 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
         [
             sys.executable,
             "-c",
-            "import sys, time; from agent import fleet; import redis;"
-            "name = fleet.presence_name('desk', 'w-a');"
+            "import sys, time; from agent.fleet import marks; import redis;"
+            "name = marks.presence_name('desk', 'w-a');"
             "r = redis.Redis.from_url('redis://' + sys.argv[1], client_name=name);"
-            "r.ping(); r.set(fleet.Keys('desk').live('RM_annex'), 'w-a AJ_1', px=60000);"
-            "r.set(fleet.Keys('desk').served('RM_annex'), 'AJ_1'); print('up', flush=True); time.sleep(600)",
+            "r.ping(); r.set(marks.Keys('desk').live('RM_annex'), 'w-a AJ_1', px=60000);"
+            "r.set(marks.Keys('desk').served('RM_annex'), 'AJ_1'); print('up', flush=True); time.sleep(600)",
             redis_url,
         ],
         stdout=subprocess.PIPE,
@@ -221,17 +221,17 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
 
     async def main():
         watcher = fleet.Fleet(
-            fleet.redis_client(redis_url),
+            marks.redis_client(redis_url),
             "desk",
             "w-b",
-            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-b")),
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-b")),
         )
         await watcher.beat([])
         live = fleet.Fleet(
-            fleet.redis_client(redis_url),
+            marks.redis_client(redis_url),
             "desk",
             "w-c",
-            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-c")),
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-c")),
         )
         await live.beat([(other.sid, "AJ_2")])
         first = [await watcher.sweep(lk)]  # the other worker is there: its room is live
@@ -251,7 +251,7 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
             await asyncio.sleep(0.1)
             asked = await watcher.sweep(lk)
         took = time.monotonic() - t0
-        mark = await watcher.redis.pttl(fleet.Keys("desk").live(room.sid))
+        mark = await watcher.redis.pttl(marks.Keys("desk").live(room.sid))
         for f in (watcher, live):
             await f.redis.aclose()
             await f.presence.aclose()
@@ -287,32 +287,32 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
     alone (a blip shorter than that does nothing); a new agent's job then marks it, and when the old job's
     connection comes back it finds the room another's and leaves. A job whose connection comes back with no
     one else in its place keeps its call, and its mark is gone."""
-    monkeypatch.setattr(fleet, "BEAT_S", 0.02)
-    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.2)
+    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
+    monkeypatch.setattr(room_job, "DOWN_GRACE_S", 0.2)
     lk = FakeLiveKit()
     room = lk.add("terrace", "desk", caller_joined=time.time() - 60)
     calm = lk.add("spa", "desk", caller_joined=time.time() - 60)
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
-    keys = fleet.Keys("desk")
+    keys = marks.Keys("desk")
 
     async def main():
         worker = fleet.Fleet(  # alive throughout: its named connection stays
-            fleet.redis_client(redis_url),
+            marks.redis_client(redis_url),
             "desk",
             "w-old",
-            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-old")),
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old")),
         )
         other = fleet.Fleet(
-            fleet.redis_client(redis_url),
+            marks.redis_client(redis_url),
             "desk",
             "w-new",
-            presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-new")),
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-new")),
         )
         await worker.beat([(room.sid, "AJ_old"), (calm.sid, "AJ_calm")])
         links, events = {"AJ_old": Link(), "AJ_calm": Link()}, []
         tasks = [
             asyncio.create_task(
-                fleet.watch_link(
+                room_job.watch_link(
                     links[job],
                     settings,
                     sid,
@@ -353,17 +353,17 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
 
 
 def test_a_job_back_in_its_room_alone_keeps_it(redis_url, monkeypatch):
-    monkeypatch.setattr(fleet, "BEAT_S", 0.02)
-    monkeypatch.setattr(fleet, "DOWN_GRACE_S", 0.05)
+    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
+    monkeypatch.setattr(room_job, "DOWN_GRACE_S", 0.05)
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
-    keys = fleet.Keys("desk")
+    keys = marks.Keys("desk")
 
     async def main():
-        worker = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
         await worker.beat([("RM_roof", "AJ_1")])
         link, events = Link(), []
         task = asyncio.create_task(
-            fleet.watch_link(
+            room_job.watch_link(
                 link, settings, "RM_roof", "AJ_1", lambda d: events.append(d), lambda: events.append("x")
             )
         )
@@ -388,22 +388,22 @@ def test_a_new_job_for_a_room_another_job_holds_is_told_which_unless_that_one_is
     job finds the room held by the job that is up in it (its worker's presence connection listed), and not
     held when that job's connection is down, when that job's worker is gone, or when the mark is its own."""
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
-    keys = fleet.Keys("desk")
+    keys = marks.Keys("desk")
 
     async def main():
-        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-a"))
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
         await presence.ping()
-        r = fleet.redis_client(redis_url)
-        seen = {"no mark": await fleet.holder(settings, "RM_x", "AJ_new")}
+        r = marks.redis_client(redis_url)
+        seen = {"no mark": await room_job.holder(settings, "RM_x", "AJ_new")}
         await r.set(keys.live("RM_x"), "w-a AJ_old")
-        seen["held"] = await fleet.holder(settings, "RM_x", "AJ_new")
-        seen["own"] = await fleet.holder(settings, "RM_x", "AJ_old")
+        seen["held"] = await room_job.holder(settings, "RM_x", "AJ_new")
+        seen["own"] = await room_job.holder(settings, "RM_x", "AJ_old")
         await r.set(keys.down("RM_x"), "AJ_old")
-        seen["down"] = await fleet.holder(settings, "RM_x", "AJ_new")
+        seen["down"] = await room_job.holder(settings, "RM_x", "AJ_new")
         await r.delete(keys.down("RM_x"))
         await presence.aclose()  # the worker's process died: its named connection is gone
         await asyncio.sleep(0.05)
-        seen["worker gone"] = await fleet.holder(settings, "RM_x", "AJ_new")
+        seen["worker gone"] = await room_job.holder(settings, "RM_x", "AJ_new")
         await r.aclose()
         return seen
 
@@ -427,10 +427,10 @@ def test_a_room_whose_participants_cannot_be_listed_does_not_stop_the_sweep_for_
     lk.api.room.list_participants = list_participants
 
     async def main():
-        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
         r = f.redis
         for room in (lost, fine):
-            await r.set(fleet.Keys("desk").served(room.sid), "AJ_gone")
+            await r.set(marks.Keys("desk").served(room.sid), "AJ_gone")
         asked = await f.sweep(lk)
         await r.aclose()
         return asked
@@ -442,22 +442,24 @@ def test_a_reconnect_too_quick_to_be_seen_down_still_finds_the_room_replaced(red
     """The SDK rebuilt the agent's connection between two polls (its `reconnected` event): if another job
     marked the room meanwhile (a new agent, dispatched while this one's connection led to a node that died),
     this one leaves at once; if not, nothing happens."""
-    monkeypatch.setattr(fleet, "BEAT_S", 0.5)
+    monkeypatch.setattr(room_job, "BEAT_S", 0.5)
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
 
     async def main():
-        r = fleet.redis_client(redis_url)
-        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-b"))
-        await r.set(fleet.Keys("desk").live("RM_q"), "w-a AJ_mine")
+        r = marks.redis_client(redis_url)
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-b"))
+        await r.set(marks.Keys("desk").live("RM_q"), "w-a AJ_mine")
         link, events = Link(), []
         task = asyncio.create_task(
-            fleet.watch_link(link, settings, "RM_q", "AJ_mine", events.append, lambda: events.append("left"))
+            room_job.watch_link(
+                link, settings, "RM_q", "AJ_mine", events.append, lambda: events.append("left")
+            )
         )
         await asyncio.sleep(0.05)
         link.emit("reconnected")  # its own mark still: it stays
         await asyncio.sleep(0.1)
         stayed = not task.done()
-        await r.set(fleet.Keys("desk").live("RM_q"), "w-b AJ_new")
+        await r.set(marks.Keys("desk").live("RM_q"), "w-b AJ_new")
         await presence.ping()  # w-b's worker is alive
         t0 = time.monotonic()
         link.emit("reconnected")
@@ -469,7 +471,7 @@ def test_a_reconnect_too_quick_to_be_seen_down_still_finds_the_room_replaced(red
 
     stayed, took, events = asyncio.run(main())
     assert stayed and events == ["left"]
-    assert took < fleet.BEAT_S  # at the event, not at the next poll
+    assert took < room_job.BEAT_S  # at the event, not at the next poll
 
 
 def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its_mark_is_live(
@@ -496,9 +498,9 @@ def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its
     )
 
     async def main():
-        presence = fleet.redis_client(redis_url, name=fleet.presence_name("desk", "w-a"))
-        worker = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a", presence=presence)
-        watcher = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-b")
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
         r = watcher.redis
         jobs = [(moved.sid, "AJ_1"), (followed.sid, "AJ_2"), (stayed.sid, "AJ_3")]
         for room in (moved, followed, stayed):
@@ -511,7 +513,7 @@ def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its
         await asyncio.sleep(0.25)
         await worker.beat(jobs)  # the jobs, up as far as they know, mark their rooms still
         later = await watcher.sweep(lk)
-        down = await r.get(fleet.Keys("desk").down(moved.sid))
+        down = await r.get(marks.Keys("desk").down(moved.sid))
         await r.delete(fleet.NODE_MAP)
         for f in (worker, watcher):
             await f.redis.aclose()
@@ -530,15 +532,15 @@ def test_a_rooms_mark_stays_with_the_job_there_first_unless_that_one_is_down_or_
     fleet's): the job marked first keeps the mark at every beat of both, so the other, looking, leaves. A
     job whose connection is down is not marked, and its mark gives way; a dead worker's mark gives way at
     once."""
-    keys = fleet.Keys("desk")
+    keys = marks.Keys("desk")
 
     async def main():
         def worker(name: str) -> fleet.Fleet:
             return fleet.Fleet(
-                fleet.redis_client(redis_url),
+                marks.redis_client(redis_url),
                 "desk",
                 name,
-                presence=fleet.redis_client(redis_url, name=fleet.presence_name("desk", name)),
+                presence=marks.redis_client(redis_url, name=marks.presence_name("desk", name)),
             )
 
         a, b = worker("w-a"), worker("w-b")
@@ -586,10 +588,10 @@ def test_a_dispatch_that_fails_gives_its_claim_back_and_is_asked_again_at_the_ne
     lk.api.agent_dispatch.create_dispatch = create_dispatch
 
     async def main():
-        f = fleet.Fleet(fleet.redis_client(redis_url), "desk", "w-a")
-        await f.redis.set(fleet.Keys("desk").served(room.sid), "AJ_gone")
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
+        await f.redis.set(marks.Keys("desk").served(room.sid), "AJ_gone")
         asked = [await f.sweep(lk), await f.sweep(lk)]
-        times = await f.redis.get(f"{fleet.Keys('desk').prefix}count:{room.sid}")
+        times = await f.redis.get(f"{marks.Keys('desk').prefix}count:{room.sid}")
         await f.redis.aclose()
         return asked, times
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hotel_support
-from hotel_support import TODAY, booking
+from hotel_support import TODAY, booking, cancelling
 from tools.audit import audit
 from tools.errors import HotelError, SoldOut
 from tools.replies import KEY_REUSED
@@ -211,14 +211,7 @@ def test_a_storm_of_bookings_changes_and_cancellations_never_overbooks(store):
                     )
                     done.append("change")
                 else:
-                    hotel.change_or_cancel_reservation(
-                        {
-                            "confirmation_code": rng.choice(codes),
-                            "last_name": "Lovelace",
-                            "action": "cancel",
-                            "accept_fee": True,
-                        }
-                    )
+                    hotel.change_or_cancel_reservation(cancelling(rng.choice(codes)))
                     done.append("cancel")
             except HotelError as exc:
                 done.append(exc.code)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import hotel_support
-from hotel_support import TODAY, booking
+from hotel_support import TODAY, booking, cancelling
 from tools.audit import audit
 from tools.errors import Busy, HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from tools.store import LATEST_VERSION, SchemaTooNew, Tx
@@ -408,14 +408,7 @@ def test_random_operations_keep_the_inventory_equal_to_the_reservations(store, h
                     }
                 )
             else:
-                hotel.change_or_cancel_reservation(
-                    {
-                        "confirmation_code": rng.choice(codes),
-                        "last_name": "Lovelace",
-                        "action": "cancel",
-                        "accept_fee": True,
-                    }
-                )
+                hotel.change_or_cancel_reservation(cancelling(rng.choice(codes)))
             outcomes["ok"] += 1
         except HotelError:
             outcomes["refused"] += 1

@@ -120,6 +120,11 @@ MAY_IMPORT = {
     # what a room's process imports to reach the engine: the contract, the configs and the text
     "engine.client": {"engine.api", "engine.sizing.stage_config", "engine.text"},
     "engine.api": {"engine.sizing.stage_config", "engine.text"},
+    # either side's text, a process's tuning, the model and its kernels: each below the tick
+    "engine.text": {"engine.api", "engine.sizing.stage_config"},
+    "engine.process": set(),
+    "engine.model": {"engine.kernels", "engine.sizing", "engine.text"},
+    "engine.kernels": set(),
     "agent": ROOMS_SIDE | {"tools", "prompts", "envsettings", "redaction"},
     # the simulation hosts an engine in its own process (`make run`): it may reach the engine's side too
     "agent.sim": {"engine", "tools", "prompts", "envsettings", "redaction"},
@@ -131,7 +136,9 @@ MAY_IMPORT = {
 }
 
 
-SEALED = {"engine.client", "engine.api"}  # the rooms' side of the engine: nothing of the engine's own side
+# parts that import nothing of their package but what their rule names: the rooms' side of the engine, and
+# what the tick stands on
+SEALED = {"engine.client", "engine.api", "engine.text", "engine.process", "engine.model", "engine.kernels"}
 
 
 def _under(name: str, prefix: str) -> bool:

@@ -24,10 +24,10 @@ from livekit import api
 
 from agent.audio_out.playout import PlayoutOutput
 from agent.audio_out.sinks import WavSink
+from agent.concierge import concierge_for
 from agent.hotel import HotelAgent, tool_schemas
 from agent.phone import sip
 from agent.phone.phone import NO_FRONT_DESK, PhoneConcierge, PhoneLine
-from agent.room import concierge_for
 from agent.settings import AgentSettings
 from hotel_support import booking
 from twirp_fake import KEY, SECRET

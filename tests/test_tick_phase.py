@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.tick.engine import POLL_S, Engine, EngineConfig
+from engine.tick.engine import Engine, EngineConfig
+from engine.tick.pacing import POLL_S
 from engine.tick.phase import MIN_MARGIN_S, TickPhase
 from engine_support import ManualClock
 from testkit.concierge import PROMPT, TOOLS

@@ -19,7 +19,7 @@ from livekit.agents import AgentServer, JobExecutorType, cli
 from livekit.agents.cli.discover import get_import_data
 from livekit.agents.cli.tcp_console import TcpAudioInput, TcpAudioOutput
 
-from agent import room, worker
+from agent import room, room_process, worker
 from agent.audio_out.playout import PlayoutOutput
 from agent.settings import AgentSettings
 from wait_support import await_until
@@ -209,7 +209,7 @@ def test_the_console_hears_the_playout_with_its_clips(seeded_env, monkeypatch):
         await server.simulate_job("console-room", agent_identity="console", fake_job=True)
         await await_until(lambda: calls and calls[0].handle is not None, "the call's engine slot")
         call = calls[0]
-        engine = room.room_engine()  # the room's end (a thread of the worker's here)
+        engine = room_process.room_engine()  # the room's end (a thread of the worker's here)
         wiring = (call.session.output.audio is call.output, call.output.sink.speaker is speaker)
         call_ids = engine.tokens.call_ids([{"name": "hotel_info", "arguments": {"topic": "parking"}}])
         call.handle.force_function(call_ids)

@@ -2,6 +2,9 @@
 agent/audio_in/native, or through livekit-agents' room input), and the patches to the rtc SDK and the
 framework that the rooms of one worker process need.
 
+Runs in: a room's process (the FFI client and its queue in the worker's too). May import: what `agent/`
+may.
+
 Each patch reaches into a private part of one version of the SDK, the versions named here (and pinned in
 constraints.txt, which tests/test_sdk_versions.py holds to these); a new version means reading each again:
 

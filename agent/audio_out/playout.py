@@ -21,7 +21,7 @@ from livekit.agents import io
 
 from agent.audio_out.acks import AckClips
 from agent.audio_out.playout_buffer import PlayoutBuffer, Sink
-from agent.duplex import CallObserver
+from agent.turns import CallObserver
 from engine.sizing.stage_config import ClockConfig
 
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive

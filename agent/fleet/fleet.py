@@ -43,14 +43,14 @@ found no worker, each leaves its caller in silence until they hang up.
 
 Each new dispatch is counted (handed to the engine through its door: `redispatches` in the snapshot and on
 the monitoring page, `chorus_redispatches_total{reason}` on /metrics) and logged with the room's
-pseudonym, never its name. Knows LiveKit's room and dispatch API and
-Redis; nothing of the engine or the call.
+pseudonym, never its name. A worker's part is `Fleet`, here, which its watch runs
+(agent/fleet/worker_watch.py); a room's job's part is agent/fleet/room_job.py; the marks' keys and scripts are
+agent/fleet/marks.py. Knows LiveKit's room and dispatch API and Redis; nothing of the engine or the call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -60,15 +60,14 @@ from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.fleet.marks import _MARK, _UNMARK, Keys, _job, _owner, _text, present_workers
 from agent.lkapi import LiveKitFailure
 from redaction import pseudonym
 
 if TYPE_CHECKING:
-    from livekit import rtc
     from redis.asyncio import Redis
 
     from agent.lkapi import LiveKit
-    from agent.settings import AgentSettings
 
 log = logging.getLogger("chorus.agent.fleet")
 
@@ -80,14 +79,10 @@ SWEEP_S = 0.5  # how often a worker looks for rooms alone
 FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first agent gets one asked for
 OTHERS_S = 10.0  # a room dispatched no agent of this name is asked about again after this long
 CLAIM_MS = 5000  # one new dispatch per room in this long, cluster-wide (a new job marks its room at launch)
-# a job's room connection down this long is lost: not a blip the SDK mends by itself (a resume on a busy
-# machine can take more than a second), and well inside the time a node's callers take to come back (3 s+)
-DOWN_GRACE_S = 3.0
 ABSENT_S = 1.0  # a moved room's caller with no agent in the room this long is alone
 NODE_MAP = "room_node_map"  # LiveKit's own, in a cluster's Redis: room name -> the node that hosts the room
 MOVED_S = 15.0  # a room made again on another node is looked into this long: is its agent in it?
 MOVED_DOWN_MS = 10_000  # a moved room's agent, not in it, is taken as down this long (until replaced)
-HELD_S = 2.0  # how often a job that is up looks whether another job holds its room
 OVER_S = 5.0  # a served room with no agent and no caller this long: the call is over (its caller hung up)
 REDISPATCH_KEY = "chorus_redispatched"  # in a dispatch's metadata: how often its room's agent was replaced
 REASON_KEY = "chorus_reason"  # ... and why, this time
@@ -97,62 +92,6 @@ PRESENT = (api.ParticipantInfo.State.JOINED, api.ParticipantInfo.State.ACTIVE)
 
 REASONS = ("agent lost", "never answered", "handed over")
 HANDOVER_S = 60  # a room handed over is known as such this long (until its new agent marks it)
-
-
-def redis_client(url: str, name: str | None = None) -> Redis:
-    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL); with
-    `name`, one connection of that client name (a worker's presence)."""
-    from redis.asyncio import Redis
-
-    if "://" not in url:
-        url = f"redis://{url}"
-    extra: dict[str, Any] = {"client_name": name, "single_connection_client": True} if name else {}
-    return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, **extra)
-
-
-def presence_name(agent_name: str, worker: str) -> str:
-    """The client name of a worker's presence connection (Redis allows no spaces or newlines in one)."""
-    return "".join(c if c.isalnum() or c in "-_.:" else "_" for c in f"chorus-{agent_name}-{worker}")
-
-
-class Keys:
-    """The Redis keys of one agent name's rooms."""
-
-    def __init__(self, agent_name: str) -> None:
-        self.prefix = f"chorus:{agent_name}:"
-
-    def live(self, sid: str) -> str:
-        return f"{self.prefix}live:{sid}"
-
-    def served(self, sid: str) -> str:
-        return f"{self.prefix}served:{sid}"
-
-    def claim(self, sid: str) -> str:
-        return f"{self.prefix}claim:{sid}"
-
-    def ended(self, sid: str) -> str:
-        return f"{self.prefix}ended:{sid}"
-
-    def handover(self, sid: str) -> str:
-        return f"{self.prefix}handover:{sid}"
-
-    def down(self, sid: str) -> str:
-        return f"{self.prefix}down:{sid}"
-
-
-# a job's mark removed only while it is still that job's (a newer job may have marked the room since)
-# (a mark's value: "<worker> <job id>")
-_UNMARK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-# a job's room marked live (KEYS: live, down; ARGV: mark, ms, job): not while the job is down (0), nor over
-# another job's mark unless that job is down (that mark returned: the room has its agent); else marked (1)
-_MARK = """
-local down = redis.call('get', KEYS[2])
-if down == ARGV[3] then return 0 end
-local cur = redis.call('get', KEYS[1])
-if cur and cur ~= ARGV[1] and down ~= string.match(cur, '[^ ]+$') then return cur end
-redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
-return 1
-"""
 
 
 class Fleet:
@@ -408,251 +347,3 @@ class Fleet:
         except ValueError:
             meta = None
         return meta if isinstance(meta, dict) else {"metadata": last.metadata}
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def _owner(mark: bytes | str | None) -> str | None:
-    """The worker a live mark names (None: no mark, or one without a worker's name)."""
-    if mark is None:
-        return None
-    worker, sep, _job = _text(mark).rpartition(" ")
-    return worker if sep else None
-
-
-def _job(mark: bytes | str | None) -> str | None:
-    """The job a live mark names (None: no mark)."""
-    if mark is None:
-        return None
-    return _text(mark).rpartition(" ")[2]
-
-
-async def watch(
-    settings: AgentSettings,
-    worker: str,
-    jobs: Callable[[], list[tuple[str, str]]],
-    report: Callable[[dict[str, int]], None] | None = None,
-    handing_over: Callable[[], bool] = lambda: False,
-    over: Callable[[list[str]], None] | None = None,
-) -> None:
-    """The worker's watch, until cancelled: its rooms marked every BEAT_S (`jobs()`: its running jobs'
-    (room sid, job id)) until `handing_over()` (the worker drains), rooms alone looked for every SWEEP_S, and
-    the counts of new agents handed to `report` (in a thread: the engine's snapshot) whenever they change,
-    and the rooms whose call ended while they had no agent to `over` (in a thread: their conversations).
-    A failure of Redis or of LiveKit's API is logged (once while it lasts) and tried again."""
-    from agent.lkapi import LiveKit
-
-    presence = redis_client(settings.redis_url, name=presence_name(settings.agent_name, worker))
-    fleet = Fleet(redis_client(settings.redis_url), settings.agent_name, worker, presence=presence)
-    failing = False
-    next_sweep = 0.0
-    try:
-        async with LiveKit(settings) as lk:
-            while True:
-                try:
-                    fleet.handing_over = handing_over()
-                    await fleet.beat(jobs())
-                    if time.monotonic() >= next_sweep and not fleet.handing_over:  # its rooms are others'
-                        next_sweep = time.monotonic() + SWEEP_S
-                        if await fleet.sweep(lk) and report is not None:
-                            await asyncio.to_thread(report, dict(fleet.counts))
-                        if fleet.over:
-                            log.info("%d calls ended while their agent was lost", len(fleet.over))
-                            if over is not None:
-                                await asyncio.to_thread(over, fleet.over)
-                    if failing:
-                        log.info("the fleet's watch works again")
-                    failing = False
-                except (LiveKitFailure, OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
-                    if not failing:
-                        log.warning("the fleet's watch failed (%s); trying again", type(e).__name__)
-                    failing = True
-                except Exception:  # a defect: logged with its stack, and the watch goes on
-                    log.exception("the fleet's watch failed")
-                    failing = True
-                await asyncio.sleep(BEAT_S)
-    finally:
-        await fleet.redis.aclose()
-        await presence.aclose()
-
-
-def _redis_errors() -> type[Exception]:
-    from redis.exceptions import RedisError
-
-    return RedisError
-
-
-async def remove_stale_agents(lk: LiveKit, room: str, own_identity: str) -> int:
-    """A new agent's job, dispatched for a room whose agent was lost: remove the other agents of the room
-    (a dead worker's stays for about 20 s, until the server drops it), so no two answer the caller; how
-    many were removed."""
-    people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room))
-    stale = [
-        p.identity
-        for p in people.participants
-        if p.kind == api.ParticipantInfo.Kind.AGENT and p.identity != own_identity
-    ]
-    for identity in stale:
-        await lk.call(
-            lk.api.room.remove_participant, api.RoomParticipantIdentity(room=room, identity=identity)
-        )
-    return len(stale)
-
-
-async def release_room(settings: AgentSettings, sid: str) -> None:
-    """A call ended on purpose (its caller left or was said goodbye to, transferred, hung up): its room is
-    no longer the fleet's to keep served, so a caller still in it is not given a new agent. Best effort."""
-    if not settings.redis_url:
-        return
-    keys = Keys(settings.agent_name)
-    client = redis_client(settings.redis_url)
-    try:
-        async with client.pipeline(transaction=True) as p:
-            p.set(keys.ended(sid), "1", ex=SERVED_S)
-            p.delete(keys.served(sid), keys.live(sid))
-            await p.execute()
-    except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
-        log.info("the room's mark could not be removed (%s)", type(e).__name__)
-    finally:
-        await client.aclose()
-
-
-def redispatched(metadata: str | None) -> dict[str, Any] | None:
-    """What a job's dispatch metadata says of a new agent for a lost one (None: the room's first)."""
-    try:
-        meta = json.loads(metadata or "{}")
-    except ValueError:
-        return None
-    if isinstance(meta, dict) and meta.get(REDISPATCH_KEY):
-        return meta
-    return None
-
-
-async def holder(settings: AgentSettings, sid: str, job: str) -> str | None:
-    """A new job's look at its room before it serves: the other job that holds the room (a live mark that
-    names another job, whose connection is not down, of a worker whose presence connection Redis lists), or
-    None when this job is the room's agent. Redis unreachable: None (a caller is better served twice for a
-    moment than not at all; the new agent removes the room's others)."""
-    if not settings.redis_url:
-        return None
-    client = redis_client(settings.redis_url)
-    try:
-        return await _held_by(client, settings.agent_name, sid, job)
-    except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
-        log.info("the room's holder could not be read (%s)", type(e).__name__)
-        return None
-    finally:
-        await client.aclose()
-
-
-async def take_room(settings: AgentSettings, sid: str, other: str) -> None:
-    """A new job in a room whose holder (`other`, up as far as its job knows) has no agent in it (the room was
-    made again on another node without it): that job is taken as down, so this job's worker marks the room
-    and the other job leaves when its connection is back. Best effort."""
-    client = redis_client(settings.redis_url)
-    try:
-        await client.set(Keys(settings.agent_name).down(sid), other, px=MOVED_DOWN_MS)
-    except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
-        log.info("the room could not be taken over (%s)", type(e).__name__)
-    finally:
-        await client.aclose()
-
-
-async def _held_by(client: Redis, agent_name: str, sid: str, job: str) -> str | None:
-    keys = Keys(agent_name)
-    async with client.pipeline(transaction=False) as p:
-        p.get(keys.live(sid))
-        p.get(keys.down(sid))
-        mark, down = await p.execute()
-    other, worker = _job(mark), _owner(mark)
-    if other is None or other == job or other == _text(down) or worker is None:
-        return None
-    try:
-        present = await present_workers(client, agent_name, {worker})
-    except _redis_errors():  # Redis gone meanwhile: the mark alone tells
-        return other
-    return other if present is None or worker in present else None  # (not allowed to list: the mark tells)
-
-
-async def present_workers(client: Redis, agent_name: str, workers: set[str]) -> set[str] | None:
-    """Which of `workers` (of agent `agent_name`) have their presence connection open: the ones Redis lists
-    among its clients. None when Redis does not list its clients to this one (an ACL forbids CLIENT LIST);
-    other Redis errors are raised."""
-    try:
-        clients = await client.client_list(_type="normal")
-    except _redis_errors() as e:
-        if "NOPERM" not in str(e) and "unknown command" not in str(e).lower():
-            raise
-        return None
-    names = {c.get("name", "") for c in clients}
-    return {w for w in workers if presence_name(agent_name, w) in names}
-
-
-async def watch_link(
-    room: rtc.Room,
-    settings: AgentSettings,
-    sid: str,
-    job: str,
-    on_down: Callable[[bool], None],
-    on_replaced: Callable[[], None],
-    handing_over: Callable[[], bool] = lambda: False,
-) -> None:
-    """A job's watch on its own connection to its room, until cancelled: down for DOWN_GRACE_S, the room is
-    marked down (the fleet finds it alone and dispatches another agent) and `on_down(True)`. Connected again
-    (however briefly it was down: the SDK's `reconnected`), its down mark (its own, or the fleet's for a room
-    made again without it) is removed and the room looked at: held by another job that is up, `on_replaced()`
-    and the watch ends; else `on_down(False)`. While up, every HELD_S, the same look (two jobs dispatched to
-    one room: the one marked first keeps it), except while `handing_over()` (its worker drains: the new agent
-    removes this one once its own session is live). The state is polled every BEAT_S. A failure of Redis is
-    logged once and tried again."""
-    from livekit import rtc
-
-    up = rtc.ConnectionState.CONN_CONNECTED
-    keys = Keys(settings.agent_name)
-    client = redis_client(settings.redis_url)
-    back = asyncio.Event()
-    room.on("reconnected", back.set)
-    since: float | None = None  # when the connection went down
-    marked = failing = came_back = False
-    next_look = time.monotonic() + HELD_S
-    try:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(back.wait(), BEAT_S)
-            came_back = came_back or back.is_set()  # (kept until read: Redis may fail this time)
-            back.clear()
-            try:
-                if room.connection_state != up:
-                    since = since if since is not None else time.monotonic()
-                    if time.monotonic() - since >= DOWN_GRACE_S:
-                        await client.set(keys.down(sid), job, px=LIVE_MS)
-                        if not marked:
-                            log.warning("job %s: its room connection is down; the fleet steps in", job)
-                            on_down(True)
-                        marked = True
-                elif since is not None or came_back:
-                    await client.eval(_UNMARK, 1, keys.down(sid), job)  # its own, or the fleet's for it
-                    if await _held_by(client, settings.agent_name, sid, job) is not None:
-                        log.warning("job %s: back in its room, now another agent's; it leaves", job)
-                        on_replaced()
-                        return
-                    if marked:
-                        log.info("job %s: its room connection is back", job)
-                        on_down(False)
-                    since, marked, came_back = None, False, False
-                elif time.monotonic() >= next_look and not handing_over():
-                    next_look = time.monotonic() + HELD_S
-                    if (other := await _held_by(client, settings.agent_name, sid, job)) is not None:
-                        log.warning("job %s: the room is job %s's, there first; it leaves", job, other)
-                        on_replaced()
-                        return
-                failing = False
-            except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
-                if not failing:
-                    log.warning("job %s: the link's mark failed (%s); trying again", job, type(e).__name__)
-                failing = True
-    finally:
-        room.off("reconnected", back.set)
-        await client.aclose()

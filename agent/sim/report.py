@@ -8,6 +8,20 @@ import json
 from pathlib import Path
 
 EXIT_INTERRUPTED = 130
+# the tick's figures among those the simulation's last line carries (agent/sim/run.py), as a run's summary
+# picks them
+TICK_FIGURES = (
+    "ticks",
+    "live_ms_p50",
+    "live_ms_p99",
+    "live_ms_max",
+    "missed_deadlines",
+    "overruns",
+    "slipped_ticks",
+    "dropped_frames",
+    "skipped_frames",
+    "underruns",
+)
 
 
 def rss_mb() -> float:

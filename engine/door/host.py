@@ -16,6 +16,9 @@ pickle or socket per frame. What is left crosses the socket as one JSON object a
   `error`, then `event` (every output but audio frames, numbered, with the frames written before it) and
   `drain`.
 
+What the door answers to each message is engine/door/host_ops.py's; the socket, its connections, their
+keys and what is sent on them are this module's.
+
 Who may connect, with which key, and ask for what is engine/door/gate.py's: a process of another user is
 closed as it connects, one without a key within 2 s is closed, the rooms' key opens sessions and the worker's
 asks for admissions, load and drain. A connection that closes, for whatever reason (the room's process killed
@@ -32,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import selectors
 import socket
@@ -40,13 +42,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from engine.api import EngineError
-from engine.client.link import Layout, SessionLink
-from engine.client.wire import MAX_LINE, DoorKeys, encode, error_message, shape_error
+from engine.client.link import Layout
+from engine.client.wire import MAX_LINE, DoorKeys, encode
 from engine.door.gate import MAX_KEY_LINE, Gate
-from engine.door.host_conn import RoomConn, apply_session_op
+from engine.door.host_conn import RoomConn
+from engine.door.host_ops import HostOps
 
 if TYPE_CHECKING:
     from engine.tick.engine import Engine
@@ -55,7 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.engine.host")
 
 MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
-ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
 RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
 ACCEPT_BATCH = 64  # connections taken from the queue before the ones already open are served again
 
@@ -65,7 +66,7 @@ def _worth_a_line(n: int) -> bool:
     return n > 0 and 10 ** (len(str(n)) - 1) == n
 
 
-class EngineHost:
+class EngineHost(HostOps):
     """Serves `engine` to rooms in other processes on `address` (an abstract Unix socket name; a fresh one by
     default) to the holders of `keys` (fresh ones by default). `start` runs its thread; `close` ends every
     connection (their sessions close); `alive` is false once its thread has stopped."""
@@ -262,176 +263,11 @@ class EngineHost:
         self._send(conn, encode({"op": "refused", "why": why}))
         self._drop(conn)
 
-    def _message(self, conn: RoomConn, line: bytes) -> None:
-        why = shape_error(line)
-        if why is not None:
-            self._refuse(conn, why)
-            return
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            self._refuse(conn, "not JSON")
-            return
-        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-            self._refuse(conn, "not a message")
-            return
-        op = msg["op"]
-        if not self.gate.allowed(conn.role, op):
-            self._refuse(conn, f"{op[:40]!r} is not an operation this connection may ask for")
-            return
-        if op == "hello":
-            self._send(conn, encode(self._hello()))
-            return
-        if op == "open":
-            self._open(conn, msg)
-            return
-        if op == "drain":
-            seconds = msg.get("seconds")
-            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
-                self.drain(float(seconds))
-                self._send(conn, encode({"op": "draining"}))
-            else:
-                self._refuse(conn, "drain: seconds must be a number of seconds")
-            return
-        if op == "fleet":
-            counts = msg.get("redispatches")
-            if (
-                not isinstance(counts, dict)
-                or len(counts) > 8
-                or not all(
-                    isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0
-                    for k, v in counts.items()
-                )
-            ):
-                self._refuse(conn, "fleet: redispatches must be a few counts by reason")
-                return
-            self.engine.redispatches = dict(counts)
-            self._send(conn, encode({"op": "noted"}))
-            return
-        if op in ("admit", "release", "load"):
-            self._control(conn, op, msg)
-            return
-        handle = conn.handle
-        if handle is None or msg.get("session") != handle.id:
-            self._refuse(conn, "a message for a session this connection does not hold")
-            return
-        if op == "close":
-            self._drop(conn)
-            return
-        try:
-            apply_session_op(handle, op, msg)
-        except ValueError as e:
-            self._refuse(conn, str(e))
-
-    def _control(self, conn: RoomConn, op: str, msg: dict[str, Any]) -> None:
-        """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
-        by a job that ended before it opened its session (`release`), and the engine's load."""
-        e = self.engine
-        job = msg.get("admission")
-        if op == "load":
-            reply = {
-                "op": "load",
-                "load": e.load,
-                "occupancy": e.occupancy,
-                "available": e.pool.available,
-                "num_slots": e.config.num_slots,
-                "up": e.failure is None,
-            }
-            self._send(conn, encode(reply))
-            return
-        if not isinstance(job, str) or not 0 < len(job) <= 200:
-            self._refuse(conn, f"{op}: admission must name a job")
-            return
-        if op == "release":
-            admission = self.take_admission(job)
-            if admission is not None:
-                e.release(admission)
-            self._send(conn, encode({"op": "released"}))
-            return
-        try:
-            admission = e.admit()
-        except EngineError as err:
-            self._send(conn, encode(error_message(err)))
-            return
-        self.hold_admission(job, admission)
-        self._send(conn, encode({"op": "admitted", "admission": job}))
-
-    def hold_admission(self, job: str, admission: Reservation) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._admissions[job] = (admission, now)
-            for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
-                del self._admissions[key]
-
-    def take_admission(self, job: str) -> Reservation | None:
-        with self._lock:
-            held = self._admissions.pop(job, None)
-        return held[0] if held is not None else None
-
     def _refuse(self, conn: RoomConn, why: str) -> None:
         self.stats["bad_messages"] += 1
         if _worth_a_line(self.stats["bad_messages"]):
             log.warning("refused a room's message (%s); %d refused so far", why, self.stats["bad_messages"])
         self._send(conn, encode({"op": "refused", "why": why[:200]}))
-
-    def _hello(self) -> dict[str, Any]:
-        e = self.engine
-        return {
-            "op": "hello",
-            "preset": e.config.preset,
-            "clock": e.model_cfg.clock.model_dump(),
-            "tokens": e.model_cfg.tokens.model_dump(),
-            "vocab_size": e.vocab_size,
-            "max_result_chars": e.config.max_result_chars,
-            "fixed_buffers": e.config.fixed_buffers,
-        }
-
-    def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
-        if conn.handle is not None:
-            self._refuse(conn, "this connection already holds a session")
-            return
-        prompt, tools, context = msg.get("prompt"), msg.get("tools") or [], msg.get("context", "")
-        if not isinstance(prompt, str) or not isinstance(tools, list) or not isinstance(context, str):
-            self._refuse(conn, "open: prompt and context must be strings and tools a list")
-            return
-        job = msg.get("admission")
-        admission = self.take_admission(job) if isinstance(job, str) else None
-        link = SessionLink.create(self.layout)
-        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        conn.link, conn.efd = link, efd
-        try:
-            handle = self.engine.open_session(
-                prompt,
-                tools,
-                sink=conn.deliver,
-                label=str(msg.get("label", ""))[:200],
-                caller=str(msg.get("caller", ""))[:200],
-                admission=admission,
-                source=conn.pull,
-                pending=conn.pending,
-                playout=link.playout,
-                context=context,
-            )
-        except (EngineError, ValueError, TypeError) as e:
-            if admission is not None:
-                self.engine.release(admission)
-            self._release_link(conn)
-            kind = None if isinstance(e, EngineError) else "SessionRejected"
-            self._send(conn, encode(error_message(e, kind)))
-            return
-        conn.handle = handle
-        self.stats["sessions"] += 1
-        reply = encode({"op": "opened", "session": handle.id, "slot": handle.slot})
-        try:  # the answer and the two descriptors together, before anything else on this connection
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(2.0)
-            socket.send_fds(conn.sock, [reply], [link.fd, efd])
-        except OSError:
-            self._drop(conn)
-        finally:
-            link.forget_fd()  # the mapping stays; the room holds its own descriptor now
-            if not conn.closed:
-                conn.sock.setblocking(False)
 
     def _post(self, conn: RoomConn, msg: bytes) -> None:
         """An event from the tick thread, for this thread to send (the tick never touches a socket)."""

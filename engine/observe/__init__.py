@@ -1,3 +1,5 @@
-"""The engine's process: what an operator reads, the metrics, the snapshot and the small process that serves
-them.
+"""What an operator reads of the engine: its metrics, its snapshot, and the small process that serves them.
+
+Runs in: the engine's process (and `snapshot_serve.py` in a process of its own, standard library only). May
+import: any of `engine/`, and `redaction/`.
 """

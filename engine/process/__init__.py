@@ -1,1 +1,6 @@
-"""Tuning of a process, either side's: real-time priority, the C heap, the collector."""
+"""A process's tuning: the tick thread's real-time priority, the C heap's thresholds, the collector frozen
+and run in the slack.
+
+Runs in: either side (the engine's process, a room's, the simulation's). May import: nothing of `engine/`
+but itself.
+"""

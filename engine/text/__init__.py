@@ -1,3 +1,6 @@
-"""The model's text, either side's: the tokenizer, its special and forced tokens, and the system prompt with
-its tool block.
+"""The model's text: the tokenizer, its special and forced tokens, tool calls' parsing, and the system prompt
+with its tool block.
+
+Runs in: either side (a room forces tokens; the tick decodes them). May import: `engine.api` and
+`engine.sizing.stage_config`; never torch.
 """

@@ -20,37 +20,30 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api import (
-    EngineClosed,
-    EngineSnapshot,
-    Output,
-    SessionFailed,
-    SessionRejected,
-    ToolResultConsumed,
-)
+from engine.api import EngineClosed, EngineSnapshot, Output, SessionFailed
 from engine.observe import snapshot
 from engine.observe.metrics import Accounting, SnapshotServer, publish
 from engine.process.collector import Collector, freeze_long_lived
 from engine.process.malloc import tune_malloc
 from engine.process.priority import TickPriority
 from engine.sizing.engine_config import EngineConfig
-from engine.text.tokens import MAX_TOOLS
 from engine.tick import build
 from engine.tick.echo import Echo
 from engine.tick.handle import SessionHandle, delivery
 from engine.tick.headroom import Headroom
+from engine.tick.opening import accounted, prompts_prefilling, requested_prompt
+from engine.tick.pacing import frames_in, run_ticks
 from engine.tick.phase import STEP_S, TickPhase
 from engine.tick.plan import TickObserver
 from engine.tick.runner import Runner
 from engine.tick.scheduler import Scheduler
-from engine.tick.session import HEARD_PHASES, Phase, Session
+from engine.tick.session import Session
 from engine.tick.slots import FrameInbox, Reservation, SlotPool
 from engine.tick.warm import warm_prompts
 from redaction import mask_numbers, warm_redaction
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
 
-POLL_S = 0.001  # within its margin, a tick looks this often whether its frames are all in
 ADMISSION_TTL_S = 90.0  # how long an admitted caller's slot is held for the session to open: a phone call
 # opens it once answered, and agent/phone/phone.py waits up to 60 s while the phone rings
 
@@ -153,22 +146,11 @@ class Engine:
         self._check_up()
         if admission is None:
             self._check_headroom()
-        tools = tools or []
-        if len(tools) > MAX_TOOLS:
-            raise SessionRejected(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
-        names = [t.get("name") for t in tools]
-        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
-            raise SessionRejected("tools: every tool needs a distinct, non-empty name")
-        if not isinstance(context, str):
-            raise SessionRejected("context: a string")
-        try:
-            prompt_ids, prefix_len = self.tokens.prompt_parts(prompt, tools, context)
-        except ValueError as e:
-            raise SessionRejected(str(e)) from None
+        names, prompt_ids, prefix_len = requested_prompt(self.tokens, prompt, tools, context)
         key, prefix_key = hash(tuple(prompt_ids)), hash(tuple(prompt_ids[:prefix_len]))
         cached = self.scheduler.cached_prompts
         making = prefix_key if prefix_key not in cached and key not in cached else key
-        prefilling = self._prompts_prefilling()
+        prefilling = prompts_prefilling(self.pool.sessions, self.scheduler.cached_prompts)
         if (
             admission is None
             and making not in cached
@@ -190,7 +172,7 @@ class Engine:
                 slot,
                 frozenset(names),
                 box,
-                self._accounted(deliver),
+                accounted(self.acct, deliver),
                 prefill_ids=prompt_ids,
                 prompt_key=key,
                 prefix_key=prefix_key,
@@ -205,7 +187,7 @@ class Engine:
         session = self.pool.open(make, admission)
         log.info(
             "session %s opened on slot %d (%d prompt tokens, %d its own, %d tools)",
-            *(session.id, session.slot, len(prompt_ids), len(prompt_ids) - prefix_len - 1, len(tools)),
+            *(session.id, session.slot, len(prompt_ids), len(prompt_ids) - prefix_len - 1, len(names)),
         )
         return SessionHandle(self, session, outputs)
 
@@ -232,28 +214,9 @@ class Engine:
         if self.config.refuse_when_overloaded:
             self.headroom.check()
 
-    def _accounted(self, deliver: Callable[[list[Output]], None]) -> Callable[[list[Output]], None]:
-        def wrapped(items: list[Output]) -> None:
-            for item in items:
-                if isinstance(item, ToolResultConsumed):
-                    self.acct.record_resume(item.resume_ms)
-            deliver(items)
-
-        return wrapped
-
     @property
     def occupancy(self) -> float:
         return self.pool.occupancy
-
-    def _prompts_prefilling(self) -> set[int]:
-        """Distinct system prompts not yet cached that open sessions are waiting for (read across threads:
-        a snapshot, good enough for admission)."""
-        cached = self.scheduler.cached_prompts
-        return {
-            key
-            for s in list(self.pool.sessions.values())
-            if s.phase is Phase.PROMPT and not s.closed and (key := s.prefill_key) not in cached
-        }
 
     @property
     def load(self) -> float:
@@ -299,38 +262,18 @@ class Engine:
                 s.deliver([SessionFailed(self.tick, message)])
 
     def _loop(self) -> None:
-        tick_s = self.tick_ms / 1000
-        t0 = self.clock()
-        k = 0
-        while not self._stop.is_set():
-            due = t0 + k * tick_s - self.phase.shift_s
-            now = self.clock()
-            if now < due:
-                # within the margin the tick keeps for late frames, it starts as soon as every frame is in
-                opens = due - self.phase.margin_s if self._early else due
-                if now < opens or not self._frames_in():
-                    self._stop.wait(opens - now if now < opens else min(POLL_S, due - now))
-                    continue
-                self.acct.record_early(due - now)
-            elif now - due > tick_s:  # more than a whole tick behind: re-anchor instead of bursting
-                self.acct.record_slip(int((now - due) / tick_s))
-                t0 = now - k * tick_s + self.phase.shift_s
-                due = now
-            self.run_tick(k, due + tick_s, due)
-            k += 1
-            self.collector.maybe_collect(t0 + k * tick_s)
-
-    def _frames_in(self) -> bool:
-        """Whether every session the last tick heard has its next caller frame in already (and there is one).
-        Polled every POLL_S within the margin before a tick; stops at the first session still waiting."""
-        heard = False
-        for s in self._heard:
-            if s.closed or s.phase not in HEARD_PHASES:
-                continue
-            if not s.inbox.fresh():
-                return False
-            heard = True
-        return heard
+        """Tick until the engine stops, each tick when it is due (engine/tick/pacing.py)."""
+        run_ticks(
+            self.run_tick,
+            lambda: frames_in(self._heard),
+            self._stop,
+            self.clock,
+            self.tick_ms / 1000,
+            self.phase,
+            self._early,
+            self.acct,
+            self.collector,
+        )
 
     def run_tick(self, k: int, deadline: float, due: float | None = None) -> None:
         """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
@@ -343,7 +286,7 @@ class Engine:
         self.tick = k
         # schedule: this tick's sessions, the results that came in, the live batch
         reset, sessions, freed = self.pool.begin_tick()
-        self._heard = sessions  # whose frames the next tick may start early for (`_frames_in`)
+        self._heard = sessions  # whose frames the next tick may start early for (`frames_in`)
         for s in freed:
             self.acct.closed_dropped += s.inbox.dropped
             self.acct.closed_skipped += s.inbox.skipped

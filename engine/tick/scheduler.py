@@ -56,6 +56,15 @@ from engine.tick.plan import (
 )
 from engine.tick.prompt_cache import PromptCache
 from engine.tick.session import Phase, Session
+from engine.tick.slack_work import (
+    call_work,
+    furthest_first,
+    largest_fit,
+    owed_chunk,
+    prefill_work,
+    prompt_leaders,
+    replay_work,
+)
 from engine.tick.toolcalls import ToolCalls
 
 log = logging.getLogger("chorus.engine.scheduler")
@@ -246,19 +255,6 @@ class Scheduler:
 
     # -- tool work in the slack -----------------------------------------------------------------------
 
-    def _fit(self, kind: str, n: int, t_max: int, budget_ms: float) -> tuple[int, int] | None:
-        """The largest (rows, positions) of this kind predicted to fit in the budget: halve the positions
-        first (keeps every row moving), then the rows."""
-        b = n
-        while b >= 1:
-            t = t_max
-            while t >= 1:
-                if self.costs.predict(kind, b, t) <= budget_ms:
-                    return b, t
-                t //= 2
-            b //= 2
-        return None
-
     def next_tool_work(
         self,
         tick: Tick,
@@ -290,25 +286,25 @@ class Scheduler:
         lim = self.limits
         if kind == "call":
             calls = by_phase.get(Phase.TOOL_CALL, [])
-            fit = self._fit("call", len(calls), 1, budget_ms) if calls else None
+            fit = largest_fit(self.costs, "call", len(calls), 1, budget_ms) if calls else None
             if not fit:
                 return None
-            return _call_work(sorted(calls, key=lambda s: s.call.t_start)[: fit[0]])
+            return call_work(sorted(calls, key=lambda s: s.call.t_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
             ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
             ready += [s for s in by_phase.get(Phase.LIVE, []) if s.feed.catch_up and len(s.inbox) >= 1]
-            fit = self._fit(kind, len(ready), 1, budget_ms) if ready else None
-            return self._replay_work(ready[: fit[0]]) if fit else None
+            fit = largest_fit(self.costs, kind, len(ready), 1, budget_ms) if ready else None
+            return replay_work(ready[: fit[0]], self.S, self.frame_in) if fit else None
         phase, chunk = (
             (Phase.PREFILL, lim.result_chunk) if kind == "result" else (Phase.PROMPT, lim.prefill_chunk)
         )
         group = by_phase.get(phase, [])
-        group = self._prompt_leaders(group) if kind == "prompt" else sorted(group, key=_furthest_first)
+        group = prompt_leaders(group, self.prompts) if kind == "prompt" else sorted(group, key=furthest_first)
         if not group:
             return None
         t_max = min(chunk, lim.max_chunk, *(s.prefill_stop for s in group))
-        fit = self._fit(kind, len(group), t_max, budget_ms)
-        return self._prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
+        fit = largest_fit(self.costs, kind, len(group), t_max, budget_ms)
+        return prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
 
     def owed_work(self, tick: Tick) -> ToolWork | None:
         """The next piece of work due this tick whatever the budget, or None: a call-token step for sessions
@@ -322,49 +318,14 @@ class Scheduler:
             return sorted(group, key=lambda s: (s.progress.tick, s.opened_at))[: lim.owed_rows]
 
         if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress.tick != k]:
-            return _call_work(first(calls))
+            return call_work(first(calls))
         if results := [s for s in open_ if s.phase is Phase.PREFILL and s.progress.owed > 0]:
             group = first(results)
-            return self._prefill_work("result", group, self._owed_chunk(group))
-        leaders = self._prompt_leaders([s for s in open_ if s.phase is Phase.PROMPT])
+            return prefill_work("result", group, owed_chunk(group, lim))
+        leaders = prompt_leaders([s for s in open_ if s.phase is Phase.PROMPT], self.prompts)
         if group := [s for s in leaders if s.progress.owed > 0][: lim.owed_rows]:
-            return self._prefill_work("prompt", group, self._owed_chunk(group))
+            return prefill_work("prompt", group, owed_chunk(group, lim))
         return None
-
-    def _prompt_leaders(self, prompting: list[Session]) -> list[Session]:
-        """One session per distinct uncached prompt state being made (a prefix, or a whole prompt), the
-        furthest along: it prefills, and the others making the same start from its state once it is cached."""
-        leaders: dict[int, Session] = {}
-        for s in sorted(prompting, key=_furthest_first):
-            if (key := s.prefill_key) not in self.prompts:
-                leaders.setdefault(key, s)
-        return list(leaders.values())
-
-    def _owed_chunk(self, group: list[Session]) -> int:
-        return min(
-            self.limits.max_chunk,
-            max(s.progress.owed for s in group),
-            *(s.prefill_stop for s in group),
-        )
-
-    @staticmethod
-    def _prefill_work(kind: WorkKind, group: list[Session], T: int) -> ToolWork:
-        ids = np.array([s.progress.upcoming(T) for s in group], dtype=np.int64)
-        return ToolWork(kind, group, _slots(group), ids)
-
-    def _replay_work(self, group: list[Session]) -> ToolWork:
-        audio = np.zeros((self.S, self.frame_in), dtype=np.float32)
-        active = np.zeros(self.S, dtype=bool)
-        for s in group:
-            audio[s.slot] = s.inbox.pop()
-            active[s.slot] = True
-            f = s.feed
-            f.frames_consumed += 1
-            f.frames_replayed += 1
-            if s.phase is Phase.LIVE:
-                f.catch_up = False
-                f.caught_up += 1
-        return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
 
     def apply_tool(self, tick: Tick, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:
         """Account one piece of slack work that took `ms`: positions advance, call tokens are read, finished
@@ -402,17 +363,3 @@ class Scheduler:
         """The state `s` has just prefilled is `key`'s: the engine has the runner keep it, once."""
         if key not in self.prompts and all(k != key for _, k in done.saves):
             done.saves.append((s.slot, key))
-
-
-def _furthest_first(s: Session) -> tuple[int, float]:
-    return -s.progress.prefill_pos, s.opened_at
-
-
-def _call_work(group: list[Session]) -> ToolWork:
-    """One call-token step for `group`, with each session's forced function token (-1: the model's own)."""
-    forced = np.array([[s.forcing.func[0] if s.forcing.func else -1] for s in group], dtype=np.int64)
-    return ToolWork("call", group, _slots(group), forced)
-
-
-def _slots(sessions: list[Session]) -> np.ndarray:
-    return np.array([s.slot for s in sessions], dtype=np.int64)

@@ -4,11 +4,11 @@
 # Needs espeak-ng and sox (Debian: apt-get install -y espeak-ng sox). Run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")"
+source ../speak.sh
 
-say() {  # say NAME VOICE SPEED TEXT
+say() {  # say NAME VOICE SPEED TEXT: NAME.wav
     local tmp
-    tmp="$(mktemp --suffix=.wav)"
-    espeak-ng -v "$2" -s "$3" -w "$tmp" "$4"
+    tmp="$(speak "$2" "$3" "$4")"
     # 16 kHz mono 16-bit, leading and trailing silence trimmed, a short fade so a cut clip does not click,
     # and the level normalised to -3 dBFS
     sox -D "$tmp" -r 16000 -c 1 -b 16 "$tmp.trim.wav" silence 1 0.02 1% reverse silence 1 0.02 1% reverse
@@ -21,4 +21,4 @@ say ack_look en-us 170 "Let me look that up for you."
 say ack_second en-us 170 "Just a second."
 say ack_checking en-us 170 "Sure, checking now."
 say ack_bear en-us 165 "Bear with me a moment."
-for f in ack_*.wav; do soxi -D "$f" | xargs printf "%s %s s\n" "$f"; done
+durations ack_*.wav

@@ -3,17 +3,17 @@
 # Needs espeak-ng and sox (Debian: apt-get install -y espeak-ng sox). Run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")"
+source ../speak.sh
 
-say() {  # say NAME VOICE SPEED TEXT
-    local tmp
-    tmp="$(mktemp --suffix=.wav)"
-    espeak-ng -v "$2" -s "$3" -w "$tmp" "$4"
+utter() {  # utter NAME VOICE SPEED TEXT: NAME.wav
+    local wav
+    wav="$(speak "$2" "$3" "$4")"
     # resample to 16 kHz mono 16-bit, trim leading silence, pad 0.2 s of silence at both ends
-    sox -D "$tmp" -r 16000 -c 1 -b 16 "$1.wav" silence 1 0.02 1% pad 0.2 0.2
-    rm -f "$tmp"
+    sox -D "$wav" -r 16000 -c 1 -b 16 "$1.wav" silence 1 0.02 1% pad 0.2 0.2
+    rm -f "$wav"
 }
 
-say caller_booking en-us 175 "Hi, I would like to book a double room for two nights."
-say caller_question en-gb 160 "Do you have parking at the hotel?"
-say caller_cancel en-us+f3 150 "Please cancel my reservation for Friday."
-for f in caller_*.wav; do soxi -D "$f" | xargs printf "%s %s s\n" "$f"; done
+utter caller_booking en-us 175 "Hi, I would like to book a double room for two nights."
+utter caller_question en-gb 160 "Do you have parking at the hotel?"
+utter caller_cancel en-us+f3 150 "Please cancel my reservation for Friday."
+durations caller_*.wav

@@ -136,7 +136,11 @@ int next_field(const uint8_t **p, const uint8_t *end, uint32_t *num, uint64_t *v
     }
 }
 
-int find_bytes(const uint8_t *p, size_t n, int want, const uint8_t **out, size_t *outlen) {
+#define ANY_FIELD (-1)
+
+/* The last length-delimited field numbered `want` (any, with ANY_FIELD) of a message's `n` bytes: its bytes,
+   and its number where `num_out` is given; 0 for none, or for a malformed message. */
+static int last_field(const uint8_t *p, size_t n, int want, int *num_out, const uint8_t **out, size_t *outlen) {
     const uint8_t *end = p + n, *sub;
     size_t sublen;
     uint32_t num;
@@ -144,13 +148,18 @@ int find_bytes(const uint8_t *p, size_t n, int want, const uint8_t **out, size_t
     int found = 0;
     while (p < end) {
         if (!next_field(&p, end, &num, &val, &sub, &sublen)) return 0;
-        if ((int)num == want && sub != NULL) {
+        if (sub != NULL && (want == ANY_FIELD || (int)num == want)) {
             *out = sub;
             *outlen = sublen;
+            if (num_out != NULL) *num_out = (int)num;
             found = 1;
         }
     }
     return found;
+}
+
+int find_bytes(const uint8_t *p, size_t n, int want, const uint8_t **out, size_t *outlen) {
+    return last_field(p, n, want, NULL, out, outlen);
 }
 
 typedef struct {
@@ -359,16 +368,7 @@ static void take(stream_t *s, const frame_event *ev) {
 
 /* The event's message (an FfiEvent is one field of a oneof): its number and bytes; 0 for none. */
 static int event_message(const uint8_t *data, size_t len, int *which, const uint8_t **msg, size_t *msg_n) {
-    const uint8_t *p = data, *end = data + len, *sub;
-    size_t sublen;
-    uint32_t num;
-    uint64_t val;
-    int found = 0;
-    while (p < end) {
-        if (!next_field(&p, end, &num, &val, &sub, &sublen)) return 0;
-        if (sub != NULL) *which = (int)num, *msg = sub, *msg_n = sublen, found = 1;
-    }
-    return found;
+    return last_field(data, len, ANY_FIELD, which, msg, msg_n);
 }
 
 void pump_event(const uint8_t *data, size_t len) {

@@ -3,7 +3,7 @@ its engine session when the call ends (the session's connection is kept open, so
 It shows that the soak's checks catch a slot not freed on a hang-up. Loaded by the workers' processes through
 PYTHONPATH; never part of Chorus."""
 
-from engine.client.remote import RemoteHandle
+from engine.client.handle import RemoteHandle
 
 _KEPT: list[RemoteHandle] = []  # held, so that the connection is never collected and closed
 

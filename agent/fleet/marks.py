@@ -1,0 +1,108 @@
+"""The fleet's marks in the cluster's Redis (agent/fleet/fleet.py): the keys of one agent name's rooms, the
+scripts that mark a job's room live and unmark it only while the mark is still that job's, what a mark names
+(its worker and its job), the clients of that Redis (a worker's presence is one connection of its own name),
+and which workers' presence connections Redis lists. Knows Redis and the keys' layout; nothing of LiveKit,
+the engine or the call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+
+def redis_client(url: str, name: str | None = None) -> Redis:
+    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL); with
+    `name`, one connection of that client name (a worker's presence)."""
+    from redis.asyncio import Redis
+
+    if "://" not in url:
+        url = f"redis://{url}"
+    extra: dict[str, Any] = {"client_name": name, "single_connection_client": True} if name else {}
+    return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, **extra)
+
+
+def presence_name(agent_name: str, worker: str) -> str:
+    """The client name of a worker's presence connection (Redis allows no spaces or newlines in one)."""
+    return "".join(c if c.isalnum() or c in "-_.:" else "_" for c in f"chorus-{agent_name}-{worker}")
+
+
+class Keys:
+    """The Redis keys of one agent name's rooms."""
+
+    def __init__(self, agent_name: str) -> None:
+        self.prefix = f"chorus:{agent_name}:"
+
+    def live(self, sid: str) -> str:
+        return f"{self.prefix}live:{sid}"
+
+    def served(self, sid: str) -> str:
+        return f"{self.prefix}served:{sid}"
+
+    def claim(self, sid: str) -> str:
+        return f"{self.prefix}claim:{sid}"
+
+    def ended(self, sid: str) -> str:
+        return f"{self.prefix}ended:{sid}"
+
+    def handover(self, sid: str) -> str:
+        return f"{self.prefix}handover:{sid}"
+
+    def down(self, sid: str) -> str:
+        return f"{self.prefix}down:{sid}"
+
+
+# a job's mark removed only while it is still that job's (a newer job may have marked the room since)
+# (a mark's value: "<worker> <job id>")
+_UNMARK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# a job's room marked live (KEYS: live, down; ARGV: mark, ms, job): not while the job is down (0), nor over
+# another job's mark unless that job is down (that mark returned: the room has its agent); else marked (1)
+_MARK = """
+local down = redis.call('get', KEYS[2])
+if down == ARGV[3] then return 0 end
+local cur = redis.call('get', KEYS[1])
+if cur and cur ~= ARGV[1] and down ~= string.match(cur, '[^ ]+$') then return cur end
+redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
+return 1
+"""
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _owner(mark: bytes | str | None) -> str | None:
+    """The worker a live mark names (None: no mark, or one without a worker's name)."""
+    if mark is None:
+        return None
+    worker, sep, _job = _text(mark).rpartition(" ")
+    return worker if sep else None
+
+
+def _job(mark: bytes | str | None) -> str | None:
+    """The job a live mark names (None: no mark)."""
+    if mark is None:
+        return None
+    return _text(mark).rpartition(" ")[2]
+
+
+def _redis_errors() -> type[Exception]:
+    from redis.exceptions import RedisError
+
+    return RedisError
+
+
+async def present_workers(client: Redis, agent_name: str, workers: set[str]) -> set[str] | None:
+    """Which of `workers` (of agent `agent_name`) have their presence connection open: the ones Redis lists
+    among its clients. None when Redis does not list its clients to this one (an ACL forbids CLIENT LIST);
+    other Redis errors are raised."""
+    try:
+        clients = await client.client_list(_type="normal")
+    except _redis_errors() as e:
+        if "NOPERM" not in str(e) and "unknown command" not in str(e).lower():
+            raise
+        return None
+    names = {c.get("name", "") for c in clients}
+    return {w for w in workers if presence_name(agent_name, w) in names}

@@ -1,0 +1,71 @@
+"""A room's job that takes a call over from another agent: the agents left in the room from before are
+removed, so no two answer the caller (`_replace_lost_agent`); a call handed over by a draining worker has its
+old agent removed once this job's session sends its first frame (`_take_over`), and a call carried on after
+its agent was lost has the caller hear the hold clip while the new session's prompt, which holds the earlier
+conversation, is prefilled (`_hold_on`). Knows the call's session and its output (agent/call.py) and
+LiveKit's room API; nothing of Redis or the engine's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from agent.fleet.room_job import remove_stale_agents
+
+if TYPE_CHECKING:
+    from livekit.agents import JobContext
+
+    from agent.settings import AgentSettings
+
+log = logging.getLogger("chorus.agent.room")
+
+TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame within this, or takes over anyway
+HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
+
+
+async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
+    """A call handed over by a draining worker: its agent is removed once this job's session sends its first
+    frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two; one
+    removed before that has the caller hear the hold clip until this one speaks."""
+    live = await _live_within(call.duplex, TAKE_OVER_S)
+    if not call.closed:
+        if not live:
+            log.info("job %s: the call taken over before its session is live hears a hold clip", ctx.job.id)
+            call.output.hold_on()
+        await _replace_lost_agent(ctx, settings)
+
+
+async def _hold_on(call) -> None:
+    """A call carried on after its agent was lost: a session whose first frame is not out HOLD_ON_S after it
+    was asked for (its prompt, which holds the earlier conversation, is being prefilled) has the caller hear
+    "bear with me" meanwhile."""
+    duplex = call.duplex
+    await duplex.opened.wait()
+    if not await _live_within(duplex, HOLD_ON_S) and duplex.handle is not None and not call.closed:
+        log.info("session %s: not live yet, the caller hears a hold clip", duplex.handle.id)
+        call.output.hold_on()
+
+
+async def _live_within(duplex, timeout: float) -> bool:
+    """Whether the session sends its first frame within `timeout` seconds."""
+    try:
+        await asyncio.wait_for(duplex.first_frame.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _replace_lost_agent(ctx: JobContext, settings: AgentSettings) -> None:
+    """This job's agent replaces one the room lost (agent/fleet/fleet.py): the agents left in the room from
+    before (a dead worker's stays until the server drops it) are removed, so no two answer the caller."""
+    from agent.lkapi import LiveKit, LiveKitFailure
+
+    try:
+        async with LiveKit(settings) as lk:
+            n = await remove_stale_agents(lk, ctx.job.room.name, ctx.room.local_participant.identity)
+    except LiveKitFailure as e:
+        log.warning("job %s: the room's earlier agents could not be removed (%s)", ctx.job.id, e)
+        return
+    log.info("job %s: replaces the room's lost agent (%d left from before removed)", ctx.job.id, n)

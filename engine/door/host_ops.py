@@ -1,0 +1,211 @@
+"""What the engine's door (engine/door/host.py `EngineHost`) answers to each message a connection may send
+once its key has given it a role: a room's `hello`, `open` and its session's `result`, `force`, `private` and
+`close`; the worker's `admit`, `release`, `load`, `drain` and `fleet`. It holds the worker's admissions until
+the session of their job opens (or `ADMISSION_KEEP_S` has passed), and opens a session with its shared memory
+and eventfd, sent with the answer.
+
+Runs in the engine's process, on the door's thread. Knows the engine's session API, the wire's messages and
+the shared-memory layout; nothing of the selector loop, keys, buffers or a connection's life, which are the
+door's (it answers through `EngineHost._send`, `_refuse` and `_drop`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine.api import EngineError
+from engine.client.link import SessionLink
+from engine.client.wire import encode, error_message, shape_error
+from engine.door.host_conn import RoomConn, apply_session_op
+
+if TYPE_CHECKING:
+    import threading
+
+    from engine.client.link import Layout
+    from engine.door.gate import Gate
+    from engine.tick.engine import Engine
+    from engine.tick.slots import Reservation
+
+ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
+
+
+class HostOps:
+    """The door's answers, part of `EngineHost`, which holds the engine, its gate, layout, stats and
+    admissions, and does the sending (`_send`, `_refuse`, `_drop`, `_release_link`, `drain`)."""
+
+    engine: Engine
+    gate: Gate
+    layout: Layout
+    stats: dict[str, int]
+    _admissions: dict[str, tuple[Reservation, float]]
+    _lock: threading.Lock
+
+    def _message(self, conn: RoomConn, line: bytes) -> None:
+        why = shape_error(line)
+        if why is not None:
+            self._refuse(conn, why)
+            return
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            self._refuse(conn, "not JSON")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+            self._refuse(conn, "not a message")
+            return
+        op = msg["op"]
+        if not self.gate.allowed(conn.role, op):
+            self._refuse(conn, f"{op[:40]!r} is not an operation this connection may ask for")
+            return
+        if op == "hello":
+            self._send(conn, encode(self._hello()))
+            return
+        if op == "open":
+            self._open(conn, msg)
+            return
+        if op == "drain":
+            seconds = msg.get("seconds")
+            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
+                self.drain(float(seconds))
+                self._send(conn, encode({"op": "draining"}))
+            else:
+                self._refuse(conn, "drain: seconds must be a number of seconds")
+            return
+        if op == "fleet":
+            counts = msg.get("redispatches")
+            if (
+                not isinstance(counts, dict)
+                or len(counts) > 8
+                or not all(
+                    isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0
+                    for k, v in counts.items()
+                )
+            ):
+                self._refuse(conn, "fleet: redispatches must be a few counts by reason")
+                return
+            self.engine.redispatches = dict(counts)
+            self._send(conn, encode({"op": "noted"}))
+            return
+        if op in ("admit", "release", "load"):
+            self._control(conn, op, msg)
+            return
+        handle = conn.handle
+        if handle is None or msg.get("session") != handle.id:
+            self._refuse(conn, "a message for a session this connection does not hold")
+            return
+        if op == "close":
+            self._drop(conn)
+            return
+        try:
+            apply_session_op(handle, op, msg)
+        except ValueError as e:
+            self._refuse(conn, str(e))
+
+    def _control(self, conn: RoomConn, op: str, msg: dict[str, Any]) -> None:
+        """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
+        by a job that ended before it opened its session (`release`), and the engine's load."""
+        e = self.engine
+        job = msg.get("admission")
+        if op == "load":
+            reply = {
+                "op": "load",
+                "load": e.load,
+                "occupancy": e.occupancy,
+                "available": e.pool.available,
+                "num_slots": e.config.num_slots,
+                "up": e.failure is None,
+            }
+            self._send(conn, encode(reply))
+            return
+        if not isinstance(job, str) or not 0 < len(job) <= 200:
+            self._refuse(conn, f"{op}: admission must name a job")
+            return
+        if op == "release":
+            admission = self.take_admission(job)
+            if admission is not None:
+                e.release(admission)
+            self._send(conn, encode({"op": "released"}))
+            return
+        try:
+            admission = e.admit()
+        except EngineError as err:
+            self._send(conn, encode(error_message(err)))
+            return
+        self.hold_admission(job, admission)
+        self._send(conn, encode({"op": "admitted", "admission": job}))
+
+    def hold_admission(self, job: str, admission: Reservation) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._admissions[job] = (admission, now)
+            for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
+                del self._admissions[key]
+
+    def take_admission(self, job: str) -> Reservation | None:
+        with self._lock:
+            held = self._admissions.pop(job, None)
+        return held[0] if held is not None else None
+
+    def _hello(self) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "op": "hello",
+            "preset": e.config.preset,
+            "clock": e.model_cfg.clock.model_dump(),
+            "tokens": e.model_cfg.tokens.model_dump(),
+            "vocab_size": e.vocab_size,
+            "max_result_chars": e.config.max_result_chars,
+            "fixed_buffers": e.config.fixed_buffers,
+        }
+
+    def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
+        if conn.handle is not None:
+            self._refuse(conn, "this connection already holds a session")
+            return
+        prompt, tools, context = msg.get("prompt"), msg.get("tools") or [], msg.get("context", "")
+        if not isinstance(prompt, str) or not isinstance(tools, list) or not isinstance(context, str):
+            self._refuse(conn, "open: prompt and context must be strings and tools a list")
+            return
+        job = msg.get("admission")
+        admission = self.take_admission(job) if isinstance(job, str) else None
+        link = SessionLink.create(self.layout)
+        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        conn.link, conn.efd = link, efd
+        try:
+            handle = self.engine.open_session(
+                prompt,
+                tools,
+                sink=conn.deliver,
+                label=str(msg.get("label", ""))[:200],
+                caller=str(msg.get("caller", ""))[:200],
+                admission=admission,
+                source=conn.pull,
+                pending=conn.pending,
+                playout=link.playout,
+                context=context,
+            )
+        except (EngineError, ValueError, TypeError) as e:
+            if admission is not None:
+                self.engine.release(admission)
+            self._release_link(conn)
+            kind = None if isinstance(e, EngineError) else "SessionRejected"
+            self._send(conn, encode(error_message(e, kind)))
+            return
+        conn.handle = handle
+        self.stats["sessions"] += 1
+        reply = encode({"op": "opened", "session": handle.id, "slot": handle.slot})
+        try:  # the answer and the two descriptors together, before anything else on this connection
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(2.0)
+            socket.send_fds(conn.sock, [reply], [link.fd, efd])
+        except OSError:
+            self._drop(conn)
+        finally:
+            link.forget_fd()  # the mapping stays; the room holds its own descriptor now
+            if not conn.closed:
+                conn.sock.setblocking(False)
