@@ -333,7 +333,7 @@ def memory_growth(rec: Recorder, warmup_s: float) -> dict[str, dict]:
             "to_mb": round(float(last), 1),
             "growth_pct": round(float((last - first) / first * 100), 2),
             "allowed_pct": round(MEMORY_PER_HOUR * 100 * max(1.0, span_h), 2),
-            "span_min": round(span_h * 60, 1),
+            "span_min": round(float(span_h) * 60, 1),
         }
     start = min((p[0][0] for p in series.values()), default=0.0)
     end = max((p[-1][0] for p in series.values()), default=0.0)
@@ -366,7 +366,7 @@ def room_growth(series: dict[str, list[tuple[float, float]]], after_s: float, en
         "to_mb": round(float(last), 1),
         "growth_pct": round(float((last - first) / first * 100), 2),
         "allowed_pct": round(MEMORY_PER_HOUR * 100 * max(1.0, span_h), 2),
-        "span_min": round(span_h * 60, 1),
+        "span_min": round(float(span_h) * 60, 1),
         "processes": len(peaks),
         "peak_mb": _spread(v.tolist()),
     }
