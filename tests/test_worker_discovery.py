@@ -22,6 +22,7 @@ from livekit.agents.cli.tcp_console import TcpAudioInput, TcpAudioOutput
 from agent import room, room_process, worker
 from agent.audio_out.playout import PlayoutOutput
 from agent.settings import AgentSettings
+from testkit.server import run_python_module
 from wait_support import await_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,9 +75,9 @@ def test_the_cli_finds_the_worker_with_its_name_load_threshold_executor_and_star
     # the configuration as livekit-agents holds it (AgentServer has no public accessors for these)
     assert server._agent_name == "front-desk"
     assert server._load_threshold == 0.7  # LiveKit's default agents.target_load
-    assert server._job_executor_type == JobExecutorType.THREAD  # rooms share one rtc runtime; the engine
-    # has a process of its own. What a process executor (CHORUS_ROOM_PROCESSES=true) would hand each room's
-    # process goes by reference: module-level functions
+    assert server._job_executor_type == JobExecutorType.PROCESS  # each room's call in a process of its
+    # own (the engine in another); what the process executor hands each room's process goes by reference:
+    # module-level functions
     assert pickle.loads(pickle.dumps((server._entrypoint_fnc, server._setup_fnc))) == (
         server._entrypoint_fnc,
         server._setup_fnc,
@@ -234,16 +235,9 @@ def test_the_console_hears_the_playout_with_its_clips(seeded_env, monkeypatch):
 def test_a_bad_setting_is_one_line_through_livekits_own_cli(tmp_path):
     """`python -m livekit.agents start agent/worker.py` imports the worker file: a bad value there is one line
     naming the variable and exit status 2, as through `python -m agent`."""
-    import subprocess
-
     env = {**os.environ, "CHORUS_SLOTS": "sixty", "LIVEKIT_URL": "ws://127.0.0.1:9"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "livekit.agents", "start", str(ROOT / "agent" / "worker.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_python_module(
+        "livekit.agents", "start", str(ROOT / "agent" / "worker.py"), cwd=tmp_path, env=env, timeout=120
     )
     print(proc.stdout[-2000:], proc.stderr[-2000:])
     assert proc.returncode == 2
