@@ -185,7 +185,7 @@ class ChorusSession(llm.DuplexSession):
                     self.stats["frames_held"] += 1
                 elif not self.handle.closed:
                     self.handle.push_audio(chunk)
-        except Exception:
+        except Exception:  # whatever one frame's forwarding raised: counted and logged once, the call goes on
             self.stats["input_errors"] += 1
             if self.stats["input_errors"] == 1:
                 log.exception("session %s: caller audio could not be forwarded", self._id())

@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from agent.sim.report import TICK_FIGURES
+from testkit.worker import http_exchange
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_FROM = "127.0.0.2"  # the window's probe is a client of its own (loopback: all of 127/8 is this machine)
@@ -51,14 +52,9 @@ def log(line: str) -> None:
 
 def get(port: int, path: str, timeout: float, source: str | None = None) -> tuple[int, bytes]:
     """One request on a new connection: (status, body); status 0 when the connection failed."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
     try:
-        with socket.create_connection(
-            ("127.0.0.1", port), timeout=timeout, source_address=(source, 0) if source else None
-        ) as s:
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
+        data = http_exchange(port, request, timeout, source)
     except OSError:
         return 0, b""
     head, _, body = data.partition(b"\r\n\r\n")

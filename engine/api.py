@@ -193,6 +193,9 @@ class SessionPort(Protocol):
     def close(self) -> None: ...
 
 
+ToolSchemas = list[dict]  # the tools a session may call, as JSON schemas (agent/tool_schemas.py makes them)
+
+
 class ClientConfig(Protocol):
     """The part of the engine's config a call reads."""
 
@@ -221,7 +224,7 @@ class EngineClient(Protocol):
     def open_session(
         self,
         prompt: str,
-        tools: list[dict] | None = None,
+        tools: ToolSchemas | None = None,
         *,
         loop: asyncio.AbstractEventLoop | None = None,
         label: str = "",

@@ -1,7 +1,8 @@
 """The LiveKit server the benchmarks and the end-to-end tests run against (scripts/livekit.sh's
 start_livekit, inside a network namespace with no way out made by netns_up), the tokens callers join it
-with, and the tools beside it: `python -m agent sip` and LiveKit's agent load tester. Knows nothing of the
-worker's own figures or of the callers' audio.
+with, and the tools beside it: `python -m agent sip` (through `run_python_module`, which the tests use for
+their own `python -m` commands) and LiveKit's agent load tester. Knows nothing of the worker's own figures or
+of the callers' audio.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,20 +84,28 @@ def token(server: Server, room: str, identity: str, agent_name: str | None = Non
     return t.to_jwt()
 
 
+def run_python_module(
+    module: str, *args: str, cwd: Path, env: Mapping[str, str], timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m module args...` with this interpreter, in `cwd` with `env`, its output captured as text; the
+    run is stopped (subprocess.TimeoutExpired) after `timeout` seconds, when given."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def agent_sip(server: Server, *args: str, agent_name: str | None = None) -> subprocess.CompletedProcess:
     """`python -m agent sip ...` against the server (for `agent_name`'s agent, when given)."""
     env = {**os.environ, "LIVEKIT_URL": server.url, "LIVEKIT_API_KEY": server.key}
     env["LIVEKIT_API_SECRET"] = server.secret
     if agent_name:
         env["LIVEKIT_AGENT_NAME"] = agent_name
-    return subprocess.run(
-        [sys.executable, "-m", "agent", "sip", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_python_module("agent", "sip", *args, cwd=ROOT, env=env, timeout=120)
 
 
 def load_tester(prog: str) -> str:

@@ -50,6 +50,20 @@ def get_json(url: str, timeout: float = 10.0) -> dict:
         return json.loads(r.read())
 
 
+def http_exchange(port: int, request: bytes, timeout: float, source: str | None = None) -> bytes:
+    """All that a server on 127.0.0.1:`port` (an endpoint such as /snapshot) answers to `request`: sent on a
+    new connection, from the address `source` when given, and read until the server closes it. `timeout`
+    bounds each socket call; a failed one raises OSError."""
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=timeout, source_address=(source, 0) if source else None
+    ) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
 def seeded(tmp: Path) -> None:
     """A seeded SQLite hotel in `tmp`, as `python -m tools seed` leaves it, as this process's CHORUS_DATA_DIR
     (a Worker started afterwards books in it)."""

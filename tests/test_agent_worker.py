@@ -19,6 +19,7 @@ import pytest
 
 from agent import room, worker
 from agent.settings import AgentSettings
+from testkit.server import run_python_module
 from wait_support import await_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,13 +124,7 @@ def test_token_carries_the_room_and_the_agent_dispatch():
         "LIVEKIT_API_SECRET": "s" * 40,
         "CHORUS_AGENT_NAME": "desk",
     }
-    out = subprocess.run(
-        [sys.executable, "-m", "agent", "token", "--room", "lobby"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    out = run_python_module("agent", "token", "--room", "lobby", cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr
     claims = api.TokenVerifier("devkey", "s" * 40).verify(out.stdout.strip())
     assert claims.video.room == "lobby" and claims.video.room_join
@@ -143,14 +138,7 @@ def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DATA_DIR")}
     out = tmp_path / "sim"
     args = ["--rooms", "4", "--tool-rooms", "2", "--seconds", "10", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "agent", "simulate", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python_module("agent", "simulate", *args, cwd=ROOT, env=env, timeout=300)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     assert proc.returncode == 0
     last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -281,14 +269,7 @@ def test_bad_input_gets_one_line_and_a_non_zero_exit(argv, message, tmp_path):
     if argv[-1] == "LIVEKIT":
         argv = argv[:-1]
         env.update(LIVEKIT_URL="ws://127.0.0.1:9", LIVEKIT_API_KEY="k", LIVEKIT_API_SECRET="s" * 32)
-    proc = subprocess.run(
-        [sys.executable, "-m", "agent", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_python_module("agent", *argv, cwd=tmp_path, env=env, timeout=120)
     print(proc.stdout, proc.stderr)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message)

@@ -56,37 +56,40 @@ def test_a_check_out_on_day_zero_is_refused_in_words(sqlite_hotel):
     )
 
 
-# --- e-mail addresses --------------------------------------------------------------------------------
+# --- e-mail addresses and phone numbers --------------------------------------------------------------
 
 _NOT_VALID = "The phone number or email is not valid: "
+_DIGITS_ONLY = _NOT_VALID + "give a phone number in the digits 0 to 9, or an email address."
+_COUNTRY_CODE = (
+    "a phone number needs its country code, said with a plus first, like +1 for the US or +44 for the UK."
+)
 
 
 @pytest.mark.parametrize(
     ("contact", "reason"),
     [
+        # e-mail addresses that cannot receive mail
         ("x@.com", "an email address cannot have a period immediately after the @-sign."),
         ("a@.", "an email address cannot end with a period."),
         ("a@-.-", "an email address cannot end with a hyphen."),
         ("a@b@example.com", "the part after the @-sign contains invalid characters: '@'."),
         ("ada@example", "the part after the @-sign is not valid. It should have a period."),
         ("\u3164@example.com", "internationalized characters before the @-sign are not supported: '\u3164'."),
+        # phone numbers without a country code, with one that does not exist, too short or too long
+        ("(415) 555-0123", _COUNTRY_CODE),
+        ("+1 415 555", "that phone number is too short for +1."),
+        ("+1 415 555 01234", "that phone number is too long for +1."),
+        ("+999 123 4567", "that phone number does not start with a country code."),
+        ("+1 415 555 0123 4567 8901 2345", "that phone number is too long."),
     ],
 )
-def test_an_email_address_that_cannot_receive_mail_is_refused(sqlite_hotel, contact, reason):
+def test_an_email_address_or_phone_number_that_cannot_be_reached_is_refused(sqlite_hotel, contact, reason):
     assert refused(sqlite_hotel, booking(contact=contact)) == _NOT_VALID + reason
 
 
 def test_an_email_address_is_stored_with_its_domain_in_lower_case(sqlite_hotel):
     reservation = stored(sqlite_hotel, booking(contact=" Grace.Hopper@Example.COM "))
     assert reservation.contact == "Grace.Hopper@example.com"
-
-
-# --- phone numbers -----------------------------------------------------------------------------------
-
-_DIGITS_ONLY = _NOT_VALID + "give a phone number in the digits 0 to 9, or an email address."
-_COUNTRY_CODE = (
-    "a phone number needs its country code, said with a plus first, like +1 for the US or +44 for the UK."
-)
 
 
 @pytest.mark.parametrize(
@@ -101,20 +104,6 @@ _COUNTRY_CODE = (
 )
 def test_a_phone_number_is_ascii_digits(sqlite_hotel, contact):
     assert refused(sqlite_hotel, booking(contact=contact)) == _DIGITS_ONLY
-
-
-@pytest.mark.parametrize(
-    ("contact", "reason"),
-    [
-        ("(415) 555-0123", _COUNTRY_CODE),
-        ("+1 415 555", "that phone number is too short for +1."),
-        ("+1 415 555 01234", "that phone number is too long for +1."),
-        ("+999 123 4567", "that phone number does not start with a country code."),
-        ("+1 415 555 0123 4567 8901 2345", "that phone number is too long."),
-    ],
-)
-def test_a_phone_number_has_a_country_code_and_its_length(sqlite_hotel, contact, reason):
-    assert refused(sqlite_hotel, booking(contact=contact)) == _NOT_VALID + reason
 
 
 @pytest.mark.parametrize(

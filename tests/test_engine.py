@@ -19,7 +19,7 @@ from engine.api import (
     ToolCallStarted,
     ToolResultConsumed,
 )
-from engine.tick.engine import Engine, EngineConfig
+from engine.tick.engine import Engine, EngineConfig, SessionHandle
 from engine.tick.slots import FrameInbox
 from engine_support import CALL, ManualClock, caller_audio, drain, engine_on, poll_between_ticks, run_ticks
 from testkit.concierge import PROMPT, TOOLS
@@ -47,6 +47,15 @@ def close_all(engine: Engine, handles, k: int) -> int:
     for h in handles:
         h.close()
     return run_ticks(engine, k, 1)
+
+
+def waiting_on_a_call(engine: Engine) -> tuple[SessionHandle, int]:
+    """A session opened on a fresh `engine` and forced into a call of the concierge's tool from its first
+    tick: its handle and the next tick, three ticks into the call."""
+    h = engine.open_session(PROMPT, TOOLS)
+    k = run_ticks(engine, 0, 1)
+    h.force_function(engine.tokens.call_ids(CALL))
+    return h, run_ticks(engine, k, 3)
 
 
 def test_one_sessions_tool_call_leaves_the_other_63_untouched(engine64):
@@ -159,10 +168,7 @@ def test_bad_calls_get_an_error_result_and_the_session_carries_on(engine64, case
 
 def test_timeout_becomes_an_error_result():
     with engine_on(num_slots=2, tool_timeout_s=0.2) as e:
-        h = e.open_session(PROMPT, TOOLS)
-        k = run_ticks(e, 0, 1)
-        h.force_function(e.tokens.call_ids(CALL))
-        k = run_ticks(e, k, 3)
+        h, k = waiting_on_a_call(e)
         assert h.phase == "waiting"
         e.clock.advance(0.25)  # the tool never answers
         k = run_ticks(e, k, 3)
@@ -277,10 +283,7 @@ def test_caller_audio_of_any_float_precision_is_clipped_not_silenced():
 
 def test_a_huge_tool_result_is_cut_with_a_note_the_model_reads():
     with engine_on(num_slots=1, max_result_chars=1000) as e:
-        h = e.open_session(PROMPT, TOOLS)
-        k = run_ticks(e, 0, 1)
-        h.force_function(e.tokens.call_ids(CALL))
-        k = run_ticks(e, k, 3)
+        h, k = waiting_on_a_call(e)
         call = next(i for i in drain(h) if isinstance(i, FunctionCall))
         h.submit_tool_result(call.call_id, "x" * 1_000_000)
         poll_between_ticks(e)  # the result's tokens are encoded off the tick thread

@@ -21,6 +21,7 @@ import pytest
 
 import hotel_support
 from hotel_support import TODAY, booking, cancelling
+from testkit.server import run_python_module
 from tools.audit import audit
 from tools.errors import Busy, HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from tools.store import LATEST_VERSION, SchemaTooNew, Tx
@@ -444,42 +445,21 @@ def test_bookings_survive_the_process_that_made_them(store):
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     assert len(code) == 8, "the child did not book"
-    listed = subprocess.run(
-        [sys.executable, "-m", "tools", "bookings", "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = run_python_module("tools", "bookings", "--json", cwd=REPO, env=env, timeout=60)
     assert listed.returncode == 0, listed.stderr
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [(r["code"], r["guest_name"], r["status"], r["check_in"]) for r in rows] == [
         (code, "Grace Hopper", "confirmed", "2030-03-12")
     ]
     assert "idempotency_key" not in rows[0]
-    audited = subprocess.run(
-        [sys.executable, "-m", "tools", "audit"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    audited = run_python_module("tools", "audit", cwd=REPO, env=env, timeout=60)
     assert audited.returncode == 0, audited.stdout + audited.stderr
 
 
 def test_seed_command_creates_the_default_hotel(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CHORUS_DB_SCHEMA")}
     env["CHORUS_DATA_DIR"] = str(tmp_path / "data")
-    run = subprocess.run(
-        [sys.executable, "-m", "tools", "seed", "--today", "2030-03-04"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_python_module("tools", "seed", "--today", "2030-03-04", cwd=REPO, env=env, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "The Larkspur Hotel" in run.stdout
     from tools.settings import StoreSettings

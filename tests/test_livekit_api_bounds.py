@@ -274,15 +274,28 @@ async def acted(line: PhoneLine, action: str, limit_s: float) -> float:
     return time.monotonic() - start
 
 
-def test_a_hang_up_the_server_never_answers_fails_within_its_bound_and_logs_no_number(
-    standin, line_env, caplog
-):
+def unanswered(
+    standin: Callable[[], StandIn],
+    line_env: Callable[[str], None],
+    caplog: pytest.LogCaptureFixture,
+    action: str,
+    limit_s: float,
+) -> tuple[StandIn, PhoneLine]:
+    """A guest's phone line on a new stand-in server that never answers, asked for `action` with its logs
+    caught from INFO up; the server and the line once the action is done (its outcome and seconds printed)."""
     server = standin()
     line_env(server.url)
     line = line_for(number=GUEST_NUMBER)
     with caplog.at_level(logging.INFO):
-        took = asyncio.run(acted(line, "end", RETRIED_S + SLACK_S))
+        took = asyncio.run(acted(line, action, limit_s))
     print(line.outcome, f"({took:.1f} s)")
+    return server, line
+
+
+def test_a_hang_up_the_server_never_answers_fails_within_its_bound_and_logs_no_number(
+    standin, line_env, caplog
+):
+    server, line = unanswered(standin, line_env, caplog, "end", RETRIED_S + SLACK_S)
     assert line.outcome == (
         f"end failed: the LiveKit server at {server.url} did not answer remove_participant "
         "within 1 s (2 tries)"
@@ -296,12 +309,7 @@ def test_a_hang_up_the_server_never_answers_fails_within_its_bound_and_logs_no_n
 def test_a_transfer_the_server_never_answers_is_sent_once_and_fails_within_its_ring_bound(
     standin, line_env, caplog
 ):
-    server = standin()
-    line_env(server.url)
-    line = line_for(number=GUEST_NUMBER)
-    with caplog.at_level(logging.INFO):
-        took = asyncio.run(acted(line, "transfer", DIAL_S + SLACK_S))
-    print(line.outcome, f"({took:.1f} s)")
+    server, line = unanswered(standin, line_env, caplog, "transfer", DIAL_S + SLACK_S)
     assert line.outcome == (
         f"transfer failed: the LiveKit server at {server.url} did not answer transfer_sip_participant "
         "within 2 s"

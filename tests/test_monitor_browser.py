@@ -43,6 +43,20 @@ def read_snapshot(url: str) -> EngineSnapshot | None:
         return None
 
 
+def start_ui(env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+    """`python -m ui` on a free port with `env`, its output into `log`; the process and its page's URL."""
+    port = free_port()
+    with log.open("w") as out:
+        ui = subprocess.Popen(
+            [sys.executable, "-m", "ui", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return ui, f"http://127.0.0.1:{port}/"
+
+
 def wait_for_page(ui: subprocess.Popen, page: str, log: Path) -> None:
     """Until the Streamlit server at `page` answers its health check (its log shown if it exits first)."""
 
@@ -112,17 +126,8 @@ def test_the_page_shows_a_running_simulation_in_chromium(tmp_path):
             every=0.25,
         )
 
-        port = free_port()
         ui_env = env | {"CHORUS_MONITOR_URLS": url, "CHORUS_DATA_DIR": str(tmp_path / "sim" / "data")}
-        with (tmp_path / "ui.log").open("w") as log:
-            ui = subprocess.Popen(
-                [sys.executable, "-m", "ui", "--port", str(port)],
-                cwd=ROOT,
-                env=ui_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        page = f"http://127.0.0.1:{port}/"
+        ui, page = start_ui(ui_env, tmp_path / "ui.log")
 
         wait_for_page(ui, page, tmp_path / "ui.log")
 
@@ -164,16 +169,7 @@ def test_without_the_token_the_browser_shows_the_refusal_and_nothing_else(tmp_pa
         "DATABASE_URL": "mysql://admin:hunter22@db.internal/hotel",
         "CHORUS_DATA_DIR": str(tmp_path),
     }
-    port = free_port()
-    with (tmp_path / "ui.log").open("w") as log:
-        ui = subprocess.Popen(
-            [sys.executable, "-m", "ui", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    page = f"http://127.0.0.1:{port}/"
+    ui, page = start_ui(env, tmp_path / "ui.log")
     try:
         wait_for_page(ui, page, tmp_path / "ui.log")
         with Browser() as browser:

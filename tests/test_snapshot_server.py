@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from engine.api import EngineSnapshot
 from engine.observe.metrics import ServeLimits, SnapshotServer
 from engine.tick.engine import Engine, EngineConfig
+from testkit.worker import http_exchange
 from wait_support import wait_until
 
 HANG_S = 60.0  # no wait below takes this long unless the endpoint hangs
@@ -51,13 +52,7 @@ def request(
     timeout: float = HANG_S,
 ):
     """(status, headers, body) of one request on a new connection; `timeout` bounds each socket call."""
-    with socket.create_connection(
-        ("127.0.0.1", port), timeout=timeout, source_address=(source, 0) if source else None
-    ) as s:
-        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+    data = http_exchange(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), timeout, source)
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])

@@ -70,6 +70,18 @@ _GUESTS = "Number of guests staying in the room, adults and children."
 _ROOM_TYPE = "Room type as the caller said it, for example standard, deluxe or suite."
 
 
+def _code_field(description: str) -> Any:
+    """The confirmation code a reservation is looked up by, with the `description` the model reads."""
+    return Field(min_length=1, max_length=40, title="confirmation code", description=description)
+
+
+def _last_name_field() -> Any:
+    """The last name a reservation is looked up by, checked with its confirmation code."""
+    return Field(
+        min_length=1, max_length=80, title="last name", description="The last name on the reservation."
+    )
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
@@ -113,30 +125,16 @@ class BookRoom(_Args):
 class FindReservation(_Args):
     """Look up an existing reservation by its confirmation code and the guest's last name."""
 
-    confirmation_code: Code = Field(
-        min_length=1,
-        max_length=40,
-        title="confirmation code",
-        description="The 8-character confirmation code as the caller read it.",
-    )
-    last_name: Name = Field(
-        min_length=1, max_length=80, title="last name", description="The last name on the reservation."
-    )
+    confirmation_code: Code = _code_field("The 8-character confirmation code as the caller read it.")
+    last_name: Name = _last_name_field()
 
 
 class ChangeOrCancelReservation(_Args):
     """Change the dates, room type or guests of a reservation, or cancel it under the hotel's policy.
     Needs the confirmation code and last name."""
 
-    confirmation_code: Code = Field(
-        min_length=1,
-        max_length=40,
-        title="confirmation code",
-        description="The reservation's confirmation code.",
-    )
-    last_name: Name = Field(
-        min_length=1, max_length=80, title="last name", description="The last name on the reservation."
-    )
+    confirmation_code: Code = _code_field("The reservation's confirmation code.")
+    last_name: Name = _last_name_field()
     action: Literal["change", "cancel"] = Field(
         title="action", description="change to modify the reservation, cancel to cancel it."
     )
