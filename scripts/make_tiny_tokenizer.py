@@ -52,7 +52,7 @@ def build() -> Tokenizer:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[1] / "engine" / "assets" / "tiny_tokenizer.json"
+    out = Path(__file__).resolve().parents[1] / "engine" / "sizing" / "assets" / "tiny_tokenizer.json"
     tok = build()
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
     for i, name in enumerate(SPECIALS):

@@ -31,7 +31,7 @@ from fixture_weights import stage_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "talker"
-TOKENIZER = str(REPO / "engine" / "assets" / "tiny_tokenizer.json")
+TOKENIZER = str(REPO / "engine" / "sizing" / "assets" / "tiny_tokenizer.json")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # |got - want| <= atol + rtol * |want|, per comparison.

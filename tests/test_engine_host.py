@@ -377,7 +377,7 @@ def test_the_room_side_imports_no_torch():
     code = textwrap.dedent(
         """
         import sys
-        import engine.client.remote, engine.tokens
+        import engine.client.remote, engine.text.tokens
         print("torch" in sys.modules)
         """
     )

@@ -15,7 +15,7 @@ from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "talker"
-TOKENIZER = str(Path(__file__).parents[1] / "engine" / "assets" / "tiny_tokenizer.json")
+TOKENIZER = str(Path(__file__).parents[1] / "engine" / "sizing" / "assets" / "tiny_tokenizer.json")
 TINY = load_preset("tiny").talker
 DETERMINISTIC = {"gumbel": False, "noise_scale": 0.0}
 
