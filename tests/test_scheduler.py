@@ -11,6 +11,7 @@ import pytest
 from engine.api import (
     AudioFrame,
     FunctionCall,
+    SubmitResult,
     ToolCallRejected,
     ToolCallStarted,
     ToolResultConsumed,
@@ -180,17 +181,7 @@ def test_the_tool_path_in_order():
     # caller keeps talking while paused: held, not dropped
     for _ in range(3):
         s.inbox.push(np.full(FRAME, 0.1, np.float32))
-    s.requests.put(
-        (
-            "result",
-            {
-                "call_id": call.call_id,
-                "name": "check_availability",
-                "output": '{"rooms": 3}',
-                "is_error": False,
-            },
-        )
-    )
+    s.requests.put(SubmitResult(call.call_id, '{"rooms": 3}'))
     sch.poll(t, time.monotonic())
     assert s.phase is Phase.PREFILL
     expected = TOK.response_ids([{"name": "check_availability", "output": '{"rooms": 3}'}])
@@ -270,7 +261,7 @@ def test_a_result_polled_at_the_start_of_a_tick_is_due_by_that_tick_plus_the_bou
     t = sch.begin_tick(4, [s])
     run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
     (call,) = [e for e in got if isinstance(e, FunctionCall)]
-    s.requests.put(("result", {"call_id": call.call_id, "output": "{}", "is_error": False}))
+    s.requests.put(SubmitResult(call.call_id, "{}"))
     t = sch.begin_tick(5, [s])
     sch.poll(t, time.monotonic())
     assert s.phase is Phase.PREFILL and s.progress.prefill_by == 5 + 12
@@ -317,7 +308,7 @@ def test_results_are_tokenised_off_the_tick_and_the_others_keep_their_cadence():
     run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
     (call,) = [e for e in got if isinstance(e, FunctionCall)]
     output = json.dumps({"rooms": ["a quiet room facing the garden"] * 400})  # about 13,000 characters
-    s.requests.put(("result", {"call_id": call.call_id, "output": output, "is_error": False}))
+    s.requests.put(SubmitResult(call.call_id, output))
     for tick in range(1, 4):  # the tokens are not ready: the session waits, the other one is live
         sch.poll(t, time.monotonic())
         assert s.phase is Phase.WAITING and len(pool.jobs) == 1
@@ -339,17 +330,7 @@ def test_an_oversized_result_is_owed_a_chunk_a_tick_not_its_whole_length_within_
         t = sch.begin_tick(0, [s])
         run_call(sch, t, s, '<TOOLCALL>[{"name": "check_availability", "arguments": {}}]</TOOLCALL>')
         (call,) = [e for e in got if isinstance(e, FunctionCall)]
-        s.requests.put(
-            (
-                "result",
-                {
-                    "call_id": call.call_id,
-                    "name": call.name,
-                    "output": "x " * (n_chars // 2),
-                    "is_error": False,
-                },
-            )
-        )
+        s.requests.put(SubmitResult(call.call_id, "x " * (n_chars // 2)))
         sch.poll(t, time.monotonic())
         total, owed, ticks = len(s.progress.prefill_ids), [], 0
         while s.phase is Phase.PREFILL:

@@ -3,8 +3,9 @@
 
 import pytest
 
+from engine.api import ForceTokens, SubmitResult
 from engine.tick.prompt_cache import PromptCache
-from engine.tick.session import MOVES, Phase, Session
+from engine.tick.session import MOVES, Hold, Phase, Session
 from engine.tick.slots import FrameInbox
 
 
@@ -38,10 +39,10 @@ def test_a_phase_moves_only_along_the_table_and_records_when():
 
 def test_the_agents_requests_reach_the_session_only_when_the_tick_takes_them():
     s = session(Phase.WAITING)
-    s.requests.put(("text", [1, 2]))
-    s.requests.put(("func", [3]))
-    s.requests.put(("hold", 0))
-    s.requests.put(("result", {"call_id": "call_x", "output": "{}", "is_error": False}))
+    s.requests.put(ForceTokens("text", (1, 2)))
+    s.requests.put(ForceTokens("function", (3,)))
+    s.requests.put(Hold(0))
+    s.requests.put(SubmitResult("call_x", "{}"))
     assert not s.forcing.text and s.forcing.hold_text == -1  # nothing written before the tick drains
     results = []
     s.take_requests(lambda sess, r: results.append((sess, r["call_id"])))
