@@ -28,11 +28,11 @@ from agent.audio_out.sinks import ConsoleSink, RoomSink
 from agent.call import start_call
 from agent.call_figures import call_figures
 from agent.concierge import concierge_for
-from agent.fleet.carry import ConversationLog, acknowledgement, back_again, resume_context
+from agent.fleet.carry import ConversationLog, acknowledgement, back_again, forget_rooms, resume_context
 from agent.fleet.drain import DRAIN, goodbye_on_drain
 from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
 from agent.fleet.presence import REPLACED, ROOM_CLOSED, CallerPresence
-from agent.fleet.room_job import holder, redispatched, release_room, take_room, watch_link
+from agent.fleet.room_job import holder, redispatched, release_room, room_gone, take_room, watch_link
 from agent.fleet.takeover import _hold_on, _replace_lost_agent, _take_over
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
@@ -94,8 +94,10 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     if replacing is not None and not handed_over:  # a lost agent's place: taken at once, its remains removed
         # beside the call (a room made again after its node died answers that removal only after a timeout)
         ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_replace_lost_agent(ctx, settings))))
-    caller = await _wait_for_caller(ctx)
+    caller, over = await _wait_for_caller(ctx, settings)
     if caller is None:
+        if over and replacing is not None:
+            await _ended_in_the_silence(settings, ctx.job.room.sid)
         return
     CALLER_DATA_MASK.learn(ctx.room.name, caller.identity)  # their names, in any log line, as their labels
     console = cli.AgentsConsole.get_instance().enabled
@@ -232,15 +234,42 @@ async def _first(*waits) -> None:
             t.cancel()
 
 
-async def _wait_for_caller(ctx: JobContext) -> rtc.RemoteParticipant | None:
-    """The room's caller, or None (and the job shut down) when none comes within CALLER_WAIT_S."""
+async def _wait_for_caller(
+    ctx: JobContext, settings: AgentSettings
+) -> tuple[rtc.RemoteParticipant | None, bool]:
+    """The room's caller; or None (and the job shut down) when none comes within CALLER_WAIT_S or the room
+    closes first, with whether the room's call is over: no caller came in all that time, or the server no
+    longer holds the room (everyone left it, or it was deleted). A connection lost is not: the room may be
+    made again on another node, its caller back."""
     try:
         async with asyncio.timeout(CALLER_WAIT_S):
-            return await ctx.wait_for_participant(kind=CALLER_KINDS)
+            return await ctx.wait_for_participant(kind=CALLER_KINDS), False
     except TimeoutError:
         log.info("job %s: no caller within %.0f s; the job ends", ctx.job.id, CALLER_WAIT_S)
         ctx.shutdown("no caller")
-        return None
+        return None, True
+    except RuntimeError:  # the room disconnected while the job waited
+        ctx.shutdown("the room closed")
+        gone = await room_gone(settings, ctx.room.name, ctx.job.room.sid)
+        log.info(
+            "job %s: the room %s before a caller came; the job ends",
+            ctx.job.id,
+            "closed" if gone else "was lost",
+        )
+        return None, gone
+
+
+async def _ended_in_the_silence(settings: AgentSettings, sid: str) -> None:
+    """A job sent to carry a lost agent's call on found no caller: they hung up in the silence, and no job is
+    left to end that call on purpose. Its conversation is deleted (kept if an operator turned keeping on) and
+    its room released."""
+    if not settings.keep_conversations:
+        try:
+            hotel = await asyncio.to_thread(shared_hotel)
+            await asyncio.to_thread(forget_rooms, hotel.store, [sid])
+        except Exception as e:  # noqa: BLE001 (purged after KEEP_S)
+            log.warning("the conversation could not be deleted (%s)", type(e).__name__)
+    await release_room(settings, sid)
 
 
 def _run_alongside(

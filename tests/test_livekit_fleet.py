@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import uuid
 
 import pytest
-from livekit import rtc
+from livekit import api, rtc
 
 from livekit_support import POLL_S, require_livekit, scripted_booking
 from testkit.callers import Caller
@@ -267,3 +268,79 @@ def test_a_booking_made_before_a_sigkill_exists_once_after_the_call_resumes(serv
     print(f"the new agent said {said}; bookings {booked}")
     assert second and second != first
     assert booked == [("Test Rowan", "confirmed")]  # asked for on both sides of the break: made once
+
+
+@pytest.mark.parametrize("closed", ["emptied", "deleted"])
+def test_a_new_agent_finding_its_callers_room_closed_deletes_the_conversation_kept_for_it(
+    server, store_dir, closed
+):
+    """The caller hung up just as their agent was lost: the new agent the fleet sent (a dispatch with the
+    fleet's metadata, made here) waits in the room without them until the server closes it, once its
+    departure timeout has passed since the caller left (`emptied`), or at once (`deleted`, by the API). No job
+    is left to end that call on purpose, so the new one deletes the conversation kept for it, and releases the
+    room; the job ends without an error."""
+    from agent.fleet.carry import Conversation
+    from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
+    from agent.fleet.marks import Keys, redis_client
+    from tools.store import open_store
+
+    name = f"chorus-test-{uuid.uuid4().hex[:8]}"
+    room_name = f"fleet-{uuid.uuid4().hex[:8]}"
+
+    def kept(sid: str) -> str | None:
+        with open_store() as store:
+            return store.transact(lambda tx: tx.conversation(sid))
+
+    async def run(worker: Worker) -> tuple[str | None, str | None, int]:
+        lk = api.LiveKitAPI(server.http_url, server.key, server.secret)
+        redis = redis_client(server.redis)
+        try:
+            room = await lk.room.create_room(api.CreateRoomRequest(name=room_name, departure_timeout=6))
+            if closed == "emptied":  # the caller was in the room, and hung up
+                caller = rtc.Room()
+                grant = api.VideoGrants(room_join=True, room=room_name)
+                token = api.AccessToken(server.key, server.secret).with_identity("caller").with_grants(grant)
+                await caller.connect(server.url, token.to_jwt())
+                await caller.disconnect()
+            said = Conversation("AJ_lost")
+            said.said = ["Welcome to the Grand Hotel."]
+            with open_store() as store:
+                store.transact(lambda tx: tx.put_conversation(room.sid, said.to_json()), write=True)
+            before = kept(room.sid)
+            meta = json.dumps({REDISPATCH_KEY: 1, REASON_KEY: "agent lost"})
+            await lk.agent_dispatch.create_dispatch(
+                api.CreateAgentDispatchRequest(agent_name=name, room=room_name, metadata=meta)
+            )
+
+            async def agents() -> int:
+                people = await lk.room.list_participants(api.ListParticipantsRequest(room=room_name))
+                return sum(p.kind == api.ParticipantInfo.Kind.AGENT for p in people.participants)
+
+            deadline = asyncio.get_running_loop().time() + 60
+            while not await agents():
+                assert asyncio.get_running_loop().time() < deadline, "the new agent never joined"
+                await asyncio.sleep(POLL_S)
+            if closed == "deleted":
+                await lk.room.delete_room(api.DeleteRoomRequest(room=room_name))
+            await await_until(lambda: kept(room.sid) is None, "the conversation deleted", 30, every=POLL_S)
+            await await_until(
+                lambda: "the room closed before a caller came" in worker.log.read_text(errors="replace"),
+                "the job's end",
+                30,
+                every=POLL_S,
+            )
+            ended = await redis.exists(Keys(name).ended(room.sid))
+            return before, kept(room.sid), ended
+        finally:
+            await lk.aclose()
+            await redis.aclose()
+
+    with contextlib.ExitStack() as stack:
+        worker = Worker(server, store_dir, slots=2, name=name)
+        stack.callback(worker.stop)
+        worker.start()
+        before, after, ended = asyncio.run(run(worker))
+        log = worker.log.read_text(errors="replace")
+    assert before is not None and after is None
+    assert ended == 1  # released: a caller who comes back to a room of that name is a new call
+    assert "unhandled exception" not in log

@@ -72,6 +72,20 @@ async def release_room(settings: AgentSettings, sid: str) -> None:
         await client.aclose()
 
 
+async def room_gone(settings: AgentSettings, name: str, sid: str) -> bool:
+    """Whether the server no longer holds the room `sid` (named `name`): everyone left it, or it was deleted.
+    False when the server could not be asked (its node lost: the room may be made again on another)."""
+    from agent.lkapi import LiveKit, LiveKitFailure
+
+    try:
+        async with LiveKit(settings) as lk:
+            found = await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest(names=[name]))
+    except LiveKitFailure as e:
+        log.info("whether the room is gone is not known (%s)", e)
+        return False
+    return all(r.sid != sid for r in found.rooms)
+
+
 def redispatched(metadata: str | None) -> dict[str, Any] | None:
     """What a job's dispatch metadata says of a new agent for a lost one (None: the room's first)."""
     try:
