@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from pydantic import BaseModel
@@ -211,8 +211,8 @@ class ClientModelConfig(Protocol):
 
 class EngineClient(Protocol):
     """The engine as a room sees it: `engine/client/remote.py` `RemoteEngine` across the door, or
-    `engine/tick/engine.py` `Engine` in the same process. `admission` names the slot the worker reserved
-    for the call (a job id across the door, the `Reservation` itself in the engine's process)."""
+    `engine/tick/engine.py` `Engine` in the same process. `admission` names the job the worker reserved a
+    slot for (`Admissions.admit`): the call's session takes that slot."""
 
     config: ClientConfig
     model_cfg: ClientModelConfig
@@ -229,9 +229,20 @@ class EngineClient(Protocol):
         loop: asyncio.AbstractEventLoop | None = None,
         label: str = "",
         caller: str = "",
-        admission: Any = None,
+        admission: str | None = None,
         context: str = "",
     ) -> SessionPort: ...
+
+
+class Admissions(Protocol):
+    """The engine as the worker sees it when LiveKit offers a job: `engine/client/control.py` `EngineControl`
+    across the door, or `Engine` in the same process. `admit` reserves a slot for the job (EngineFull,
+    EngineOverloaded or EngineClosed otherwise) and returns its name, which the job's session names as its
+    `admission`; `release` gives the slot back when the job ends before its session opens."""
+
+    def admit(self, job: str) -> str: ...
+
+    def release(self, admission: str) -> None: ...
 
 
 class SessionSnapshot(BaseModel):

@@ -19,23 +19,26 @@ from engine.tick.slots import SlotPool
 
 def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
     pool = SlotPool(2)
-    a = pool.reserve(ttl_s=30)
+    a = pool.reserve("AJ_a", ttl_s=30)
+    assert a == "AJ_a" and pool.holds(a)
     assert pool.available == 1 and pool.occupancy == 0.0  # reserved, not yet held by a session
-    pool.reserve(ttl_s=0.05)  # one that lapses
+    assert pool.reserve("AJ_a", ttl_s=30) == "AJ_a" and pool.available == 1  # asked again: still one slot
+    pool.reserve("AJ_lapses", ttl_s=0.05)
     assert pool.available == 0
     with pytest.raises(EngineFull):
-        pool.reserve(ttl_s=30)
+        pool.reserve("AJ_c", ttl_s=30)
     with pytest.raises(EngineFull):  # a session without a reservation finds no free slot
         pool.open(_session)
     time.sleep(0.1)  # the second lapsed: its slot is free again
-    assert pool.available == 1
+    assert pool.available == 1 and not pool.holds("AJ_lapses")
     s = pool.open(_session, a)  # a's holder gets its slot
     assert pool.available == 1 and pool.occupancy == 0.5 and s.slot in (0, 1)
+    assert not pool.holds(a)
     pool.release(a)  # already redeemed: nothing changes
     other = pool.open(_session)
     assert pool.available == 0 and pool.occupancy == 1.0 and other.slot != s.slot
     pool.close(s)
-    c = pool.reserve(ttl_s=30)
+    c = pool.reserve("AJ_c", ttl_s=30)
     assert pool.available == 0
     pool.release(c)
     assert pool.available == 1 and pool.occupancy == 0.5
@@ -53,16 +56,18 @@ def test_an_admitted_session_opens_while_the_engine_reports_no_headroom():
     cfg = EngineConfig(preset="tiny", num_slots=2, device="cpu", overload_ratio=1e-9, recover_ratio=1e-9)
     engine = Engine(cfg)
     try:
-        ticket = engine.admit()  # before the first judgement: admitted
+        ticket = engine.admit("AJ_1")  # before the first judgement: admitted
         assert engine.pool.available == 1
         deadline = time.monotonic() + 30
         while not engine.overloaded:
             assert time.monotonic() < deadline, "the engine never judged its headroom"
             time.sleep(0.05)
         with pytest.raises(EngineOverloaded):
-            engine.admit()
+            engine.admit("AJ_2")
         with pytest.raises(EngineOverloaded):
             engine.open_session("You are a concierge.")
+        with pytest.raises(EngineOverloaded):  # a job never admitted is judged as one without an admission
+            engine.open_session("You are a concierge.", admission="AJ_2")
         handle = engine.open_session("You are a concierge.", admission=ticket)  # the promise is kept
         assert engine.occupancy == 0.5 and engine.pool.available == 1 and not handle.closed
         handle.close()

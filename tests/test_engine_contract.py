@@ -15,7 +15,16 @@ import typing
 
 import pytest
 
-from engine.api import EngineClient, ForceTokens, KeepPrivate, PadBetween, SessionPort, SubmitResult
+from engine.api import (
+    Admissions,
+    EngineClient,
+    ForceTokens,
+    KeepPrivate,
+    PadBetween,
+    SessionPort,
+    SubmitResult,
+)
+from engine.client.control import EngineControl
 from engine.client.handle import RemoteHandle
 from engine.client.remote import RemoteEngine
 from engine.client.wire import REQUESTS, decode_request, encode, request_message
@@ -85,6 +94,8 @@ def breaches(proto: type, cls: type) -> list[str]:
         (SessionPort, SessionHandle),
         (EngineClient, RemoteEngine),
         (EngineClient, Engine),
+        (Admissions, EngineControl),
+        (Admissions, Engine),
     ],
 )
 def test_both_sides_of_the_door_keep_the_rooms_contract(proto, cls):

@@ -153,7 +153,7 @@ def test_another_users_process_gets_nothing_from_the_door_and_the_worker_keeps_i
     assert out == {name: "" for name in out}  # every connection closed before a byte was answered
     assert host.stats["refused_peers"] >= len(out) + flood
     assert drained == []  # no drain reached the room
-    assert host.take_admission("AJ_worker") is not None  # the worker's admission was not released
+    assert host.engine.pool.holds("AJ_worker")  # the worker's admission was not released
     assert (
         engine.pool.available == 4 - 2 and len(engine.pool.sessions) == 1
     )  # the room's, and the admission's

@@ -52,7 +52,6 @@ from engine.door.host_ops import HostOps
 
 if TYPE_CHECKING:
     from engine.tick.engine import Engine
-    from engine.tick.slots import Reservation
 
 log = logging.getLogger("chorus.engine.host")
 
@@ -89,8 +88,6 @@ class EngineHost(HostOps):
         self._outbox: deque[tuple[RoomConn, bytes]] = deque()  # from the tick thread and `drain`
         self._conns: set[RoomConn] = set()
         self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
-        self._admissions: dict[str, tuple[Reservation, float]] = {}  # job -> (the engine's admission, when)
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = {

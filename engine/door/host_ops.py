@@ -1,8 +1,8 @@
 """What the engine's door (engine/door/host.py `EngineHost`) answers to each message a connection may send
 once its key has given it a role: a room's `hello`, `open` and its session's `result`, `force`, `private` and
-`close`; the worker's `admit`, `release`, `load`, `drain` and `fleet`. It holds the worker's admissions until
-the session of their job opens (or `ADMISSION_KEEP_S` has passed), and opens a session with its shared memory
-and eventfd, sent with the answer.
+`close`; the worker's `admit`, `release`, `load`, `drain` and `fleet`. An admission is the engine's slot
+reserved for the job it names, until that job's session opens with it (or it lapses); a session is opened with
+its shared memory and eventfd, sent with the answer.
 
 Runs in the engine's process, on the door's thread. Knows the engine's session API, the wire's messages and
 the shared-memory layout; nothing of the selector loop, keys, buffers or a connection's life, which are the
@@ -15,7 +15,6 @@ import json
 import math
 import os
 import socket
-import time
 from typing import TYPE_CHECKING, Any
 
 from engine.api import EngineError
@@ -24,26 +23,19 @@ from engine.client.wire import encode, error_message, shape_error
 from engine.door.host_conn import RoomConn, apply_session_op
 
 if TYPE_CHECKING:
-    import threading
-
     from engine.client.link import Layout
     from engine.door.gate import Gate
     from engine.tick.engine import Engine
-    from engine.tick.slots import Reservation
-
-ADMISSION_KEEP_S = 60.0  # an admission no session took is forgotten (the engine's own lapses sooner)
 
 
 class HostOps:
-    """The door's answers, part of `EngineHost`, which holds the engine, its gate, layout, stats and
-    admissions, and does the sending (`_send`, `_refuse`, `_drop`, `_release_link`, `drain`)."""
+    """The door's answers, part of `EngineHost`, which holds the engine, its gate, layout and stats, and
+    does the sending (`_send`, `_refuse`, `_drop`, `_release_link`, `drain`)."""
 
     engine: Engine
     gate: Gate
     layout: Layout
     stats: dict[str, int]
-    _admissions: dict[str, tuple[Reservation, float]]
-    _lock: threading.Lock
 
     def _message(self, conn: RoomConn, line: bytes) -> None:
         why = shape_error(line)
@@ -126,30 +118,15 @@ class HostOps:
             self._refuse(conn, f"{op}: admission must name a job")
             return
         if op == "release":
-            admission = self.take_admission(job)
-            if admission is not None:
-                e.release(admission)
+            e.release(job)
             self._send(conn, encode({"op": "released"}))
             return
         try:
-            admission = e.admit()
+            e.admit(job)
         except EngineError as err:
             self._send(conn, encode(error_message(err)))
             return
-        self.hold_admission(job, admission)
         self._send(conn, encode({"op": "admitted", "admission": job}))
-
-    def hold_admission(self, job: str, admission: Reservation) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._admissions[job] = (admission, now)
-            for key in [k for k, (_, at) in self._admissions.items() if now - at > ADMISSION_KEEP_S]:
-                del self._admissions[key]
-
-    def take_admission(self, job: str) -> Reservation | None:
-        with self._lock:
-            held = self._admissions.pop(job, None)
-        return held[0] if held is not None else None
 
     def _hello(self) -> dict[str, Any]:
         e = self.engine
@@ -172,7 +149,7 @@ class HostOps:
             self._refuse(conn, "open: prompt and context must be strings and tools a list")
             return
         job = msg.get("admission")
-        admission = self.take_admission(job) if isinstance(job, str) else None
+        admission = job if isinstance(job, str) else None
         link = SessionLink.create(self.layout)
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         conn.link, conn.efd = link, efd

@@ -38,7 +38,7 @@ from engine.tick.plan import TickObserver
 from engine.tick.runner import Runner
 from engine.tick.scheduler import Scheduler
 from engine.tick.session import Session
-from engine.tick.slots import FrameInbox, Reservation, SlotPool
+from engine.tick.slots import FrameInbox, SlotPool
 from engine.tick.warm import warm_prompts
 from redaction import mask_numbers, warm_redaction
 
@@ -125,7 +125,7 @@ class Engine:
         sink: Callable[[list[Output]], None] | None = None,
         label: str = "",
         caller: str = "",
-        admission: Reservation | None = None,
+        admission: str | None = None,
         source: Callable[[FrameInbox], None] | None = None,
         pending: Callable[[], bool] | None = None,
         playout: np.ndarray | None = None,
@@ -134,7 +134,8 @@ class Engine:
         """A slot for a new conversation, or EngineFull. `context` is the call's own part of the prompt (the
         earlier turns of a call carried on after a break), after the tool block: the system prompt and tools
         before it are prefilled once for every call of the same agent, and their state kept. With an
-        `admission` from `admit` the slot it reserved is taken and headroom is not judged again. Outputs
+        `admission` (a job `admit` reserved a slot for) that slot is taken and headroom is not judged again.
+        Outputs
         arrive on `loop` (an asyncio.Queue in `handle.outputs`), or through `sink` (called on the tick thread:
         keep it cheap), or in a queue.Queue. `label` and `caller` (the caller's kind) are the agent's words
         for the conversation: the snapshot shows them (at most 80 characters each; a number in the label by
@@ -144,7 +145,8 @@ class Engine:
         memory); `pending` says whether it holds a frame the tick has not taken (a tick starts early once
         every frame is in)."""
         self._check_up()
-        if admission is None:
+        admitted = admission is not None and self.pool.holds(admission)
+        if not admitted:
             self._check_headroom()
         names, prompt_ids, prefix_len = requested_prompt(self.tokens, prompt, tools, context)
         key, prefix_key = hash(tuple(prompt_ids)), hash(tuple(prompt_ids[:prefix_len]))
@@ -152,7 +154,7 @@ class Engine:
         making = prefix_key if prefix_key not in cached and key not in cached else key
         prefilling = prompts_prefilling(self.pool.sessions, self.scheduler.cached_prompts)
         if (
-            admission is None
+            not admitted
             and making not in cached
             and making not in prefilling
             and len(prefilling) >= self.config.max_prompt_prefills
@@ -191,17 +193,18 @@ class Engine:
         )
         return SessionHandle(self, session, outputs)
 
-    def admit(self, ttl_s: float = ADMISSION_TTL_S) -> Reservation:
+    def admit(self, job: str, ttl_s: float = ADMISSION_TTL_S) -> str:
         """Admission of a caller the worker is about to accept: the engine is up and has headroom, and a slot
-        is reserved for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise). The session
-        opened with it (`open_session(admission=...)`) gets that slot: the decision is made once, before the
-        caller is taken on, so no accepted caller is refused afterwards.
+        is reserved for `job` for `ttl_s` seconds (EngineClosed, EngineOverloaded or EngineFull otherwise);
+        the job's name. The session opened with it (`open_session(admission=job)`) gets that slot: the
+        decision is made once, before the caller is taken on, so no accepted caller is refused afterwards.
         `release` gives an unused one back."""
         self._check_up()
         self._check_headroom()
-        return self.pool.reserve(ttl_s)
+        return self.pool.reserve(job, ttl_s)
 
-    def release(self, admission: Reservation) -> None:
+    def release(self, admission: str) -> None:
+        """Give back the slot reserved for the job `admission` (it ended before it opened a session)."""
         self.pool.release(admission)
 
     def _check_up(self) -> None:

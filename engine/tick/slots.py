@@ -121,13 +121,6 @@ class FrameInbox:
         return len(self._frames)
 
 
-class Reservation:
-    """A slot promised to a caller the worker is about to accept (`SlotPool.reserve`): opaque, compared by
-    identity, redeemed once by `SlotPool.open` or given back by `SlotPool.release`."""
-
-    __slots__ = ()
-
-
 class SlotPool:
     """A fixed number of slots, a free list, and the sessions holding them."""
 
@@ -139,7 +132,7 @@ class SlotPool:
         self.sessions: dict[int, Session] = {}
         self._to_reset: set[int] = set()  # opened since the last tick: the model must reset these rows
         self._closed: list[Session] = []  # closed since the last tick (their final counters)
-        self._reserved: dict[Reservation, float] = {}  # reservation ticket -> when it lapses (on the clock)
+        self._reserved: dict[str, float] = {}  # job a slot is reserved for -> when it lapses (on the clock)
 
     @property
     def occupancy(self) -> float:
@@ -156,33 +149,40 @@ class SlotPool:
 
     def _held(self, now: float) -> int:
         """Reservations still unexpired (the lock held); expired ones are dropped."""
-        for ticket, until in list(self._reserved.items()):
+        for job, until in list(self._reserved.items()):
             if until <= now:
-                del self._reserved[ticket]
+                del self._reserved[job]
         return len(self._reserved)
 
-    def reserve(self, ttl_s: float) -> Reservation:
-        """Promise a slot for `ttl_s` seconds: a ticket that `open` redeems, or EngineFull. Admission decides
-        once, when a caller is accepted; the session that follows within the ticket's life gets its slot."""
+    def reserve(self, job: str, ttl_s: float) -> str:
+        """Promise a slot to `job` for `ttl_s` seconds, or EngineFull; the job's name, which `open` redeems.
+        Admission decides once, when a caller is accepted; the session that follows within the reservation's
+        life gets its slot. A job reserved again keeps its one slot, for `ttl_s` from now."""
         with self._lock:
-            if len(self._free) - self._held(self.clock()) <= 0:
+            now = self.clock()
+            if job not in self._reserved and len(self._free) - self._held(now) <= 0:
                 raise EngineFull(self._full())
-            ticket = Reservation()
-            self._reserved[ticket] = self.clock() + ttl_s
-            return ticket
+            self._reserved[job] = now + ttl_s
+            return job
 
-    def release(self, ticket: Reservation) -> None:
+    def holds(self, job: str) -> bool:
+        """Whether a slot is reserved for `job` (not yet redeemed, released or lapsed)."""
+        with self._lock:
+            self._held(self.clock())
+            return job in self._reserved
+
+    def release(self, job: str) -> None:
         """Give an unredeemed reservation back (the caller never came)."""
         with self._lock:
-            self._reserved.pop(ticket, None)
+            self._reserved.pop(job, None)
 
     def _full(self) -> str:
         return f"all {self.num_slots} slots are in use; route the caller to another worker or retry later"
 
-    def open(self, make: Callable[[str, int], Session], ticket: Reservation | None = None) -> Session:
-        """A slot for a new session: the one `ticket` reserved, or a free slot no reservation holds."""
+    def open(self, make: Callable[[str, int], Session], job: str | None = None) -> Session:
+        """A slot for a new session: the one reserved for `job`, or a free slot no reservation holds."""
         with self._lock:
-            redeemed = ticket is not None and self._reserved.pop(ticket, None) is not None
+            redeemed = job is not None and self._reserved.pop(job, None) is not None
             if not self._free or (not redeemed and len(self._free) - self._held(self.clock()) <= 0):
                 raise EngineFull(self._full())
             slot = self._free.popleft()
