@@ -15,7 +15,6 @@ def _token(argv: list[str]) -> int:
     from livekit import api
 
     from agent.settings import AgentSettings
-    from envsettings import SettingsError
 
     p = argparse.ArgumentParser(
         prog="python -m agent token", description="print a join token for a test client"
@@ -24,10 +23,8 @@ def _token(argv: list[str]) -> int:
     p.add_argument("--identity", default="caller")
     p.add_argument("--ttl-minutes", type=int, default=60)
     args = p.parse_args(argv)
-    try:
-        s = AgentSettings.from_env()
-    except SettingsError as e:
-        print(f"token: {e}", file=sys.stderr)
+    s = AgentSettings.for_command("token")
+    if s is None:
         return 2
     if not s.livekit_api_key or not s.livekit_api_secret:
         print("token: set LIVEKIT_API_KEY and LIVEKIT_API_SECRET (environment or .env)", file=sys.stderr)

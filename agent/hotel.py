@@ -48,6 +48,17 @@ def concierge_instructions(hotel: Hotel) -> str:
 RESULTS = ResultWriter()  # this process's tools' answers as the model reads them (counted: `RESULTS.stats()`)
 
 
+def hotel_tool(name: str):
+    """The hotel's tool `name` as a concierge's function tool: the model's raw arguments, its schema from
+    tools.schemas, answered by `Concierge._call`."""
+
+    async def tool(self: Concierge, raw_arguments: dict[str, object], context: RunContext) -> str:
+        return await self._call(name, raw_arguments, context)
+
+    tool.__name__ = tool.__qualname__ = name
+    return function_tool(tool, raw_schema=schemas.tool_schema(name))
+
+
 class Concierge(Agent):
     """One caller's concierge: the tools every caller has, and the runner of all hotel tools. `session_key`
     scopes booking idempotency to this conversation: the same booking asked twice (a retried call, a
@@ -87,31 +98,16 @@ class Concierge(Agent):
             raise ToolError(SYSTEM_TROUBLE) from None
         return text
 
-    @function_tool(raw_schema=schemas.tool_schema("check_availability"))
-    async def check_availability(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("check_availability", raw_arguments, context)
-
-    @function_tool(raw_schema=schemas.tool_schema("hotel_info"))
-    async def hotel_info(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("hotel_info", raw_arguments, context)
+    check_availability = hotel_tool("check_availability")
+    hotel_info = hotel_tool("hotel_info")
 
 
 class HotelAgent(Concierge):
     """A web caller's concierge: the hotel's five tools (`tools.schemas.WEB_TOOLS`)."""
 
-    @function_tool(raw_schema=schemas.tool_schema("book_room"))
-    async def book_room(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("book_room", raw_arguments, context)
-
-    @function_tool(raw_schema=schemas.tool_schema("find_reservation"))
-    async def find_reservation(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("find_reservation", raw_arguments, context)
-
-    @function_tool(raw_schema=schemas.tool_schema("change_or_cancel_reservation"))
-    async def change_or_cancel_reservation(
-        self, raw_arguments: dict[str, object], context: RunContext
-    ) -> str:
-        return await self._call("change_or_cancel_reservation", raw_arguments, context)
+    book_room = hotel_tool("book_room")
+    find_reservation = hotel_tool("find_reservation")
+    change_or_cancel_reservation = hotel_tool("change_or_cancel_reservation")
 
 
 def tool_schemas(agent: Agent) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field_validator
 
-from envsettings import EnvSettings
+from envsettings import EnvSettings, whole
 
 if TYPE_CHECKING:
     from engine.sizing.engine_config import EngineConfig
@@ -163,9 +163,7 @@ class AgentSettings(EnvSettings):
     room_processes: bool = Field(True, validation_alias="CHORUS_ROOM_PROCESSES", description="true or false")
     # with room processes: how many wait, started, for their callers (at most the slots; more are started as
     # callers come, as many at once as the host has cores, up to four); each holds about 110 MB
-    warm_rooms: int = Field(
-        4, ge=0, le=1024, validation_alias="CHORUS_WARM_ROOMS", description="a whole number from 0 to 1024"
-    )
+    warm_rooms: int = whole(4, 0, 1024, "CHORUS_WARM_ROOMS")
     # the caller's audio from the rtc runtime straight into the engine's ring, no Python on its way, and the
     # agent's captures to its track made and answered natively (agent/audio_in/audio_pump.py, built with the
     # host's C compiler on first use); false: through livekit-agents' room input and the SDK's capture, as
@@ -173,18 +171,12 @@ class AgentSettings(EnvSettings):
     native_audio: bool = Field(True, validation_alias="CHORUS_NATIVE_AUDIO", description="true or false")
     # the engine's live step at this real-time priority (SCHED_FIFO; 0: normal priority); refused without
     # CAP_SYS_NICE or RLIMIT_RTPRIO, and then said once in the log
-    tick_priority: int = Field(
-        50, ge=0, le=99, validation_alias="CHORUS_TICK_PRIORITY", description="a whole number from 0 to 99"
-    )
+    tick_priority: int = whole(50, 0, 99, "CHORUS_TICK_PRIORITY")
     # how many of a worker process's rooms join at once (connect, then start the call; 0: no limit): callers
     # who arrive together wait their turn rather than stall the calls already live (agent/joins.py)
-    joins_at_once: int = Field(
-        2, ge=0, le=1024, validation_alias="CHORUS_JOINS_AT_ONCE", description="a whole number from 0 to 1024"
-    )
+    joins_at_once: int = whole(2, 0, 1024, "CHORUS_JOINS_AT_ONCE")
     # how much lower than the worker's a room process's CPU priority is (nice): the tick comes first
-    room_nice: int = Field(
-        5, ge=0, le=19, validation_alias="CHORUS_ROOM_NICE", description="a whole number from 0 to 19"
-    )
+    room_nice: int = whole(5, 0, 19, "CHORUS_ROOM_NICE")
     # phone calls (agent/phone/phone.py): where a caller is transferred, and the rooms the SIP dispatch rule
     # makes
     front_desk_number: str | None = Field(None, validation_alias="CHORUS_FRONT_DESK_NUMBER", description=E164)

@@ -8,9 +8,10 @@ what is allowed. Knows pydantic-settings and `.env`; knows no variable of its ow
 from __future__ import annotations
 
 import re
-from typing import Self
+import sys
+from typing import Any, Self
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -61,6 +62,23 @@ class EnvSettings(BaseSettings):
             return cls(**values)
         except ValidationError as e:
             raise SettingsError(_one_line(cls, e)) from None
+
+    @classmethod
+    def for_command(cls, command: str) -> Self | None:
+        """The settings from the environment for a command line tool; None, with the refused value said on
+        stderr as `command: NAME=value: must be ...`, when one is bad (the command then exits 2)."""
+        try:
+            return cls.from_env()
+        except SettingsError as e:
+            print(f"{command}: {e}", file=sys.stderr)
+            return None
+
+
+def whole(default: int, low: int, high: int, name: str) -> Any:
+    """A setting that is a whole number from `low` to `high`, read from the variable `name`."""
+    return Field(
+        default, ge=low, le=high, validation_alias=name, description=f"a whole number from {low} to {high}"
+    )
 
 
 def _one_line(cls: type[EnvSettings], e: ValidationError) -> str:

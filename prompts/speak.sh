@@ -9,6 +9,16 @@ speak() {
     echo "$tmp"
 }
 
+# speak16k NAME VOICE SPEED TEXT EFFECT...: NAME.wav, TEXT spoken and made 16 kHz mono 16-bit with sox's
+# EFFECTs applied
+speak16k() {
+    local wav name="$1"
+    wav="$(speak "$2" "$3" "$4")"
+    shift 4
+    sox -D "$wav" -r 16000 -c 1 -b 16 "$name.wav" "$@"
+    rm -f "$wav"
+}
+
 # durations FILE...: each file's length in seconds
 durations() {
     for f in "$@"; do soxi -D "$f" | xargs printf "%s %s s\n" "$f"; done

@@ -6,6 +6,8 @@
 # As an ordinary user the server runs as that user. As root (CI) the Debian package is installed when they are
 # missing, and the server runs as the `postgres` system user (initdb refuses root).
 
+source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
+
 PG_PORT="${PG_PORT:-55432}"
 PG_DIR="${PG_DIR:-/tmp/chorus-pg-$(id -u)}"
 
@@ -30,15 +32,8 @@ _pg_as() {
 # The server programs, installed (as root, Debian's package) when missing; needs the package registry.
 ensure_postgres() {
     [ -n "$(_pg_bin)" ] && return 0
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        echo "ensure_postgres: no PostgreSQL server programs (initdb, pg_ctl): install PostgreSQL" \
-            "(Debian: apt-get install postgresql) or put its bin directory on PATH" >&2
-        return 1
-    fi
-    echo "installing postgresql (Debian package)..."
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq postgresql >/dev/null
+    debian_install ensure_postgres postgresql "no PostgreSQL server programs (initdb, pg_ctl): install \
+PostgreSQL (Debian: apt-get install postgresql) or put its bin directory on PATH"
 }
 
 start_postgres() {

@@ -23,6 +23,31 @@ RECV_MS = 80  # the agent's audio is read in 80 ms frames, one engine frame (gap
 SPEECH_PEAK = 300  # int16: the agent's speech peaks far above this; silence through WebRTC stays near 0
 
 
+async def join_with_microphone(room, server: Server, jwt: str, on_participant, queue_ms: int, options=None):
+    """Connect `room` to `server` with `jwt`, show `on_participant` each participant already in it, and
+    publish a microphone track at RATE (mono) with `options` (a microphone's by default): its audio source,
+    whose queue holds `queue_ms`."""
+    from livekit import rtc
+
+    await room.connect(server.url, jwt)
+    for p in room.remote_participants.values():
+        on_participant(p)
+    source = rtc.AudioSource(RATE, 1, queue_size_ms=queue_ms)
+    track = rtc.LocalAudioTrack.create_audio_track("microphone", source)
+    options = options or rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+    await room.local_participant.publish_track(track, options)
+    return source
+
+
+async def leave_room(room, tasks: list[asyncio.Task]) -> None:
+    """Disconnect from `room` and stop `tasks` (what read its tracks)."""
+    with contextlib.suppress(Exception):  # leaving: a room that lost its server cannot say goodbye
+        await room.disconnect()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def caller_pcm(name: str = "caller_booking.wav", rate: int = RATE) -> np.ndarray:
     """A committed caller WAV (16 kHz) as int16 at `rate`, resampled linearly."""
     pcm, src = read_wav(CALLERS / name)
@@ -166,12 +191,9 @@ class Caller:
             self.room.on(state, on_connection(state))
         self.room.on("track_subscribed", on_track)
         self.room.register_text_stream_handler("lk.transcription", on_text)
-        await self.room.connect(self.server.url, self.jwt)
-        for p in self.room.remote_participants.values():
-            on_participant(p)
-        self.source = rtc.AudioSource(RATE, 1, queue_size_ms=200)
-        track = rtc.LocalAudioTrack.create_audio_track("microphone", self.source)
-        await self.room.local_participant.publish_track(track, self.publish_options())
+        self.source = await join_with_microphone(
+            self.room, self.server, self.jwt, on_participant, 200, self.publish_options()
+        )
 
     def publish_options(self):
         """How the microphone track is published: as a browser does (Opus, with RED)."""
@@ -206,8 +228,4 @@ class Caller:
             self.sent_samples += FRAME
 
     async def leave(self) -> None:
-        with contextlib.suppress(Exception):  # leaving: a room that lost its server cannot say goodbye
-            await self.room.disconnect()
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await leave_room(self.room, self._tasks)

@@ -102,3 +102,11 @@ def store_dir(tmp_path, monkeypatch):
     with open_store() as store:
         seed(store, dt.date.today())
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def cases(request):
+    """A model stage's frozen reference cases: `cases.safetensors` in the test module's FIXTURES folder."""
+    from safetensors.torch import load_file
+
+    return load_file(str(request.module.FIXTURES / "cases.safetensors"))

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engine.model import codec_ops
 from engine.model.codec import PREFIX, Codec, ignored_release_names, load_release_weights
@@ -24,11 +23,6 @@ ATOL = 1e-4
 @pytest.fixture(scope="module")
 def release() -> dict[str, torch.Tensor]:
     return stage_weights("codec")
-
-
-@pytest.fixture(scope="module")
-def cases() -> dict[str, torch.Tensor]:
-    return load_file(FIXTURES / "cases.safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engine.model.perception import (
     RELEASE_PREFIX,
@@ -40,11 +39,6 @@ def _report(name: str, ours: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def weights() -> dict[str, torch.Tensor]:
     return stage_weights("perception")
-
-
-@pytest.fixture(scope="module")
-def cases() -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / "cases.safetensors"))
 
 
 def _model(weights: dict[str, torch.Tensor], num_slots: int) -> Perception:

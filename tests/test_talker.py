@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engine.model.talker import PREFIX, Talker, load_release_weights
 from engine.model.talker_heads import unmasking_schedule
@@ -23,11 +22,6 @@ DETERMINISTIC = {"gumbel": False, "noise_scale": 0.0}
 @pytest.fixture(scope="module")
 def release() -> dict[str, torch.Tensor]:
     return stage_weights("talker")
-
-
-@pytest.fixture(scope="module")
-def cases() -> dict[str, torch.Tensor]:
-    return load_file(str(FIXTURES / "cases.safetensors"))
 
 
 def _loaded(release: dict[str, torch.Tensor], num_slots: int, **over: object) -> Talker:

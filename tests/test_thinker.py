@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from engine.model.thinker import Thinker, load_release_weights
 from engine.sizing.presets import load_preset
@@ -34,11 +33,6 @@ def stable(logits: torch.Tensor) -> torch.Tensor:
     """Positions whose greedy choice is not a near-tie (top-two margin above 1e-3)."""
     top2 = logits.topk(2, dim=-1).values
     return (top2[..., 0] - top2[..., 1]) > 1e-3
-
-
-@pytest.fixture(scope="module")
-def cases():
-    return load_file(FIXTURES / "cases.safetensors")
 
 
 def run_steps(th: Thinker, cases, live: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,8 +11,6 @@ import sys
 from dataclasses import asdict
 from datetime import date
 
-from envsettings import SettingsError
-
 from .audit import audit
 from .hotel import Hotel
 from .rules import money
@@ -34,10 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("audit", help="check that inventory counts match the reservations (exit 1 if not)")
     args = parser.parse_args(argv)
 
-    try:
-        settings = StoreSettings.from_env()
-    except SettingsError as e:
-        print(f"{args.command}: {e}", file=sys.stderr)
+    settings = StoreSettings.for_command(args.command)
+    if settings is None:
         return 2
     with open_store(settings) as store:
         if args.command == "seed":

@@ -116,14 +116,17 @@ class Hotel:
         # The model reads the response token by token: the sentence to say comes first.
         return {"message": result.pop("message"), **result}
 
+    def _begin(self, name: str, args: Any, deadline: float | None) -> tuple[Any, float, date]:
+        """A tool's start: its arguments parsed (InvalidRequest otherwise), its deadline, the hotel's today."""
+        deadline = self._by(deadline)
+        return schemas.parse_args(name, args), deadline, self.today(deadline=deadline)
+
     # --- check availability --------------------------------------------------------------------------
 
     def check_availability(
         self, args: schemas.CheckAvailability | Mapping[str, Any], *, deadline: float | None = None
     ) -> dict[str, Any]:
-        args = schemas.parse_args("check_availability", args)
-        deadline = self._by(deadline)
-        today = self.today(deadline=deadline)
+        args, deadline, today = self._begin("check_availability", args, deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             policy, rooms = self._policy(tx), self._rooms(tx)
@@ -232,9 +235,7 @@ class Hotel:
     def find_reservation(
         self, args: schemas.FindReservation | Mapping[str, Any], *, deadline: float | None = None
     ) -> dict[str, Any]:
-        args = schemas.parse_args("find_reservation", args)
-        deadline = self._by(deadline)
-        today = self.today(deadline=deadline)
+        args, deadline, today = self._begin("find_reservation", args, deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             reservation = self._owned(tx, args.confirmation_code, args.last_name, lock=False)
@@ -248,9 +249,7 @@ class Hotel:
     def change_or_cancel_reservation(
         self, args: schemas.ChangeOrCancelReservation | Mapping[str, Any], *, deadline: float | None = None
     ) -> dict[str, Any]:
-        args = schemas.parse_args("change_or_cancel_reservation", args)
-        deadline = self._by(deadline)
-        today = self.today(deadline=deadline)
+        args, deadline, today = self._begin("change_or_cancel_reservation", args, deadline)
 
         def run(tx: Tx) -> dict[str, Any]:
             reservation = self._owned(tx, args.confirmation_code, args.last_name, lock=True)

@@ -55,11 +55,7 @@ class MonitorSettings(PageAccess):
         2.0, ge=0.5, le=60, validation_alias="CHORUS_MONITOR_REFRESH_S", description="0.5 to 60 seconds"
     )
     timeout_s: float = Field(
-        2.0,
-        gt=0,
-        le=30,
-        validation_alias="CHORUS_MONITOR_TIMEOUT_S",
-        description="a number of seconds, 0 to 30",
+        2.0, gt=0, le=30, validation_alias="CHORUS_MONITOR_TIMEOUT_S", description="above 0, up to 30 seconds"
     )
     bookings: int = Field(
         10, ge=0, le=200, validation_alias="CHORUS_MONITOR_BOOKINGS", description="0 to 200 (0: none shown)"

@@ -7,6 +7,7 @@ the engine or the call.
 
 from __future__ import annotations
 
+from functools import partialmethod
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,23 +36,16 @@ class Keys:
     def __init__(self, agent_name: str) -> None:
         self.prefix = f"chorus:{agent_name}:"
 
-    def live(self, sid: str) -> str:
-        return f"{self.prefix}live:{sid}"
+    def _key(self, kind: str, sid: str) -> str:
+        return f"{self.prefix}{kind}:{sid}"
 
-    def served(self, sid: str) -> str:
-        return f"{self.prefix}served:{sid}"
-
-    def claim(self, sid: str) -> str:
-        return f"{self.prefix}claim:{sid}"
-
-    def ended(self, sid: str) -> str:
-        return f"{self.prefix}ended:{sid}"
-
-    def handover(self, sid: str) -> str:
-        return f"{self.prefix}handover:{sid}"
-
-    def down(self, sid: str) -> str:
-        return f"{self.prefix}down:{sid}"
+    # each room's marks, by its sid (agent/fleet/fleet.py says what each means)
+    live = partialmethod(_key, "live")
+    served = partialmethod(_key, "served")
+    claim = partialmethod(_key, "claim")
+    ended = partialmethod(_key, "ended")
+    handover = partialmethod(_key, "handover")
+    down = partialmethod(_key, "down")
 
 
 # a job's mark removed only while it is still that job's (a newer job may have marked the room since)

@@ -24,7 +24,7 @@ from livekit.agents import RunContext, ToolError, function_tool
 from pydantic import Field, ValidationError
 
 from agent.call import room_label
-from agent.hotel import Concierge, concierge_instructions
+from agent.hotel import Concierge, concierge_instructions, hotel_tool
 from agent.lkapi import LiveKit, LiveKitFailure, bound_s
 from prompts import load_prompt
 from tools import schemas
@@ -288,9 +288,7 @@ class PhoneConcierge(Concierge):
             arguments = {**raw_arguments, "contact": self.line.number}
         return await self._call("book_room", arguments, context)
 
-    @function_tool(raw_schema=schemas.tool_schema("manage_reservation"))
-    async def manage_reservation(self, raw_arguments: dict[str, object], context: RunContext) -> str:
-        return await self._call("manage_reservation", raw_arguments, context)
+    manage_reservation = hotel_tool("manage_reservation")
 
     @function_tool(raw_schema=schemas.function_schema("call_control", CallControl))
     async def call_control(self, raw_arguments: dict[str, object], context: RunContext) -> str:

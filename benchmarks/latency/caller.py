@@ -7,12 +7,12 @@ side of a burst (timing.py matches the two) nor of the worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from agent.audio_in.receive_stats import every_stat, inbound_audio, window
+from testkit.callers import join_with_microphone, leave_room
 from testkit.server import Server, token
 
 RATE = 48_000  # the callers' tracks, both ways
@@ -79,13 +79,7 @@ class Caller:
 
         self.lk.on("participant_connected", on_participant)
         self.lk.on("track_subscribed", on_track)
-        await self.lk.connect(self.server.url, self.jwt)
-        for p in self.lk.remote_participants.values():
-            on_participant(p)
-        self.source = rtc.AudioSource(RATE, 1, queue_size_ms=100)
-        track = rtc.LocalAudioTrack.create_audio_track("microphone", self.source)
-        opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
-        await self.lk.local_participant.publish_track(track, opts)
+        self.source = await join_with_microphone(self.lk, self.server, self.jwt, on_participant, 100)
 
     async def _record(self, track) -> None:
         from livekit import rtc
@@ -151,11 +145,7 @@ class Caller:
         return window(self.rx[0], self.rx[-1]) if len(self.rx) >= 2 else {}
 
     async def leave(self) -> None:
-        with contextlib.suppress(Exception):  # leaving: a room that lost its server cannot say goodbye
-            await self.lk.disconnect()
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await leave_room(self.lk, self.tasks)
 
     # -- analysis ---------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 _MASKED = -10000.0  # NeMo's fill for masked attention scores (exp underflows to exactly 0 in fp32)
 
@@ -147,14 +147,8 @@ class RelPositionAttention(nn.Module):
         return self.linear_out((attn @ v).transpose(1, 2).reshape(b, t, -1))
 
     def step(
-        self,
-        x: torch.Tensor,
-        pe: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        dist: torch.Tensor,
-        hidden: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, x: Tensor, pe: Tensor, k_cache: Tensor, v_cache: Tensor, dist: Tensor, hidden: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One query per row against its ring of W cached keys plus itself.
 
         x [B, d]; pe [W + 1, d]; k_cache/v_cache [B, H, W, dk] (ring, any order); dist [B, W] int64 distance
@@ -209,14 +203,14 @@ class ConformerLayer(nn.Module):
 
     def step(
         self,
-        x: torch.Tensor,
-        pe: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        conv_cache: torch.Tensor,
-        dist: torch.Tensor,
-        hidden: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x: Tensor,
+        pe: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        conv_cache: Tensor,
+        dist: Tensor,
+        hidden: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One frame x [B, d] -> (y [B, d], new key [B, H, dk], new value [B, H, dk], new conv cache).
 
         `hidden` is the additive score bias of RelPositionAttention.step.

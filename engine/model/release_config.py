@@ -54,6 +54,10 @@ def _require(problems: list[str], where: str, value: Any, allowed: tuple) -> Non
         problems.append(f"{where} = {value!r}: Chorus implements only {' / '.join(map(repr, allowed))}")
 
 
+# a transformer's layers and heads: ours, after a prefix (`num_`, `char_`) -> Hugging Face's names
+_LAYERS = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads"}
+
+
 def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
     """Every dimension the release config states, keyed by the ModelConfig field it sets, and the values
     Chorus does not implement (unknown architecture switches). Keys a config leaves out are absent."""
@@ -63,6 +67,11 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
     def put(field: str, value: Any, convert=int) -> None:
         if value is not None:
             out[field] = convert(value)
+
+    def talker(part: dict, prefix: str, *same: str, convert=int, **renamed: str) -> None:
+        # the talker's fields `prefix + name` from the config's `part`: under the same names, or renamed
+        for ours, theirs in [*zip(same, same, strict=True), *renamed.items()]:
+            put(f"talker.{prefix}{ours}", part.get(theirs), convert)
 
     data = raw.get("data") or {}
     put("clock.input_rate", data.get("source_sample_rate"))
@@ -136,23 +145,10 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
     tts = gen.get("tts_config") or {}
     _require(bad, "tts_config.backbone_type", tts.get("backbone_type"), ("gemma3_text",))
     bb = tts.get("backbone_config") or {}
-    for ours, theirs in (
-        ("hidden_size", "hidden_size"),
-        ("intermediate_size", "intermediate_size"),
-        ("num_layers", "num_hidden_layers"),
-        ("num_heads", "num_attention_heads"),
-        ("num_kv_heads", "num_key_value_heads"),
-        ("head_dim", "head_dim"),
-        ("sliding_window", "sliding_window"),
-    ):
-        put(f"talker.{ours}", bb.get(theirs))
-    for ours, theirs in (
-        ("query_pre_attn_scalar", "query_pre_attn_scalar"),
-        ("rope_theta", "rope_theta"),
-        ("rope_local_theta", "rope_local_base_freq"),
-        ("rms_eps", "rms_norm_eps"),
-    ):
-        put(f"talker.{ours}", bb.get(theirs), float)
+    talker(bb, "", "hidden_size", "intermediate_size", "head_dim", "sliding_window")
+    talker(bb, "num_", **_LAYERS)
+    talker(bb, "", "query_pre_attn_scalar", "rope_theta", convert=float)
+    talker(bb, "", convert=float, rope_local_theta="rope_local_base_freq", rms_eps="rms_norm_eps")
     if bb.get("layer_types") is not None:
         out["talker.layer_types"] = tuple(
             {"sliding_attention": "sliding", "full_attention": "global"}.get(t, t) for t in bb["layer_types"]
@@ -165,23 +161,11 @@ def derive_dims(raw: dict) -> tuple[dict[str, Any], list[str]]:
     _require(
         bad, "tts_config.cas_config.backbone_type", _get(tts, "cas_config", "backbone_type"), ("t5gemma",)
     )
-    for ours, theirs in (
-        ("char_hidden_size", "hidden_size"),
-        ("char_intermediate_size", "intermediate_size"),
-        ("char_layers", "num_hidden_layers"),
-        ("char_heads", "num_attention_heads"),
-        ("char_kv_heads", "num_key_value_heads"),
-        ("char_head_dim", "head_dim"),
-    ):
-        put(f"talker.{ours}", cas.get(theirs))
+    talker(cas, "char_", "hidden_size", "intermediate_size", "head_dim", **_LAYERS)
     mog = tts.get("mog_head_config") or {}
-    for ours, theirs in (
-        ("mog_intermediate_size", "intermediate_size"),
-        ("mog_layers", "num_layers"),
-        ("mog_components", "num_predictions"),
-        ("mog_rank", "low_rank"),
-    ):
-        put(f"talker.{ours}", mog.get(theirs))
+    talker(
+        mog, "mog_", "intermediate_size", layers="num_layers", components="num_predictions", rank="low_rank"
+    )
     put("talker.log_std_min", mog.get("min_log_std"), float)
     for key in ("use_subword_flag_emb", "use_bos_eos_emb", "use_gated_fusion_for_text_audio"):
         _require(bad, f"tts_config.{key}", tts.get(key), (True,))

@@ -7,13 +7,11 @@ cd "$(dirname "$0")"
 source ../speak.sh
 
 say() {  # say NAME VOICE SPEED TEXT: NAME.wav
-    local tmp
-    tmp="$(speak "$2" "$3" "$4")"
-    # 16 kHz mono 16-bit, leading and trailing silence trimmed, a short fade so a cut clip does not click,
-    # and the level normalised to -3 dBFS
-    sox -D "$tmp" -r 16000 -c 1 -b 16 "$tmp.trim.wav" silence 1 0.02 1% reverse silence 1 0.02 1% reverse
-    sox -D "$tmp.trim.wav" "$1.wav" fade t 0.01 "$(soxi -D "$tmp.trim.wav")" 0.05 gain -n -3
-    rm -f "$tmp" "$tmp.trim.wav"
+    # leading and trailing silence trimmed, then a short fade so a cut clip does not click, and the level
+    # normalised to -3 dBFS
+    speak16k "$1.trim" "$2" "$3" "$4" silence 1 0.02 1% reverse silence 1 0.02 1% reverse
+    sox -D "$1.trim.wav" "$1.wav" fade t 0.01 "$(soxi -D "$1.trim.wav")" 0.05 gain -n -3
+    rm -f "$1.trim.wav"
 }
 
 say ack_moment en-us 170 "One moment, let me check that."
