@@ -158,6 +158,43 @@ class KeepPrivate:
 Request = SubmitResult | ForceTokens | PadBetween | KeepPrivate
 
 
+@dataclass(frozen=True)
+class Admit:
+    """The worker's: a slot reserved for the job `admission` names (`Admissions.admit`)."""
+
+    admission: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """The worker's: the slot reserved for the job `admission` names given back (`Admissions.release`)."""
+
+    admission: str
+
+
+@dataclass(frozen=True)
+class AskLoad:
+    """The worker's: the engine's load, occupancy and free slots, and whether its tick runs."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    """The worker's: every room with a session told that the worker drains, its call `seconds` from ending."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ReportFleet:
+    """The worker's new agents for rooms alone, by reason, for the engine's snapshot and /metrics."""
+
+    redispatches: dict[str, int]
+
+
+# what the worker asks of its engine, through the door's control key (engine/client/control.py)
+Control = Admit | Release | AskLoad | Drain | ReportFleet
+
+
 class SessionPort(Protocol):
     """What a room holds of its session: `engine/client/handle.py` `RemoteHandle` across the engine's door,
     `engine/tick/handle.py` `SessionHandle` in the engine's own process. Outputs arrive on `outputs` (or the

@@ -17,17 +17,30 @@ import pytest
 
 from engine.api import (
     Admissions,
+    Admit,
+    AskLoad,
+    Drain,
     EngineClient,
     ForceTokens,
     KeepPrivate,
     PadBetween,
+    Release,
+    ReportFleet,
     SessionPort,
     SubmitResult,
 )
 from engine.client.control import EngineControl
 from engine.client.handle import RemoteHandle
 from engine.client.remote import RemoteEngine
-from engine.client.wire import REQUESTS, decode_request, encode, request_message
+from engine.client.wire import (
+    CONTROLS,
+    REQUESTS,
+    control_message,
+    decode_control,
+    decode_request,
+    encode,
+    request_message,
+)
 from engine.tick.engine import Engine
 from engine.tick.handle import SessionHandle
 
@@ -164,3 +177,36 @@ def test_every_request_crosses_the_door_and_comes_back_the_same(request_):
 def test_a_malformed_request_is_refused_with_what_is_wrong(msg, why):
     with pytest.raises(ValueError, match=re.escape(why)):
         decode_request(msg["op"], msg)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Admit("AJ_1"),
+        Release("AJ_1"),
+        AskLoad(),
+        Drain(12.5),
+        ReportFleet({"agent lost": 2, "handed over": 1}),
+    ],
+)
+def test_every_request_of_the_worker_crosses_the_door_and_comes_back_the_same(request_):
+    msg = json.loads(encode(control_message(request_)))
+    assert msg["op"] in CONTROLS
+    assert decode_control(msg["op"], msg) == request_
+
+
+@pytest.mark.parametrize(
+    ("msg", "why"),
+    [
+        ({"op": "admit"}, "admit: admission must name a job"),
+        ({"op": "release", "admission": "x" * 201}, "release: admission must name a job"),
+        ({"op": "drain", "seconds": -1}, "drain: seconds must be a number of seconds"),
+        ({"op": "drain", "seconds": True}, "drain: seconds must be a number of seconds"),
+        ({"op": "fleet", "redispatches": {"agent lost": -1}}, "fleet: redispatches must be a few counts"),
+        ({"op": "fleet", "redispatches": {str(i): 1 for i in range(9)}}, "fleet: redispatches must be a few"),
+        ({"op": "result", "call_id": "c", "output": "x"}, "unknown operation 'result'"),
+    ],
+)
+def test_a_malformed_request_of_the_worker_is_refused_with_what_is_wrong(msg, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        decode_control(msg["op"], msg)

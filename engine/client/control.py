@@ -11,8 +11,8 @@ import socket
 import threading
 from typing import Any
 
-from engine.api import EngineClosed, EngineError
-from engine.client.wire import connect, encode, raise_error, read_line
+from engine.api import Admit, AskLoad, Control, Drain, EngineClosed, EngineError, Release, ReportFleet
+from engine.client.wire import connect, control_message, encode, raise_error, read_line
 
 REQUEST_TIMEOUT_S = 10.0  # an answer, or EngineClosed
 
@@ -29,8 +29,9 @@ class EngineControl:
         self._sock: socket.socket | None = None
         self._rx = bytearray()
 
-    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _ask(self, request: Control) -> dict[str, Any]:
         """One question and its answer; the connection is made again once if the kept one has failed."""
+        msg = control_message(request)
         with self._lock:
             for attempt in (0, 1):
                 fresh = self._sock is None
@@ -61,28 +62,28 @@ class EngineControl:
         """Reserve a slot for a job the worker is about to accept (the engine's EngineFull, EngineOverloaded
         or EngineClosed otherwise); the job's session takes it by naming the job
         (`RemoteEngine.open_session(admission=)`)."""
-        return str(self._ask({"op": "admit", "admission": job})["admission"])
+        return str(self._ask(Admit(job))["admission"])
 
     def release(self, admission: str) -> None:
         """Give back the slot reserved for this job (it ended before it opened a session); best effort."""
         with contextlib.suppress(OSError, EngineError, ValueError):
-            self._ask({"op": "release", "admission": admission})
+            self._ask(Release(admission))
 
     def drain(self, seconds: float) -> None:
         """Tell every room with a session that the worker drains: its calls have `seconds` left."""
         with contextlib.suppress(OSError, EngineError, ValueError):
-            self._ask({"op": "drain", "seconds": float(seconds)})
+            self._ask(Drain(float(seconds)))
 
     def report_fleet(self, redispatches: dict[str, int]) -> None:
         """The worker's new agents for rooms alone, by reason (agent/fleet/fleet.py), for the engine's
         snapshot and /metrics; best effort."""
         with contextlib.suppress(OSError, EngineError, ValueError):
-            self._ask({"op": "fleet", "redispatches": dict(redispatches)})
+            self._ask(ReportFleet(dict(redispatches)))
 
     def status(self) -> dict[str, Any]:
         """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
         runs."""
-        return self._ask({"op": "load"})
+        return self._ask(AskLoad())
 
     @property
     def load(self) -> float:

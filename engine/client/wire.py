@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import secrets
@@ -19,12 +20,18 @@ from typing import Any
 
 from engine import api
 from engine.api import (
+    Admit,
+    AskLoad,
+    Control,
+    Drain,
     EngineClosed,
     EngineError,
     ForceTokens,
     KeepPrivate,
     Output,
     PadBetween,
+    Release,
+    ReportFleet,
     Request,
     SubmitResult,
 )
@@ -45,7 +52,17 @@ REQUESTS: dict[str, type] = {
     "pad_between": PadBetween,
     "private": KeepPrivate,
 }
-OPS = {cls: op for op, cls in REQUESTS.items()}
+# the worker's requests of its engine, by operation
+CONTROLS: dict[str, type] = {
+    "admit": Admit,
+    "release": Release,
+    "load": AskLoad,
+    "drain": Drain,
+    "fleet": ReportFleet,
+}
+OPS = {cls: op for op, cls in (*REQUESTS.items(), *CONTROLS.items())}
+JOB_MAX = 200  # characters in the name of a job an admission is for
+REASONS_MAX = 8  # reasons in the fleet's counts
 FORCE_MAX = 4096  # teacher-forced tokens in one request
 PRIVATE_MAX = 64  # terms kept private in one request (more are dropped)
 
@@ -153,6 +170,44 @@ def decode_request(op: str, msg: dict[str, Any]) -> Request:
             raise ValueError("private: terms must be a list of strings")
         return KeepPrivate(tuple(terms[:PRIVATE_MAX]))
     raise ValueError(f"unknown operation {op[:40]!r}")
+
+
+def control_message(request: Control) -> dict[str, Any]:
+    """The worker's request of its engine, as it crosses the door (`decode_control` reads it)."""
+    return {"op": OPS[type(request)], **dataclasses.asdict(request)}
+
+
+def decode_control(op: str, msg: dict[str, Any]) -> Control:
+    """The worker's request a message names (`control_message`'s); ValueError, saying what is wrong, for a
+    malformed one or an operation that is none of the worker's."""
+    if op in ("admit", "release"):
+        job = msg.get("admission")
+        if not isinstance(job, str) or not 0 < len(job) <= JOB_MAX:
+            raise ValueError(f"{op}: admission must name a job")
+        return Admit(job) if op == "admit" else Release(job)
+    if op == "load":
+        return AskLoad()
+    if op == "drain":
+        seconds = msg.get("seconds")
+        if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError("drain: seconds must be a number of seconds")
+        return Drain(float(seconds))
+    if op == "fleet":
+        counts = msg.get("redispatches")
+        if (
+            not isinstance(counts, dict)
+            or len(counts) > REASONS_MAX
+            or not all(
+                isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0 for k, v in counts.items()
+            )
+        ):
+            raise ValueError("fleet: redispatches must be a few counts by reason")
+        return ReportFleet(dict(counts))
+    raise ValueError(f"unknown operation {op[:40]!r}")
+
+
+def _a_count(reason: object, n: object) -> bool:
+    return isinstance(reason, str) and len(reason) <= 40 and type(n) is int and n >= 0
 
 
 def error_message(e: EngineError, kind: str | None = None) -> dict[str, Any]:

@@ -12,14 +12,13 @@ door's (it answers through `EngineHost._send`, `_refuse` and `_drop`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from engine.api import EngineError
+from engine.api import Admit, AskLoad, Control, Drain, EngineError, Release, ReportFleet
 from engine.client.link import SessionLink
-from engine.client.wire import encode, error_message, shape_error
+from engine.client.wire import CONTROLS, decode_control, encode, error_message, shape_error
 from engine.door.host_conn import RoomConn, apply_session_op
 
 if TYPE_CHECKING:
@@ -60,31 +59,13 @@ class HostOps:
         if op == "open":
             self._open(conn, msg)
             return
-        if op == "drain":
-            seconds = msg.get("seconds")
-            if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0:
-                self.drain(float(seconds))
-                self._send(conn, encode({"op": "draining"}))
-            else:
-                self._refuse(conn, "drain: seconds must be a number of seconds")
-            return
-        if op == "fleet":
-            counts = msg.get("redispatches")
-            if (
-                not isinstance(counts, dict)
-                or len(counts) > 8
-                or not all(
-                    isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0
-                    for k, v in counts.items()
-                )
-            ):
-                self._refuse(conn, "fleet: redispatches must be a few counts by reason")
+        if op in CONTROLS:
+            try:
+                request = decode_control(op, msg)
+            except ValueError as e:
+                self._refuse(conn, str(e))
                 return
-            self.engine.redispatches = dict(counts)
-            self._send(conn, encode({"op": "noted"}))
-            return
-        if op in ("admit", "release", "load"):
-            self._control(conn, op, msg)
+            self._control(conn, request)
             return
         handle = conn.handle
         if handle is None or msg.get("session") != handle.id:
@@ -98,35 +79,38 @@ class HostOps:
         except ValueError as e:
             self._refuse(conn, str(e))
 
-    def _control(self, conn: RoomConn, op: str, msg: dict[str, Any]) -> None:
-        """The worker's questions: a slot reserved for a job it is about to accept (`admit`), one given back
-        by a job that ended before it opened its session (`release`), and the engine's load."""
+    def _control(self, conn: RoomConn, request: Control) -> None:
+        """The worker's requests: a slot reserved for a job it is about to accept (`Admit`), one given back by
+        a job that ended before it opened its session (`Release`), the engine's load, a drain, the fleet's
+        counts."""
         e = self.engine
-        job = msg.get("admission")
-        if op == "load":
-            reply = {
-                "op": "load",
-                "load": e.load,
-                "occupancy": e.occupancy,
-                "available": e.pool.available,
-                "num_slots": e.config.num_slots,
-                "up": e.failure is None,
-            }
-            self._send(conn, encode(reply))
-            return
-        if not isinstance(job, str) or not 0 < len(job) <= 200:
-            self._refuse(conn, f"{op}: admission must name a job")
-            return
-        if op == "release":
-            e.release(job)
-            self._send(conn, encode({"op": "released"}))
-            return
-        try:
-            e.admit(job)
-        except EngineError as err:
-            self._send(conn, encode(error_message(err)))
-            return
-        self._send(conn, encode({"op": "admitted", "admission": job}))
+        match request:
+            case AskLoad():
+                reply = {
+                    "op": "load",
+                    "load": e.load,
+                    "occupancy": e.occupancy,
+                    "available": e.pool.available,
+                    "num_slots": e.config.num_slots,
+                    "up": e.failure is None,
+                }
+            case Admit(job):
+                try:
+                    e.admit(job)
+                except EngineError as err:
+                    self._send(conn, encode(error_message(err)))
+                    return
+                reply = {"op": "admitted", "admission": job}
+            case Release(job):
+                e.release(job)
+                reply = {"op": "released"}
+            case Drain(seconds):
+                self.drain(seconds)
+                reply = {"op": "draining"}
+            case ReportFleet(counts):
+                e.redispatches = counts
+                reply = {"op": "noted"}
+        self._send(conn, encode(reply))
 
     def _hello(self) -> dict[str, Any]:
         e = self.engine
