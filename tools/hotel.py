@@ -117,7 +117,7 @@ class Hotel:
         return {"message": result.pop("message"), **result}
 
     def _begin(self, name: str, args: Any, deadline: float | None) -> tuple[Any, float, date]:
-        """A tool's start: its arguments parsed (InvalidRequest otherwise), its deadline, the hotel's today."""
+        """A tool's start: its arguments parsed (InvalidRequest otherwise), its deadline, the day it is."""
         deadline = self._by(deadline)
         return schemas.parse_args(name, args), deadline, self.today(deadline=deadline)
 
