@@ -27,7 +27,7 @@ import pytest
 from engine.tick.warm import WARM_LABEL
 from livekit_support import require_livekit
 from testkit.soak_calls import CallPlan, CallRecord, CallRunner
-from testkit.soak_report import LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
+from testkit.soak_report import HANDOVER_OVERLAP_S, LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
 from testkit.worker import seeded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,6 +143,28 @@ def test_a_slot_kept_after_its_caller_hung_up_is_a_leak_once_the_grace_is_over(t
     assert _sample(rec, [WARM_LABEL], rooms, 400.0 + LEAVE_GRACE_S + 1, monkeypatch)["leaked"] == 0
 
 
+def test_slots_above_calls_live_are_a_handovers_for_its_overlap_and_beyond_it_are_found(
+    tmp_path, monkeypatch
+):
+    """A live call holds one slot, two while it is handed over (the draining agent's and the new one's) for up
+    to HANDOVER_OVERLAP_S; a hung-up call's slot is let go within the grace. Anything beyond is counted."""
+    monkeypatch.setenv("CHORUS_DATA_DIR", str(tmp_path))
+    seeded(tmp_path)
+    rec = Recorder(tmp_path, tmp_path)
+    rooms = {"room-a": None, "room-b": None, "room-c": 100.0}  # c hung up at 100 s
+    handed = ["room-a", "room-a", "room-b", "room-c"]  # a handed over, c within its grace
+    late = 105.0 + HANDOVER_OVERLAP_S + 1
+    assert _sample(rec, handed, rooms, 105.0, monkeypatch)["excess"] == 0
+    assert _sample(rec, ["room-a", "room-a", "room-b"], rooms, late, monkeypatch)["excess"] == 1
+    assert _sample(rec, ["room-a", "room-b"], rooms, 200.0, monkeypatch)["excess"] == 0  # a's handover done
+    assert _sample(rec, ["room-b", "room-b", "room-b"], rooms, 201.0, monkeypatch)["excess"] == 1  # three
+    assert _sample(rec, ["room-c"], rooms, 202.0, monkeypatch)["excess"] == 1  # c's, past its grace
+    # a call holding two slots again is timed afresh
+    assert _sample(rec, ["room-a", "room-a"], rooms, 300.0, monkeypatch)["excess"] == 0
+    over = [(s["t"], s["excess"]) for s in rec.samples if s["excess"]]
+    assert over == [(late, 1), (201.0, 1), (202.0, 1)]
+
+
 def test_the_database_checks_find_a_room_held_without_its_booking_and_a_conversation_left(
     tmp_path, monkeypatch
 ):
@@ -172,6 +194,22 @@ def test_memory_that_grows_past_five_percent_an_hour_is_found_and_flat_memory_is
         )
     got = memory_growth(rec, warmup_s=600)
     assert got["flat"]["growth_pct"] < 1 and got["leaky"]["growth_pct"] > got["leaky"]["allowed_pct"] == 5
+
+
+def test_the_servers_memory_is_judged_over_ten_minutes_or_more_and_chorus_processes_over_any_span(tmp_path):
+    """LiveKit's server and its Redis swing by more than 5% over a few minutes (their own collectors): judged
+    over the hour's span, not over the two minutes CI's form has after its warm-up; Chorus's own always."""
+    rec = Recorder(tmp_path, tmp_path)
+    for k in range(0, 180, 5):  # CI's form: 3 minutes, warm-up 60 s
+        grown = {"rss_mb": 84.0 + k / 15}  # about 6% over the two minutes judged
+        rec.samples.append({"t": float(k), "procs": {"server": grown, "redis": grown, "worker 1": grown}})
+    short = memory_growth(rec, warmup_s=60)
+    assert set(short) == {"worker 1"} and short["worker 1"]["growth_pct"] > 5
+    for k in range(180, 1200, 5):
+        rec.samples.append(
+            {"t": float(k), "procs": {n: {"rss_mb": 90.0} for n in ("server", "redis", "worker 1")}}
+        )
+    assert set(memory_growth(rec, warmup_s=60)) == {"server", "redis", "worker 1"}
 
 
 def _rooms(tmp_path, grow_mb_per_h: float) -> Recorder:

@@ -35,6 +35,7 @@ log = logging.getLogger("chorus.agent.fleet")
 # machine can take more than a second), and well inside the time a node's callers take to come back (3 s+)
 DOWN_GRACE_S = 3.0
 HELD_S = 2.0  # how often a job that is up looks whether another job holds its room
+GONE_WAIT_S, GONE_POLL_S = 5.0, 0.5  # how long, how often, a room whose connection closed is looked for
 
 
 async def remove_stale_agents(lk: LiveKit, room: str, own_identity: str) -> int:
@@ -72,18 +73,26 @@ async def release_room(settings: AgentSettings, sid: str) -> None:
         await client.aclose()
 
 
-async def room_gone(settings: AgentSettings, name: str, sid: str) -> bool:
+async def room_gone(settings: AgentSettings, name: str, sid: str, within_s: float = GONE_WAIT_S) -> bool:
     """Whether the server no longer holds the room `sid` (named `name`): everyone left it, or it was deleted.
-    False when the server could not be asked (its node lost: the room may be made again on another)."""
+    A room the server is closing is still listed for a moment after its participants were let go: asked again
+    until `within_s` has passed. False when it is still listed then, or the server could not be asked (its
+    node lost: the room may be made again on another)."""
     from agent.lkapi import LiveKit, LiveKitFailure
 
+    deadline = time.monotonic() + within_s
     try:
         async with LiveKit(settings) as lk:
-            found = await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest(names=[name]))
+            while True:
+                found = await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest(names=[name]))
+                if all(r.sid != sid for r in found.rooms):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(GONE_POLL_S)
     except LiveKitFailure as e:
         log.info("whether the room is gone is not known (%s)", e)
         return False
-    return all(r.sid != sid for r in found.rooms)
 
 
 def redispatched(metadata: str | None) -> dict[str, Any] | None:

@@ -1,18 +1,14 @@
-"""A planted defect, for benchmarks/soak.py `--plant slot-leak` only: a room's process no longer lets go of
-its engine session when the call ends (the session's connection is kept open, so the engine keeps its slot).
-It shows that the soak's checks catch a slot not freed on a hang-up. Loaded by the workers' processes through
-PYTHONPATH; never part of Chorus."""
+"""A planted defect, for benchmarks/soak.py `--plant slot-leak` only: the engine no longer lets go of a
+session's slot when its call ends (the room's process ends and its connection closes, but the session stays
+in the engine, with the memory the tick reads for it). It shows that the soak's checks catch a slot not freed
+on a hang-up. Loaded through PYTHONPATH by every process the workers start; acts in the engine's alone.
+Never part of Chorus."""
 
-from engine.client.handle import RemoteHandle
+import sys
 
-_KEPT: list[RemoteHandle] = []  # held, so that the connection is never collected and closed
+if "engine.door.serve" in sys.orig_argv:
+    from engine.door.host import EngineHost
+    from engine.tick.handle import SessionHandle
 
-
-def _close_without_freeing(self: RemoteHandle) -> None:
-    if self._closed:
-        return
-    self._closed = True
-    _KEPT.append(self)
-
-
-RemoteHandle.close = _close_without_freeing
+    SessionHandle.close = lambda self: None
+    EngineHost._release_link = lambda self, conn: None
