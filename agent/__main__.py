@@ -97,14 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # dev | start | console: livekit-agents' own CLI, on the `server` of agent/worker.py
     from agent.settings import AgentSettings
-    from envsettings import SettingsError
     from tools.settings import StoreSettings
 
-    try:
-        settings = AgentSettings.from_env()
-        StoreSettings.from_env()  # the jobs open the store later: a bad setting is refused now
-    except SettingsError as e:
-        print(f"{command}: {e}", file=sys.stderr)
+    settings = AgentSettings.for_command(command)
+    # the jobs open the store later: a bad setting of it is refused now
+    if settings is None or StoreSettings.for_command(command) is None:
         return 2
     if command in ("dev", "start"):
         missing = settings.missing_livekit()

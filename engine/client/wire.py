@@ -197,9 +197,7 @@ def decode_control(op: str, msg: dict[str, Any]) -> Control:
         if (
             not isinstance(counts, dict)
             or len(counts) > REASONS_MAX
-            or not all(
-                isinstance(k, str) and len(k) <= 40 and type(v) is int and v >= 0 for k, v in counts.items()
-            )
+            or not all(_a_count(k, v) for k, v in counts.items())
         ):
             raise ValueError("fleet: redispatches must be a few counts by reason")
         return ReportFleet(dict(counts))
@@ -207,6 +205,7 @@ def decode_control(op: str, msg: dict[str, Any]) -> Control:
 
 
 def _a_count(reason: object, n: object) -> bool:
+    """One of the fleet's counts: a short reason and a whole number of new agents."""
     return isinstance(reason, str) and len(reason) <= 40 and type(n) is int and n >= 0
 
 

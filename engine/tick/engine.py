@@ -135,11 +135,10 @@ class Engine:
         earlier turns of a call carried on after a break), after the tool block: the system prompt and tools
         before it are prefilled once for every call of the same agent, and their state kept. With an
         `admission` (a job `admit` reserved a slot for) that slot is taken and headroom is not judged again.
-        Outputs
-        arrive on `loop` (an asyncio.Queue in `handle.outputs`), or through `sink` (called on the tick thread:
-        keep it cheap), or in a queue.Queue. `label` and `caller` (the caller's kind) are the agent's words
-        for the conversation: the snapshot shows them (at most 80 characters each; a number in the label by
-        its last four digits), the engine neither reads nor logs them. `source` feeds the session's inbox
+        Outputs arrive on `loop` (an asyncio.Queue in `handle.outputs`), or through `sink` (called on the tick
+        thread: keep it cheap), or in a queue.Queue. `label` and `caller` (the caller's kind) are the agent's
+        words for the conversation: the snapshot shows them (at most 80 characters each; a number in the label
+        by its last four digits), the engine neither reads nor logs them. `source` feeds the session's inbox
         besides `push_audio`, on the tick thread once a tick: a room in another process writes its caller
         frames to shared memory (engine/door/host.py), and its playout figures to `playout` (a view of that
         memory); `pending` says whether it holds a frame the tick has not taken (a tick starts early once
