@@ -320,6 +320,12 @@ def test_a_new_agent_finding_its_callers_room_closed_deletes_the_conversation_ke
             while not await agents():
                 assert asyncio.get_running_loop().time() < deadline, "the new agent never joined"
                 await asyncio.sleep(POLL_S)
+            await await_until(  # its job waits for the caller (connected: a busy machine slows that)
+                lambda: "replaces the room's lost agent" in worker.log.read_text(errors="replace"),
+                "the new agent's job waiting for its caller",
+                60,
+                every=POLL_S,
+            )
             if closed == "deleted":
                 await lk.room.delete_room(api.DeleteRoomRequest(room=room_name))
             await await_until(lambda: kept(room.sid) is None, "the conversation deleted", 30, every=POLL_S)
