@@ -30,6 +30,8 @@ from testkit.sip import PhoneCaller, find_bridge, inbound
 from testkit.worker import Worker, sessions_by_label
 from wait_support import await_until, wait_until
 
+READ_SLACK_S = 0.02  # one audio frame
+
 pytestmark = pytest.mark.livekit
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
@@ -334,7 +336,9 @@ def test_the_agents_end_of_call_removes_the_caller_after_the_goodbye_has_played(
     said = [t for _, t, _ in caller.heard.transcripts]
     assert any("goodbye" in t.lower() for t in said), said  # the whole goodbye turn had reached the caller
     last_speech = max(t for t, f in zip(caller.heard.times, caller.heard.frames) if np.abs(f).max() > 300)
-    assert last_speech < at, (last_speech, at)
+    # the caller's audio stream is read by a task of its own: a frame that reached the caller with the removal
+    # may be read in the same turn of its loop as the disconnect event, a moment after it (seen: 0.1 ms)
+    assert last_speech < at + READ_SLACK_S, (last_speech, at)
     wait_until(lambda: phone.session(call["room"]) is None, "the slot freed", 5.0, every=POLL_S)
     from livekit import api
 
