@@ -54,7 +54,8 @@ from testkit.server import ROOT, agent_sip, server_from_env
 from testkit.sip import find_bridge
 from testkit.soak_calls import CallRunner, plan_calls, sell_out
 from testkit.soak_plot import plot
-from testkit.soak_report import Recorder, check, windows
+from testkit.soak_report import check, totals, windows
+from testkit.soak_sampler import Recorder
 from testkit.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "call_s": [low, high],
             "plant": args.plant,
             "workers_started": fleet.started,
-            **rec.totals(runner.records),
+            **totals(rec, runner.records),
             "faults": rec.faults,
             "windows": windows(rec, runner.records, args.window_s),
             "checks": check(rec, runner.records, store_dir, args.warmup_s),

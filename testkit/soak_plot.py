@@ -9,7 +9,8 @@ import numpy as np
 
 from agent.forcing import REPLY_EVERY_S
 from testkit.soak_calls import CallRecord
-from testkit.soak_report import ROOM, SILENCE_BOUND_S, Recorder
+from testkit.soak_report import SILENCE_BOUND_S
+from testkit.soak_sampler import ROOM, Recorder
 
 
 def plot(report: dict, rec: Recorder, records: list[CallRecord], path: Path) -> None:

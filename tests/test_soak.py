@@ -27,7 +27,8 @@ import pytest
 from engine.tick.warm import WARM_LABEL
 from livekit_support import require_livekit
 from testkit.soak_calls import CallPlan, CallRecord, CallRunner
-from testkit.soak_report import HANDOVER_OVERLAP_S, LEAVE_GRACE_S, Recorder, _db, after_fault, memory_growth
+from testkit.soak_report import _db, after_fault, memory_growth
+from testkit.soak_sampler import HANDOVER_OVERLAP_S, LEAVE_GRACE_S, Recorder
 from testkit.worker import seeded
 
 ROOT = Path(__file__).resolve().parents[1]
