@@ -338,9 +338,8 @@ class ChorusServer(DrainingServer):
         return self._worker_load + self._reserved_slots * self.settings.load_target / self.settings.slots
 
     def _running_rooms(self) -> list[tuple[str, str]]:
-        """(room sid, job id) of each job this worker runs (agent/fleet/fleet.py marks their rooms live),
-        oldest first: of two jobs for one room (a new agent beside one whose link is down) the newest is
-        marked."""
+        """(room sid, job id) of each job this worker runs, oldest first: agent/fleet/fleet.py marks their
+        rooms live (of two jobs for one room, the oldest whose link is not down)."""
         try:
             jobs = sorted(self.active_jobs, key=lambda i: i.received_at or i.launched_at)
             return [(i.job.room.sid, i.job.id) for i in jobs if i.job.room.sid]

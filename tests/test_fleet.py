@@ -74,6 +74,12 @@ class FakeLiveKit:
     async def call(self, method, *args):
         return await method(*args)
 
+    async def __aenter__(self):  # as the worker's watch opens LiveKit's API
+        return self
+
+    async def __aexit__(self, *exc):
+        return None
+
     async def list_rooms(self, _req):
         return api.ListRoomsResponse(rooms=[r for r, _, _ in self.rooms.values()])
 
@@ -598,3 +604,91 @@ def test_a_dispatch_that_fails_gives_its_claim_back_and_is_asked_again_at_the_ne
     asked, times = asyncio.run(main())
     assert asked == [0, 1] and [d.room for d in lk.created] == [room.name]
     assert times == b"1" and json.loads(lk.created[0].metadata)[fleet.REDISPATCH_KEY] == 1
+
+
+def test_a_worker_keeps_its_rooms_marked_while_its_sweep_waits_on_a_slow_server(redis_url):
+    """A sweep waits on LiveKit's API, seconds on a busy server (a rolling restart under load saw 10 s); the
+    worker's marks go on meanwhile, so no other worker takes its rooms for alone and sends them a second
+    agent. Sampled over three lifetimes of a mark, while the sweep's first look at the rooms is still
+    waiting."""
+    from agent.fleet import worker_watch
+
+    lk = FakeLiveKit()
+    lifetime_s = fleet.LIVE_MS / 1000
+
+    async def list_rooms(_req):
+        await asyncio.sleep(4 * lifetime_s)
+        return api.ListRoomsResponse(rooms=[])
+
+    lk.api.room.list_rooms = list_rooms
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    live = marks.Keys("desk").live("RM_busy")
+
+    async def main():
+        watch = asyncio.create_task(
+            worker_watch.watch(settings, "w-busy", lambda: [("RM_busy", "AJ_1")], livekit=lambda _s: lk)
+        )
+        r = marks.redis_client(redis_url)
+        seen = []
+        for _ in range(6):
+            await asyncio.sleep(lifetime_s / 2)
+            seen.append(await r.get(live))
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await r.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [b"w-busy AJ_1"] * 6, seen
+
+
+def test_a_room_a_new_job_marked_while_the_sweep_looked_at_it_is_not_sent_another(redis_url):
+    """A sweep finds a room alone, then waits on LiveKit's API for its participants; meanwhile the agent
+    dispatched before reaches the room and its worker marks it. The sweep looks at the marks once more
+    before it asks: no second agent is sent, and the claim is given back."""
+    lk = FakeLiveKit()
+    room = lk.add("atrium", "desk", caller_joined=time.time() - 60)
+    listed = lk.list_participants
+
+    async def main():
+        a, b = (fleet.Fleet(marks.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
+
+        async def list_participants(req):
+            await b.beat([(room.sid, "AJ_new")])  # the new agent's worker, during the look
+            return await listed(req)
+
+        lk.api.room.list_participants = list_participants
+        asked = await a.sweep(lk)
+        claim = await a.redis.get(marks.Keys("desk").claim(room.sid))
+        for f in (a, b):
+            await f.redis.aclose()
+        return asked, claim
+
+    asked, claim = asyncio.run(main())
+    assert asked == 0 and not lk.created and claim is None
+
+
+def test_of_two_jobs_one_worker_runs_for_one_room_the_oldest_up_keeps_the_mark(redis_url):
+    """Two dispatches raced for one room and one worker took both: the older job, up in the room, keeps the
+    mark (the newer finds the room held by it, and leaves); once the older one's connection is down, the
+    newer is marked."""
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    keys = marks.Keys("desk")
+
+    async def main():
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-two"))
+        f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-two", presence=presence)
+        seen = []
+        for _ in range(2):
+            await f.beat([("RM_two", "AJ_older"), ("RM_two", "AJ_newer")])
+            seen.append(await f.redis.get(keys.live("RM_two")))
+        seen.append(await room_job.holder(settings, "RM_two", "AJ_newer"))
+        await f.redis.set(keys.down("RM_two"), "AJ_older", px=5000)
+        await f.beat([("RM_two", "AJ_older"), ("RM_two", "AJ_newer")])
+        seen.append(await f.redis.get(keys.live("RM_two")))
+        await f.redis.aclose()
+        await presence.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == [b"w-two AJ_older", b"w-two AJ_older", "AJ_older", b"w-two AJ_newer"], seen

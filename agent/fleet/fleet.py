@@ -37,8 +37,11 @@ found no worker, each leaves its caller in silence until they hang up.
 - **Ended.** A call that ends on purpose (its caller left or was said goodbye to, transferred, hung up)
   marks its room `...:ended:<room sid>`: a caller still in it is not sent another agent.
 - **One new agent.** Of the workers that find a room alone, the one that sets `...:claim:<room sid>` first
-  (SET NX, expiring after CLAIM_MS) asks for the dispatch; the others leave it. A dispatch that brings no
-  agent in that time is asked for again. The new job removes the agents left in the room from before
+  (SET NX, expiring after CLAIM_MS) asks for the dispatch; the others leave it. It looks at the room's marks
+  once more first: a look waits on LiveKit's API (seconds, on a busy server), and a room that a new job
+  marked, or whose call ended, meanwhile is left. A dispatch that brings no agent in that time is asked for
+  again. Of two jobs one worker runs for one room, the oldest that is not down is marked (as across workers
+  the one marked first keeps it). The new job removes the agents left in the room from before
   (`remove_stale_agents`), so no two answer the caller.
 
 Each new dispatch is counted (handed to the engine through its door: `redispatches` in the snapshot and on
@@ -122,14 +125,16 @@ class Fleet:
         self.over: list[str] = []  # rooms whose call ended with no agent in them, since `sweep` last ran
         self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
         self.handing_over = False  # the worker drains: its rooms go to other workers
+        self._looked: dict[str, Any] = {}  # room sid -> its live mark when the last sweep found it alone
 
     def _mark(self, job: str) -> str:
         return f"{self.worker} {job}"
 
     async def beat(self, jobs: list[tuple[str, str]]) -> None:
+        """Mark the rooms of `jobs` (room sid, job id; oldest first) live, and unmark those that ended."""
         if self.presence is not None:
             await self.presence.ping()  # (re)opens this worker's named connection before its marks
-        now = dict(jobs)
+        now = await self._one_per_room(jobs)
         if self.handing_over:  # none of its rooms is marked live from now on
             async with self.redis.pipeline(transaction=False) as p:
                 for sid in now:
@@ -159,6 +164,19 @@ class Fleet:
                     p.eval(_UNMARK, 1, self.keys.live(sid), self._mark(job))
             await p.execute()
         self.marked = now
+
+    async def _one_per_room(self, jobs: list[tuple[str, str]]) -> dict[str, str]:
+        """The job marked for each room: of two jobs for one room (a new agent dispatched beside one whose
+        connection is down, or two dispatches racing), the oldest that is not down keeps it, as across
+        workers the one marked first does; all down, the newest (the fleet's replacement is on its way)."""
+        rooms: dict[str, list[str]] = {}
+        for sid, job in jobs:
+            rooms.setdefault(sid, []).append(job)
+        shared = [sid for sid, js in rooms.items() if len(js) > 1]
+        if not shared:
+            return {sid: js[0] for sid, js in rooms.items()}
+        downs = dict(zip(shared, map(_text, await self.redis.mget([self.keys.down(s) for s in shared]))))
+        return {sid: next((j for j in js if j != downs.get(sid)), js[-1]) for sid, js in rooms.items()}
 
     async def _gone(self, workers: set[str], at_once: bool = False) -> set[str]:
         """Of the workers named by live marks, those whose presence connection has been missing from Redis
@@ -249,13 +267,15 @@ class Fleet:
         # fail) holds up none of the others
         found = await asyncio.gather(*(look(i, room) for i, room in enumerate(rooms)), return_exceptions=True)
         out = []
-        for room, why in zip(rooms, found, strict=True):
+        self._looked = {}
+        for i, (room, why) in enumerate(zip(rooms, found, strict=True)):
             if isinstance(why, LiveKitFailure):
                 log.info("a room could not be looked at (%s)", why)
             elif isinstance(why, BaseException):
                 raise why
             elif why is not None:
                 out.append((room, why))
+                self._looked[room.sid] = marks[6 * i]
         listed = {r.sid for r in rooms}
         if len(self._nodes) > len(listed):  # rooms gone
             self._nodes = {k: v for k, v in self._nodes.items() if k in listed}
@@ -309,6 +329,9 @@ class Fleet:
         claim = self.keys.claim(room.sid)
         if not await self.redis.set(claim, self.worker, nx=True, px=CLAIM_MS):
             return 0  # another worker has it
+        if await self._taken_since(room.sid):
+            await self.redis.eval(_UNMARK, 1, claim, self.worker)
+            return 0
         count = f"{self.keys.prefix}count:{room.sid}"
         times = int(await self.redis.get(count) or 0) + 1
         try:
@@ -333,6 +356,17 @@ class Fleet:
             times,
         )
         return 1
+
+    async def _taken_since(self, sid: str) -> bool:
+        """Whether a room found alone was marked by another job, or ended on purpose, since it was looked at:
+        a look waits on LiveKit's API, seconds under load, while a new agent's worker marks its room."""
+        async with self.redis.pipeline(transaction=False) as p:
+            p.get(self.keys.live(sid))
+            p.get(self.keys.down(sid))
+            p.exists(self.keys.ended(sid))
+            mark, down, ended = await p.execute()
+        seen = self._looked.pop(sid, None)
+        return bool(ended) or (mark is not None and mark != seen and _job(mark) != _text(down))
 
     async def _metadata(self, lk: LiveKit, room: str) -> dict[str, Any]:
         """The metadata the room's last dispatch of this agent carried (a phone call's purpose, a test's
