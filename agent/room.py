@@ -73,11 +73,15 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             await redispatch(ctx, settings)
 
     ctx.add_shutdown_callback(redispatch_if_lost)
-    # the job fails (and is logged) rather than holding a runner and a slot forever; a connect in flight is
+    # the job ends (and says why) rather than holding a runner and a slot forever; a connect in flight is
     # never cancelled (agent/room_connect.py)
     joins = join_gate(settings.joins_at_once)
-    async with joins.turn():
-        await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
+    try:
+        async with joins.turn():
+            await room_connect.connect(ctx, CONNECT_TIMEOUT_S)
+    except room_connect.NotJoined as e:  # logged where it was found; the job ends without a stack
+        ctx.shutdown(str(e))
+        return
     replacing = redispatched(ctx.job.metadata)
     if settings.redis_url and (other := await holder(settings, ctx.job.room.sid, ctx.job.id)) is not None:
         # the room was made again on another node (the server dispatches its agent again), or two jobs were

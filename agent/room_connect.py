@@ -22,14 +22,22 @@ log = logging.getLogger("chorus.agent.room_connect")
 LATE_CONNECT_S = 30.0  # after the bound, how long a connect in flight is given to finish before the job ends
 
 
-class ConnectTimeout(RuntimeError):
+class NotJoined(RuntimeError):
+    """The job could not join its room: it ends (the fleet's watch sends its caller another agent)."""
+
+
+class ConnectTimeout(NotJoined):
     pass
 
 
 async def connect(ctx: JobContext, timeout_s: float, late_s: float = LATE_CONNECT_S) -> None:
     """`ctx.connect()` bounded by `timeout_s` without ever cancelling it. A connect still in flight at the
     bound, or when the job is cancelled, is given `late_s` more to finish (so the native library gets its
-    ready request), then the room is left and ConnectTimeout (or the cancellation) is raised."""
+    ready request), then the room is left and ConnectTimeout (or the cancellation) is raised. A connect the
+    SDK gave up on (its signal connection timed out through its retries: a server too busy to answer) is
+    logged in one line and raised as NotJoined."""
+    from livekit import rtc
+
     task = asyncio.ensure_future(ctx.connect())
     try:
         await asyncio.wait_for(asyncio.shield(task), timeout_s)
@@ -41,6 +49,9 @@ async def connect(ctx: JobContext, timeout_s: float, late_s: float = LATE_CONNEC
     except asyncio.CancelledError:
         await _settle(ctx, task, late_s)
         raise
+    except rtc.ConnectError as e:
+        log.warning("job %s: the room could not be joined (%s); the job ends", ctx.job.id, e)
+        raise NotJoined(f"job {ctx.job.id}: the room could not be joined") from None
 
 
 async def _settle(ctx: JobContext, task: asyncio.Future, late_s: float) -> None:
