@@ -692,3 +692,36 @@ def test_of_two_jobs_one_worker_runs_for_one_room_the_oldest_up_keeps_the_mark(r
 
     seen = asyncio.run(main())
     assert seen == [b"w-two AJ_older", b"w-two AJ_older", "AJ_older", b"w-two AJ_newer"], seen
+
+
+def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis_url):
+    """A draining worker's six rooms are all alone at once; the two workers that sweep ask for new agents for
+    HANDOVERS_AT_ONCE of them (the same ones: the lowest sids) and for no more while those are on their way;
+    as new agents mark their rooms, the rest are asked for. The draining agents talk on meanwhile."""
+    lk = FakeLiveKit()
+    now = time.time()
+    rooms = [lk.add(f"suite-{i}", "desk", caller_joined=now - 60) for i in range(6)]
+    keys = marks.Keys("desk")
+
+    async def main():
+        drainer = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old"))
+        await drainer.ping()  # the draining worker is alive
+        for r in rooms:
+            await drainer.set(keys.served(r.sid), "AJ_old")
+            await drainer.set(keys.handover(r.sid), "w-old", ex=60)
+        a, b = (fleet.Fleet(marks.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
+        asked = [await a.sweep(lk) + await b.sweep(lk)]
+        first = sorted(d.room for d in lk.created)
+        asked.append(await b.sweep(lk) + await a.sweep(lk))  # on their way: nothing more
+        await b.beat([(r.sid, f"AJ_new{i}") for i, r in enumerate(rooms) if r.name in first[:2]])
+        asked.append(await a.sweep(lk) + await b.sweep(lk))
+        for f in (a, b):
+            await f.redis.aclose()
+        await drainer.aclose()
+        return asked, first
+
+    asked, first = asyncio.run(main())
+    assert asked == [fleet.HANDOVERS_AT_ONCE, 0, 2], asked
+    assert first == sorted(r.name for r in rooms)[: fleet.HANDOVERS_AT_ONCE]
+    assert sorted(d.room for d in lk.created) == sorted(r.name for r in rooms)  # each room once
+    assert {json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created} == {"handed over"}

@@ -157,29 +157,37 @@ def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, s
         return max(caller.heard.speech_at.items(), key=lambda kv: kv[1])[0]
 
     async def run(stack: contextlib.ExitStack) -> dict:
+        callers: list[Caller] = []
+        try:
+            return await roll(stack, callers)
+        finally:  # however it ends: a caller left connected would load every test after this one
+            await asyncio.gather(*(c.leave() for c in callers))
+
+    async def roll(stack: contextlib.ExitStack, callers: list[Caller]) -> dict:
         old = [worker(stack), worker(stack)]
         for w in old:
             await asyncio.to_thread(w.start)
-        callers = [Caller(server, f"roll-{i}-{uuid.uuid4().hex[:6]}", name) for i in range(ROLLING_CALLS)]
-        for c in callers:
+        callers += [Caller(server, f"roll-{i}-{uuid.uuid4().hex[:6]}", name) for i in range(ROLLING_CALLS)]
+        theirs_all = list(callers)
+        for c in theirs_all:
             await c.join()
-        await asyncio.gather(*(asyncio.wait_for(c.first_speech.wait(), 90) for c in callers))
+        await asyncio.gather(*(asyncio.wait_for(c.first_speech.wait(), 90) for c in theirs_all))
         loop = asyncio.get_running_loop()
-        waits, gaps, newcomers, codes = [], [], [], []
+        waits, gaps, codes = [], [], []
         live = list(old)
         for victim in old:
             fresh = await asyncio.to_thread(worker(stack).start)
             live.append(fresh)
             await await_until(
-                lambda: all(serving(live, c) for c in callers), "every call's worker", 30, every=POLL_S
+                lambda: all(serving(live, c) for c in theirs_all), "every call's worker", 30, every=POLL_S
             )
-            theirs = [c for c in callers if serving([victim], c)]
+            theirs = [c for c in theirs_all if serving([victim], c)]
             before = {id(c): latest(c) for c in theirs}
             t0 = loop.time()
             victim.signal(signal.SIGTERM)
             newcomer = Caller(server, f"roll-new-{uuid.uuid4().hex[:6]}", name)
+            callers.append(newcomer)
             await newcomer.join()
-            newcomers.append(newcomer)
             for c in theirs:
                 agent, after = await heard_again(c, before[id(c)], t0, REHEARD_S)
                 old_agent = before[id(c)]
@@ -190,17 +198,14 @@ def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, s
             await asyncio.wait_for(newcomer.first_speech.wait(), 60)
             codes.append(await asyncio.to_thread(victim.wait, 60))
             live.remove(victim)
-        out = {
+        return {
             "waits": sorted(round(w, 2) for w in waits),
             "gaps": sorted(round(g, 2) for g in gaps),
             "codes": codes,
-            "connections": [list(c.heard.connection) for c in callers],  # before they leave
-            "words": [c.heard.text().lower() for c in callers],
-            "agents": [len(c.heard.agents) for c in callers],
+            "connections": [list(c.heard.connection) for c in theirs_all],  # before they leave
+            "words": [c.heard.text().lower() for c in theirs_all],
+            "agents": [len(c.heard.agents) for c in theirs_all],
         }
-        for c in callers + newcomers:
-            await c.leave()
-        return out
 
     with contextlib.ExitStack() as stack:
         got = asyncio.run(run(stack))

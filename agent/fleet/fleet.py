@@ -30,7 +30,10 @@ found no worker, each leaves its caller in silence until they hang up.
 - **Handed over.** A worker that drains (SIGTERM: a rolling restart) stops marking its rooms and marks each
   `...:handover:<room sid>`: they are alone at the next sweep, and the new agent in each takes the call over
   from the draining one, which talks on until the new one's session is live and then is removed by it. With
-  no other worker to take them, its calls end as a drain's do (agent/fleet/drain.py).
+  no other worker to take them, its calls end as a drain's do (agent/fleet/drain.py). They are handed over
+  HANDOVERS_AT_ONCE at a time (the same rooms in every worker's sweep, the lowest sids): a handover asked
+  for marks the room `...:handing:<room sid>` until its new agent marks it (HANDING_MS at most, and only
+  while the draining worker lives), and such a room is not alone meanwhile.
 - **Over.** A served room with no live agent whose caller has been gone OVER_S (they hung up before a new
   agent came) is no longer served, and the worker that found it deletes its conversation (`watch`'s `over`):
   no job is left to end that call on purpose.
@@ -83,6 +86,7 @@ FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first ag
 OTHERS_S = 10.0  # a room dispatched no agent of this name is asked about again after this long
 CLAIM_MS = 5000  # one new dispatch per room in this long, cluster-wide (a new job marks its room at launch)
 ABSENT_S = 1.0  # a moved room's caller with no agent in the room this long is alone
+N = 7  # the marks read for each room in a sweep
 NODE_MAP = "room_node_map"  # LiveKit's own, in a cluster's Redis: room name -> the node that hosts the room
 MOVED_S = 15.0  # a room made again on another node is looked into this long: is its agent in it?
 MOVED_DOWN_MS = 10_000  # a moved room's agent, not in it, is taken as down this long (until replaced)
@@ -95,6 +99,12 @@ PRESENT = (api.ParticipantInfo.State.JOINED, api.ParticipantInfo.State.ACTIVE)
 
 REASONS = ("agent lost", "never answered", "handed over")
 HANDOVER_S = 60  # a room handed over is known as such this long (until its new agent marks it)
+# a drain's calls are handed over this many at a time, cluster-wide as the sweeps see it: each new agent's
+# start (a process, a connection, a prefill) is a burst of work on the host that takes it, and a host handed a
+# whole worker's calls at once starves its own calls and its LiveKit server (seen: connections failing by
+# the dozen)
+HANDOVERS_AT_ONCE = 4
+HANDING_MS = 30_000  # a handover asked for is waited for this long (the draining agent talks on meanwhile)
 
 
 class Fleet:
@@ -126,6 +136,7 @@ class Fleet:
         self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
         self.handing_over = False  # the worker drains: its rooms go to other workers
         self._looked: dict[str, Any] = {}  # room sid -> its live mark when the last sweep found it alone
+        self.handing = 0  # handovers asked for and on their way, as the last sweep found them
 
     def _mark(self, job: str) -> str:
         return f"{self.worker} {job}"
@@ -158,7 +169,7 @@ class Fleet:
                     p.set(self.keys.live(sid), self._mark(job), px=LIVE_MS)
                 p.set(self.keys.served(sid), job, ex=SERVED_S)
                 if sid not in self.marked:  # a new agent here: a handover, if it was one, is done
-                    p.delete(self.keys.handover(sid))
+                    p.delete(self.keys.handover(sid), self.keys.handing(sid))
             for sid, job in self.marked.items():
                 if now.get(sid) != job:
                     p.eval(_UNMARK, 1, self.keys.live(sid), self._mark(job))
@@ -222,19 +233,26 @@ class Fleet:
                 p.get(self.keys.live(r.sid))
                 p.exists(self.keys.served(r.sid))
                 p.exists(self.keys.ended(r.sid))
-                p.exists(self.keys.handover(r.sid))
+                p.get(self.keys.handover(r.sid))
+                p.exists(self.keys.handing(r.sid))
                 p.get(self.keys.down(r.sid))
                 p.hget(NODE_MAP, r.name)
             marks = await p.execute()
-        owners = [_owner(m) for m in marks[::6]]
-        gone = await self._gone({w for w in owners if w})
+        owners = [_owner(m) for m in marks[::N]]
+        drainers = [_text(m) for m in marks[3::N]]  # the worker that hands each room over, if one does
+        gone = await self._gone({w for w in owners + drainers if w})
         now = time.monotonic()
+        # a handover asked for and on its way, its draining agent still talking: not alone
+        on_its_way = [bool(marks[N * i + 4]) and d not in (None, *gone) for i, d in enumerate(drainers)]
+        self.handing = sum(on_its_way)
 
         async def look(i: int, room: api.Room) -> str | None:  # why the room is alone (None: it is not)
-            mark, served, ended, handover, down, node = marks[6 * i : 6 * i + 6]
+            mark, served, ended, handover, handing, down, node = marks[N * i : N * i + N]
             live = mark is not None and owners[i] not in gone and _job(mark) != _text(down)
             moved = self._moved(room, _text(node), now)
-            if ended or (live and not moved) or not (served or live or await self._ours(lk, room)):
+            if ended or on_its_way[i] or (live and not moved):
+                return None
+            if not (served or live or await self._ours(lk, room)):
                 return None
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
             callers = [p for p in people.participants if p.kind in CALLER_KINDS and p.state in PRESENT]
@@ -275,7 +293,7 @@ class Fleet:
                 raise why
             elif why is not None:
                 out.append((room, why))
-                self._looked[room.sid] = marks[6 * i]
+                self._looked[room.sid] = marks[N * i]
         listed = {r.sid for r in rooms}
         if len(self._nodes) > len(listed):  # rooms gone
             self._nodes = {k: v for k, v in self._nodes.items() if k in listed}
@@ -318,7 +336,11 @@ class Fleet:
         it asked for. A dispatch that fails gives its claim back: the room is asked for at the next sweep.
         A served room found over (`over`) is no longer served: a caller who comes back to it is a new call."""
         self.over = []
-        asked = await asyncio.gather(*(self._dispatch(lk, room, why) for room, why in await self.alone(lk)))
+        found = await self.alone(lk)
+        # the same first rooms in every worker's sweep (by sid): their claims keep the cap cluster-wide
+        handed = sorted((f for f in found if f[1] == REASONS[2]), key=lambda f: f[0].sid)
+        found = [f for f in found if f[1] != REASONS[2]] + handed[: max(0, HANDOVERS_AT_ONCE - self.handing)]
+        asked = await asyncio.gather(*(self._dispatch(lk, room, why) for room, why in found))
         if self.over:
             await self.redis.delete(*(self.keys.served(sid) for sid in self.over))
             for sid in self.over:
@@ -348,6 +370,8 @@ class Fleet:
             log.info("room %s: a new agent could not be dispatched (%s)", pseudonym("room", room.name), e)
             return 0
         await self.redis.set(count, times, ex=SERVED_S)
+        if reason == REASONS[2]:
+            await self.redis.set(self.keys.handing(room.sid), self.worker, px=HANDING_MS)
         self.counts[reason] += 1
         log.warning(
             "room %s had a caller and no live agent (%s): a new agent was dispatched (%d for this room)",

@@ -45,6 +45,7 @@ class Keys:
     claim = partialmethod(_key, "claim")
     ended = partialmethod(_key, "ended")
     handover = partialmethod(_key, "handover")
+    handing = partialmethod(_key, "handing")
     down = partialmethod(_key, "down")
 
 
