@@ -725,3 +725,29 @@ def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis
     assert first == sorted(r.name for r in rooms)[: fleet.HANDOVERS_AT_ONCE]
     assert sorted(d.room for d in lk.created) == sorted(r.name for r in rooms)  # each room once
     assert {json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created} == {"handed over"}
+
+
+def test_the_rooms_of_a_draining_worker_that_died_are_not_kept_waiting_their_turn(redis_url):
+    """A draining worker dies while its calls wait their turn to be handed over: they are lost calls now,
+    asked for at once, not HANDOVERS_AT_ONCE at a time."""
+    lk = FakeLiveKit()
+    now = time.time()
+    rooms = [lk.add(f"wing-{i}", "desk", caller_joined=now - 60) for i in range(10)]
+    keys = marks.Keys("desk")
+
+    async def main():
+        a = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
+        for r in rooms:  # handed over by w-gone, whose presence connection is not in Redis: it died
+            await a.redis.set(keys.served(r.sid), "AJ_old")
+            await a.redis.set(keys.handover(r.sid), "w-gone", ex=60)
+        asked = [await a.sweep(lk)]  # its connection found missing (not yet for GONE_S)
+        await asyncio.sleep(fleet.GONE_S + 0.05)
+        asked.append(await a.sweep(lk))
+        await a.redis.aclose()
+        return asked
+
+    asked = asyncio.run(main())
+    reasons = [json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created]
+    at_once = fleet.HANDOVERS_AT_ONCE
+    assert asked == [at_once, 10 - at_once], asked  # the rest at once
+    assert reasons == ["handed over"] * at_once + ["agent lost"] * (10 - at_once)

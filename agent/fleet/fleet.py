@@ -78,7 +78,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus.agent.fleet")
 
 BEAT_S = 0.5  # how often a worker marks its rooms live
-LIVE_MS = 2000  # a mark not renewed this long is a dead agent's
+# a mark not renewed this long is a hung worker's (a dead one's process is found by its presence connection
+# at once): long enough for a worker whose loop or Redis stalls for seconds under load to renew it (at 2 s, a
+# busy host's rooms were taken for lost and sent second agents)
+LIVE_MS = 5000
 GONE_S = 0.3  # a worker whose connection is missing from Redis this long (two sweeps) is dead
 SERVED_S = 3600  # how long a room is remembered to have had an agent, after its last mark
 SWEEP_S = 0.5  # how often a worker looks for rooms alone
@@ -247,7 +250,7 @@ class Fleet:
         self.handing = sum(on_its_way)
 
         async def look(i: int, room: api.Room) -> str | None:  # why the room is alone (None: it is not)
-            mark, served, ended, handover, handing, down, node = marks[N * i : N * i + N]
+            mark, served, ended, handover, _handing, down, node = marks[N * i : N * i + N]
             live = mark is not None and owners[i] not in gone and _job(mark) != _text(down)
             moved = self._moved(room, _text(node), now)
             if ended or on_its_way[i] or (live and not moved):
@@ -275,8 +278,8 @@ class Fleet:
                     await self.redis.set(self.keys.down(room.sid), _job(mark), px=MOVED_DOWN_MS)
                     return REASONS[0]
                 return None
-            if served:
-                return REASONS[2] if handover else REASONS[0]
+            if served:  # handed over while its draining agent talks on (else lost: its worker died meanwhile)
+                return REASONS[2] if handover and drainers[i] not in gone else REASONS[0]
             if self.clock() - min(p.joined_at for p in callers) >= FIRST_AGENT_S:
                 return REASONS[1]
             return None
