@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from livekit.agents import AgentServer, JobExecutorType, JobRequest
+from livekit.agents import AgentServer, AssignmentTimeoutError, JobExecutorType, JobRequest
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.worker import ServerEnvOption
 
@@ -284,6 +284,9 @@ async def on_request(request: JobRequest, settings: AgentSettings) -> None:
         return
     try:
         await request.accept()
+    except AssignmentTimeoutError:  # the server gave the job to no one in time (a busy server): not ours
+        await asyncio.to_thread(engine.release, request.id)
+        log.info("job %s: accepted, but the server did not assign it in time; its slot is free", request.id)
     except BaseException:
         await asyncio.to_thread(engine.release, request.id)
         raise

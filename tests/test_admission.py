@@ -5,6 +5,7 @@ job opens takes that slot without being judged again
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -117,5 +118,32 @@ def test_the_request_function_turns_away_jobs_beyond_the_free_slots(seeded_env):
         handle = asyncio.run(opened())
         assert engine.status()["available"] == 1 and engine.status()["occupancy"] == 0.5
         handle.close()
+    finally:
+        worker.close_shared()
+
+
+class UnassignedRequest(FakeRequest):
+    """A job the worker accepted that the server never assigned to it in time (a busy server)."""
+
+    async def accept(self, **_) -> None:
+        from livekit.agents import AssignmentTimeoutError
+
+        raise AssignmentTimeoutError()
+
+
+def test_a_job_the_server_did_not_assign_in_time_gives_its_slot_back_in_one_line(seeded_env, caplog):
+    settings = AgentSettings(slots=1, refuse_when_overloaded=False)
+
+    async def offer() -> None:
+        await worker.on_request(UnassignedRequest("AJ_lost"), settings)  # raises nothing: not a defect
+        taken = FakeRequest("AJ_next")
+        await worker.on_request(taken, settings)
+        assert taken.answer == "accept"  # the one slot was free again
+
+    try:
+        with caplog.at_level(logging.INFO, logger="chorus.agent.worker"):
+            asyncio.run(offer())
+        (line,) = [r for r in caplog.records if "AJ_lost" in r.getMessage()]
+        assert "did not assign it in time" in line.getMessage() and line.exc_info is None
     finally:
         worker.close_shared()
