@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.fleet.dispatches import last_metadata
 from agent.fleet.marks import _MARK, _UNMARK, Keys, _job, _owner, _text, present_workers
 from agent.lkapi import LiveKitFailure
 from redaction import pseudonym
@@ -360,7 +361,7 @@ class Fleet:
         count = f"{self.keys.prefix}count:{room.sid}"
         times = int(await self.redis.get(count) or 0) + 1
         try:
-            meta = await self._metadata(lk, room.name)
+            meta = await last_metadata(lk, room.name, self.agent_name)
             meta.update({REDISPATCH_KEY: times, REASON_KEY: reason})
             await lk.call(
                 lk.api.agent_dispatch.create_dispatch,
@@ -394,17 +395,3 @@ class Fleet:
             mark, down, ended = await p.execute()
         seen = self._looked.pop(sid, None)
         return bool(ended) or (mark is not None and mark != seen and _job(mark) != _text(down))
-
-    async def _metadata(self, lk: LiveKit, room: str) -> dict[str, Any]:
-        """The metadata the room's last dispatch of this agent carried (a phone call's purpose, a test's
-        script), for the new one to carry too: a JSON object's fields, or anything else under `metadata`."""
-        found = await lk.call(lk.api.agent_dispatch.list_dispatch, room)
-        mine = [d for d in found if d.agent_name == self.agent_name]
-        if not mine:
-            return {}
-        last = max(mine, key=lambda d: d.state.created_at)
-        try:
-            meta = json.loads(last.metadata or "{}")
-        except ValueError:
-            meta = None
-        return meta if isinstance(meta, dict) else {"metadata": last.metadata}
