@@ -1,10 +1,10 @@
 """The agent's words with personal data replaced, where an operator asks for them: `redact` replaces e-mail
-addresses (written or spoken), numbers (digits in any grouping, or said as words), codes (written, spelled out
-one letter or digit at a time, in the phonetic alphabet, or said after the word "code"), the session's private
-terms (guests' names, registered by the agent or taken from its tool calls' arguments), words after a title
-(Mr., Sra., Herr, г-н: nameparser's, `redaction.titles`) and capitalised words inside a sentence (names
-nobody registered). `last_words` is a turn's end as a snapshot carries it. Plain functions on strings; knows
-nothing of sessions, HTTP or the page.
+addresses (written or spoken), numbers (digits in any grouping, or said as words) and codes (written, spelled
+out one letter or digit at a time, in the phonetic alphabet, or said after the word "code": both found by
+`redaction.codes`), the session's private terms (guests' names, registered by the agent or taken from its tool
+calls' arguments), words after a title (Mr., Sra., Herr, г-н: nameparser's, `redaction.titles`) and
+capitalised words inside a sentence (names nobody registered). `last_words` is a turn's end as a snapshot
+carries it. Plain functions on strings; knows nothing of sessions, HTTP or the page.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 
+from redaction.codes import TOKEN, mask_cued_codes, mask_runs
 from redaction.titles import vocabulary
 
-EMAIL, NUMBER, CODE, NAME = "[email]", "[number]", "[code]", "[name]"  # what each kind becomes
+EMAIL, NAME = "[email]", "[name]"  # what each kind becomes (NUMBER and CODE: `redaction.codes`)
 
 # --- the agent's words ----------------------------------------------------------------------------------
 
-_WORD = r"[^\W_]+(?:['’][^\W_]+)*"  # letters and digits, with inner apostrophes (it's, O'Brien)
 # written: grace.hopper@example.com; spoken: "grace dot hopper at example dot com", "ada at example.com"
 _LOCAL = r"[\w.+-]+(?:\s+(?:dot|underscore|dash|hyphen)\s+[\w+-]+)*"
 _DOMAIN = r"[\w-]+(?:(?:\.|\s+dot\s+|\s*\(dot\)\s*)[\w-]+)+"
@@ -34,84 +34,6 @@ _EMAIL_PART = re.compile(
     r"\S*@\S*|[^\W\d_][\w-]*(?:\.[^\W\d_][\w-]*)+|[^\W\d_][\w-]*(?:\s+(?:dot|underscore)\s+[\w-]+)+",
     re.IGNORECASE,
 )
-_TOKEN = re.compile(_WORD)
-# what may stand between two pieces of one number or code: "0 7 7 0 0, 9 0 0", "(415) 555-0100", "K-7 Q/2"
-_GAP = re.compile(r"[\s,.\-/()+:;#*–—]*")
-
-_DIGIT_WORDS = {
-    "zero",
-    "oh",
-    "o",
-    "nought",
-    "nil",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-    "twenty",
-    "thirty",
-    "forty",
-    "fifty",
-    "sixty",
-    "seventy",
-    "eighty",
-    "ninety",
-    "hundred",
-    "thousand",
-    "double",
-    "triple",
-}
-_PHONETIC = {
-    "alfa",
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "juliett",
-    "kilo",
-    "lima",
-    "mike",
-    "november",
-    "oscar",
-    "papa",
-    "quebec",
-    "romeo",
-    "sierra",
-    "tango",
-    "uniform",
-    "victor",
-    "whiskey",
-    "whisky",
-    "xray",
-    "ray",
-    "yankee",
-    "zulu",
-}
-_JOINERS = {"plus", "dash", "hyphen"}  # said between the pieces of a number, never alone
-# single letters that are words too (and nameparser's conjunctions: Spanish y, Italian e): part of a code only
-# beside a certain piece
-_WORD_LETTERS = {"a", "i"}
 _NOT_NAMES = {
     "a",
     "i",
@@ -143,116 +65,6 @@ _NOT_NAMES = {
 }
 _SENTENCE_ENDS = '.!?…:;"“”'  # the last mark before a sentence's first word
 _NOT_TITLED = {"and", "or"}  # "Mr. and Mrs. Hopper" (and nameparser's conjunctions: "Sr. y Sra.")
-# after a capital letter, an initial (J. Hopper) or French M. (M. Dupont): no piece of a code
-_INITIAL = re.compile(r"\.\s+[^\W\d_]{2}")
-# a written code of six letters or more, in lower case too: a q without its u, or five consonants in a row,
-# which English words hardly have ("strengths" does)
-_CODED = re.compile(r"q(?!u)|[bcdfghjklmnpqrstvwxz]{5}")
-# a word said after one of these, then a link (and fillers), is a code however it reads ("code is mentaruy")
-_CODE_CUES = {
-    "code",
-    "codes",
-    "passcode",
-    "password",
-    "pin",
-    "reference",
-    "confirmation",
-    "locator",
-    "voucher",
-}
-_CUE_LINKS = {"is", "was", "reads", "remains", "it's", "that's", "here's"}  # or a colon: "reference: ..."
-_CUE_FILLERS = {"it", "still", "number", "your", "the", "a", "of", "for", "booking", "now", "just"}
-CUED_CODE_CHARS = 5  # shorter words after a cue ("in", "sent") are left to the other rules
-
-
-def _kind(token: str) -> str | None:
-    """What a word is to the redactor: "digits", "letter" (a single letter that is no word), "mixed" (letters
-    and digits: K7Q2), "word-letter" (a, I), "spoken" (a digit or letter said as a word), "joiner", or None
-    (an ordinary word)."""
-    low = token.lower()
-    if token.isdigit():
-        return "digits"
-    if len(token) == 1 and token.isalpha():
-        if not token.isascii():
-            return None  # a code is spelled in Latin letters; "à", "ô", "東" are words
-        return "word-letter" if low in _WORD_LETTERS or low in vocabulary().conjunctions else "letter"
-    if any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
-        return "mixed"
-    if len(token) >= 6 and token.isalpha() and (token.isupper() or _CODED.search(low)):
-        return "mixed"  # a written code of letters only (KQAMXYTR, kqamxytr)
-    if low in _DIGIT_WORDS or low in _PHONETIC:
-        return "spoken"
-    if low in _JOINERS:
-        return "joiner"
-    return None
-
-
-def _mask_cued_codes(text: str) -> str:
-    """A word of CUED_CODE_CHARS or more said after a code cue and a link ("is", a colon), with only fillers
-    between, in one sentence, as CODE: "your confirmation code is mentaruy" -> "your confirmation code is
-    [code]" (and "your code is valid" -> "your code is [code]": no list of words tells the two apart)."""
-    tokens = list(_TOKEN.finditer(text))
-    out, at = [], 0
-    for i, cue in enumerate(tokens):
-        if cue.group(0).lower() not in _CODE_CUES or cue.start() < at:
-            continue
-        prev, linked = cue, False
-        for m in tokens[i + 1 : i + 6]:
-            gap = text[prev.end() : m.start()]
-            if re.search(r"[.!?\[]", gap):
-                break  # another sentence, or a placeholder already
-            word = m.group(0).lower()
-            linked = linked or ":" in gap
-            if word in _CUE_LINKS or word in _CUE_FILLERS or word in _CODE_CUES:
-                linked, prev = linked or word in _CUE_LINKS, m
-                continue
-            if linked and len(word) >= CUED_CODE_CHARS:
-                out += [text[at : m.start()], CODE]
-                at = m.end()
-            break
-    out.append(text[at:])
-    return "".join(out)
-
-
-def _mask_runs(text: str) -> str:
-    """Numbers and spelled codes: each run of number-like words (only separators between them) that holds two
-    pieces or more, or any single letter that is no word, or any word of letters and digits, as one
-    placeholder: CODE when it holds letters, else NUMBER. A lone digit or number word ("one moment") stays."""
-    tokens = []
-    for m in _TOKEN.finditer(text):
-        kind = _kind(m.group(0))
-        if kind == "letter" and m.group(0).isupper() and _INITIAL.match(text, m.end()):
-            kind = None  # an initial
-        tokens.append((m.start(), m.end(), m.group(0), kind))
-    out, at, i = [], 0, 0
-    while i < len(tokens):
-        if tokens[i][3] is None:
-            i += 1
-            continue
-        j = i
-        while (
-            j + 1 < len(tokens)
-            and tokens[j + 1][3] is not None
-            and _GAP.fullmatch(text[tokens[j][1] : tokens[j + 1][0]])
-        ):
-            j += 1
-        run = tokens[i : j + 1]
-        kinds = [k for *_, k in run]
-        certain = sum(
-            len(t) if k == "digits" else 1 for _, _, t, k in run if k in ("digits", "letter", "mixed")
-        )
-        spoken = kinds.count("spoken")
-        pieces = certain + spoken + (kinds.count("word-letter") if certain else 0)
-        if pieces >= 2 or "letter" in kinds or "mixed" in kinds:
-            lettered = any(k in ("letter", "mixed", "word-letter") for k in kinds) or any(
-                t.lower() in _PHONETIC for _, _, t, _ in run
-            )
-            start = run[0][0] - (run[0][0] > at and text[run[0][0] - 1] in "+(")  # "+1 415", "(415)"
-            out += [text[at:start], CODE if lettered else NUMBER]
-            at = run[-1][1]
-        i = j + 1
-    out.append(text[at:])
-    return "".join(out)
 
 
 @functools.lru_cache(maxsize=512)
@@ -261,7 +73,7 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
     letters or more, whole words only (a possessive's "'s" with them), in any case; the longest first."""
     alts: set[str] = set()
     for term in terms:
-        words = _TOKEN.findall(term)
+        words = TOKEN.findall(term)
         if not words:
             continue
         alts.add(r"[\s.,-]*".join(re.escape(w) for w in words))
@@ -343,7 +155,7 @@ def _mask_capitalised(text: str, cut: bool = False) -> str:
     vocab = vocabulary()
     shown, names = _titled(text)
     out, at = [], 0
-    for i, m in enumerate(_TOKEN.finditer(text)):
+    for i, m in enumerate(TOKEN.finditer(text)):
         if m.start() < at or any(s <= m.start() < e for s, e in shown):
             continue
         word, low = m.group(0), m.group(0).lower()
@@ -369,8 +181,8 @@ def _email_part(m: re.Match[str]) -> str:
 
 def redact(text: str, private: Iterable[str] = (), *, cut: bool = False) -> str:
     """`text` (what the agent said) with personal data replaced: e-mail addresses as EMAIL, the `private`
-    terms (and each of their words) as NAME, numbers as NUMBER and codes as CODE (see `_mask_cued_codes` and
-    `_mask_runs`), and words after a title and capitalised words inside a sentence as NAME
+    terms (and each of their words) as NAME, numbers as NUMBER and codes as CODE (see `mask_cued_codes` and
+    `mask_runs`), and words after a title and capitalised words inside a sentence as NAME
     (`_mask_capitalised`). `cut`: `text` starts where a window cut it; its first word goes when it may be a
     name.
 
@@ -383,7 +195,7 @@ def redact(text: str, private: Iterable[str] = (), *, cut: bool = False) -> str:
     pattern = _terms_pattern(tuple(sorted({t.strip() for t in private if t and t.strip()})))
     if pattern is not None:
         text = pattern.sub(NAME, text)
-    return _mask_capitalised(_mask_runs(_mask_cued_codes(text)), cut)
+    return _mask_capitalised(mask_runs(mask_cued_codes(text)), cut)
 
 
 def last_words(
