@@ -9,8 +9,11 @@ pipeline and the plan types.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import numpy as np
@@ -22,6 +25,47 @@ from engine.tick.plan import LivePlan, LiveResult, ToolResult, ToolWork
 from engine.tick.prompt_cache import PromptCache
 
 TRACE_WARMUP = 3  # runs of a traced step before it serves
+
+
+class _Traces:
+    """TorchScript keeps the classes of every module it traces, with their compiled methods and executors, in
+    one compilation unit for the whole process (pytorch#43119, #35600): about 50 MB for a tiny engine that
+    dropping the traced module never frees, so a process that builds engine after engine (the test suite, a
+    sweep) grows by that much each time. When the last traced step is gone and the unit holds nothing but what
+    the traces put there, it is cleared; anything else in it (another library's scripts) keeps it as it is:
+    clearing would pull their methods from under them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # re-entered by a finalizer that a collection runs inside a trace
+        self.live = 0
+        self._ours = 0  # functions the traces added to the unit since it was last cleared
+
+    @staticmethod
+    def _in_unit() -> int:
+        return len(torch.jit._state._python_cu.get_functions())
+
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """One trace at a time, counted live from its start (`end` when its module is gone)."""
+        with self._lock:
+            before = self._in_unit()
+            self.live += 1
+            try:
+                yield
+            except BaseException:
+                self.live -= 1
+                raise
+            self._ours += self._in_unit() - before
+
+    def end(self) -> None:
+        with self._lock:
+            self.live -= 1
+            if self.live == 0 and self._in_unit() == self._ours:
+                torch._C._jit_clear_class_registry()
+                self._ours = 0
+
+
+TRACES = _Traces()
 
 
 class _LiveStep(torch.nn.Module):
@@ -43,15 +87,18 @@ def traced_live_step(pipeline: Pipeline, inputs: tuple[torch.Tensor, ...]) -> Ca
     gives the GIL up once. It is the same ops on the same state (the step has no host syncs or data-dependent
     branches: `engine.tick.graph.audit_step`), bit for bit; tests/test_runner_trace.py checks it through
     resets, loads, masks and replaying rows. Traced and warmed up on steps that change nothing (every slot
-    inactive); the inputs are restored."""
+    inactive); the inputs are restored. What TorchScript keeps of it goes with the last traced step
+    (`_Traces`)."""
     saved = [t.clone() for t in inputs]
     all_inactive(inputs)
-    with torch.no_grad(), warnings.catch_warnings():
+    with TRACES.tracing(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 marks TorchScript deprecated
         graph = torch.jit.trace(_LiveStep(pipeline), tuple(inputs), check_trace=False)
         for _ in range(TRACE_WARMUP):  # TorchScript profiles and optimises its first runs: not in a tick
             graph(*inputs)
+    gone = weakref.finalize(graph, TRACES.end)  # with the engine's runner (Engine.close)
+    gone.atexit = False  # at exit the module may still run (a daemon tick thread): its unit stays
     for t, s in zip(inputs, saved, strict=True):
         t.copy_(s)
 
