@@ -26,7 +26,7 @@ HANDOVER_OVERLAP_S = 30.0
 ROOM = "room "  # a room's own process (one call's, CHORUS_ROOM_PROCESSES=true): "room w1", "room w1.2", ...
 
 
-def _status(pid: int) -> tuple[float, int] | None:
+def proc_status(pid: int) -> tuple[float, int] | None:
     """(resident MiB, threads) of `pid`, None once it is gone."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
@@ -115,7 +115,7 @@ class Recorder:
         pids.append((os.getpid(), self._name(os.getpid(), "generator")))
         out = {}
         for pid, name in pids:
-            st = _status(pid)
+            st = proc_status(pid)
             if st is not None:
                 out[name] = {"rss_mb": round(st[0], 1), "threads": st[1], "fds": _fds(pid)}
         return out

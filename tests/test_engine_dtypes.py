@@ -16,6 +16,7 @@ import torch
 from engine.api import AudioFrame, EngineClosed
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import ManualClock, caller_audio, run_ticks
+from testkit.soak_sampler import proc_status
 
 # the NeMo-built tiny model: random but structured weights, unlike the dummy weights' near-uniform logits
 MODEL = Path(__file__).parent / "fixtures" / "model"
@@ -125,8 +126,7 @@ def resident_mb() -> float:
     """This process's resident memory after a collection, with the allocator's free pages given back."""
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/status") as status:
-        return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
+    return proc_status(os.getpid())[0]
 
 
 def test_engines_built_and_closed_one_after_another_leave_nothing_behind():
