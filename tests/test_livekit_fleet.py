@@ -343,7 +343,12 @@ def test_a_new_agent_finding_its_callers_room_closed_deletes_the_conversation_ke
                 30,
                 every=POLL_S,
             )
-            ended = await redis.exists(Keys(name).ended(room.sid))
+            # released after the conversation is deleted and the job's end logged: asked until it is, or 30 s
+            deadline = asyncio.get_running_loop().time() + 30
+            while not (ended := await redis.exists(Keys(name).ended(room.sid))):
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(POLL_S)
             return before, kept(room.sid), ended
         finally:
             await lk.aclose()
