@@ -33,7 +33,7 @@ from agent.fleet.drain import DRAIN, goodbye_on_drain
 from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
 from agent.fleet.presence import REPLACED, ROOM_CLOSED, CallerPresence
 from agent.fleet.room_job import holder, redispatched, release_room, room_gone, take_room, watch_link
-from agent.fleet.takeover import _hold_on, _replace_lost_agent, _take_over
+from agent.fleet.takeover import _heard_first, _hold_on, _replace_lost_agent, _take_over
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
 from agent.room_process import room_engine, room_settings, shared_hotel
@@ -137,6 +137,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     if line is not None and not await _answered(ctx, caller, line, sink):
         ctx.shutdown("the caller left")
         return
+    if handed_over:  # the caller takes this agent's track before its first words (the old one talks on)
+        await _heard_first(ctx, sink)
     async with joins.turn():
         call = await start_call(
             engine,

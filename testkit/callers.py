@@ -76,6 +76,8 @@ class Heard:
     sources: set[str] = field(default_factory=set)  # the participants whose audio tracks were heard
     agent_identity: str | None = None  # the room's first agent
     agents: set[str] = field(default_factory=set)  # every agent that joined the room (a lost one's successor)
+    track_at: dict[str, float] = field(default_factory=dict)  # each participant's audio track subscribed
+    audio_at: dict[str, float] = field(default_factory=dict)  # each participant's first frame (silence too)
     speech_at: dict[str, float] = field(default_factory=dict)  # each agent's first frame that is not silence
     last_speech_at: float | None = None  # the latest frame that is not silence, from any agent
     agent_joined_at: float | None = None
@@ -162,6 +164,7 @@ class Caller:
                 self.heard.sources.add(p.identity)
                 self.heard.tracks += 1
                 self.heard.track_sids.append(track.sid)
+                self.heard.track_at.setdefault(p.identity, loop.time())
                 self._tasks.append(asyncio.ensure_future(self._record(track, p.identity)))
 
         def on_text(reader: rtc.TextStreamReader, sender: str) -> None:
@@ -209,6 +212,7 @@ class Caller:
             samples = np.frombuffer(ev.frame.data, dtype=np.int16).copy()
             self.heard.frames.append(samples)
             self.heard.times.append(loop.time())
+            self.heard.audio_at.setdefault(source, loop.time())
             self.first_audio.set()
             if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives
                 self.heard.audible_samples += samples.size

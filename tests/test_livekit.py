@@ -113,6 +113,47 @@ def test_the_agents_track_is_taken_out_of_the_room_before_the_agent_leaves(serve
     assert unpublished == [True]  # once, by the agent, while it was in the room
 
 
+def test_the_agents_track_counts_as_heard_only_once_the_rooms_caller_has_subscribed_to_it(server):
+    """A handed-over call's new agent starts its session, whose first words follow at once, only when the
+    caller can hear its track (agent/fleet/takeover.py, `_heard_first`): the server tells the publisher when a
+    subscriber's connection has taken the track. A caller who has not subscribed keeps it unheard."""
+    from livekit import rtc
+
+    from agent.audio_out.sinks import RoomSink
+    from testkit.server import token
+
+    async def main() -> tuple[bool, bool, int]:
+        name = room_name("heard")
+        agent, caller = rtc.Room(), rtc.Room()
+        await agent.connect(server.url, token(server, name, "agent"))
+        await caller.connect(server.url, token(server, name, "caller"), rtc.RoomOptions(auto_subscribe=False))
+        await await_until(lambda: "caller" in agent.remote_participants, "the caller seen", 20, every=POLL_S)
+        sink = RoomSink()
+        try:
+            await sink.start(agent)
+            unheard = await sink.heard_by_callers(agent, 3.0)  # the caller is in the room, not subscribed
+            await await_until(
+                lambda: (
+                    caller.remote_participants.get("agent")
+                    and caller.remote_participants["agent"].track_publications
+                ),
+                "the agent's track seen by the caller",
+                20,
+                every=POLL_S,
+            )
+            (publication,) = caller.remote_participants["agent"].track_publications.values()
+            publication.set_subscribed(True)
+            heard = await sink.heard_by_callers(agent, 20.0)
+            return unheard, heard, sink.subscriptions
+        finally:
+            await sink.aclose()
+            await caller.disconnect()
+            await agent.disconnect()
+
+    unheard, heard, subscriptions = asyncio.run(main())
+    assert (unheard, heard, subscriptions) == (False, True, 1)
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native-caller-audio", "framework-caller-audio"])
 def test_a_caller_is_dispatched_heard_and_answered_and_the_slot_is_freed_when_they_leave(
     server, store_dir, native

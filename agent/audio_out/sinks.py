@@ -103,6 +103,12 @@ class WavSink(_OwnOutput):
             self._w.close()
 
 
+def _callers(room: rtc.Room) -> int:
+    """The participants in `room` that are not agents."""
+    agent = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
+    return sum(p.kind != agent for p in room.remote_participants.values())
+
+
 class RoomSink(_OwnOutput):
     """A room's loudspeaker: the agent's audio track (published by `start`), fed just in time. The track never
     falls silent by going quiet on the wire: while nothing has been written for IDLE_FILL_S (the prompt's
@@ -138,6 +144,8 @@ class RoomSink(_OwnOutput):
         self.track_sid: str | None = None  # the published track's, once `start` has published it
         self._room: rtc.Room | None = None  # the room it was published in
         self._stalls = 0  # captures given up after CAPTURE_WAIT_S
+        self.subscriptions = 0  # the room's participants that have subscribed to the track so far
+        self._subscribed = asyncio.Event()  # set at each subscription
         # the captures made natively, their answers taken off the room's loop (agent/audio_in/audio_pump.py),
         # when this process has the native callback
         self._native: audio_pump.TrackCapture | None = None
@@ -165,6 +173,7 @@ class RoomSink(_OwnOutput):
     async def start(self, room: rtc.Room) -> None:
         """Publish the track; a server too busy to answer in time is asked again (PUBLISH_TRIES in all)."""
         opts = rtc.TrackPublishOptions(source=rtc.TrackSource.SOURCE_MICROPHONE)
+        room.on("local_track_subscribed", self._on_subscribed)  # before: the first may follow at once
         for attempt in range(1, self.PUBLISH_TRIES + 1):
             track = rtc.LocalAudioTrack.create_audio_track("chorus-agent", self.source)
             try:
@@ -192,6 +201,24 @@ class RoomSink(_OwnOutput):
             await leave(reason=reason)
 
         room.disconnect = disconnect  # type: ignore[method-assign]
+
+    def _on_subscribed(self, track: rtc.LocalTrack) -> None:
+        if self.track_sid is None or track.sid == self.track_sid:  # none yet: the answer is on its way
+            self.subscriptions += 1
+            self._subscribed.set()
+
+    async def heard_by_callers(self, room: rtc.Room, timeout: float) -> bool:
+        """Whether, within `timeout` seconds, as many of the room's participants have subscribed to the track
+        as there are callers in it (the server says so once a subscriber's connection takes the track's
+        packets; the server does not subscribe an agent to another agent's track): the caller can hear it."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.subscriptions < _callers(room):
+                    self._subscribed.clear()
+                    await self._subscribed.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _republished(self, publication: rtc.LocalTrackPublication, previous_sid: str) -> None:
         """The rtc SDK's full reconnect published the track again, under a new id."""

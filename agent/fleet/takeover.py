@@ -1,15 +1,17 @@
 """A room's job that takes a call over from another agent: the agents left in the room from before are
-removed, so no two answer the caller (`_replace_lost_agent`); a call handed over by a draining worker has its
-old agent removed once this job's session sends its first frame (`_take_over`), and a call carried on after
-its agent was lost has the caller hear the hold clip while the new session's prompt, which holds the earlier
-conversation, is prefilled (`_hold_on`). Knows the call's session and its output (agent/call.py) and
-LiveKit's room API; nothing of Redis or the engine's internals.
+removed, so no two answer the caller (`_replace_lost_agent`); a call handed over by a draining worker starts
+its session once the caller has taken this agent's track (`_heard_first`), and has its old agent removed once
+the session sends its first frame (`_take_over`); and a call carried on after its agent was lost has the
+caller hear the hold clip while the new session's prompt, which holds the earlier conversation, is prefilled
+(`_hold_on`). Knows the call's session and its output (agent/call.py), the call's track
+(agent/audio_out/sinks.py) and LiveKit's room API; nothing of Redis or the engine's internals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from agent.fleet.room_job import remove_stale_agents
@@ -25,16 +27,38 @@ TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame wit
 HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
 
 
+async def _heard_first(ctx: JobContext, sink) -> None:
+    """A call handed over by a draining worker, before its session starts: this agent's track is published
+    and taken by the room's callers (at most TAKE_OVER_S), so that its first words, which begin as soon as the
+    session is live, are not spoken into a track the caller cannot hear yet (the draining agent talks on)."""
+    heard_by = getattr(sink, "heard_by_callers", None)  # the console has no room
+    if heard_by is None:
+        return
+    asked = time.monotonic()
+    await sink.join(ctx.room)
+    heard = await heard_by(ctx.room, TAKE_OVER_S)
+    log.info(
+        "job %s: its track %s the room's callers in %.2f s",
+        ctx.job.id,
+        "taken by" if heard else "not yet taken by",
+        time.monotonic() - asked,
+    )
+
+
 async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
     """A call handed over by a draining worker: its agent is removed once this job's session sends its first
     frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two; one
     removed before that has the caller hear the hold clip until this one speaks."""
+    asked = time.monotonic()
     live = await _live_within(call.duplex, TAKE_OVER_S)
-    if not call.closed:
-        if not live:
-            log.info("job %s: the call taken over before its session is live hears a hold clip", ctx.job.id)
-            call.output.hold_on()
-        await _replace_lost_agent(ctx, settings)
+    if call.closed:
+        return
+    if live:
+        log.info("job %s: its session live %.2f s after it started", ctx.job.id, time.monotonic() - asked)
+    else:
+        log.info("job %s: the call taken over before its session is live hears a hold clip", ctx.job.id)
+        call.output.hold_on()
+    await _replace_lost_agent(ctx, settings)
 
 
 async def _hold_on(call) -> None:
