@@ -210,7 +210,8 @@ class RoomSink(_OwnOutput):
     async def heard_by_callers(self, room: rtc.Room, timeout: float) -> bool:
         """Whether, within `timeout` seconds, as many of the room's participants have subscribed to the track
         as there are callers in it (the server says so once a subscriber's connection takes the track's
-        packets; the server does not subscribe an agent to another agent's track): the caller can hear it."""
+        packets): the caller can hear it. Other agents are not counted: one leaving need not subscribe (a
+        draining agent was seen not to)."""
         try:
             async with asyncio.timeout(timeout):
                 while self.subscriptions < _callers(room):
