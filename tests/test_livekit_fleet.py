@@ -225,8 +225,8 @@ def test_a_rolling_restart_hands_every_call_over_and_answers_new_calls(server, s
     assert got["codes"] == [0, 0]  # each drained worker exited cleanly, its calls handed over
     assert len(got["waits"]) >= ROLLING_CALLS  # every call was handed over at least once
     # the draining agent talks on until the caller has the new one's track and its session is live: the caller
-    # is between the two only from its leaving to the new one's voice (measured 0-0.2 s, one core kept busy;
-    # the bound allows the spread of a busier machine)
+    # is between the two only from its leaving to the new one's voice (measured 0-0.9 s, a core kept busy
+    # or not; the bound allows the spread of a busier machine)
     assert max(got["gaps"]) <= HANDOVER_GAP_S, got["steps"]  # [voice, track, first frame] after the leave
     assert not any("disconnected" in " ".join(c) for c in got["connections"]), got["connections"]
     assert not any("goodbye" in w for w in got["words"])  # no call was closed
