@@ -138,7 +138,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         ctx.shutdown("the caller left")
         return
     if handed_over:  # the caller takes this agent's track before its first words (the old one talks on)
-        await _heard_first(ctx, sink)
+        await _heard_first(ctx, sink, CALLER_KINDS)
     async with joins.turn():
         call = await start_call(
             engine,

@@ -120,6 +120,7 @@ def test_the_agents_track_counts_as_heard_only_once_the_rooms_caller_has_subscri
     from livekit import rtc
 
     from agent.audio_out.sinks import RoomSink
+    from agent.room import CALLER_KINDS
     from testkit.server import token
 
     async def main() -> tuple[bool, bool, int]:
@@ -131,7 +132,7 @@ def test_the_agents_track_counts_as_heard_only_once_the_rooms_caller_has_subscri
         sink = RoomSink()
         try:
             await sink.start(agent)
-            unheard = await sink.heard_by_callers(agent, 3.0)  # the caller is in the room, not subscribed
+            unheard = await sink.heard_by(agent, CALLER_KINDS, 3.0)  # the caller in the room, not subscribed
             await await_until(
                 lambda: (
                     caller.remote_participants.get("agent")
@@ -143,7 +144,7 @@ def test_the_agents_track_counts_as_heard_only_once_the_rooms_caller_has_subscri
             )
             (publication,) = caller.remote_participants["agent"].track_publications.values()
             publication.set_subscribed(True)
-            heard = await sink.heard_by_callers(agent, 20.0)
+            heard = await sink.heard_by(agent, CALLER_KINDS, 20.0)
             return unheard, heard, sink.subscriptions
         finally:
             await sink.aclose()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 import wave
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -101,12 +102,6 @@ class WavSink(_OwnOutput):
             self._commit()
             self._fill(self._pos(time.monotonic()))
             self._w.close()
-
-
-def _callers(room: rtc.Room) -> int:
-    """The participants in `room` that are not agents."""
-    agent = rtc.ParticipantKind.PARTICIPANT_KIND_AGENT
-    return sum(p.kind != agent for p in room.remote_participants.values())
 
 
 class RoomSink(_OwnOutput):
@@ -207,14 +202,14 @@ class RoomSink(_OwnOutput):
             self.subscriptions += 1
             self._subscribed.set()
 
-    async def heard_by_callers(self, room: rtc.Room, timeout: float) -> bool:
+    async def heard_by(self, room: rtc.Room, kinds: Collection[int], timeout: float) -> bool:
         """Whether, within `timeout` seconds, as many of the room's participants have subscribed to the track
-        as there are callers in it (the server says so once a subscriber's connection takes the track's
-        packets): the caller can hear it. Other agents are not counted: one leaving need not subscribe (a
-        draining agent was seen not to)."""
+        as there are participants of `kinds` (the callers) in it (the server says so once a subscriber's
+        connection takes the track's packets): the caller can hear it. Other agents are not counted: one
+        leaving need not subscribe (a draining agent was seen not to)."""
         try:
             async with asyncio.timeout(timeout):
-                while self.subscriptions < _callers(room):
+                while self.subscriptions < sum(p.kind in kinds for p in room.remote_participants.values()):
                     self._subscribed.clear()
                     await self._subscribed.wait()
         except TimeoutError:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from agent.fleet.room_job import remove_stale_agents
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from livekit.agents import JobContext
 
     from agent.settings import AgentSettings
@@ -27,16 +29,17 @@ TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame wit
 HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
 
 
-async def _heard_first(ctx: JobContext, sink) -> None:
+async def _heard_first(ctx: JobContext, sink, callers: Collection[int]) -> None:
     """A call handed over by a draining worker, before its session starts: this agent's track is published
-    and taken by the room's callers (at most TAKE_OVER_S), so that its first words, which begin as soon as the
-    session is live, are not spoken into a track the caller cannot hear yet (the draining agent talks on)."""
-    heard_by = getattr(sink, "heard_by_callers", None)  # the console has no room
+    and taken by the room's callers (participants of the kinds `callers`; at most TAKE_OVER_S), so that its
+    first words, which begin as soon as the session is live, are not spoken into a track the caller cannot
+    hear yet (the draining agent talks on)."""
+    heard_by = getattr(sink, "heard_by", None)  # the console has no room
     if heard_by is None:
         return
     asked = time.monotonic()
     await sink.join(ctx.room)
-    heard = await heard_by(ctx.room, TAKE_OVER_S)
+    heard = await heard_by(ctx.room, callers, TAKE_OVER_S)
     log.info(
         "job %s: its track %s the room's callers in %.2f s",
         ctx.job.id,
