@@ -51,6 +51,14 @@ class Tokens:
         self.call_start, self.call_end = resolve("tool_call_start"), resolve("tool_call_end")
         self.response_end = resolve("tool_response_end")
         self._special = {self.bos, self.eos, self.pad, self.call_start, self.call_end, self.response_end}
+        # every added token (special or not): text from outside the template (a call's turns, a tool's
+        # arguments and results) is encoded by `_plain`, which matches none of them
+        added = self.tok.get_added_tokens_decoder()
+        self.added = frozenset(added)
+        self._plain = _plain_tokenizer(self.tok)
+        self._marks = {t.content: i for i, t in added.items() if t.content}
+        names = sorted(self._marks, key=len, reverse=True)  # the longest first: `</s>` before `<s>`
+        self._mark = re.compile("|".join(map(re.escape, names))) if names else None
         # the text channel's piece per token id, computed once: "" for control tokens, None for a token that
         # is not whole text on its own (a byte of a character split over several tokens), whose bytes are in
         # `_bytes`; a token whose bytes cannot be read keeps its decoded piece
@@ -73,6 +81,34 @@ class Tokens:
         # the batch call gives the same ids and lets go of the GIL while it works (`encode` holds it: a long
         # tool result or prompt would stall the tick thread for its whole length)
         return self.tok.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as text: no added token of the tokenizer is matched in it (a turn holding `</s>` or a
+        tool argument holding `<SPECIAL_20>` gives the ids of those characters, never the control id)."""
+        ids = self._plain.encode_batch([text], add_special_tokens=False)[0].ids
+        if not self.added.isdisjoint(ids):  # a vocabulary whose merges reach an added token's id
+            ids = [i for i in ids if i not in self.added]
+        return ids
+
+    def encode_template(self, *parts: tuple[str, bool]) -> list[int]:
+        """Text made of the template's own parts (`(text, True)`: their added tokens are matched, as `encode`
+        does) and others' (`(text, False)`: as `encode_text`). Runs of text between the template's added
+        tokens are encoded in one piece: the ids are `encode`'s for text whose other parts hold no added
+        token."""
+        ids: list[int] = []
+        run: list[str] = []
+        for text, template in parts:
+            at = 0
+            for m in self._mark.finditer(text) if template and self._mark is not None else ():
+                run.append(text[at : m.start()])
+                if any(run):
+                    ids += self.encode_text("".join(run))
+                run, at = [], m.end()
+                ids.append(self._marks[m[0]])
+            run.append(text[at:])
+        if any(run):
+            ids += self.encode_text("".join(run))
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
@@ -107,23 +143,28 @@ class Tokens:
     def prompt_parts(self, system_prompt: str, tools: list[dict], context: str = "") -> tuple[list[int], int]:
         """The prompt's ids and the length of its prefix, `[<s>] + tok(system_prompt + tool block)`: with a
         `context` (a call's own, such as its earlier turns), `prefix + tok("\n\n" + context) + [</s>]`, the
-        context after the tool block, so that every call of the same agent shares the prefix's state."""
+        context after the tool block, so that every call of the same agent shares the prefix's state. The
+        context is the call's stored text (what was said, tools' names, arguments and results): encoded as
+        text (`encode_text`), so none of it is ever a control token."""
         from engine.text.prompt import system_prompt_text
 
         if len(tools) > MAX_TOOLS:
             raise ValueError(f"tools: the model accepts at most {MAX_TOOLS} tools, got {len(tools)}")
         prefix = [self.bos, *self.encode(system_prompt_text(system_prompt, tools))]
-        own = self.encode("\n\n" + context) if context else []
+        own = self.encode_text("\n\n" + context) if context else []
         return [*prefix, *own, self.eos], len(prefix)
 
     def call_ids(self, calls: list[dict]) -> list[int]:
-        """The function-channel tokens of a complete call: start, `<TOOLCALL>[...]</TOOLCALL>`, end."""
-        return [self.call_start, *self.encode(CALL_OPEN + json.dumps(calls) + CALL_CLOSE), self.call_end]
+        """The function-channel tokens of a complete call: start, `<TOOLCALL>[...]</TOOLCALL>`, end; the
+        calls' names and arguments encoded as text."""
+        body = self.encode_template((CALL_OPEN, True), (json.dumps(calls), False), (CALL_CLOSE, True))
+        return [self.call_start, *body, self.call_end]
 
     def response_ids(self, results: list[dict]) -> list[int]:
         """`<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` tokens (no special tokens added), forced on
-        the function channel."""
-        return self.encode(RESPONSE_OPEN + json.dumps(results, ensure_ascii=False) + RESPONSE_CLOSE)
+        the function channel; the results encoded as text."""
+        body = json.dumps(results, ensure_ascii=False)
+        return self.encode_template((RESPONSE_OPEN, True), (body, False), (RESPONSE_CLOSE, True))
 
 
 class TextStream:
@@ -149,6 +190,18 @@ class TextStream:
         """Forget the bytes of an unfinished character."""
         self._utf8.reset()
         self.held = False
+
+
+def _plain_tokenizer(tok: Tokenizer) -> Tokenizer:
+    """A copy of `tok` that matches none of its added tokens in text: each is marked special, and special
+    tokens are encoded as text (tokenizers' `encode_special_tokens`, which still matches non-special
+    ones)."""
+    spec = json.loads(tok.to_str())
+    for added in spec.get("added_tokens") or []:
+        added["special"] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
 
 
 def _byte_level_alphabet() -> dict[str, int]:
