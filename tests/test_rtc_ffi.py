@@ -5,8 +5,13 @@ receive."""
 from __future__ import annotations
 
 import asyncio
+import builtins
+import gc
 import random
+import sys
 import threading
+import traceback
+from collections import deque
 
 import pytest
 from livekit.rtc._ffi_client import FfiClient, FfiQueue
@@ -246,3 +251,112 @@ def test_an_ended_jobs_loop_is_let_go_once_a_new_job_takes_its_first_event(loops
     assert list(q._by_async_id.values()) == [live.loop] and list(q._by_stream.values()) == [live.loop]
     q.put(capture_callback(42))  # the live job's request still finds its owner
     assert q._by_async_id == {}
+
+
+class DeadRoom:
+    """As `rtc.Room`: its finalizer unsubscribes its queue. It waits, dead, in a reference cycle, so only a
+    collection runs that finalizer, on whichever thread the collection happens to start."""
+
+    def __init__(self, q: RoutedQueue, queue) -> None:
+        self.q, self.queue, self.cycle = q, queue, self
+
+    def __del__(self) -> None:
+        self.q.unsubscribe(self.queue)
+
+
+def bounded(fn, timeout: float = 20.0):
+    """`fn()` in a thread of its own: a call that deadlocks fails, with its stack, instead of hanging the
+    suite (the thread is left behind, a daemon, stuck on a queue no other test uses)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (raised again below, on the test's thread)
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        frame = sys._current_frames().get(t.ident)
+        stack = "".join(traceback.format_stack(frame))
+        pytest.fail(f"still running after {timeout:g} s, deadlocked:\n{stack}")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_a_dead_room_collected_while_a_frame_unsubscribes_neither_hangs_nor_loses_a_subscriber(
+    loops, monkeypatch
+):
+    # the soak's hang: `capture_frame`'s unsubscribe building its new tuples under the lock, a collection
+    # there finalizing dead rooms, whose own unsubscribe then waited on the lock its thread already held
+    lt = loops[0]
+    q = RoutedQueue()
+    keep = lt.call(q.subscribe, lt.loop, not_media)
+    dead = [lt.call(q.subscribe, lt.loop, not_media) for _ in range(3)]
+    frame = lt.call(q.subscribe)
+    armed, collections = [True], []
+
+    def collecting_tuple(items=()):
+        if armed:  # once: the collection lands inside the update, with the dead rooms in it
+            armed.clear()
+            collections.append(gc.collect())
+        return builtins.tuple(items)
+
+    gc.disable()  # the rooms wait for the collection forced below, not an earlier one
+    try:
+        for queue in dead:
+            DeadRoom(q, queue)  # dropped at once: garbage in a cycle
+        monkeypatch.setattr(rtc_ffi, "tuple", collecting_tuple, raising=False)
+        bounded(lambda: q.unsubscribe(frame))
+    finally:
+        gc.enable()
+    assert collections and collections[0] >= 3  # the rooms were collected inside the update
+    assert [s[0] for s in q._subscribers] == [keep]  # the frame's and the rooms' gone, none resurrected
+    assert [s[0] for s in q._of_loop[lt.loop]] == [keep]
+    q.put(room_event(5))
+    assert len(lt.drain(keep)) == 1 and not any(lt.drain(x) for x in [*dead, frame])
+
+
+def test_finalizers_run_by_collections_anywhere_in_the_routers_updates_hang_nothing_and_lose_nothing(loops):
+    """Collections as often as the collector can make them (a threshold of one allocation), each running a
+    finalizer that unsubscribes a dead room's queue, while a job subscribes and unsubscribes per frame as
+    `capture_frame` does and events come to a loop that closed: every update finishes, and what is left
+    subscribed is exactly what should be."""
+    lt = loops[0]
+    q = RoutedQueue()
+    keep = lt.call(q.subscribe, lt.loop, not_media)
+    dying = deque(q.subscribe(lt.loop, not_media) for _ in range(600))  # the rooms that will die
+    finalized = []
+
+    def finalizer(phase, info):
+        if phase == "start" and dying:
+            queue = dying.popleft()
+            q.unsubscribe(queue)
+            finalized.append(queue)
+
+    def frames():
+        for n in range(300):
+            frame = q.subscribe(lt.loop)
+            q.unsubscribe(frame)
+            if n % 50 == 0:  # a job's loop that closed without unsubscribing: dropped by `put`
+                q.subscribe(loops[1].loop)
+                loops[1].close()
+                q.put(room_event(5))
+                loops[1] = LoopThread()  # (the fixture closes the last one)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(finalizer)
+    gc.set_threshold(1)
+    try:
+        bounded(frames)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(finalizer)
+    assert len(finalized) > 50  # collections came, inside the updates among them
+    for queue in dying:  # the rooms the collector did not get to
+        q.unsubscribe(queue)
+    assert [s[0] for s in q._subscribers] == [keep]
+    assert list(q._of_loop) == [lt.loop] and [s[0] for s in q._of_loop[lt.loop]] == [keep]

@@ -129,10 +129,18 @@ class RoutedQueue:
     `put` runs on the native library's callback thread for every event of every room and takes no lock: the
     subscriber lists are immutable tuples, replaced whole (under `_lock`) by the subscribing threads, so a
     delivery never waits for a job thread that holds a lock while it waits for the GIL (with one lock on both
-    sides, 16 rooms queued behind each other on it for hundreds of milliseconds at a time)."""
+    sides, 16 rooms queued behind each other on it for hundreds of milliseconds at a time).
+
+    A finalizer may re-enter it on a thread that is mid-update: a collection, started by any allocation of
+    the update (its new tuples), finalizes a dead `rtc.Room`, whose `__del__` unsubscribes its queue. `_lock`
+    is re-entrant, so that thread does not wait on itself for good, and a change asked for during an update
+    is queued and applied by the update under way once its own is made (`_update`): applied at once, the
+    outer update's tuples, built from the tables before it, would bring back what it removed."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # writers of the tables below; `put` only reads them
+        self._lock = threading.RLock()  # writers of the tables below; `put` only reads them
+        self._updating = False  # (under `_lock`) a subscriber change is being made, on the lock's thread
+        self._changes: deque[tuple[Any, tuple]] = deque()  # (under `_lock`) those asked for meanwhile
         self._subscribers: tuple[tuple[Any, asyncio.AbstractEventLoop, Any], ...] = ()
         self._of_loop: dict[
             asyncio.AbstractEventLoop, tuple[tuple[Any, asyncio.AbstractEventLoop, Any], ...]
@@ -156,20 +164,43 @@ class RoutedQueue:
         return queue
 
     def unsubscribe(self, queue: Any) -> None:
-        with self._lock:
-            for sub in self._subscribers:
-                if sub[0] is queue:
-                    self._remove(sub)
-                    break
+        self._update(self._unsubscribe, queue)
 
     def _add(self, queue: Any, loop: asyncio.AbstractEventLoop, filter_fn: Any) -> None:
-        sub = (queue, loop, filter_fn)
+        self._update(self._insert, (queue, loop, filter_fn))
+
+    def _update(self, change: Any, *args: Any) -> None:
+        """Make a change to the subscriber tables, after any asked for while it is made (by a finalizer that
+        a collection ran on this thread, mid-change). One asked for in the instant between the last queued
+        change applied and `_updating` cleared waits for the next update (a frame's, milliseconds away)."""
         with self._lock:
-            self._subscribers = (*self._subscribers, sub)
-            self._of_loop[loop] = (*self._of_loop.get(loop, ()), sub)
+            self._changes.append((change, args))
+            if self._updating:
+                return  # re-entered mid-update: the update under way applies it
+            self._updating = True
+            try:
+                while self._changes:
+                    change, args = self._changes.popleft()
+                    change(*args)
+            finally:
+                self._updating = False
+
+    def _unsubscribe(self, queue: Any) -> None:
+        """(Through `_update`.)"""
+        for sub in self._subscribers:
+            if sub[0] is queue:
+                self._remove(sub)
+                break
+
+    def _insert(self, sub: tuple) -> None:
+        """(Through `_update`.)"""
+        self._subscribers = (*self._subscribers, sub)
+        self._of_loop[sub[1]] = (*self._of_loop.get(sub[1], ()), sub)
 
     def _remove(self, sub: tuple) -> None:
-        """(Under `_lock`.)"""
+        """(Through `_update`.)"""
+        if not any(s is sub for s in self._subscribers):
+            return  # already gone
         self._subscribers = tuple(s for s in self._subscribers if s is not sub)
         mine = tuple(s for s in self._of_loop.get(sub[1], ()) if s is not sub)
         if mine:
@@ -191,11 +222,8 @@ class RoutedQueue:
                     pass
             if not self._inbox(loop).deliver(queue, item):
                 dead.append(sub)  # its loop closed without unsubscribing: it can never take an event again
-        if dead:
-            with self._lock:
-                for sub in dead:
-                    if any(s is sub for s in self._subscribers):
-                        self._remove(sub)
+        for sub in dead:
+            self._update(self._remove, sub)
 
     def _inbox(self, loop: asyncio.AbstractEventLoop) -> _Inbox:
         inbox = self._inboxes.get(loop)
