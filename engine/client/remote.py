@@ -16,10 +16,18 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.api import EngineClosed
+from engine.api import EngineClosed, SessionRejected
 from engine.client.handle import REQUEST_TIMEOUT_S, RemoteHandle
 from engine.client.link import Layout, SessionLink
-from engine.client.wire import ADDRESS_ENV, KEY_ENV, connect, encode, raise_error, read_line
+from engine.client.wire import (
+    ADDRESS_ENV,
+    KEY_ENV,
+    connect,
+    context_error,
+    encode,
+    raise_error,
+    read_line,
+)
 from engine.sizing.stage_config import ClockConfig, TokenConfig
 
 
@@ -92,8 +100,11 @@ class RemoteEngine:
     ) -> RemoteHandle:
         """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
-        slot); `context`: the call's own part of the prompt (`Engine.open_session`)."""
+        slot); `context`: the call's own part of the prompt (`Engine.open_session`; SessionRejected, unsent,
+        beyond engine/client/wire.py MAX_CONTEXT_CHARS)."""
         loop = loop or asyncio.get_running_loop()
+        if (why := context_error(context)) is not None:
+            raise SessionRejected(why)
         sock = connect(self.address, self.timeout, self._key)
         buf = bytearray()
         try:

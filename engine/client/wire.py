@@ -62,6 +62,12 @@ CONTROLS: dict[str, type] = {
 }
 OPS = {cls: op for op, cls in (*REQUESTS.items(), *CONTROLS.items())}
 JOB_MAX = 200  # characters in the name of a job an admission is for
+# a session's own part of its prompt (`open`'s context): the largest a carried call makes
+# (agent/fleet/carry.py: 24 turns of 600 characters, 12 tool calls of up to 3,000, the template) is about
+# 52,000 characters and some 15,000 positions; each position is prefilled in the slot's slack, 64 a tick, so
+# the caps leave room for that and no more
+MAX_CONTEXT_CHARS = 65_536
+MAX_CONTEXT_TOKENS = 24_576
 REASONS_MAX = 8  # reasons in the fleet's counts
 FORCE_MAX = 4096  # teacher-forced tokens in one request
 PRIVATE_MAX = 64  # terms kept private in one request (more are dropped)
@@ -207,6 +213,17 @@ def decode_control(op: str, msg: dict[str, Any]) -> Control:
 def _a_count(reason: object, n: object) -> bool:
     """One of the fleet's counts: a short reason and a whole number of new agents."""
     return isinstance(reason, str) and len(reason) <= 40 and type(n) is int and n >= 0
+
+
+def context_error(context: str) -> str | None:
+    """Why a session's context is refused for its length in characters (the door counts its tokens too), or
+    None."""
+    if len(context) > MAX_CONTEXT_CHARS:
+        return (
+            f"context: {len(context):,} characters, more than the {MAX_CONTEXT_CHARS:,} a session's own part "
+            "of its prompt may have"
+        )
+    return None
 
 
 def error_message(e: EngineError, kind: str | None = None) -> dict[str, Any]:

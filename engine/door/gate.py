@@ -14,9 +14,12 @@ namespace can connect. So the door admits a process only
   - `control` (the worker's own, never in any process's environment): `hello`, `admit`, `release`, `load`
     and `drain`.
 
-Connections without a key yet are at most MAX_PENDING (the oldest is closed for a newer one), and each role
-holds at most its cap; the worker keeps one connection open for all its questions, so no flood of
-connections stands between it and its engine. Knows sockets and the roles; nothing of sessions or the tick.
+Connections without a key yet are at most MAX_PENDING (the oldest is closed for a newer one). The worker's
+role holds at most CONTROL_CAP (it keeps one connection open for all its questions, so no flood of connections
+stands between it and its engine). A room connection that holds a session is bounded by the engine's slots;
+those without one (a `hello`, an `open` not answered yet) are bounded per room's process (ROOM_PEER_CAP, by
+the kernel's process id of the peer) and in all (`room_cap`), so one room holding idle connections never stops
+another room's `open`. Knows sockets and the roles; nothing of sessions or the tick.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from __future__ import annotations
 import hmac
 import os
 import socket
+import struct
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
-from engine.client.wire import DoorKeys, peer_uid
+from engine.client.wire import DoorKeys
 
 if TYPE_CHECKING:
     from engine.door.host_conn import RoomConn
@@ -42,31 +46,43 @@ AUTH_S = 2.0  # a connection that has not shown its key by then is closed
 MAX_PENDING = 32  # connections without a key yet; the oldest goes for a newer one
 MAX_KEY_LINE = 256  # the key's line: longer before its end, and the connection is closed
 CONTROL_CAP = 8  # the worker's connections (it keeps one; a few more while one is replaced)
+# room connections without a session, of one room's process: a room's `hello` and `open` take one each for a
+# moment; a process that runs many rooms through the door (the simulation) opens a few sessions at once
+ROOM_PEER_CAP = 16
 
 
 def room_cap(num_slots: int) -> int:
-    """Room connections at once: a session's each, and a few for the rooms' `hello`s."""
+    """Room connections without a session at once, of every room's process together."""
     return 2 * num_slots + 16
 
 
+def peer_creds(sock: socket.socket) -> tuple[int, int]:
+    """The process id and user id of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
 class Gate:
-    """The door's guard: `accept(sock)` says whether a new connection may stay (the peer's user id), `key`
-    gives a connection its role or says why not, `allowed` whether its role may ask for an operation;
-    `pending` and `expired` keep the connections without a key bounded in number and time."""
+    """The door's guard: `accept(sock)` says whether a new connection may stay (the peer's user id) and names
+    its process, `key` gives a connection its role or says why not, `opened` moves a room connection from the
+    caps on those without a session, `allowed` whether its role may ask for an operation; `pending` and
+    `expired` keep the connections without a key bounded in number and time."""
 
     def __init__(self, keys: DoorKeys, num_slots: int, uid: int | None = None) -> None:
         self.keys = keys
         self.uid = os.geteuid() if uid is None else uid
         self.caps = {ROOM: room_cap(num_slots), CONTROL: CONTROL_CAP}
-        self.held = {ROOM: 0, CONTROL: 0}
+        self.held = {ROOM: 0, CONTROL: 0}  # room: those without a session
+        self.by_peer: Counter[int] = Counter()  # room connections without a session, by the peer's process
         self._pending: OrderedDict[RoomConn, float] = OrderedDict()  # by when they connected
 
-    def accept(self, sock: socket.socket) -> bool:
-        """Whether a process of the engine's own user is at the other end."""
+    def accept(self, sock: socket.socket) -> int | None:
+        """The process id at the other end when it is a process of the engine's own user, else None."""
         try:
-            return peer_uid(sock) == self.uid
+            pid, uid = peer_creds(sock)
         except OSError:
-            return False
+            return None
+        return pid if uid == self.uid else None
 
     def pending(self, conn: RoomConn) -> RoomConn | None:
         """Count a connection without a key yet; the oldest one to close if there are now too many."""
@@ -103,18 +119,37 @@ class Gate:
         )
         if role is None:
             return "a wrong key"
+        if role == ROOM and self.by_peer[conn.peer] >= ROOM_PEER_CAP:
+            return "too many room connections without a session from this process"
         if self.held[role] >= self.caps[role]:
             return f"too many {role} connections"
         self.held[role] += 1
+        if role == ROOM:
+            self.by_peer[conn.peer] += 1
         conn.role = role
         return None
+
+    def opened(self, conn: RoomConn) -> None:
+        """A room connection now holds a session: the engine's slots bound it, its place here is free."""
+        if conn.role == ROOM and not conn.in_session:
+            conn.in_session = True
+            self._free_room_place(conn.peer)
 
     def forget(self, conn: RoomConn) -> None:
         """A connection closed: its place is free."""
         self._pending.pop(conn, None)
         if conn.role is not None:
-            self.held[conn.role] -= 1
+            if conn.role == CONTROL:
+                self.held[CONTROL] -= 1
+            elif not conn.in_session:
+                self._free_room_place(conn.peer)
             conn.role = None
+
+    def _free_room_place(self, peer: int) -> None:
+        self.held[ROOM] -= 1
+        self.by_peer[peer] -= 1
+        if self.by_peer[peer] <= 0:
+            del self.by_peer[peer]
 
     @staticmethod
     def allowed(role: str | None, op: str) -> bool:

@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from engine.client.link import Layout
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chorus.engine.host")
 
-MAX_QUEUED = 8 << 20  # bytes waiting for a room that does not read: beyond this its connection is closed
+MAX_QUEUED = 1 << 20  # bytes waiting for a peer that does not read: beyond this its connection is closed
+OPENERS = 2  # threads that open sessions (tokenising a prompt) off the door's thread
 RETIRE_S = 5.0  # a closed session's eventfd stays open this long (see `_release_link`)
 ACCEPT_BATCH = 64  # connections taken from the queue before the ones already open are served again
 
@@ -86,6 +88,8 @@ class EngineHost(HostOps):
         self._sel.register(self._listen, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._outbox: deque[tuple[RoomConn, bytes]] = deque()  # from the tick thread and `drain`
+        self._opened: deque[tuple[RoomConn, str | None, object]] = deque()  # the openers' results (host_ops)
+        self._openers = ThreadPoolExecutor(OPENERS, thread_name_prefix="chorus-door-open")
         self._conns: set[RoomConn] = set()
         self._retired: deque[tuple[float, int]] = deque()  # (when, eventfd) of closed sessions
         self._stop = threading.Event()
@@ -94,7 +98,7 @@ class EngineHost(HostOps):
             "connections": 0,
             "sessions": 0,
             "bad_messages": 0,  # refused: not JSON, unknown operation, another session's, too long
-            "dropped_connections": 0,  # closed for not reading what the engine sent
+            "dropped_connections": 0,  # closed for not reading what the engine sent (MAX_QUEUED)
             "lost_frames": 0,  # caller frames a room wrote faster than the tick took them
             "bad_counters": 0,  # a room's ring counter that went backwards
             "refused_peers": 0,  # connections of another user, closed unread
@@ -120,6 +124,8 @@ class EngineHost(HostOps):
         self._wake()
         if self._thread is not None:
             self._thread.join(5)
+        self._openers.shutdown(wait=True, cancel_futures=True)
+        self._take_opened()
         for conn in list(self._conns):
             self._drop(conn)
         for _, fd in self._retired:
@@ -152,6 +158,7 @@ class EngineHost(HostOps):
                             os.read(self._wake_r, 4096)
                     else:
                         self._serve(key.data, mask)
+                self._take_opened()
                 self._take_outbox()
                 self._close_retired()
                 for conn in self.gate.expired(time.monotonic()):
@@ -192,7 +199,8 @@ class EngineHost(HostOps):
                 self.stats["errors"] += 1
                 log.warning("the door could not accept a connection (%s)", e.strerror or e)
                 return
-            if not self.gate.accept(sock):
+            peer = self.gate.accept(sock)
+            if peer is None:
                 self.stats["refused_peers"] += 1
                 n = self.stats["refused_peers"]
                 if _worth_a_line(n):
@@ -200,7 +208,7 @@ class EngineHost(HostOps):
                 sock.close()
                 continue
             sock.setblocking(False)
-            conn = RoomConn(sock, self.stats, self._post)
+            conn = RoomConn(sock, self.stats, self._post, peer)
             self._conns.add(conn)
             self.stats["connections"] += 1
             self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -221,7 +229,11 @@ class EngineHost(HostOps):
             self._drop(conn)
             return
         conn.rx += data
-        while not conn.closed:
+        self._lines(conn)
+
+    def _lines(self, conn: RoomConn) -> None:
+        """The whole messages `conn` has sent, in turn (none while its `open` is being handled)."""
+        while not conn.closed and not conn.opening:
             end = conn.rx.find(b"\n")
             if end < 0:
                 if conn.role is None and len(conn.rx) > MAX_KEY_LINE:
@@ -278,27 +290,44 @@ class EngineHost(HostOps):
             conn, msg = self._outbox.popleft()
             self._send(conn, msg)
 
-    def _send(self, conn: RoomConn, msg: bytes) -> None:
+    def _send(self, conn: RoomConn, msg: bytes, fds: tuple[int, int] | None = None) -> None:
+        """Queue `msg` for `conn` (with `fds` on its first byte) and send what the socket takes now: the door
+        never waits on a peer. One that lets more than MAX_QUEUED wait is closed (its session with it)."""
         if conn.closed:
             return
         if threading.current_thread() is not self._thread:
             self._outbox.append((conn, msg))
             self._wake()
             return
-        conn.tx += msg
-        if len(conn.tx) > MAX_QUEUED:
+        if conn.opening:  # the answer to its `open` goes first
+            conn.later.append(msg)
+        else:
+            if fds is not None:
+                conn.fds, conn.fds_at = fds, len(conn.tx)
+            conn.tx += msg
+        if len(conn.tx) + sum(map(len, conn.later)) > MAX_QUEUED:
             self.stats["dropped_connections"] += 1
-            log.warning(
-                "a room stopped reading; its session %s is closed", conn.handle.id if conn.handle else ""
-            )
+            n = self.stats["dropped_connections"]
+            if _worth_a_line(n):
+                log.warning("a %s connection stopped reading the door's answers; %d closed", conn.role, n)
             self._drop(conn)
             return
         self._flush(conn)
 
     def _flush(self, conn: RoomConn) -> None:
         try:
-            n = conn.sock.send(conn.tx)
-            del conn.tx[:n]
+            while conn.tx:
+                if conn.fds is not None and conn.fds_at == 0:
+                    n = socket.send_fds(conn.sock, [conn.tx], list(conn.fds))
+                    conn.fds = None
+                    if conn.link is not None:
+                        conn.link.forget_fd()  # the mapping stays; the room holds its own descriptor now
+                elif conn.fds is not None:
+                    n = conn.sock.send(conn.tx[: conn.fds_at])
+                    conn.fds_at -= n
+                else:
+                    n = conn.sock.send(conn.tx)
+                del conn.tx[:n]
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:

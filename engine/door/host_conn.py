@@ -44,16 +44,26 @@ class RoomConn:
     counters); `post(conn, message)` queues an event for the door's thread to send."""
 
     def __init__(
-        self, sock: socket.socket, stats: dict[str, int], post: Callable[[RoomConn, bytes], None]
+        self,
+        sock: socket.socket,
+        stats: dict[str, int],
+        post: Callable[[RoomConn, bytes], None],
+        peer: int = 0,
     ) -> None:
         self.sock = sock
+        self.peer = peer  # the process id at the other end (the kernel's, as the connection was accepted)
         self.rx = bytearray()
-        self.tx = bytearray()
+        self.tx = bytearray()  # what waits to be sent; never more than the door's MAX_QUEUED
+        self.fds: tuple[int, int] | None = None  # the session's descriptors, sent with the byte at `fds_at`
+        self.fds_at = 0
+        self.opening = False  # its `open` is being handled off the door's thread: its messages wait
+        self.later: list[bytes] = []  # what the session sent meanwhile, for after the answer to `open`
         self.handle: SessionHandle | None = None
         self.link: SessionLink | None = None
         self.efd = -1
         self.closed = False
         self.role: str | None = None  # engine/door/gate.py: the role its key gave it, None until then
+        self.in_session = False  # engine/door/gate.py: counted with the sessions, no longer with the idle
         self._stats = stats
         self._post = post
         # the tick thread's view of the rings (only it reads and writes these)

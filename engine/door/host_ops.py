@@ -4,27 +4,52 @@ once its key has given it a role: a room's `hello`, `open` and its session's `re
 reserved for the job it names, until that job's session opens with it (or it lapses); a session is opened with
 its shared memory and eventfd, sent with the answer.
 
-Runs in the engine's process, on the door's thread. Knows the engine's session API, the wire's messages and
-the shared-memory layout; nothing of the selector loop, keys, buffers or a connection's life, which are the
+Runs in the engine's process, on the door's thread, but for the opening of a session: tokenising its prompt
+and context takes long enough to keep every other connection waiting, so it runs on one of the door's
+openers (`_opening`), and its result comes back to the door's thread (`_answer_open`) as the tick's events
+do. A session's context is capped (engine/client/wire.py MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS), refused
+beyond with SessionRejected's sentence. Knows the engine's session API, the wire's messages and the
+shared-memory layout; nothing of the selector loop, keys, buffers or a connection's life, which are the
 door's (it answers through `EngineHost._send`, `_refuse` and `_drop`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import socket
+from collections import deque
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from engine.api import Admit, AskLoad, Control, Drain, EngineError, Release, ReportFleet
+from engine.api import (
+    Admit,
+    AskLoad,
+    Control,
+    Drain,
+    EngineError,
+    Release,
+    ReportFleet,
+    SessionRejected,
+)
 from engine.client.link import SessionLink
-from engine.client.wire import CONTROLS, decode_control, encode, error_message, shape_error
+from engine.client.wire import (
+    CONTROLS,
+    MAX_CONTEXT_TOKENS,
+    context_error,
+    decode_control,
+    encode,
+    error_message,
+    shape_error,
+)
 from engine.door.host_conn import RoomConn, apply_session_op
 
 if TYPE_CHECKING:
     from engine.client.link import Layout
     from engine.door.gate import Gate
     from engine.tick.engine import Engine
+
+log = logging.getLogger("chorus.engine.host")
 
 
 class HostOps:
@@ -35,6 +60,8 @@ class HostOps:
     gate: Gate
     layout: Layout
     stats: dict[str, int]
+    _openers: Executor
+    _opened: deque[tuple[RoomConn, str | None, object]]  # (connection, admission, handle or exception)
 
     def _message(self, conn: RoomConn, line: bytes) -> None:
         why = shape_error(line)
@@ -125,7 +152,7 @@ class HostOps:
         }
 
     def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
-        if conn.handle is not None:
+        if conn.handle is not None or conn.opening:
             self._refuse(conn, "this connection already holds a session")
             return
         prompt, tools, context = msg.get("prompt"), msg.get("tools") or [], msg.get("context", "")
@@ -134,39 +161,80 @@ class HostOps:
             return
         job = msg.get("admission")
         admission = job if isinstance(job, str) else None
+        if (why := context_error(context)) is not None:
+            self._opened.append((conn, admission, SessionRejected(why)))
+            self._take_opened()
+            return
         link = SessionLink.create(self.layout)
-        efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        conn.link, conn.efd = link, efd
+        conn.link, conn.efd = link, os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        request = {
+            "prompt": prompt,
+            "tools": tools,
+            "label": str(msg.get("label", ""))[:200],
+            "caller": str(msg.get("caller", ""))[:200],
+            "admission": admission,
+            "context": context,
+        }
+        conn.opening = True  # its later messages wait for the answer (`_lines`)
         try:
-            handle = self.engine.open_session(
-                prompt,
-                tools,
-                sink=conn.deliver,
-                label=str(msg.get("label", ""))[:200],
-                caller=str(msg.get("caller", ""))[:200],
-                admission=admission,
-                source=conn.pull,
-                pending=conn.pending,
-                playout=link.playout,
-                context=context,
+            self._openers.submit(self._opening, conn, request)
+        except RuntimeError as e:  # the door is closing
+            self._opened.append((conn, admission, e))
+            self._take_opened()
+
+    def _opening(self, conn: RoomConn, request: dict[str, Any]) -> None:
+        """An opener's work: the session `request` asks for, or why not, handed back to the door's thread."""
+        result: object
+        try:
+            context = request["context"]
+            if context and len(self.engine.tokens.encode(context)) > MAX_CONTEXT_TOKENS:
+                raise SessionRejected(
+                    f"context: more than the {MAX_CONTEXT_TOKENS:,} tokens a session's own part of its "
+                    "prompt may have"
+                )
+            link = conn.link
+            result = self.engine.open_session(
+                **request, sink=conn.deliver, source=conn.pull, pending=conn.pending, playout=link.playout
             )
-        except (EngineError, ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 (the refusal or failure is this session's answer, nothing more)
+            result = e
+        self._opened.append((conn, request["admission"], result))
+        self._wake()
+
+    def _take_opened(self) -> None:
+        """The openers' results, answered on the door's thread (`_answer_open`)."""
+        while self._opened:
+            conn, admission, result = self._opened.popleft()
+            try:
+                self._answer_open(conn, admission, result)
+            except Exception as e:  # noqa: BLE001 (one connection's failure closes that connection only)
+                self._failed(conn, e)
+
+    def _answer_open(self, conn: RoomConn, admission: str | None, result: object) -> None:
+        """The session (`opened`, with its shared memory and eventfd), or the refusal, then what its session
+        said meanwhile and the connection's next messages. A room gone meanwhile: its session is closed."""
+        conn.opening = False
+        if isinstance(result, BaseException):
             if admission is not None:
                 self.engine.release(admission)
             self._release_link(conn)
-            kind = None if isinstance(e, EngineError) else "SessionRejected"
-            self._send(conn, encode(error_message(e, kind)))
+            if not isinstance(result, (EngineError, ValueError, TypeError)):
+                self.stats["errors"] += 1
+                log.warning("the door could not open a session (%s)", type(result).__name__)
+                result = EngineError("the engine could not open this session")
+            kind = None if isinstance(result, EngineError) else "SessionRejected"
+            self._send(conn, encode(error_message(result, kind)))
+        elif conn.closed:
+            result.close()
             return
-        conn.handle = handle
-        self.stats["sessions"] += 1
-        reply = encode({"op": "opened", "session": handle.id, "slot": handle.slot})
-        try:  # the answer and the two descriptors together, before anything else on this connection
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(2.0)
-            socket.send_fds(conn.sock, [reply], [link.fd, efd])
-        except OSError:
-            self._drop(conn)
-        finally:
-            link.forget_fd()  # the mapping stays; the room holds its own descriptor now
-            if not conn.closed:
-                conn.sock.setblocking(False)
+        else:
+            conn.handle = result
+            self.gate.opened(conn)
+            self.stats["sessions"] += 1
+            reply = encode({"op": "opened", "session": result.id, "slot": result.slot})
+            # the answer and the two descriptors together, before anything else of the session
+            self._send(conn, reply, (conn.link.fd, conn.efd))
+        later, conn.later = conn.later, []
+        for msg in later:
+            self._send(conn, msg)
+        self._lines(conn)
