@@ -330,3 +330,50 @@ def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_mod
         return
     assert [e for _, e in events if e.startswith("clip_queued")] == ["clip_queued:ack_bear"]
     assert clips and model and max(c[2] for c in clips) <= min(m[1] for m in model) + 1e-3
+
+
+def test_a_rows_limits_hold_when_it_is_read_back(tmp_path):
+    """A row is read back within the limits a conversation is written with, whoever wrote it: one of 7.2 MB
+    (24 turns of 300,000 characters) is not read, the call going on without its history, never as a prompt
+    of millions of tokens; one within MAX_ROW_CHARS whose turns, tools and results are longer and more than
+    the limits is cut to them, and its prompt is as short as the limits make it."""
+    from engine.sizing.stage_config import TokenConfig
+    from engine.text.tokens import Tokens
+
+    tokens = Tokens(TokenConfig())
+    huge = Conversation("AJ_huge", said=["word " * 60_000] * carry.MAX_TURNS).to_json()
+    over = Conversation(
+        "AJ_over",
+        said=[f"turn {i} " + "x" * 2000 for i in range(60)],
+        tools=[
+            {"name": "n" * 500, "arguments": "a" * 3000, "output": "o" * 3000, "is_error": "yes"}
+            for _ in range(20)
+        ],
+    ).to_json()
+    assert len(huge) > 7_000_000 and len(over) < carry.MAX_ROW_CHARS
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+
+        async def read(sid: str, text: str) -> ConversationLog:
+            store.transact(lambda tx: tx.put_conversation(sid, text), write=True)
+            return await ConversationLog.open(store, sid, "AJ_next", resumed=True)
+
+        huge_log = asyncio.run(read("RM_huge", huge))
+        over_log = asyncio.run(read("RM_over", over))
+    assert (huge_log.resumed, huge_log.conversation.key) == (False, "AJ_next")
+    c = over_log.conversation
+    assert (over_log.resumed, c.key, len(c.said), len(c.tools)) == (
+        True,
+        "AJ_over",
+        carry.MAX_TURNS,
+        carry.MAX_TOOLS,
+    )
+    assert c.said[-1].startswith("turn 59 ") and max(map(len, c.said)) == carry.MAX_TURN_CHARS
+    assert {(len(t["name"]), len(t["arguments"]), len(t["output"]), t["is_error"]) for t in c.tools} == {
+        (carry.MAX_NAME_CHARS, carry.MAX_RESULT_CHARS, carry.MAX_RESULT_CHARS, False)
+    }
+    ids, prefix = tokens.prompt_parts("", [], resume_context(c))
+    bound = carry.MAX_TURNS * carry.MAX_TURN_CHARS + carry.MAX_TOOLS * (
+        carry.MAX_NAME_CHARS + 2 * carry.MAX_RESULT_CHARS
+    )
+    print(f"the cut row's prompt: {len(ids)} tokens (the limits' characters: {bound})")
+    assert len(ids) - prefix < bound + 2000  # the template's own text besides

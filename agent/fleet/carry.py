@@ -33,6 +33,10 @@ MAX_TURNS = 24  # the agent's latest turns kept
 MAX_TURN_CHARS = 600  # of each
 MAX_TOOLS = 12  # the latest tool calls kept
 MAX_RESULT_CHARS = 1500  # of each result (the engine cuts results longer than its own bound anyway)
+MAX_NAME_CHARS = 64  # of each tool's name
+# a row read back is refused above this (before it is parsed): what the limits above let a conversation hold,
+# each character written as JSON's longest escape (`\u0000`), and room for the fields' names
+MAX_ROW_CHARS = 6 * (MAX_TURNS * MAX_TURN_CHARS + MAX_TOOLS * (MAX_NAME_CHARS + 2 * MAX_RESULT_CHARS)) + 8192
 KEEP_S = 3600.0  # a conversation not written this long belongs to a call that is over: purged
 PURGE_EVERY_S = 300.0  # how often a process purges them (at a call's start), not at every call's
 
@@ -55,7 +59,13 @@ class Conversation:
 
     @classmethod
     def from_json(cls, text: str) -> Conversation | None:
-        """The conversation a row holds, or None for one that is not (another version's row, or damaged)."""
+        """The conversation a row holds, or None for one that is not (another version's row, or damaged, or
+        longer than MAX_ROW_CHARS). What a row holds is cut to the limits a conversation is written with
+        (the latest MAX_TURNS turns of MAX_TURN_CHARS, MAX_TOOLS tools...): a row written otherwise (by
+        hand, another version) never makes a longer prompt."""
+        if len(text) > MAX_ROW_CHARS:
+            log.warning("a conversation of %d characters was not read (at most %d)", len(text), MAX_ROW_CHARS)
+            return None
         try:
             d = json.loads(text)
         except (ValueError, RecursionError):
@@ -65,7 +75,9 @@ class Conversation:
         said = [s for s in d.get("said", []) if isinstance(s, str)] if isinstance(d.get("said"), list) else []
         tools = [t for t in d.get("tools", []) if _is_tool(t)] if isinstance(d.get("tools"), list) else []
         breaks = d.get("breaks") if type(d.get("breaks")) is int else 0
-        return cls(d["key"], said[-MAX_TURNS:], tools[-MAX_TOOLS:], max(0, breaks))
+        said = [s[:MAX_TURN_CHARS] for s in said[-MAX_TURNS:]]
+        tools = [_tool_cut(t) for t in tools[-MAX_TOOLS:]]
+        return cls(d["key"], said, tools, max(0, breaks))
 
     @property
     def empty(self) -> bool:
@@ -79,6 +91,15 @@ def _is_tool(t: object) -> bool:
         and isinstance(t.get("arguments"), str)
         and isinstance(t.get("output"), str)
     )
+
+
+def _tool_cut(t: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": t["name"][:MAX_NAME_CHARS],
+        "arguments": t["arguments"][:MAX_RESULT_CHARS],
+        "output": t["output"][:MAX_RESULT_CHARS],
+        "is_error": t.get("is_error") is True,
+    }
 
 
 def resume_context(c: Conversation) -> str:
@@ -159,7 +180,7 @@ class ConversationLog:
             self._changed()
 
     def called(self, call_id: str, name: str, arguments: str) -> None:
-        self._calls[call_id] = (name, arguments[:MAX_RESULT_CHARS])
+        self._calls[call_id] = (name[:MAX_NAME_CHARS], arguments[:MAX_RESULT_CHARS])
 
     def answered(self, call_id: str, output: str, is_error: bool) -> None:
         name, arguments = self._calls.pop(call_id, ("", ""))
