@@ -30,6 +30,11 @@ applied, no conversation left of the ended calls, no slot in use. A progress lin
 is one JSON object; a JSON record and a PNG of the figures over time are written to `--out`. Exit status 1
 when a check fails.
 
+A run that hangs fails instead: once no call has progressed for `--stall-s` (60 s; calls started, answered
+and ended, frames the callers heard, testkit/watchdog.py), every thread's stack is written to stderr and to
+`stacks.txt` in `--out`, the workers are killed (their logs kept), the last line is a JSON object saying so,
+and the exit status is 3.
+
 `--plant slot-leak` starts the workers with a defect planted (a hang-up no longer frees the call's slot), to
 show the checks catch one. Needs the server of scripts/livekit.sh with its Redis (start_livekit, inside a
 namespace made by netns_up) and the bridge stand-in (ensure_livekit).
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -56,6 +62,7 @@ from testkit.soak_calls import CallRunner, plan_calls, sell_out
 from testkit.soak_plot import plot
 from testkit.soak_report import check, totals, windows
 from testkit.soak_sampler import Recorder
+from testkit.watchdog import STALL_S, Watchdog
 from testkit.worker import Worker, seeded, sessions_by_label
 
 TRUNK_NUMBER = "+15550100"  # fictional (+1 555 01xx)
@@ -151,14 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=10, help="slots per worker (default 10)")
     ap.add_argument("--out", type=Path, default=Path("out/soak"), help="where the JSON and PNG go")
     ap.add_argument("--plant", choices=sorted(PLANTS), help="start the workers with a defect planted")
+    ap.add_argument(
+        "--stall-s", type=float, default=STALL_S, help="fail once no call progressed this long (default 60)"
+    )
     args = ap.parse_args(argv)
     try:
         low, high = (float(x) for x in args.call_s.split(","))
         fewest, most = (int(x) for x in args.live.split(","))
     except ValueError:
         ap.error("--call-s is MIN,MAX seconds and --live FEWEST,MOST calls")
-    if not 10 <= low <= high or not 1 <= fewest <= most or args.minutes <= 0:
-        ap.error("--call-s needs 10 <= MIN <= MAX, --live 1 <= FEWEST <= MOST, --minutes above 0")
+    if not 10 <= low <= high or not 1 <= fewest <= most or args.minutes <= 0 or args.stall_s <= 0:
+        ap.error(
+            "--call-s needs 10 <= MIN <= MAX, --live 1 <= FEWEST <= MOST, --minutes and --stall-s above 0"
+        )
     args.call_s, args.live = (low, high), (fewest, most)
     server = server_from_env(ap.prog, confined=True)
     if not server.redis:
@@ -193,7 +205,13 @@ def main(argv: list[str] | None = None) -> int:
             fleet.start()
             rec = Recorder(store_dir, Path(tmp))
             runner = CallRunner(server, bridge, name, TRUNK_NUMBER, taken, rng, Path(tmp))
-            asyncio.run(soak(args, plans, fleet, runner, rec))
+            with Watchdog(
+                lambda: _progress(runner, rec),
+                args.stall_s,
+                what="no call",
+                on_stall=lambda report: _stalled(report, args, fleet, server, name),
+            ):
+                asyncio.run(soak(args, plans, fleet, runner, rec))
         finally:
             fleet.stop()
             agent_sip(server, "teardown", "--name", name, agent_name=name)
@@ -284,6 +302,29 @@ async def soak(args, plans, fleet: Fleet, runner: CallRunner, rec: Recorder) -> 
             break
         await asyncio.sleep(SAMPLE_S)
     rec.final = rec.samples[-1]
+
+
+def _progress(runner: CallRunner, rec: Recorder) -> tuple:
+    """What the watchdog sees move: the calls (started, answered, ended, frames heard) and, once every call
+    has ended, the samples of the slots being let go."""
+    calls = runner.progress()
+    return calls, len(rec.samples) if calls[0] and calls[0] == calls[2] else 0
+
+
+def _stalled(report: str, args, fleet: Fleet, server, name: str) -> None:
+    """(The watchdog's thread: the run's own may be stuck for good.) Kill the workers, keep their logs and
+    the stacks, undo the phone number's setup, and say why on the last line; the watchdog then exits."""
+    for w in fleet.every:
+        if w.proc is not None and w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+    (args.out / "stacks.txt").write_text(report + "\n")
+    for i, w in enumerate(fleet.every):
+        if w.log.exists():
+            (args.out / f"worker-{i + 1}.log").write_bytes(w.log.read_bytes())
+    agent_sip(server, "teardown", "--name", name, agent_name=name)
+    why = report.split(";", 1)[0]
+    print(json.dumps({"ok": False, "stalled": why, "checks": {"progress": {"ok": False, "detail": why}}}))
 
 
 def _clock(s: float) -> str:

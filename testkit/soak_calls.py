@@ -142,7 +142,20 @@ class CallRunner:
         self.taken, self.rng, self.tmp = taken, rng, tmp
         self.records: list[CallRecord] = []
         self.booked: list[CallRecord] = []  # booking calls whose booking a later call may cancel
+        self.callers: dict[int, Caller] = {}  # the calls on the line in this process, by their plan's number
         self.t0 = 0.0
+
+    def progress(self) -> tuple[int, int, int, int]:
+        """(calls started, answered, ended, frames heard by the callers on the line): what the soak's watchdog
+        (testkit/watchdog.py) sees move. Read from its thread, beside the calls': it only reads. (A caller in
+        a process of its own, a dropped network's, is seen as it starts and as it ends.)"""
+        records, callers = list(self.records), list(self.callers.values())
+        return (
+            len(records),
+            sum(r.answered_at is not None for r in records),
+            sum(r.left_at is not None for r in records),
+            sum(len(c.heard.times) for c in callers),
+        )
 
     def live_rooms(self) -> dict[str, float | None]:
         """Room label -> when its caller left (None: still on), for the calls that joined."""
@@ -220,6 +233,7 @@ class CallRunner:
     async def _talk(self, rec: CallRecord, caller: Caller, until: float) -> None:
         rec.joined_at = time.monotonic()
         rec.label = room_label(caller.room_name)
+        self.callers[rec.plan.i] = caller
         speech = caller_pcm()
         loop = np.concatenate([speech, np.zeros(8 * RATE, np.int16)])  # a few words every 11.5 s
         talking = asyncio.ensure_future(
@@ -232,6 +246,7 @@ class CallRunner:
             while time.monotonic() < until:
                 await asyncio.sleep(0.2)
         finally:
+            self.callers.pop(rec.plan.i, None)
             talking.cancel()
             await asyncio.gather(talking, return_exceptions=True)
             rec.left_at = time.monotonic()

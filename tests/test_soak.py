@@ -51,6 +51,8 @@ def test_three_minutes_of_mixed_calls_with_every_fault_keep_every_check(tmp_path
         timeout=900,
     )
     print(run.stderr[-6000:])
+    if (out / "stacks.txt").exists():  # no call progressed for a minute: where each of its threads was
+        print((out / "stacks.txt").read_text())
     report = json.loads(run.stdout.strip().splitlines()[-1])
     failed = {k: c["detail"] for k, c in report["checks"].items() if not c["ok"]}
     assert not failed, failed
