@@ -1,8 +1,8 @@
 """Titles that stand before a person's name (Mr, Mme, Herr, Sra., Dhr., Sig.ra, Dr, Prof, г-н, κ., מר,
 श्रीमती), in every language nameparser's vocabulary has them for: read once from the files it ships
 (`nameparser/vocab/<language>.toml`, one file a language: docs/monitoring.md lists them), each word with a
-salutation or an academic reading. Knows nothing of sentences, or of where a title stands in one
-(`redaction.words`).
+salutation or an academic reading, and the few salutations it lacks (Fr., Frl., Doña, Dña.). Knows nothing
+of sentences, or of where a title stands in one (`redaction.words`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 
 # Mr, Frau, Sra.; Dr, Prof, Dott.ssa (not nobility, offices or occupations: Count, Mayor, Chef)
 _TITLE_READINGS = ("salutation", "academic")
+# salutations the vocabulary lacks: German Frau's and Fräulein's abbreviations (its `fr` is Father, a
+# religious reading, with Saint and Canon), Spanish Doña and its abbreviations
+_ALSO_TITLES = frozenset({"fr", "frl", "doña", "dña", "dª"})
 
 
 @dataclass(frozen=True)
@@ -51,4 +54,4 @@ def vocabulary() -> Vocabulary:
                 borne.add(text)
             if "conjunction" in word:
                 conjunctions.add(text)
-    return Vocabulary(frozenset(titles), frozenset(borne), frozenset(conjunctions))
+    return Vocabulary(frozenset(titles | _ALSO_TITLES), frozenset(borne), frozenset(conjunctions))

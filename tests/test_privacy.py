@@ -77,6 +77,8 @@ TITLED = {
         "Danke, Herr Müller und Frau schmidt; Prof. Dr. Weber kommt.",
         "Danke, Herr [name] und Frau [name]; Prof. Dr. [name] kommt.",
     ),
+    "de, abbreviated": ("Danke, Fr. Schmidt und Frl. Weber.", "Danke, Fr. [name] und Frl. [name]."),
+    "es, abbreviated": ("Gracias, Dña. López y Doña elena.", "Gracias, Dña. [name] y Doña [name]."),
     "it": ("Grazie, Sig.ra Rossi e Dott.ssa greco.", "Grazie, Sig.ra [name] e Dott.ssa [name]."),
     "nl": ("Bedankt, Dhr. Jansen en Mevr. bakker.", "Bedankt, Dhr. [name] en Mevr. [name]."),
     "pl": ("Dziękuję, Pan kowalski.", "Dziękuję, [name] [name]."),  # Pan is a surname too: masked as one
@@ -120,7 +122,7 @@ LIMITS = {
     "a code just begun": ("Your code is kilo", ["kilo"]),
     "name in a script without case, inside a sentence": ("Thank you, 王芳, your room is ready.", ["王芳"]),
     "title and name in lower case": ("thanks mr hopper and frau schmidt.", ["hopper", "schmidt"]),
-    "title no list has": ("Gracias, Doña elena.", ["elena"]),
+    "title no list has": ("Dziękuję, pani nowak.", ["nowak"]),
 }
 
 
