@@ -263,3 +263,32 @@ def test_a_refused_name_and_phone_number_are_counted():
     with pytest.raises(ValueError):
         guests.clean_contact("+1 415")
     assert (count("name"), count("phone")) == (names + 1, phones + 1)
+
+
+SEPARATING = {
+    "RIGHT-TO-LEFT MARK": "\u200f",
+    "LEFT-TO-RIGHT MARK": "\u200e",
+    "ARABIC LETTER MARK": "\u061c",
+    "ZERO WIDTH SPACE": "\u200b",
+    "INVISIBLE SEPARATOR": "\u2063",
+}
+
+
+@pytest.mark.parametrize("mark", SEPARATING.values(), ids=SEPARATING.keys())
+@pytest.mark.parametrize(
+    ("sent", "stored", "said"),
+    [
+        ("Grace{}Hopper", "Grace Hopper", "Hopper"),  # a capital after a small letter starts a word
+        ("Grace{}כהן", "Grace כהן", "כהן"),  # the direction changes between them
+        ("שרה{}Hopper", "שרה Hopper", "Hopper"),
+    ],
+)
+def test_a_format_character_between_two_words_is_a_space(store, mark, sent, stored, said):
+    """An invisible format character where one word ends and the next begins (a right-to-left mark between a
+    given name and a surname) keeps them two words: the guest is stored with a space there and found by
+    their surname. Inside a word it is removed (the test of invisible characters above)."""
+    hotel = hotel_support.hotel(store)
+    code = book(hotel, guest_name=sent.format(mark))
+    (reservation,) = reservations(store)
+    assert reservation.guest_name == stored
+    assert find(hotel, code, said) == code

@@ -86,19 +86,56 @@ MARKS_PER_LETTER = 3  # accents on one letter: a pointed Hebrew shin carries thr
 # Characters that show as a blank but are no space to Python: the Braille blank (a symbol) and the Hangul
 # fillers that stand alone (letters). In a name each counts as a space.
 _BLANK = frozenset("\u2800\u3164\uffa0")
+# Format characters that join what is on either side (the soft hyphen, the Mongolian vowel separator, the
+# zero-width non-joiner and joiner, the word joiner, the zero-width no-break space): never a space. Any other
+# (a direction mark, a zero-width space, an invisible separator) is one where it stands between two words.
+_JOINING = frozenset("\u00ad\u180e\u200c\u200d\u2060\ufeff")
+_RIGHT_TO_LEFT = frozenset(("R", "AL"))
+
+
+def _separates(before: str, after: str) -> bool:
+    """Two letters are in two words: a capital after a small letter (`Grace|Hopper`), or the text's direction
+    changes between them (`Grace|כהן`)."""
+    if not (unicodedata.category(before).startswith("L") and unicodedata.category(after).startswith("L")):
+        return False
+    if before.islower() and after.isupper():
+        return True
+    rtl = unicodedata.bidirectional(before) in _RIGHT_TO_LEFT
+    return rtl != (unicodedata.bidirectional(after) in _RIGHT_TO_LEFT)
+
+
+def _word_breaks(text: str) -> str:
+    """`text` with each format character (not a joining one) that stands between two words, with nothing but
+    invisible characters around it, as a space; the rest are left to `visible`."""
+    if text.isascii():
+        return text
+    hidden = [ch in _INVISIBLE or unicodedata.category(ch) == "Cf" for ch in text]
+    out = list(text)
+    before = ""  # the last character that shows
+    for i, ch in enumerate(text):
+        if not hidden[i]:
+            before = ch
+            continue
+        if ch in _JOINING or ch in _DIRECTION or unicodedata.category(ch) != "Cf" or not before:
+            continue
+        after = next((text[j] for j in range(i + 1, len(text)) if not hidden[j]), "")
+        if after and _separates(before, after):
+            out[i] = " "
+    return "".join(out)
 
 
 def clean_name(text: str) -> str:
-    """A guest name as stored: NFC, single spaces, invisible characters removed (`visible`) and blanks read as
-    a space. Raises `ValueError` (the reason, to be said; counted) for text sent longer than `NAME_SENT_MAX`
-    or holding a text-direction control, and unless it is a plausible personal name: letters with at most
-    `MARKS_PER_LETTER` accents each (and at most two per letter over the name), counted with the letters
-    decomposed (NFD, so a precomposed letter's own accents count too), spaces, hyphens, apostrophes and
-    periods. Letters of any script are kept as they were given, look-alikes of other scripts' letters too:
-    names are compared by how they look (`name_key`), never changed to look like another."""
+    """A guest name as stored: NFC, single spaces, invisible characters removed (`visible`) but where one
+    separates two words (`_word_breaks`), and blanks read as a space. Raises `ValueError` (the reason, to be
+    said; counted) for text sent longer than `NAME_SENT_MAX` or holding a text-direction control, and unless
+    it is a plausible personal name: letters with at most `MARKS_PER_LETTER` accents each (and at most two
+    per letter over the name), counted with the letters decomposed (NFD, so a precomposed letter's own
+    accents count too), spaces, hyphens, apostrophes and periods. Letters of any script are kept as they
+    were given, look-alikes of other scripts' letters too: names are compared by how they look
+    (`name_key`), never changed to look like another."""
     if len(text) > NAME_SENT_MAX:
         raise REFUSALS.refused("name", f"must be at most {NAME_MAX} characters long")
-    shown = "".join(" " if ch in _BLANK else ch for ch in visible(text, "name"))
+    shown = "".join(" " if ch in _BLANK else ch for ch in visible(_word_breaks(text), "name"))
     name = " ".join(unicodedata.normalize("NFC", shown).split())
     letters = marks = 0
     on_letter = -1  # accents on the letter just read; -1 after a space or punctuation (none may follow)
