@@ -7,8 +7,10 @@ fields it knows to be personal are named `lk.pii.<what>`, and rooms (`room`, `ro
 name is its caller's choice or their number (`call-_+14155550123_AbCd`), a SIP participant's identity is their
 number (`sip_+14155550123`), and a number may come as an integer too (`log.info("call %x", 14155550100)`).
 `CallerDataMask`, a filter on the worker's log handlers (the one livekit-agents' CLI sets up prints every
-field: JSON in production, colored in dev), rewrites each record before it is formatted. Knows logging and the
-framework's field names; the rules on strings are redaction/'s.
+field: JSON in production, colored in dev), rewrites each record before it is formatted. A room's process
+masks its records on the handler that sends them to the worker; the worker's filter masks the fields added on
+the way (the job's room, which livekit-agents' process executor adds as it passes them on). Knows logging
+and the framework's field names; the rules on strings are redaction/'s.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ PII = "lk.pii."  # livekit-agents' mark on a personal field
 PHONE_DIGITS = 7  # free text: a number this long is taken for a phone number (a local one has seven digits)
 REMEMBERED = 4096  # rooms' and participants' names whose labels replace them in free text (the latest)
 MIN_REMEMBERED_CHARS = 3  # a shorter name would replace parts of ordinary words
-MASKED = "_chorus_masked"  # on a record once masked (a formatter leaves out what starts with "_")
+# on a record once masked, its fields as masked (a formatter leaves out what starts with "_"): a field added
+# or changed after is masked where it is met (livekit-agents' process executor adds a room process's job and
+# room to each of its records as it hands them to the worker's handlers, masked already in that process)
+MASKED = "_chorus_masked"
 
 # the attributes every record has; the others are its fields
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -205,12 +210,14 @@ class CallerDataMask(logging.Filter):
         return mask_numbers(text, PHONE_DIGITS)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, MASKED, False):  # by the filter of another handler
-            return True
-        setattr(record, MASKED, True)
+        fields = [k for k in vars(record) if k not in _STANDARD and not k.startswith("_")]
+        masked = getattr(record, MASKED, None)
+        if isinstance(masked, dict):  # by the filter of another handler, maybe in another process
+            return self._mask_added(record, masked, fields)
         seen: dict[str, str] = {}
-        for key in [k for k in vars(record) if k not in _STANDARD and not k.startswith("_")]:
+        for key in fields:
             setattr(record, key, scrub(key, getattr(record, key), seen=seen))
+        setattr(record, MASKED, {key: getattr(record, key) for key in fields})
         if isinstance(record.msg, Mapping) and not record.args:  # a structured message
             record.msg = scrub("msg", record.msg, seen=seen)
         self._learn(seen)
@@ -229,6 +236,25 @@ class CallerDataMask(logging.Filter):
         if record.stack_info:
             record.stack_info = self.free_text(record.stack_info)
         return True
+
+    def _mask_added(self, record: logging.LogRecord, masked: dict[str, object], fields: list[str]) -> bool:
+        """A record masked before: the fields added or changed since, as `scrub` has them (its message and
+        the others are as they were masked)."""
+        seen: dict[str, str] = {}
+        for key in fields:
+            value = getattr(record, key)
+            if key not in masked or not _same(masked[key], value):
+                masked[key] = scrub(key, value, seen=seen)
+                setattr(record, key, masked[key])
+        self._learn(seen)
+        return True
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # noqa: BLE001 (a value that cannot be compared is taken for a new one)
+        return False
 
 
 CALLER_DATA_MASK = CallerDataMask()
