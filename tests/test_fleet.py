@@ -71,6 +71,26 @@ class FakeLiveKit:
         self.rooms[name] = (room, [caller], [dispatch])
         return room
 
+    def agent(self, name: str, job: str, *, joined: float | None = None) -> None:
+        """Job `job`'s agent in room `name`, as the server lists it: a participant `agent-<job>` and the job
+        in the room's dispatch."""
+        self.rooms[name][1].append(
+            api.ParticipantInfo(
+                identity=f"agent-{job}",
+                kind=api.ParticipantInfo.Kind.AGENT,
+                state=api.ParticipantInfo.State.ACTIVE,
+                joined_at=int(time.time() if joined is None else joined),
+            )
+        )
+        self.job(name, job, started=time.time() - 60)
+
+    def job(self, name: str, job: str, *, started: float) -> None:
+        """Job `job` among the jobs the server started for room `name`'s dispatch, at `started`."""
+        state = api.JobState(started_at=int(started * 1e9))
+        self.rooms[name][2][0].state.jobs.append(
+            api.Job(id=job, agent_name=self.rooms[name][2][0].agent_name, state=state)
+        )
+
     async def call(self, method, *args):
         return await method(*args)
 
@@ -751,3 +771,163 @@ def test_the_rooms_of_a_draining_worker_that_died_are_not_kept_waiting_their_tur
     at_once = fleet.HANDOVERS_AT_ONCE
     assert asked == [at_once, 10 - at_once], asked  # the rest at once
     assert reasons == ["handed over"] * at_once + ["agent lost"] * (10 - at_once)
+
+
+def forger(redis_url: str, worker: str = "w-x"):
+    """A client of the fleet's Redis that holds its password, and a presence connection named after a worker
+    that does not exist: what someone who can write there forges."""
+    return marks.redis_client(redis_url), marks.redis_client(
+        redis_url, name=marks.presence_name("desk", worker)
+    )
+
+
+def test_a_live_mark_for_a_job_livekit_does_not_list_neither_keeps_a_room_from_its_agent_nor_off_the_fleet(
+    redis_url, monkeypatch
+):
+    """A live mark for a made-up job, its worker's presence connection open: a room whose agent LiveKit lists
+    in it is not taken for alone (no second agent), and a room whose agent was lost is given one once the
+    mark has stood JOIN_S without its agent coming in (a new job's agent joins within it)."""
+    from agent.fleet import agreed
+
+    monkeypatch.setattr(agreed, "JOIN_S", 0.3)
+    lk = FakeLiveKit()
+    kept = lk.add("suite", "desk", caller_joined=time.time() - 60)
+    lost = lk.add("attic", "desk", caller_joined=time.time() - 60)
+    lk.agent("suite", "AJ_real")
+    keys = marks.Keys("desk")
+
+    async def main():
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
+        bad, bad_presence = forger(redis_url)
+        await bad_presence.ping()
+        await worker.beat([(kept.sid, "AJ_real")])
+        await worker.beat([])  # the lost room's job ended with its worker's next beat: served, no mark
+        await bad.set(keys.served(lost.sid), "AJ_gone")
+        for room in (kept, lost):
+            await bad.set(keys.live(room.sid), "w-x AJ_fake")
+        asked = [await watcher.sweep(lk)]  # within JOIN_S: believed
+        await asyncio.sleep(0.35)
+        await worker.beat([(kept.sid, "AJ_real")])  # held by the forged mark: the real job's is not set
+        asked.append(await watcher.sweep(lk))
+        asked.append(await watcher.sweep(lk))  # claimed already: no second dispatch
+        for c in (worker.redis, watcher.redis, presence, bad, bad_presence):
+            await c.aclose()
+        return asked
+
+    asked = asyncio.run(main())
+    assert asked == [0, 1, 0]
+    assert [d.room for d in lk.created] == [lost.name]
+
+
+def test_a_job_does_not_leave_its_room_for_a_live_mark_livekit_does_not_agree_with(redis_url, monkeypatch):
+    """A new job's look at its room (`holder`) and a running job's (`watch_link`): a live mark naming another
+    job, of a worker whose presence connection is open, holds the room only where LiveKit lists that job's
+    agent in it or started that job within JOIN_S; a made-up job's mark is not believed, and is removed so
+    the room's own job's worker marks it."""
+    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
+    monkeypatch.setattr(room_job, "HELD_S", 0.05)
+    lk = FakeLiveKit()
+    room = lk.add("garden", "desk", caller_joined=time.time() - 60)
+    lk.agent("garden", "AJ_real")
+    lk.agent("garden", "AJ_old")
+    lk.job("garden", "AJ_racing", started=time.time())  # dispatched a moment ago: its agent is joining
+    lk.job("garden", "AJ_stale", started=time.time() - 60)  # long ago, and not in the room
+    monkeypatch.setattr(room_job, "_livekit", lambda _settings: lk)
+    settings = AgentSettings(
+        redis_url=redis_url,
+        agent_name="desk",
+        livekit_url="ws://lk",
+        livekit_api_key="k",
+        livekit_api_secret="s",
+    )
+    keys = marks.Keys("desk")
+
+    async def main():
+        bad, bad_presence = forger(redis_url)
+        await bad_presence.ping()
+        seen = {}
+        for other in ("AJ_fake", "AJ_stale", "AJ_racing", "AJ_old"):
+            await bad.set(keys.live(room.sid), f"w-x {other}")
+            seen[other] = await room_job.holder(settings, room.sid, "AJ_new")
+        await bad.set(keys.live(room.sid), "w-x AJ_fake")
+        link, events = Link(), []
+        link.name = room.name
+        task = asyncio.create_task(
+            room_job.watch_link(
+                link, settings, room.sid, "AJ_real", events.append, lambda: events.append("left")
+            )
+        )
+        await asyncio.sleep(0.4)  # several looks
+        stayed = not task.done()
+        task.cancel()
+        mark = await bad.get(keys.live(room.sid))
+        for c in (bad, bad_presence):
+            await c.aclose()
+        return seen, stayed, events, mark
+
+    seen, stayed, events, mark = asyncio.run(main())
+    assert seen == {"AJ_fake": None, "AJ_stale": None, "AJ_racing": "AJ_racing", "AJ_old": "AJ_old"}
+    assert stayed and events == []
+    assert mark is None  # the forged mark removed: the real job's worker marks the room at its next beat
+
+
+def test_a_down_mark_for_a_job_whose_agent_livekit_lists_in_the_room_does_not_swap_its_agent(
+    redis_url, monkeypatch
+):
+    """A down mark for a job that is up, its agent in the room as LiveKit lists it: no new agent is sent,
+    neither while the job's worker's mark stands nor once it lapsed (a worker does not mark a job that is
+    down); once LiveKit no longer lists the agent in the room, the down mark counts and the room is alone."""
+    monkeypatch.setattr(fleet, "LIVE_MS", 200)
+    lk = FakeLiveKit()
+    room = lk.add("pool", "desk", caller_joined=time.time() - 60)
+    lk.agent("pool", "AJ_real")
+    keys = marks.Keys("desk")
+
+    async def main():
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
+        bad, _ = forger(redis_url)
+        await worker.beat([(room.sid, "AJ_real")])
+        await bad.set(keys.down(room.sid), "AJ_real")
+        asked = [await watcher.sweep(lk)]  # its mark stands
+        await asyncio.sleep(0.25)
+        await worker.beat([(room.sid, "AJ_real")])
+        asked.append(await watcher.sweep(lk))  # its mark lapsed
+        lk.rooms["pool"][1][:] = [p for p in lk.rooms["pool"][1] if p.kind != api.ParticipantInfo.Kind.AGENT]
+        asked.append(await watcher.sweep(lk))  # its agent gone from the room: the down mark counts
+        for c in (worker.redis, watcher.redis, presence, bad):
+            await c.aclose()
+        return asked
+
+    asked = asyncio.run(main())
+    assert asked == [0, 0, 1]
+    assert json.loads(lk.created[0].metadata)[fleet.REASON_KEY] == "agent lost"
+
+
+def test_a_worker_whose_presence_connection_fails_marks_its_rooms_still_and_says_so_once(redis_url, caplog):
+    """A worker's presence connection that cannot be pinged (closed by someone, over and over): its rooms
+    are marked at every beat all the same, and the failure is one warning line, not one per beat."""
+    with socket.socket() as s:  # a port nothing listens on: every ping fails
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    keys = marks.Keys("desk")
+
+    async def main():
+        presence = marks.redis_client(f"127.0.0.1:{dead}", name=marks.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+        seen = []
+        for _ in range(3):
+            await worker.beat([("RM_deck", "AJ_1")])
+            seen.append(await worker.redis.get(keys.live("RM_deck")))
+            await worker.redis.delete(keys.live("RM_deck"))
+        await worker.redis.aclose()
+        await presence.aclose()
+        return seen
+
+    with caplog.at_level("WARNING", logger="chorus.agent.fleet"):
+        seen = asyncio.run(main())
+    assert seen == [b"w-a AJ_1"] * 3
+    assert sum("presence connection failed" in r.getMessage() for r in caplog.records) == 1

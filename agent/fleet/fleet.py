@@ -66,8 +66,11 @@ from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.fleet.agreed import Agreement
 from agent.fleet.dispatches import last_metadata
-from agent.fleet.marks import _MARK, _UNMARK, Keys, _job, _owner, _text, present_workers
+from agent.fleet.gone import GONE_S as GONE_S  # (the fleet's timings, in one place)
+from agent.fleet.gone import Presences
+from agent.fleet.marks import _MARK, _UNMARK, Keys, _job, _owner, _text, one_per_room
 from agent.lkapi import LiveKitFailure
 from redaction import pseudonym
 
@@ -83,7 +86,6 @@ BEAT_S = 0.5  # how often a worker marks its rooms live
 # at once): long enough for a worker whose loop or Redis stalls for seconds under load to renew it (at 2 s, a
 # busy host's rooms were taken for lost and sent second agents)
 LIVE_MS = 5000
-GONE_S = 0.3  # a worker whose connection is missing from Redis this long (two sweeps) is dead
 SERVED_S = 3600  # how long a room is remembered to have had an agent, after its last mark
 SWEEP_S = 0.5  # how often a worker looks for rooms alone
 FIRST_AGENT_S = 5.0  # a caller who has waited this long for the room's first agent gets one asked for
@@ -131,16 +133,15 @@ class Fleet:
         self.marked: dict[str, str] = {}  # room sid -> job id, as of the last beat
         self.counts = dict.fromkeys(REASONS, 0)
         self._others: dict[str, float] = {}  # room sid -> when it was last found another agent's
-        self._missing: dict[str, float] = {}  # worker -> when its connection was first found missing
-        self._dead: set[str] = set()  # workers found gone (logged once each)
         self._nodes: dict[str, tuple[str, float]] = {}  # room sid -> (its node, when it moved there)
         self._absent: dict[str, float] = {}  # room sid (moved) -> since when its agent was not in it
         self._empty: dict[str, float] = {}  # room sid (served, agent lost) -> since when no caller was in it
         self.over: list[str] = []  # rooms whose call ended with no agent in them, since `sweep` last ran
-        self._clients = True  # Redis answers CLIENT LIST (an ACL may forbid it: then marks alone tell)
+        self.presences = Presences(redis, agent_name, worker)  # the other workers' presence connections
         self.handing_over = False  # the worker drains: its rooms go to other workers
         self._looked: dict[str, Any] = {}  # room sid -> its live mark when the last sweep found it alone
         self.handing = 0  # handovers asked for and on their way, as the last sweep found them
+        self.agreed = Agreement(agent_name)  # the marks LiveKit agrees with (agent/fleet/agreed.py)
 
     def _mark(self, job: str) -> str:
         return f"{self.worker} {job}"
@@ -148,8 +149,8 @@ class Fleet:
     async def beat(self, jobs: list[tuple[str, str]]) -> None:
         """Mark the rooms of `jobs` (room sid, job id; oldest first) live, and unmark those that ended."""
         if self.presence is not None:
-            await self.presence.ping()  # (re)opens this worker's named connection before its marks
-        now = await self._one_per_room(jobs)
+            await self.presences.ping(self.presence)  # (re)opened before the marks
+        now = await one_per_room(self.redis, self.keys, jobs)
         if self.handing_over:  # none of its rooms is marked live from now on
             async with self.redis.pipeline(transaction=False) as p:
                 for sid in now:
@@ -166,7 +167,11 @@ class Fleet:
         # another job's mark where this worker has a job: that job's worker died (its mark not yet expired),
         # or two jobs were dispatched to one room (the one marked first keeps it, the other leaves)
         held = {sid: m for (sid, _job), m in zip(order, marks, strict=True) if isinstance(m, bytes | str)}
-        gone = await self._gone({w for w in map(_owner, held.values()) if w}, at_once=True) if held else set()
+        gone = (
+            await self.presences.gone({w for w in map(_owner, held.values()) if w}, at_once=True)
+            if held
+            else set()
+        )
         async with self.redis.pipeline(transaction=False) as p:
             for sid, job in order:
                 if sid in held and _owner(held[sid]) in gone:
@@ -179,52 +184,6 @@ class Fleet:
                     p.eval(_UNMARK, 1, self.keys.live(sid), self._mark(job))
             await p.execute()
         self.marked = now
-
-    async def _one_per_room(self, jobs: list[tuple[str, str]]) -> dict[str, str]:
-        """The job marked for each room: of two jobs for one room (a new agent dispatched beside one whose
-        connection is down, or two dispatches racing), the oldest that is not down keeps it, as across
-        workers the one marked first does; all down, the newest (the fleet's replacement is on its way)."""
-        rooms: dict[str, list[str]] = {}
-        for sid, job in jobs:
-            rooms.setdefault(sid, []).append(job)
-        shared = [sid for sid, js in rooms.items() if len(js) > 1]
-        if not shared:
-            return {sid: js[0] for sid, js in rooms.items()}
-        downs = dict(zip(shared, map(_text, await self.redis.mget([self.keys.down(s) for s in shared]))))
-        return {sid: next((j for j in js if j != downs.get(sid)), js[-1]) for sid, js in rooms.items()}
-
-    async def _gone(self, workers: set[str], at_once: bool = False) -> set[str]:
-        """Of the workers named by live marks, those whose presence connection has been missing from Redis
-        for GONE_S (`at_once`: missing now), their process died; none when Redis does not list its clients to
-        this worker."""
-        workers.discard(self.worker)
-        if not workers or not self._clients:
-            return set()
-        present = await present_workers(self.redis, self.agent_name, workers)
-        if present is None:
-            self._clients = False
-            log.warning(
-                "Redis does not list its clients to this worker: a dead worker's rooms wait for marks"
-            )
-            return set()
-        now = time.monotonic()
-        gone = set()
-        for w in workers:
-            if w in present:
-                self._missing.pop(w, None)
-            elif at_once or now - self._missing.setdefault(w, now) >= GONE_S:
-                gone.add(w)
-                if w not in self._dead:
-                    self._dead.add(w)
-                    log.info(
-                        "worker %s is gone (its connection left Redis %.1f s ago): its rooms are alone",
-                        w,
-                        now - self._missing[w] if w in self._missing else 0.0,
-                    )
-        if len(self._missing) > 1024:  # workers long gone
-            self._missing = {w: t for w, t in self._missing.items() if now - t < 3600}
-            self._dead &= set(self._missing)
-        return gone
 
     async def alone(self, lk: LiveKit) -> list[tuple[api.Room, str]]:
         """The rooms with a caller and no live agent of this agent name, and why each is alone."""
@@ -244,7 +203,7 @@ class Fleet:
             marks = await p.execute()
         owners = [_owner(m) for m in marks[::N]]
         drainers = [_text(m) for m in marks[3::N]]  # the worker that hands each room over, if one does
-        gone = await self._gone({w for w in owners + drainers if w})
+        gone = await self.presences.gone({w for w in owners + drainers if w})
         now = time.monotonic()
         # a handover asked for and on its way, its draining agent still talking: not alone
         on_its_way = [bool(marks[N * i + 4]) and d not in (None, *gone) for i, d in enumerate(drainers)]
@@ -252,14 +211,24 @@ class Fleet:
 
         async def look(i: int, room: api.Room) -> str | None:  # why the room is alone (None: it is not)
             mark, served, ended, handover, _handing, down, node = marks[N * i : N * i + N]
-            live = mark is not None and owners[i] not in gone and _job(mark) != _text(down)
+            job, down = _job(mark), _text(down)
+            live = mark is not None and owners[i] not in gone  # as the marks tell; LiveKit agrees below
             moved = self._moved(room, _text(node), now)
-            if ended or on_its_way[i] or (live and not moved):
+            if ended or on_its_way[i]:
+                return None
+            if live and not moved and job != down and self.agreed.known(room.sid, _text(mark)):
                 return None
             if not (served or live or await self._ours(lk, room)):
                 return None
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
             callers = [p for p in people.participants if p.kind in CALLER_KINDS and p.state in PRESENT]
+            since = min(p.joined_at for p in callers) if moved and callers else 0
+            forged = False  # a mark LiveKit does not agree with: a down job's agent in the room, say
+            if live:
+                live = self.agreed.holds(room, _text(mark), job, down, people.participants, since)
+                forged = not live and job != down
+            elif mark is None and down is not None:
+                forged = self.agreed.holds(room, down, down, down, people.participants, since)
             if not callers:
                 # its agent lost and its caller gone (hung up in the silence): nobody ends the call on purpose
                 lost = served and not live and not moved
@@ -267,6 +236,10 @@ class Fleet:
                     self.over.append(room.sid)
                 return None
             self._empty.pop(room.sid, None)
+            if forged and await self.agreed.served(lk, room, people.participants, since):
+                return None  # LiveKit lists an agent of one of the room's jobs in it
+            if live and not moved:
+                return None
             if live:  # made again on another node: is its agent in it, or still on the node that died?
                 # (the server lists the participants its nodes stored in Redis: a dead node's agent stays
                 # listed, joined before the callers came back to the room made again)
@@ -303,6 +276,7 @@ class Fleet:
             self._nodes = {k: v for k, v in self._nodes.items() if k in listed}
             self._absent = {k: v for k, v in self._absent.items() if k in listed}
             self._empty = {k: v for k, v in self._empty.items() if k in listed}
+            self.agreed.forget(listed)
         return out
 
     def _moved(self, room: api.Room, node: str | None, now: float) -> bool:

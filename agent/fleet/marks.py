@@ -13,16 +13,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from agent.settings import AgentSettings
 
-def redis_client(url: str, name: str | None = None) -> Redis:
-    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL); with
-    `name`, one connection of that client name (a worker's presence)."""
+
+def redis_client(url: str, name: str | None = None, *, username: str = "", password: str = "") -> Redis:
+    """A client of the cluster's Redis at `url` (LiveKit's own form, host:port, or a redis:// URL, which may
+    carry its credentials), as `username` with `password` where given (an ACL user, or the password alone
+    for `requirepass`); with `name`, one connection of that client name (a worker's presence)."""
     from redis.asyncio import Redis
 
     if "://" not in url:
         url = f"redis://{url}"
     extra: dict[str, Any] = {"client_name": name, "single_connection_client": True} if name else {}
+    if password:
+        extra.update(password=password, username=username or None)
     return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, **extra)
+
+
+def fleet_redis(settings: AgentSettings, name: str | None = None) -> Redis:
+    """A client of the cluster's Redis as `settings` name it (CHORUS_REDIS_URL, _USERNAME, _PASSWORD)."""
+    return redis_client(
+        settings.redis_url, name, username=settings.redis_username, password=settings.redis_password
+    )
 
 
 def presence_name(agent_name: str, worker: str) -> str:
@@ -62,6 +74,21 @@ if cur and cur ~= ARGV[1] and down ~= string.match(cur, '[^ ]+$') then return cu
 redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])
 return 1
 """
+
+
+async def one_per_room(redis: Redis, keys: Keys, jobs: list[tuple[str, str]]) -> dict[str, str]:
+    """The job marked for each room of one worker's `jobs` (room sid, job id; oldest first): of two jobs for
+    one room (a new agent dispatched beside one whose connection is down, or two dispatches racing), the
+    oldest that is not down keeps it, as across workers the one marked first does; all down, the newest (the
+    fleet's replacement is on its way)."""
+    rooms: dict[str, list[str]] = {}
+    for sid, job in jobs:
+        rooms.setdefault(sid, []).append(job)
+    shared = [sid for sid, js in rooms.items() if len(js) > 1]
+    if not shared:
+        return {sid: js[0] for sid, js in rooms.items()}
+    downs = dict(zip(shared, map(_text, await redis.mget([keys.down(s) for s in shared])), strict=True))
+    return {sid: next((j for j in js if j != downs.get(sid)), js[-1]) for sid, js in rooms.items()}
 
 
 def _text(value: bytes | str | None) -> str | None:

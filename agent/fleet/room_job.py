@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.fleet.agreed import job_in_room, room_name
 from agent.fleet.fleet import BEAT_S, LIVE_MS, MOVED_DOWN_MS, REDISPATCH_KEY, SERVED_S
-from agent.fleet.marks import _UNMARK, Keys, _job, _owner, _redis_errors, _text, present_workers, redis_client
+from agent.fleet.marks import _UNMARK, Keys, _job, _owner, _redis_errors, _text, fleet_redis, present_workers
 
 if TYPE_CHECKING:
     from livekit import rtc
@@ -61,7 +62,7 @@ async def release_room(settings: AgentSettings, sid: str) -> None:
     if not settings.redis_url:
         return
     keys = Keys(settings.agent_name)
-    client = redis_client(settings.redis_url)
+    client = fleet_redis(settings)
     try:
         async with client.pipeline(transaction=True) as p:
             p.set(keys.ended(sid), "1", ex=SERVED_S)
@@ -113,9 +114,9 @@ async def holder(settings: AgentSettings, sid: str, job: str) -> str | None:
     moment than not at all; the new agent removes the room's others)."""
     if not settings.redis_url:
         return None
-    client = redis_client(settings.redis_url)
+    client = fleet_redis(settings)
     try:
-        return await _held_by(client, settings.agent_name, sid, job)
+        return await _held_by(client, settings, sid, job)
     except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
         log.info("the room's holder could not be read (%s)", type(e).__name__)
         return None
@@ -127,7 +128,7 @@ async def take_room(settings: AgentSettings, sid: str, other: str) -> None:
     """A new job in a room whose holder (`other`, up as far as its job knows) has no agent in it (the room was
     made again on another node without it): that job is taken as down, so this job's worker marks the room
     and the other job leaves when its connection is back. Best effort."""
-    client = redis_client(settings.redis_url)
+    client = fleet_redis(settings)
     try:
         await client.set(Keys(settings.agent_name).down(sid), other, px=MOVED_DOWN_MS)
     except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
@@ -136,8 +137,10 @@ async def take_room(settings: AgentSettings, sid: str, other: str) -> None:
         await client.aclose()
 
 
-async def _held_by(client: Redis, agent_name: str, sid: str, job: str) -> str | None:
-    keys = Keys(agent_name)
+async def _held_by(
+    client: Redis, settings: AgentSettings, sid: str, job: str, room: str | None = None
+) -> str | None:
+    keys = Keys(settings.agent_name)
     async with client.pipeline(transaction=False) as p:
         p.get(keys.live(sid))
         p.get(keys.down(sid))
@@ -146,10 +149,46 @@ async def _held_by(client: Redis, agent_name: str, sid: str, job: str) -> str | 
     if other is None or other == job or other == _text(down) or worker is None:
         return None
     try:
-        present = await present_workers(client, agent_name, {worker})
+        present = await present_workers(client, settings.agent_name, {worker})
     except _redis_errors():  # Redis gone meanwhile: the mark alone tells
+        present = None
+    if present is not None and worker not in present:
+        return None
+    if await _agrees(settings, sid, other, room):
         return other
-    return other if present is None or worker in present else None  # (not allowed to list: the mark tells)
+    # a mark LiveKit does not agree with (written by hand, say): removed, so this job's worker marks the room
+    if sid not in _doubted:  # once per room: whoever wrote it may write it again
+        _doubted.add(sid)
+        log.warning("job %s: the room's live mark names job %s, not in it as LiveKit sees it", job, other)
+    with contextlib.suppress(_redis_errors()):
+        await client.eval(_UNMARK, 1, keys.live(sid), mark)
+    return None
+
+
+_doubted: set[str] = set()  # rooms (sid) whose live mark LiveKit did not agree with, said once
+
+
+def _livekit(settings: AgentSettings) -> LiveKit:
+    from agent.lkapi import LiveKit
+
+    return LiveKit(settings)
+
+
+async def _agrees(settings: AgentSettings, sid: str, other: str, room: str | None) -> bool:
+    """Whether LiveKit agrees that job `other` serves the room `sid` (named `room`, if known): its agent is in
+    the room, or the server started it within JOIN_S (agent/fleet/agreed.py). A server that cannot be asked:
+    the mark alone tells."""
+    from agent.lkapi import LiveKitFailure
+
+    if settings.missing_livekit():
+        return True
+    try:
+        async with _livekit(settings) as lk:
+            name = room or await room_name(lk, sid)
+            return name is None or await job_in_room(lk, name, settings.agent_name, other)
+    except LiveKitFailure as e:
+        log.info("whether LiveKit agrees with the room's mark is not known (%s)", e)
+        return True
 
 
 async def watch_link(
@@ -172,8 +211,9 @@ async def watch_link(
     from livekit import rtc
 
     up = rtc.ConnectionState.CONN_CONNECTED
+    name = getattr(room, "name", None)  # (LiveKit is asked whether it agrees with another job's mark)
     keys = Keys(settings.agent_name)
-    client = redis_client(settings.redis_url)
+    client = fleet_redis(settings)
     back = asyncio.Event()
     room.on("reconnected", back.set)
     since: float | None = None  # when the connection went down
@@ -196,7 +236,7 @@ async def watch_link(
                         marked = True
                 elif since is not None or came_back:
                     await client.eval(_UNMARK, 1, keys.down(sid), job)  # its own, or the fleet's for it
-                    if await _held_by(client, settings.agent_name, sid, job) is not None:
+                    if await _held_by(client, settings, sid, job, name) is not None:
                         log.warning("job %s: back in its room, now another agent's; it leaves", job)
                         on_replaced()
                         return
@@ -206,7 +246,7 @@ async def watch_link(
                     since, marked, came_back = None, False, False
                 elif time.monotonic() >= next_look and not handing_over():
                     next_look = time.monotonic() + HELD_S
-                    if (other := await _held_by(client, settings.agent_name, sid, job)) is not None:
+                    if (other := await _held_by(client, settings, sid, job, name)) is not None:
                         log.warning("job %s: the room is job %s's, there first; it leaves", job, other)
                         on_replaced()
                         return

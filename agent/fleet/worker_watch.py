@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from agent.fleet.fleet import BEAT_S, SWEEP_S, Fleet
-from agent.fleet.marks import _redis_errors, presence_name, redis_client
+from agent.fleet.marks import _redis_errors, fleet_redis, presence_name
 from agent.lkapi import LiveKitFailure
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ async def watch(
     LiveKit's API is logged (once while it lasts) and tried again. `livekit`: the API's client (LiveKit)."""
     from agent.lkapi import LiveKit
 
-    presence = redis_client(settings.redis_url, name=presence_name(settings.agent_name, worker))
-    fleet = Fleet(redis_client(settings.redis_url), settings.agent_name, worker, presence=presence)
+    presence = fleet_redis(settings, name=presence_name(settings.agent_name, worker))
+    fleet = Fleet(fleet_redis(settings), settings.agent_name, worker, presence=presence)
 
     async def beat() -> None:
         fleet.handing_over = handing_over()
