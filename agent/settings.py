@@ -74,6 +74,10 @@ class AgentSettings(EnvSettings):
     # workers mark the rooms they serve and claim a room's new agent (agent/fleet/fleet.py). Unset: no watch,
     # and a room whose agent died stays without one
     redis_url: str = Field("", validation_alias="CHORUS_REDIS_URL", repr=False)
+    # ... and who the workers are to it (LiveKit's `redis.username` and `redis.password`: an ACL user, or only
+    # the password of `requirepass`); a redis:// URL's own credentials count where these are unset
+    redis_username: str = Field("", validation_alias="CHORUS_REDIS_USERNAME")
+    redis_password: str = Field("", validation_alias="CHORUS_REDIS_PASSWORD", repr=False)
     # a call's conversation (the agent's turns, its tool calls and results) is kept in the booking database
     # only while the call lasts, for an agent that replaces a lost one (agent/fleet/carry.py); true: after it
     # too
