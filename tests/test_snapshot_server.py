@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import resource
 import select
+import selectors
 import socket
 import threading
 import time
@@ -328,3 +329,82 @@ def test_the_tick_keeps_its_counts_while_a_client_floods_the_endpoint():
         stop.set()
         server.close()
         engine.close()
+
+
+class Flood:
+    """Requests for /snapshot from `sources`, `per_source` of each in flight at all times (a new one as soon
+    as one is answered or closed), on a thread of its own until closed; `answered` counts the answers."""
+
+    def __init__(self, port: int, sources: list[str], per_source: int) -> None:
+        self.port, self.answered, self.opened = port, 0, 0
+        self.stop = threading.Event()
+        self.sel = selectors.DefaultSelector()
+        for source in sources:
+            for _ in range(per_source):
+                self._open(source)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self, source: str) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((source, 0))
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", self.port))
+        self.sel.register(s, selectors.EVENT_WRITE, source)
+        self.opened += 1
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for key, mask in self.sel.select(0.1):
+                s, source = key.fileobj, key.data
+                if mask & selectors.EVENT_WRITE:
+                    try:
+                        s.send(b"GET /snapshot HTTP/1.1\r\nHost: x\r\n\r\n")
+                        self.sel.modify(s, selectors.EVENT_READ, source)
+                        continue
+                    except OSError:
+                        pass
+                else:
+                    try:
+                        if s.recv(65536):
+                            self.answered += 1
+                            continue  # the rest of the answer, or its end, comes next
+                    except OSError:
+                        pass
+                self.sel.unregister(s)
+                s.close()
+                self._open(source)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(HANG_S)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+        self.sel.close()
+
+
+def test_the_pages_own_requests_are_answered_while_a_hundred_addresses_flood_the_endpoint():
+    """100 addresses keep requests for /snapshot coming, more than the endpoint answers in a second; the
+    monitoring page's requests (from 127.0.0.1, the address its polls come from on the worker's machine or
+    through an SSH tunnel) are each answered within the page's 2 s timeout, with the limits as shipped."""
+    page_timeout_s, asked = 2.0, 8
+    files = more_files(4 * len(HOLDERS) + 256)
+    server = SnapshotServer(Builds())
+    flood = Flood(server.port, HOLDERS, per_source=2)
+    try:
+        wait_until(lambda: flood.opened > 2 * len(HOLDERS) + 100, "the flood's requests turning over", HANG_S)
+        answers = []
+        for _ in range(asked):
+            started = time.monotonic()
+            try:
+                status = request(server.port, "/snapshot", timeout=page_timeout_s)[0]
+            except (OSError, IndexError, ValueError):  # no answer in time, or closed unanswered
+                status = None
+            answers.append((status, round(time.monotonic() - started, 3)))
+            time.sleep(0.25)
+        print(f"the flood: {flood.answered} answered of {flood.opened}; the page's: {answers}")
+        assert all(status == 200 and took < page_timeout_s for status, took in answers), answers
+    finally:
+        flood.close()
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, files)

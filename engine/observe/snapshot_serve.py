@@ -5,8 +5,10 @@ the engine's GIL.
 PORT` (LIMITS: the JSON of `ServeLimits`). It prints the port it listens on, then asks its parent for the
 bytes of an answer over the pipe (one byte on stdout: "s" the snapshot, "m" the Prometheus text) at most once
 per `interval_s` each, and gives every request meanwhile the bytes it has. It exits when the parent closes the
-pipe. Standard library only: it starts in a few tens of milliseconds, at a lower CPU priority than the engine,
-and knows nothing of it.
+pipe. The monitoring page's requests come from 127.0.0.1 (`lane`: on the worker's machine, or through an SSH
+tunnel) and are served in a lane of their own, their own turns and places, so no crowd of other addresses
+keeps the page waiting. Standard library only: it starts in a few tens of milliseconds, at a lower CPU
+priority than the engine, and knows nothing of it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class ServeLimits:
     max_connections: int = 256
     client_connections: int = 4
     max_clients: int = 1024  # client addresses whose rate is remembered (the least recent forgotten)
+    # the address whose requests have turns (`max_rate`, `max_burst`) and places (`client_connections`) of
+    # their own, beside the others': the monitoring page's, which polls from it ("": no such lane)
+    lane: str = "127.0.0.1"
     nice: int = 10  # added to this process's nice value: the engine's threads come first on a busy machine
 
     def to_json(self) -> str:
@@ -105,7 +110,10 @@ class Endpoint:
     most `head_s`) it is *idle*: it costs nothing but its place, takes no turn, and gives its place up to a
     newer connection when the places are all taken (of its address's, or in all). So idle connections, from
     however many addresses, delay nobody: a client's request is read as soon as it arrives, and only
-    requests read whole wait for their turn (`max_rate`) and for the answer's bytes."""
+    requests read whole wait for their turn (`max_rate`) and for the answer's bytes. The `lane` address's
+    connections hold places of their own (its `client_connections`, never counted in `max_connections` nor
+    closed for another address's) and take turns of their own: requests of other addresses, however many,
+    never queue before its."""
 
     def __init__(self, limits: ServeLimits, sock: socket.socket) -> None:
         self.limits = limits
@@ -118,6 +126,7 @@ class Endpoint:
         self.places: dict[asyncio.Task, str] = {}  # each open connection's task -> its client address
         self.idle: OrderedDict[asyncio.Task, str] = OrderedDict()  # those not read whole yet, oldest first
         self.turns = TurnRate(limits.max_rate, limits.max_burst)
+        self.lane_turns = TurnRate(limits.max_rate, limits.max_burst)
 
     async def run(self) -> None:
         """Serve until the parent closes the pipe."""
@@ -181,11 +190,16 @@ class Endpoint:
         lim = self.limits
         if self.open.get(client, 0) >= lim.client_connections and not self.evict(client):
             return False
-        return len(self.places) < lim.max_connections or self.evict()
+        if client == lim.lane:
+            return True  # its places are its own
+        shared = len(self.places) - self.open.get(lim.lane, 0)
+        return shared < lim.max_connections or self.evict()
 
     def evict(self, client: str | None = None) -> bool:
-        """Close the oldest idle connection (of `client`, or of anyone); False if there is none."""
-        task = next((t for t, c in self.idle.items() if client is None or c == client), None)
+        """Close the oldest idle connection (of `client`, or of anyone but the lane's); False if there is
+        none."""
+        lane = self.limits.lane
+        task = next((t for t, c in self.idle.items() if c == client or (client is None and c != lane)), None)
         if task is None:
             return False
         task.cancel()  # its socket is closed once it has stopped (`finished`); its place is free now
@@ -226,7 +240,8 @@ class Endpoint:
                 if not self.rate.allow(client, loop.time()):
                     body = response(429, b"too many requests\n", extra="Retry-After: 1\r\n")
                 else:
-                    await asyncio.sleep(self.turns.wait(loop.time()))
+                    turns = self.lane_turns if client == lim.lane else self.turns
+                    await asyncio.sleep(turns.wait(loop.time()))
                     body = await self.answer(head)
                 await loop.sock_sendall(conn, body)
         except (TimeoutError, OSError):
