@@ -27,7 +27,9 @@ _hotel: Any = None
 
 
 def shared_hotel() -> Any:
-    """The process's one booking store (its own connection pool), opened on first use."""
+    """The process's one booking store (its own connection pool), opened on first use: never created nor
+    migrated here (the worker migrated it at start, agent/fleet/kept.py), so an open never waits on the
+    write lock another room's process holds; a store not migrated is refused with a StoreError."""
     global _hotel
     if _hotel is None:
         with _lock:
@@ -35,7 +37,7 @@ def shared_hotel() -> Any:
                 from tools.hotel import Hotel
                 from tools.store import open_store
 
-                _hotel = Hotel(open_store())
+                _hotel = Hotel(open_store(migrate=False))
     return _hotel
 
 

@@ -21,7 +21,7 @@ from psycopg.conninfo import make_conninfo
 
 import hotel_support
 from hotel_support import BACKENDS, TEST_HOTEL, TODAY
-from tools.errors import Busy
+from tools.errors import AlreadyExists, Busy
 from tools.seed import seed
 from tools.store import Reservation, Store, StoreError
 from tools.store.statements import INTEGER_MAX
@@ -87,6 +87,38 @@ def test_a_key_a_concurrent_writer_took_first_is_a_conflict_and_the_retry_finds_
         ("THEIRS22", "Grace Hopper")
     ]
     assert pg.stats()["conflict"] == 1 and pg.stats()["retried"] == 1
+
+
+def test_a_key_that_exists_before_the_transaction_is_a_duplicate_told_so_after_one_retry(pg):
+    """Not a race: the key was taken before this transaction began, so the retry, which reads that commit,
+    inserts against it again. The caller is told it exists (not "busy, try again"), and nothing is written."""
+    columns = ", ".join(f.name for f in fields(Reservation))
+    values = ", ".join(["%s"] * len(fields(Reservation)))
+    with closing(other_connection(pg)) as other:
+        other.execute(
+            f"INSERT INTO reservations ({columns}) VALUES ({values})",
+            astuple(reservation("SAME2222", "k1", "Grace Hopper")),
+        )
+    seen, attempts = [], []
+
+    def book(tx) -> None:
+        attempts.append(1)
+        try:
+            tx.insert_reservation(reservation("SAME2222", "k2", "Ada Lovelace"))  # a code already given
+        except psycopg.Error as exc:
+            seen.append(exc)
+            raise
+
+    with pytest.raises(AlreadyExists) as told:
+        pg.transact(book, write=True)
+    assert told.value.message.startswith("That booking already exists")
+    assert "SAME2222" not in told.value.message and "Ada" not in told.value.message
+    assert [e.sqlstate for e in seen] == ["23505", "23505"]  # once, and once again on the retry
+    assert len(attempts) == 2
+    assert [(r.code, r.guest_name) for r in pg.transact(lambda tx: tx.reservations())] == [
+        ("SAME2222", "Grace Hopper")
+    ]
+    assert pg.stats()["conflict"] == 2 and pg.stats()["retried"] == 1
 
 
 @contextmanager
@@ -248,7 +280,7 @@ BUSY = (Busy, 1, "unavailable")  # the caller is told busy at once
 RECONNECTED = (Busy, 2, "lost")  # run again once on another connection, then busy
 REFUSED = (StoreError, 1, "refused")  # a bug: a StoreError, not retried
 OUTCOMES = {
-    "23505": (Busy, 2, "conflict"),  # unique_violation
+    "23505": (AlreadyExists, 2, "conflict"),  # unique_violation, again on the retry: a duplicate
     "40001": RETRIED,  # serialization_failure
     "40P01": RETRIED,  # deadlock_detected
     "55P03": RETRIED,  # lock_not_available

@@ -61,6 +61,22 @@ class Busy(HotelError):
         super().__init__(message)
 
 
+class AlreadyExists(HotelError):
+    """What was asked for would make a second record with a key one already has (the same booking made
+    again): nothing was changed, and asking again would be refused again."""
+
+    code = "already_exists"
+
+    def __init__(
+        self,
+        message: str = (
+            "That booking already exists, so nothing new was made. Find it with its confirmation code "
+            "rather than making it again."
+        ),
+    ) -> None:
+        super().__init__(message)
+
+
 class Unconfirmed(HotelError):
     """A change reached the database but its confirmation was lost (the connection failed during COMMIT) and
     the database could not be asked in time whether it was made. Asking again is safe: a booking carries

@@ -38,7 +38,7 @@ MAX_NAME_CHARS = 64  # of each tool's name
 # each character written as JSON's longest escape (`\u0000`), and room for the fields' names
 MAX_ROW_CHARS = 6 * (MAX_TURNS * MAX_TURN_CHARS + MAX_TOOLS * (MAX_NAME_CHARS + 2 * MAX_RESULT_CHARS)) + 8192
 KEEP_S = 3600.0  # a conversation not written this long belongs to a call that is over: purged
-PURGE_EVERY_S = 300.0  # how often a process purges them (at a call's start), not at every call's
+PURGE_EVERY_S = 300.0  # how often the worker purges them (agent/fleet/kept.py), as a call starts
 
 
 @dataclass
@@ -160,7 +160,7 @@ class ConversationLog:
                 text = await asyncio.to_thread(store.transact, read)
                 found = Conversation.from_json(text) if text else None
             if not keep and _purge_due():
-                await asyncio.to_thread(_purge, store)
+                await asyncio.to_thread(purge_stale, store)
         except Exception as e:  # noqa: BLE001 (the call goes on without its history: logged, never raised)
             log.warning("the conversation could not be read (%s)", type(e).__name__)
         if found is not None:
@@ -239,22 +239,21 @@ class ConversationLog:
         if self.keep:
             return
         try:
-            await asyncio.to_thread(
-                self.store.transact, lambda tx: tx.delete_conversation(self.sid), write=True
-            )
+            await asyncio.to_thread(forget_rooms, self.store, [self.sid])
         except Exception as e:  # noqa: BLE001 (purged after KEEP_S)
             log.warning("the conversation could not be deleted (%s)", type(e).__name__)
 
 
 def forget_rooms(store: Store, sids: list[str]) -> None:
-    """The conversations of calls that ended while no agent was in their room (agent/fleet/fleet.py's "over"):
-    deleted."""
+    """The conversations of calls that ended (on purpose, or while no agent was in their room: agent/fleet/
+    fleet.py's "over"): deleted, and their bytes scrubbed from the database's files (`Store.scrub`)."""
 
     def delete(tx: Tx) -> None:
         for sid in sids:
             tx.delete_conversation(sid)
 
     store.transact(delete, write=True)
+    store.scrub()
 
 
 _last_purge = -PURGE_EVERY_S  # time.monotonic() of this process's last purge
@@ -269,6 +268,11 @@ def _purge_due() -> bool:
     return True
 
 
-def _purge(store: Store) -> int:
+def purge_stale(store: Store) -> int:
+    """Delete the conversations not written for KEEP_S (their calls never ended cleanly), scrubbed from the
+    database's files; how many. The worker runs it at start and on a timer (agent/fleet/kept.py)."""
     before = store.now() - timedelta(seconds=KEEP_S)
-    return store.transact(lambda tx: tx.purge_conversations(before), write=True)
+    purged = store.transact(lambda tx: tx.purge_conversations(before), write=True)
+    if purged:
+        store.scrub()
+    return purged

@@ -1,11 +1,11 @@
-"""The booking database: SQLite by default, PostgreSQL when `DATABASE_URL` is set; `open_store` opens and
-migrates the one the settings name. The names callers use, gathered; no SQL of its own."""
+"""The booking database: SQLite by default, PostgreSQL when `DATABASE_URL` is set; `open_store` opens (and
+migrates) the one the settings name. The names callers use, gathered; no SQL of its own."""
 
 from __future__ import annotations
 
 from ..settings import StoreSettings
 from .base import Store
-from .errors import Conflict, SchemaTooNew, StoreError, Transient
+from .errors import Conflict, Duplicate, SchemaTooNew, StoreError, Transient
 from .records import FaqEntry, HotelPolicy, Night, Reservation, RoomType
 from .schema import LATEST_VERSION
 from .statements import Tx
@@ -13,6 +13,7 @@ from .statements import Tx
 __all__ = [
     "LATEST_VERSION",
     "Conflict",
+    "Duplicate",
     "FaqEntry",
     "HotelPolicy",
     "Night",
@@ -27,8 +28,10 @@ __all__ = [
 ]
 
 
-def open_store(settings: StoreSettings | None = None) -> Store:
-    """Open (and migrate) the store the settings (default: the environment) point at."""
+def open_store(settings: StoreSettings | None = None, *, migrate: bool = True) -> Store:
+    """Open the store the settings (default: the environment) point at, and migrate it (the worker at start,
+    the tools' commands). `migrate=False` (a room's process): the store must exist and be migrated already;
+    it is checked, never changed, and refused with a StoreError otherwise."""
     settings = settings or StoreSettings.from_env()
     if settings.database_url:
         from .postgres import PostgresStore  # psycopg only when PostgreSQL is used
@@ -38,7 +41,10 @@ def open_store(settings: StoreSettings | None = None) -> Store:
             schema=settings.schema,
             pool_size=settings.pool_size,
             wait_s=settings.wait_s,
+            migrate=migrate,
         )
     from .sqlite import SqliteStore
 
-    return SqliteStore(settings.sqlite_path, pool_size=settings.pool_size, wait_s=settings.wait_s)
+    return SqliteStore(
+        settings.sqlite_path, pool_size=settings.pool_size, wait_s=settings.wait_s, migrate=migrate
+    )

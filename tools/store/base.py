@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from ..errors import Busy, Unconfirmed
-from .errors import Conflict, Lost, StoreError, Transient, Unavailable
+from ..errors import AlreadyExists, Busy, Unconfirmed
+from .errors import Conflict, Duplicate, Lost, SchemaTooNew, StoreError, Transient, Unavailable
+from .schema import LATEST_VERSION
 from .statements import Tx, in_time
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ SETTLE_S = 1.5
 # The names `Store.stats` counts a failed attempt under, by its kind; "retried": an attempt run again.
 _COUNTED = {
     Conflict: "conflict",
+    Duplicate: "conflict",
     Transient: "transient",
     Lost: "lost",
     Unavailable: "unavailable",
@@ -60,6 +62,7 @@ class Store(ABC):
 
     dialect: str
     lock_clause: str = ""  # appended to a SELECT that must lock the rows it reads
+    migrations_table: str  # a query whose one value is 1 once the schema_migrations table exists, else 0
 
     def __init__(self) -> None:
         self._stats_lock = threading.Lock()
@@ -121,6 +124,10 @@ class Store(ABC):
         can quote the statement's values (a guest's name)."""
         return f"the database refused a statement ({type(exc).__name__})"
 
+    def _unique_key(self, exc: BaseException) -> str | None:
+        """The unique constraint a Conflict's error names, when the driver tells it (None: unknown)."""
+        return None
+
     def _settle(self, token: Any, deadline: float) -> bool | None:
         """Whether the write transaction `_begin` returned `token` for committed, asked on another
         connection by `deadline`: True, False, or None when that cannot be told in time."""
@@ -137,8 +144,31 @@ class Store(ABC):
             self._migrate(conn)
         return self.schema_version()
 
+    def check_schema(self) -> int:
+        """The schema version, checked without migrating (a room's store: the worker migrated it at start):
+        a StoreError saying so when the database is not migrated to this code's version, SchemaTooNew when a
+        newer code migrated it."""
+        version = self.schema_version()
+        if version > LATEST_VERSION:
+            raise SchemaTooNew(
+                f"{self!r} has schema version {version}; this code knows up to {LATEST_VERSION}"
+            )
+        if version < LATEST_VERSION:
+            raise StoreError(
+                f"{self!r} is not migrated (schema version {version}, this code needs {LATEST_VERSION}): the "
+                "worker migrates it at start, as does any `python -m tools` command"
+            )
+        return version
+
+    def scrub(self) -> bool:
+        """Make rows deleted so far unreadable in the database's files, as far as the backend can at once;
+        whether that is done. PostgreSQL's VACUUM reclaims deleted rows by itself (autovacuum)."""
+        return True
+
     def schema_version(self) -> int:
         def read(tx: Tx) -> int:
+            if not tx._rows(self.migrations_table)[0][0]:
+                return 0
             rows = tx._rows("SELECT MAX(version) FROM schema_migrations")
             return int(rows[0][0] or 0)
 
@@ -162,16 +192,21 @@ class Store(ABC):
         once on another connection when the connection was Lost; otherwise the call gets `Busy`. A
         connection lost while COMMIT was on its way leaves the outcome open: the backend settles it on
         another connection, and the call returns `fn`'s result if the transaction committed, is retried if
-        it did not, and gets `Unconfirmed` if that cannot be told by the deadline. Any other database error
+        it did not, and gets `Unconfirmed` if that cannot be told by the deadline. A unique key taken again
+        on the retry (the retry read the concurrent writer's commit, so it is no race but a duplicate), or a
+        Duplicate at once, is `AlreadyExists`, not retried further. Any other database error
         becomes a StoreError; an exception of `fn`'s own (a HotelError, a bug) rolls back and propagates
         unchanged."""
         work_by = None if deadline is None else deadline - SETTLE_S
-        conflicts, reconnected = 0, False
+        conflicts, reconnected, unique = 0, False, None
         while True:
             outcome = self._attempt(fn, write, work_by)
             if not isinstance(outcome, _Failed):
                 return outcome
             kind, exc = outcome.kind, outcome.exc
+            if kind is Conflict:  # the same key again after a retry that saw the other writer's commit
+                key = self._unique_key(exc) or ""
+                kind, unique = (Duplicate if unique == key else kind), key
             self._count(_COUNTED.get(kind, "refused"))
             if outcome.committing and kind is Lost:
                 settle_by = deadline if deadline is not None else time.monotonic() + SETTLE_S
@@ -184,6 +219,9 @@ class Store(ABC):
                     log.warning("store: the answer to a COMMIT was lost; whether it committed is unknown")
                     raise Unconfirmed() from None
             in_time = work_by is None or time.monotonic() < work_by
+            if kind is Duplicate:
+                log.info("store: a unique key inserted already exists; the call is told so")
+                raise AlreadyExists() from exc
             if kind in (Conflict, Transient):
                 conflicts += 1
                 if conflicts < attempts and in_time:
@@ -227,7 +265,7 @@ class Store(ABC):
                 self._rollback(conn)
                 if isinstance(exc, StoreError):
                     kind: type[StoreError] | None = type(exc)
-                    if kind not in (Conflict, Transient, Lost, Unavailable):
+                    if kind not in (Conflict, Duplicate, Transient, Lost, Unavailable):
                         self._count("refused")
                         raise
                 else:

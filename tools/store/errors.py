@@ -13,6 +13,12 @@ class Conflict(StoreError):
     """A concurrent writer took a unique key or changed a row first; the transaction is retried."""
 
 
+class Duplicate(StoreError):
+    """A unique key the transaction inserts already exists, and not because a concurrent writer took it
+    first (a unique violation again on the retry, or on SQLite, whose writers cannot race): the caller is
+    told `AlreadyExists` at once, never retried."""
+
+
 class Transient(StoreError):
     """Locked, deadlocked or not serializable right now; the transaction is retried."""
 

@@ -38,7 +38,7 @@ _WAIT_TIMEOUT: type[Exception] = getattr(errors, "_WaitTimeout", psycopg.Operati
 # What an error the server sent means for the transaction, by its SQLSTATE (the manual's Appendix A): the
 # full code first, then its two-character class; a code in neither is a statement refused (a bug).
 _BY_CODE: dict[str, type[StoreError]] = {
-    "23505": Conflict,  # unique_violation: a concurrent writer took the key first
+    "23505": Conflict,  # unique_violation: a concurrent writer took the key first (again: a duplicate)
     "40001": Transient,  # serialization_failure
     "40P01": Transient,  # deadlock_detected
     "55P03": Transient,  # lock_not_available: `lock_timeout` ran out
@@ -110,6 +110,10 @@ class PostgresStore(Store):
 
     dialect = "postgres"
     lock_clause = " FOR UPDATE"
+    migrations_table = (
+        "SELECT COUNT(*) FROM information_schema.tables "
+        "WHERE table_schema = current_schema() AND table_name = 'schema_migrations'"
+    )
 
     def __init__(
         self,
@@ -121,11 +125,14 @@ class PostgresStore(Store):
         lock_timeout_s: float = 2.0,
         connect_timeout_s: int = 3,
         idle_in_transaction_s: float = 15.0,
+        migrate: bool = True,
     ):
         """`lock_timeout_s`: a row lock waited on longer than this fails the attempt, which is retried
         (the call's deadline may cut it shorter). `connect_timeout_s`: opening one connection (libpq counts
         whole seconds, at least 2). `idle_in_transaction_s`: the server ends a session whose client left a
-        transaction open and silent this long (a stopped client process), releasing its row locks."""
+        transaction open and silent this long (a stopped client process), releasing its row locks.
+        `migrate`: bring the schema up to date (the worker at start, the tools' commands); without it (a
+        room's process) a schema not at this code's version is refused with a StoreError."""
         super().__init__()
         if not SCHEMA_NAME.match(schema):
             raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
@@ -180,7 +187,7 @@ class PostgresStore(Store):
                 self._pool.open(wait=True, timeout=open_s)
             except PoolTimeout:
                 raise StoreError(f"no connection to PostgreSQL within {open_s:g} s") from None
-            self.migrate()
+            self.migrate() if migrate else self.check_schema()
         except BaseException:
             self._pool.close()
             raise
@@ -284,6 +291,9 @@ class PostgresStore(Store):
         constraint = getattr(diag, "constraint_name", None)
         named = f", constraint {constraint}" if constraint else ""
         return f"the database refused {what} (SQLSTATE {code}, {type(exc).__name__}{named})"
+
+    def _unique_key(self, exc: BaseException) -> str | None:
+        return getattr(getattr(exc, "diag", None), "constraint_name", None)
 
     def _settle(self, token: str | None, deadline: float) -> bool | None:
         """The transaction's status from `pg_xact_status`, asked again while its backend is still finishing

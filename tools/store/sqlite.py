@@ -1,6 +1,8 @@
 """SQLite backend: one file in WAL mode, writers serialised by `BEGIN IMMEDIATE`, connections from a small
-pool of its own, and every wait bounded by a busy timeout and the call's deadline. Knows SQLite's locking
-and result codes; not the statements it runs (statements.py) or when a transaction is retried (base.py).
+pool of its own, and every wait bounded by a busy timeout and the call's deadline. The file and its -wal and
+-shm are the owner's alone (files.py); deleted rows are overwritten (`secure_delete`) and `scrub` empties the
+WAL. Knows SQLite's locking and result codes; not the statements it runs (statements.py) or when a
+transaction is retried (base.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime
@@ -18,8 +21,9 @@ from typing import Any
 
 from ..errors import Busy
 from .base import Store
-from .errors import Conflict, Lost, StoreError, Transient, Unavailable
-from .schema import apply_migrations
+from .errors import Duplicate, Lost, StoreError, Transient, Unavailable
+from .files import private_database
+from .schema import LATEST_VERSION, apply_migrations
 
 log = logging.getLogger(__name__)
 
@@ -127,30 +131,69 @@ class SqliteStore(Store):
     fresh one, and anything else from SQLite is a `StoreError`."""
 
     dialect = "sqlite"
+    migrations_table = (
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    )
 
     def __init__(
-        self, path: str | Path, *, pool_size: int = 8, wait_s: float = 5.0, busy_timeout_s: float = 5.0
+        self,
+        path: str | Path,
+        *,
+        pool_size: int = 8,
+        wait_s: float = 5.0,
+        busy_timeout_s: float = 5.0,
+        migrate: bool = True,
     ):
+        """`migrate`: create the file (0600, in a folder made 0700) and bring its schema up to date, as the
+        worker does once at start and the tools' commands do. Without it (a room's process) the file must
+        exist and be migrated already: it is opened read-write, never created, and a schema older or newer
+        than this code's is refused with a StoreError; nothing waits for the write lock."""
         super().__init__()
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._busy_timeout_s = busy_timeout_s
+        if migrate:
+            try:
+                private_database(self.path)
+            except OSError as e:
+                raise StoreError(
+                    f"the booking database {self.path} cannot be created ({type(e).__name__}: {e.strerror})"
+                ) from None
         self._pool = Pool(self._connect, size=pool_size, wait_s=wait_s, healthy=self._healthy)
-        self.migrate()
+        try:
+            self.migrate() if migrate else self.check_schema()
+        except BaseException:
+            self._pool.close()
+            raise
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
 
     def _connect(self) -> sqlite3.Connection:
-        # isolation_level=None: no implicit transactions; we issue BEGIN/COMMIT ourselves.
-        conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        return conn
+        """A connection to the existing file (`mode=rw`: SQLite never creates it here, with the process's
+        umask); a file that cannot be opened is a StoreError, a lock not had in time `Busy`."""
+        uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=rw"
+        conn = None
+        try:
+            # isolation_level=None: no implicit transactions; we issue BEGIN/COMMIT ourselves.
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA secure_delete = ON")  # a deleted row's bytes are overwritten, not left
+            return conn
+        except sqlite3.Error as exc:
+            if conn is not None:
+                _close(conn)
+            if _locked(exc):
+                log.warning("store: the SQLite file stayed locked while a connection was opened")
+                raise Busy() from None
+            raise StoreError(
+                f"the booking database {self.path} cannot be opened ({_name(exc)}): it must exist, be "
+                "readable and writable by this user, and be migrated (the worker migrates it at start)"
+            ) from None
 
     def _healthy(self, conn: sqlite3.Connection) -> bool:
         try:
@@ -196,12 +239,14 @@ class SqliteStore(Store):
         return value
 
     def _classify(self, exc: BaseException, conn: sqlite3.Connection) -> type[StoreError] | None:
+        """A UNIQUE violation is a Duplicate at once: writers hold the write lock from their first read, so
+        what they read is what they insert against, and no concurrent writer can have taken the key."""
         if not isinstance(exc, sqlite3.Error):
             return None
         code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
         if isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc):
-            return Conflict
-        if code in _LOCKED or (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower()):
+            return Duplicate
+        if _locked(exc):
             return Transient
         if code in _BROKEN:
             return Lost
@@ -210,14 +255,62 @@ class SqliteStore(Store):
         return StoreError
 
     def _refusal(self, exc: BaseException) -> str:
-        name = getattr(exc, "sqlite_errorname", None)  # SQLITE_CONSTRAINT_CHECK: no values, unlike the text
-        return f"the database refused a statement ({name or type(exc).__name__})"
+        return f"the database refused a statement ({_name(exc)})"
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
+        """Takes the write lock only when a migration is missing: a worker that starts while another
+        process holds that lock (a room's write that hangs) finds its schema current and goes on."""
         try:
-            apply_migrations(conn.execute, self.dialect, str(self.path), "?", self.now().isoformat())
-            conn.execute("COMMIT")
-        except BaseException:
-            self._rollback(conn)
-            raise
+            if _version(conn) == LATEST_VERSION:
+                return
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                apply_migrations(conn.execute, self.dialect, str(self.path), "?", self.now().isoformat())
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback(conn)
+                raise
+        except sqlite3.Error as exc:
+            why = "another process held its write lock" if _locked(exc) else _name(exc)
+            raise StoreError(f"the booking database {self.path} could not be migrated ({why})") from None
+
+    def scrub(self) -> bool:
+        """Move the WAL's pages into the file and truncate the WAL to nothing (`wal_checkpoint(TRUNCATE)`),
+        so a deleted row's older versions in it are gone; waits at most SCRUB_WAIT_S for the writers and
+        readers of other connections. False when one kept it from finishing (the next scrub does it)."""
+        try:
+            with self._pool.connection() as conn:
+                conn.execute(f"PRAGMA busy_timeout = {int(SCRUB_WAIT_S * 1000)}")
+                try:
+                    busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+        except (sqlite3.Error, Busy) as exc:  # Busy: no pooled connection free in time
+            log.warning("store: the WAL was not emptied (%s)", _name(exc))
+            return False
+        return not busy
+
+
+SCRUB_WAIT_S = 1.0  # how long `scrub` waits for other connections to let the WAL be emptied
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: a lock another connection holds was not had in time."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    return code in _LOCKED or (isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower())
+
+
+def _name(exc: BaseException) -> str:
+    """SQLite's name for the error (SQLITE_CONSTRAINT_CHECK): no values, unlike its text."""
+    return getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    """The schema version the file holds (0: none yet), read without a lock."""
+    found = conn.execute(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()[0]
+    if not found:
+        return 0
+    return int(conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0] or 0)
