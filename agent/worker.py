@@ -34,6 +34,7 @@ from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.worker import ServerEnvOption
 
 from agent.fleet.drain import DrainingServer
+from agent.fleet.kept import forget_conversations, start_keeping
 from agent.log_privacy import mask_log_handlers
 from agent.room import entrypoint
 from agent.room_process import close_room, prewarm
@@ -133,14 +134,6 @@ def engine_load(settings: AgentSettings) -> float:
     watch = _watch
     down = watch is not None and watch.down  # its process died and is being started again
     return settings.load_target * (1.0 if down else engine.load)
-
-
-def forget_conversations(sids: list[str]) -> None:
-    """The conversations of calls that ended with no agent in their room (the fleet's watch found them)."""
-    from agent.fleet.carry import forget_rooms
-    from agent.room_process import shared_hotel
-
-    forget_rooms(shared_hotel().store, sids)
 
 
 def engine_watch() -> EngineWatch | None:
@@ -303,17 +296,18 @@ class ChorusServer(DrainingServer):
         self.handing_over = False  # draining with the fleet's watch: its calls go on with other workers
 
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
+        keeper = await asyncio.to_thread(start_keeping, self.settings)  # the store migrated before any room
         # the startup timeout this server was built with: the weights are not sized a second time
         engine = await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
         log.info("health and /worker on port %s", ServerEnvOption.getvalue(self._port, devmode) or "any free")
-        tasks = [asyncio.create_task(self._release_ended_jobs(engine))]
+        tasks = [asyncio.create_task(self._release_ended_jobs(engine)), asyncio.create_task(keeper.run())]
         if self.settings.redis_url and not unregistered and not self.settings.missing_livekit():
             from agent.fleet import worker_watch
 
             me = f"{socket.gethostname()}-{os.getpid()}"
 
             def watch(*_: Any) -> None:  # once registered: a new agent it asks for can be this worker's
-                if len(tasks) == 1:
+                if len(tasks) == 2:
                     job = worker_watch.watch(
                         self.settings,
                         me,
