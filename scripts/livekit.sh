@@ -4,7 +4,9 @@
 #                    default ~/.cache/chorus); a cached build is reused
 #   netns_up NAME    (root) a network namespace with no way out: `lo`, and a veth pair with both ends inside
 #   start_livekit    the server in dev mode on free ports (with Redis on loopback when redis-server is installed:
-#                    the SIP API needs it); exports LIVEKIT_URL, LIVEKIT_API_KEY, LIVEKIT_API_SECRET
+#                    the SIP API needs it; behind passwords, see _redis_acl); exports LIVEKIT_URL, LIVEKIT_API_KEY,
+#                    LIVEKIT_API_SECRET, and CHORUS_TEST_LIVEKIT_REDIS with its _USERNAME/_PASSWORD (the workers')
+#                    and _SERVER_USERNAME/_SERVER_PASSWORD (the server's)
 #   stop_livekit
 #
 # WebRTC gathers a candidate on every interface and libwebrtc leaves loopback out, so the server and every client
@@ -108,6 +110,20 @@ _free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# _redis_acl FILE: Redis's users, with new random passwords (FILE written 0600): nobody without a password
+# (`default` off), `livekit` for the server (and the SIP bridge's stand-in: psrpc's channels), and `chorus`
+# for the workers, held to the fleet's keys and commands (docs/deployment.md, "Redis: a password and an ACL
+# user"). Sets _LK_REDIS_PASSWORD (chorus's) and _LK_REDIS_SERVER_PASSWORD (livekit's).
+_redis_acl() {
+    _LK_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))') || return 1
+    _LK_REDIS_SERVER_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))') || return 1
+    (umask 077 && cat >"$1") <<EOF
+user default off
+user livekit on >$_LK_REDIS_SERVER_PASSWORD ~* &* +@all
+user chorus on >$_LK_REDIS_PASSWORD resetkeys ~chorus:* %R~room_node_map resetchannels -@all +get +set +del +exists +mget +hget +eval +ping +multi +exec +discard +client|list +client|setname
+EOF
+}
+
 start_livekit() {
     local leaks
     leaks=$(_leaks)
@@ -131,14 +147,20 @@ start_livekit() {
     if command -v redis-server >/dev/null 2>&1; then
         local rport
         rport=$(_free_port)
+        _redis_acl "$LIVEKIT_DIR/redis.acl" || return 1
         redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --daemonize yes \
+            --aclfile "$LIVEKIT_DIR/redis.acl" \
             --pidfile "$LIVEKIT_DIR/redis.pid" --logfile "$LIVEKIT_DIR/redis.log" >/dev/null
-        redis_block="redis: {address: 127.0.0.1:$rport}"
-        export CHORUS_TEST_LIVEKIT_REDIS="127.0.0.1:$rport"
+        redis_block="redis: {address: 127.0.0.1:$rport, username: livekit, password: $_LK_REDIS_SERVER_PASSWORD}"
+        export CHORUS_TEST_LIVEKIT_REDIS="127.0.0.1:$rport" \
+            CHORUS_TEST_LIVEKIT_REDIS_USERNAME=chorus CHORUS_TEST_LIVEKIT_REDIS_PASSWORD="$_LK_REDIS_PASSWORD" \
+            CHORUS_TEST_LIVEKIT_REDIS_SERVER_USERNAME=livekit \
+            CHORUS_TEST_LIVEKIT_REDIS_SERVER_PASSWORD="$_LK_REDIS_SERVER_PASSWORD"
     fi
     secret=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
     (umask 077 && printf 'chorus: %s\n' "$secret" >"$LIVEKIT_DIR/keys.yaml")
-    cat >"$LIVEKIT_DIR/livekit.yaml" <<EOF
+    # the config names Redis's password: readable by its owner only, as keys.yaml
+    (umask 077 && cat >"$LIVEKIT_DIR/livekit.yaml") <<EOF
 port: $port
 bind_addresses: ["127.0.0.1"]
 rtc:

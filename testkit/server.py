@@ -25,6 +25,22 @@ class Server:
     key: str
     secret: str
     redis: str = ""  # the server's Redis (host:port), where the workers mark the rooms they serve
+    redis_username: str = ""  # ... and the workers' user and password there (scripts/livekit.sh)
+    redis_password: str = ""
+
+    def redis_env(self) -> dict[str, str]:
+        """A worker's settings for the server's Redis (CHORUS_REDIS_URL, _USERNAME, _PASSWORD)."""
+        return {
+            "CHORUS_REDIS_URL": self.redis,
+            "CHORUS_REDIS_USERNAME": self.redis_username,
+            "CHORUS_REDIS_PASSWORD": self.redis_password,
+        }
+
+    def redis_client(self, name: str | None = None):
+        """A client of the server's Redis as the workers log in to it (agent/fleet/marks.py)."""
+        from agent.fleet.marks import redis_client
+
+        return redis_client(self.redis, name, username=self.redis_username, password=self.redis_password)
 
     @property
     def http_url(self) -> str:
@@ -64,8 +80,18 @@ def server_from_env(prog: str, *, confined: bool = False) -> Server:
         url,
         key,
         secret,
-        os.environ.get("CHORUS_TEST_LIVEKIT_REDIS") or os.environ.get("CHORUS_REDIS_URL", ""),
+        *redis_from_env(),
     )
+
+
+def redis_from_env() -> tuple[str, str, str]:
+    """The server's Redis, and the workers' user and password there: CHORUS_TEST_LIVEKIT_REDIS(_USERNAME,
+    _PASSWORD) as start_livekit exports them, else CHORUS_REDIS_URL(_USERNAME, _PASSWORD)."""
+    for prefix in ("CHORUS_TEST_LIVEKIT_REDIS", "CHORUS_REDIS_URL"):
+        if address := os.environ.get(prefix):
+            base = prefix.removesuffix("_URL")
+            return address, os.environ.get(f"{base}_USERNAME", ""), os.environ.get(f"{base}_PASSWORD", "")
+    return "", "", ""
 
 
 def token(server: Server, room: str, identity: str, agent_name: str | None = None, metadata: str = "") -> str:

@@ -112,7 +112,7 @@ class Worker:
             # capacity is the benchmarks' to measure
             "CHORUS_REFUSE_WHEN_OVERLOADED": "false",
             # the server's own Redis, where the workers mark the rooms they serve (agent/fleet/fleet.py)
-            "CHORUS_REDIS_URL": server.redis,
+            **server.redis_env(),
             **env,
         }
         self.env.pop("DATABASE_URL", None)

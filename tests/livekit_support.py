@@ -32,6 +32,8 @@ def require_livekit() -> Server:
         os.environ["CHORUS_TEST_LIVEKIT_API_KEY"],
         os.environ["CHORUS_TEST_LIVEKIT_API_SECRET"],
         os.environ.get("CHORUS_TEST_LIVEKIT_REDIS", ""),
+        os.environ.get("CHORUS_TEST_LIVEKIT_REDIS_USERNAME", ""),
+        os.environ.get("CHORUS_TEST_LIVEKIT_REDIS_PASSWORD", ""),
     )
 
 

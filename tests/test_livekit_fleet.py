@@ -298,7 +298,7 @@ def test_a_new_agent_finding_its_callers_room_closed_deletes_the_conversation_ke
     room; the job ends without an error."""
     from agent.fleet.carry import Conversation
     from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
-    from agent.fleet.marks import Keys, redis_client
+    from agent.fleet.marks import Keys
     from tools.store import open_store
 
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
@@ -310,7 +310,7 @@ def test_a_new_agent_finding_its_callers_room_closed_deletes_the_conversation_ke
 
     async def run(worker: Worker) -> tuple[str | None, str | None, int]:
         lk = api.LiveKitAPI(server.http_url, server.key, server.secret)
-        redis = redis_client(server.redis)
+        redis = server.redis_client()
         try:
             room = await lk.room.create_room(api.CreateRoomRequest(name=room_name, departure_timeout=6))
             if closed == "emptied":  # the caller was in the room, and hung up

@@ -64,7 +64,12 @@ func (c *common) check() error {
 
 // bus connects to the server's Redis: psrpc's message bus, as the server and a real bridge use it.
 func (c *common) bus(ctx context.Context) (psrpc.MessageBus, func(), error) {
-	rc := redis.NewClient(&redis.Options{Addr: c.redis})
+	// as the server's Redis user (scripts/livekit.sh's start_livekit exports it; empty: no password)
+	rc := redis.NewClient(&redis.Options{
+		Addr:     c.redis,
+		Username: os.Getenv("CHORUS_TEST_LIVEKIT_REDIS_SERVER_USERNAME"),
+		Password: os.Getenv("CHORUS_TEST_LIVEKIT_REDIS_SERVER_PASSWORD"),
+	})
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rc.Ping(pctx).Err(); err != nil {
