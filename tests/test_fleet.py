@@ -931,3 +931,50 @@ def test_a_worker_whose_presence_connection_fails_marks_its_rooms_still_and_says
         seen = asyncio.run(main())
     assert seen == [b"w-a AJ_1"] * 3
     assert sum("presence connection failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_workers_log_in_to_a_redis_behind_a_password_by_their_settings_or_its_url():
+    """A Redis that asks for a password: a worker's client logs in with CHORUS_REDIS_PASSWORD (winning over
+    a URL's own), or with a redis:// URL that carries it; without it, every command is refused."""
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "s3cret"],
+        stdout=subprocess.DEVNULL,
+    )
+    address = f"127.0.0.1:{port}"
+
+    async def main():
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        said = {}
+        for how, client in {
+            "settings": marks.fleet_redis(AgentSettings(redis_url=address, redis_password="s3cret")),
+            "url": marks.fleet_redis(AgentSettings(redis_url=f"redis://:s3cret@{address}")),
+            "settings over url": marks.fleet_redis(
+                AgentSettings(redis_url=f"redis://:wrong@{address}", redis_password="s3cret")
+            ),
+            "none": marks.fleet_redis(AgentSettings(redis_url=address)),
+        }.items():
+            try:
+                said[how] = await client.set("chorus:desk:live:RM_x", "w-a AJ_1")
+            except (AuthenticationError, ResponseError) as e:
+                said[how] = str(e).split()[0]
+            finally:
+                await client.aclose()
+        return said
+
+    try:
+        said = asyncio.run(main())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert said == {"settings": True, "url": True, "settings over url": True, "none": "Authentication"}

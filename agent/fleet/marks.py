@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partialmethod
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -25,7 +26,9 @@ def redis_client(url: str, name: str | None = None, *, username: str = "", passw
     if "://" not in url:
         url = f"redis://{url}"
     extra: dict[str, Any] = {"client_name": name, "single_connection_client": True} if name else {}
-    if password:
+    if password:  # these win over the URL's own (redis-py takes the URL's first)
+        parts = urlsplit(url)
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         extra.update(password=password, username=username or None)
     return Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0, **extra)
 
