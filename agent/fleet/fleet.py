@@ -15,6 +15,11 @@ found no worker, each leaves its caller in silence until they hang up.
   its LiveKit node died, its host lost the network) sets `...:down:<room sid>` to its job id while it lasts:
   its worker's mark no longer counts, and the room is alone. When the connection is back and another job has
   marked the room meanwhile, this one leaves: the room has its new agent (`watch_link`).
+- **Believed.** A mark is anyone's to write who can write to Redis, while only the server puts an agent in a
+  room: a live mark counts while LiveKit lists its job's agent in the room (or for its first JOIN_S), a down
+  mark only while LiveKit does not, and a room whose live mark names a job LiveKit does not know is its
+  agent's still while an agent of one of the room's jobs is in it (agent/fleet/agreed.py). So a mark forged
+  by hand neither makes a call's agent leave nor swaps it.
 - **Alone.** Every SWEEP_S each worker lists the server's rooms; a room of this agent (served, or with a
   dispatch of its name) with no live mark (or the mark of a job that is down) and a caller (a standard or SIP
   participant) is alone if it was served, or if its caller has waited FIRST_AGENT_S for the server's own
