@@ -208,6 +208,40 @@ def test_a_process_hung_inside_a_write_leaves_bookings_a_bounded_busy_and_new_ro
         assert store.transact(lambda tx: tx.conversation("RM_hung")) is None  # the hung write never landed
 
 
+EXCLUSIVE = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("PRAGMA locking_mode = EXCLUSIVE")  # readers shut out too, as no room's process does
+    conn.execute("BEGIN EXCLUSIVE")
+    conn.execute("INSERT INTO conversations (room_sid, state, updated_at) VALUES ('RM_hung', '{}', '2030')")
+    print("holding", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_a_rooms_open_shut_out_by_another_process_is_a_bounded_store_error(tmp_path):
+    from tools.store.sqlite import SqliteStore
+
+    with hotel_support.seeded_store("sqlite", tmp_path) as store:
+        db = store.path  # type: ignore[attr-defined]
+    holder = subprocess.Popen([sys.executable, "-c", EXCLUSIVE, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        start = time.monotonic()
+        with pytest.raises(StoreError) as refused:
+            SqliteStore(db, busy_timeout_s=0.5, migrate=False)
+        took_s = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    print(f"\nrefused after {took_s:.2f} s: {refused.value}")
+    assert type(refused.value) is StoreError
+    assert "stayed locked by another process for 0.5 s" in str(refused.value)
+    assert took_s < 3.0
+
+
 def test_a_duplicate_key_is_told_as_a_duplicate_at_once_not_busy(tmp_path):
     with hotel_support.seeded_store("sqlite", tmp_path) as store:
         code = hotel_support.hotel(store).call("book_room", booking(), session="s1")["confirmation_code"]

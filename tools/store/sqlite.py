@@ -161,6 +161,12 @@ class SqliteStore(Store):
         self._pool = Pool(self._connect, size=pool_size, wait_s=wait_s, healthy=self._healthy)
         try:
             self.migrate() if migrate else self.check_schema()
+        except Busy:
+            self._pool.close()
+            raise StoreError(
+                f"the booking database {self.path} stayed locked by another process for "
+                f"{busy_timeout_s:g} s while it was opened; try again"
+            ) from None
         except BaseException:
             self._pool.close()
             raise
