@@ -126,6 +126,8 @@ class RemoteEngine:
                     break
             reply = read_line(sock, buf)
             raise_error(reply)
+            if reply.get("op") == "refused":
+                raise EngineClosed(f"the engine refused the session ({str(reply.get('why', ''))[:200]})")
             if reply.get("op") != "opened" or len(fds) != 2:
                 raise EngineClosed(f"the engine answered {reply.get('op')!r} to open")
         except BaseException:

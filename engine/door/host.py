@@ -17,7 +17,10 @@ pickle or socket per frame. What is left crosses the socket as one JSON object a
   `drain`.
 
 What the door answers to each message is engine/door/host_ops.py's; the socket, its connections, their
-keys and what is sent on them are this module's.
+keys and what is sent on them are this module's. The door's thread never waits on a connection: what it sends
+is queued per connection and sent as the socket takes it (the answer to `open` with its two descriptors on
+its first byte), and a connection that lets more than MAX_QUEUED wait is closed; a session is opened (its
+prompt tokenised) on an opener thread, and its answer comes back to the door's thread.
 
 Who may connect, with which key, and ask for what is engine/door/gate.py's: a process of another user is
 closed as it connects, one without a key within 2 s is closed, the rooms' key opens sessions and the worker's
