@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -84,13 +85,14 @@ class Ticker:
         self.thread.join(HANG_S)
 
 
-def test_a_room_that_never_reads_stalls_neither_another_call_nor_the_worker(hosted):
+def test_a_room_that_never_reads_stalls_neither_another_call_nor_the_worker(hosted, caplog):
     """Three connections with the rooms' key each send 3 MiB of `hello`s without reading an answer, then an
     `open`, and stay. Meanwhile a call speaks turn after turn (each forced as the last one ends: its events
     cross the door, and its frames wait for them) and the worker asks for the load again and again: the call
     gets its frames at the tick's cadence, each of its words within a second of its tick, and every question
-    is answered within a second."""
+    is answered within a second. The three are closed, and the log says so by their role alone."""
     engine, host = hosted
+    caplog.set_level(logging.WARNING, "chorus.engine.host")
     worker = EngineControl(host.address, host.keys.control)
     hello = encode({"op": "hello"})
     flood = hello * ((3 << 20) // 380)  # a hello's answer is some 380 bytes: 3 MiB of answers
@@ -137,6 +139,7 @@ def test_a_room_that_never_reads_stalls_neither_another_call_nor_the_worker(host
             # a word reaches the room as soon as its tick wrote it (a frame with text wakes the room at once)
             words = [t - ticker.at[k] for t, k, text in frames if text and started <= t <= ended]
             attack.join(HANG_S)
+            assert len(engine.pool.sessions) == 1  # the call's alone
             return waits, got, ticked, words, held
         finally:
             listening.cancel()
@@ -152,6 +155,9 @@ def test_a_room_that_never_reads_stalls_neither_another_call_nor_the_worker(host
     assert max(waits) < ANSWER_S
     assert got >= 0.75 * ticked > 0
     assert len(words) >= 5 and max(words) < ANSWER_S
+    assert host.stats["dropped_connections"] == 3
+    lines = [r.getMessage() for r in caplog.records if "stopped reading" in r.getMessage()]
+    assert lines == ["a room connection stopped reading the door's answers; 1 closed"]
     assert host.alive
 
 
