@@ -64,10 +64,11 @@ OPS = {cls: op for op, cls in (*REQUESTS.items(), *CONTROLS.items())}
 JOB_MAX = 200  # characters in the name of a job an admission is for
 # a session's own part of its prompt (`open`'s context): the largest a carried call makes
 # (agent/fleet/carry.py: 24 turns of 600 characters, 12 tool calls of up to 3,000, the template) is about
-# 52,000 characters and some 15,000 positions; each position is prefilled in the slot's slack, 64 a tick, so
-# the caps leave room for that and no more
+# 53,000 characters, some 15,000 positions with the release's tokenizer and 29,000 with the tiny preset's
+# (1.8 characters a token); each position is prefilled in the slot's slack, 64 a tick, so the caps leave room
+# for that and no more
 MAX_CONTEXT_CHARS = 65_536
-MAX_CONTEXT_TOKENS = 24_576
+MAX_CONTEXT_TOKENS = 32_768
 REASONS_MAX = 8  # reasons in the fleet's counts
 FORCE_MAX = 4096  # teacher-forced tokens in one request
 PRIVATE_MAX = 64  # terms kept private in one request (more are dropped)
