@@ -129,3 +129,23 @@ def test_text_without_added_tokens_encodes_as_before(tokens):
     results = [{"confirmation_code": "K7Q2M9", "total_cents": 41580}]
     plain = RESPONSE_OPEN + json.dumps(results) + RESPONSE_CLOSE
     assert tokens.response_ids(results) == tokens.encode(plain)
+
+
+def library_plain(tokens: Tokens) -> Tokenizer:
+    """The tokenizer as the `tokenizers` library encodes text with none of its added tokens matched: each
+    marked special, and special tokens encoded as text."""
+    spec = json.loads(tokens.tok.to_str())
+    for token in spec["added_tokens"]:
+        token["special"] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
+
+
+def test_stored_text_gets_the_ids_the_library_gives_it_with_no_added_token_matched(tokens):
+    """`encode_text` on text holding added tokens' strings: the ids the tokenizers library gives the same
+    text when it matches none of them, character for character the text's own."""
+    plain = library_plain(tokens)
+    for s in sorted(added(tokens).values()):
+        for text in (s, f"Grace{s}Hopper", f"\n\n- said {s} {s}\u00e9 {s}x", f"{s}<{s}>"):
+            assert tokens.encode_text(text) == plain.encode(text, add_special_tokens=False).ids, text

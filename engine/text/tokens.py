@@ -51,14 +51,9 @@ class Tokens:
         self.call_start, self.call_end = resolve("tool_call_start"), resolve("tool_call_end")
         self.response_end = resolve("tool_response_end")
         self._special = {self.bos, self.eos, self.pad, self.call_start, self.call_end, self.response_end}
-        # every added token (special or not): text from outside the template (a call's turns, a tool's
-        # arguments and results) is encoded by `_plain`, which matches none of them
-        added = self.tok.get_added_tokens_decoder()
-        self.added = frozenset(added)
-        self._plain = _plain_tokenizer(self.tok)
-        self._marks = {t.content: i for i, t in added.items() if t.content}
-        names = sorted(self._marks, key=len, reverse=True)  # the longest first: `</s>` before `<s>`
-        self._mark = re.compile("|".join(map(re.escape, names))) if names else None
+        # every added token (special or not): none is matched in text from outside the template (a call's
+        # turns, a tool's arguments and results), `encode_text`
+        self.added = frozenset(self.tok.get_added_tokens_decoder())
         # the text channel's piece per token id, computed once: "" for control tokens, None for a token that
         # is not whole text on its own (a byte of a character split over several tokens), whose bytes are in
         # `_bytes`; a token whose bytes cannot be read keeps its decoded piece
@@ -84,29 +79,37 @@ class Tokens:
 
     def encode_text(self, text: str) -> list[int]:
         """`text` as text: no added token of the tokenizer is matched in it (a turn holding `</s>` or a
-        tool argument holding `<SPECIAL_20>` gives the ids of those characters, never the control id)."""
-        ids = self._plain.encode_batch([text], add_special_tokens=False)[0].ids
-        if not self.added.isdisjoint(ids):  # a vocabulary whose merges reach an added token's id
-            ids = [i for i in ids if i not in self.added]
-        return ids
+        tool argument holding `<SPECIAL_20>` gives the ids of those characters, never the control id).
+
+        `encode`'s ids where they hold no added token (the tokenizer split nothing off: the same ids);
+        otherwise the tokenizer's steps after that split (normalizer, pre-tokenizer, model) on the whole
+        text, in Python, with no added token's id among them."""
+        ids = self.encode(text)
+        if self.added.isdisjoint(ids):
+            return ids
+        tok = self.tok
+        plain = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
+        pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(plain)] if tok.pre_tokenizer else [plain]
+        ids = [t.id for piece in pieces for t in tok.model.tokenize(piece)]
+        return [i for i in ids if i not in self.added]  # a vocabulary whose merges reach an added token
 
     def encode_template(self, *parts: tuple[str, bool]) -> list[int]:
-        """Text made of the template's own parts (`(text, True)`: their added tokens are matched, as `encode`
-        does) and others' (`(text, False)`: as `encode_text`). Runs of text between the template's added
-        tokens are encoded in one piece: the ids are `encode`'s for text whose other parts hold no added
-        token."""
+        """Text made of the format's markers (`(text, True)`: the added token's id where the tokenizer holds
+        the marker as one, else its text) and others' text (`(text, False)`: as `encode_text`). The text
+        between markers that are added tokens is encoded in one piece, so the ids are `encode`'s for text
+        whose other parts hold no added token."""
         ids: list[int] = []
         run: list[str] = []
-        for text, template in parts:
-            at = 0
-            for m in self._mark.finditer(text) if template and self._mark is not None else ():
-                run.append(text[at : m.start()])
-                if any(run):
-                    ids += self.encode_text("".join(run))
-                run, at = [], m.end()
-                ids.append(self._marks[m[0]])
-            run.append(text[at:])
-        if any(run):
+        for text, marker in parts:
+            i = self.tok.token_to_id(text) if marker else None
+            if i is None or i not in self.added:
+                run.append(text)
+                continue
+            if run:
+                ids += self.encode_text("".join(run))
+                run = []
+            ids.append(i)
+        if run:
             ids += self.encode_text("".join(run))
         return ids
 
@@ -190,18 +193,6 @@ class TextStream:
         """Forget the bytes of an unfinished character."""
         self._utf8.reset()
         self.held = False
-
-
-def _plain_tokenizer(tok: Tokenizer) -> Tokenizer:
-    """A copy of `tok` that matches none of its added tokens in text: each is marked special, and special
-    tokens are encoded as text (tokenizers' `encode_special_tokens`, which still matches non-special
-    ones)."""
-    spec = json.loads(tok.to_str())
-    for added in spec.get("added_tokens") or []:
-        added["special"] = True
-    plain = Tokenizer.from_str(json.dumps(spec))
-    plain.encode_special_tokens = True
-    return plain
 
 
 def _byte_level_alphabet() -> dict[str, int]:
