@@ -26,7 +26,7 @@ TOOLS = [
 # not marked special), beside many more numbered ones than the tiny tokenizer's
 NAMED = ["<TOOLCALL>", "</TOOLCALL>", "<TOOL_RESPONSE>", "</TOOL_RESPONSE>", "<AVAILABLE_TOOLS>"]
 NAMED += ["</AVAILABLE_TOOLS>", "<think>", "</think>", "[INST]", "[/INST]", "<pad>", "<|im_end|>"]
-NOT_SPECIAL = ["<SRT>", "<extra_0>", "   "]
+NOT_SPECIAL = ["<SRT>", "<extra_0>", "   ", "\u2603"]  # one of a single character (☃)
 
 
 def tiny() -> Tokens:
@@ -72,8 +72,8 @@ def test_every_added_tokens_string_in_every_stored_field_is_text_in_the_resumed_
             tools=[
                 {
                     "name": f"find{s}",
-                    "arguments": json.dumps({"guest_name": f"a{s}b"}),
-                    "output": json.dumps({"error": f"no guest {s}"}),
+                    "arguments": json.dumps({"guest_name": f"a{s}b"}, ensure_ascii=False),
+                    "output": json.dumps({"error": f"no guest {s}"}, ensure_ascii=False),
                     "is_error": True,
                 }
                 for s in chunk
@@ -107,7 +107,12 @@ def test_a_tool_calls_arguments_and_results_are_text_on_the_function_channel(tok
     results = [{"guest_name": s, "note": f"x{s}y"} for s in strings]
     calls = [{"name": f"book{s}", "arguments": {"guest_name": s}} for s in strings]
     for ids, (open_, close), body, ends in (
-        (tokens.response_ids(results), (RESPONSE_OPEN, RESPONSE_CLOSE), json.dumps(results), 0),
+        (
+            tokens.response_ids(results),
+            (RESPONSE_OPEN, RESPONSE_CLOSE),
+            json.dumps(results, ensure_ascii=False),
+            0,
+        ),
         (tokens.call_ids(calls), (CALL_OPEN, CALL_CLOSE), json.dumps(calls), 1),
     ):
         if ends:  # the call's own start and end
@@ -142,10 +147,13 @@ def library_plain(tokens: Tokens) -> Tokenizer:
     return plain
 
 
-def test_stored_text_gets_the_ids_the_library_gives_it_with_no_added_token_matched(tokens):
-    """`encode_text` on text holding added tokens' strings: the ids the tokenizers library gives the same
-    text when it matches none of them, character for character the text's own."""
+def test_stored_text_gives_its_own_characters_and_no_added_token(tokens):
+    """`encode_text` on text holding added tokens' strings: ids that are the text's characters and no added
+    token's, the ids the tokenizers library gives the same text when it matches none of them."""
     plain = library_plain(tokens)
+    ids_of = set(added(tokens))
     for s in sorted(added(tokens).values()):
-        for text in (s, f"Grace{s}Hopper", f"\n\n- said {s} {s}\u00e9 {s}x", f"{s}<{s}>"):
-            assert tokens.encode_text(text) == plain.encode(text, add_special_tokens=False).ids, text
+        for text in (s, f"Grace{s}Hopper", f"\n\n- said {s} {s}\u00e9 {s}x", f"{s}<{s}>", s[:-1] + s + s[-1]):
+            ids = tokens.encode_text(text)
+            assert (tokens.decode(ids), ids_of.intersection(ids)) == (text, set()), text
+            assert ids == plain.encode(text, add_special_tokens=False).ids, text
