@@ -35,7 +35,7 @@ def demo(preset: str, sessions: int, seconds: float, device_name: str | None) ->
         tool_latency_s=0.3,
         call_every_s=2.0,
     )
-    r.pop("live_series_ms")
+    r.pop("tick_series")
     print(
         f"live step p50 {r['live_ms_p50']} ms, p99 {r['live_ms_p99']} ms (tick: {TICK_MS:g} ms); "
         f"missed deadlines {r['missed_deadlines']}; tool calls {r['tool_calls']} "

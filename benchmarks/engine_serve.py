@@ -16,7 +16,9 @@ import time
 import numpy as np
 import torch
 
-from engine.api import FunctionCall, Output, ToolResultConsumed
+from benchmarks.scripted_serve import main_scripted
+from benchmarks.tick_accounting import PlayoutGaps, plot_ticks
+from engine.api import AudioFrame, FunctionCall, Output, ToolResultConsumed
 from engine.observe.metrics import pct
 from engine.sizing.presets import load_preset
 from engine.tick.engine import Engine, EngineConfig
@@ -60,6 +62,7 @@ class _Workload:
         result_tokens: int,
         tool_latency_s: float,
         call_every_s: float,
+        playout_lead_ms: float = 80.0,
     ) -> None:
         self.e = engine
         self.call_ids = _call_of_length(engine, call_tokens)
@@ -67,6 +70,7 @@ class _Workload:
         self.latency = tool_latency_s
         self.every = call_every_s
         self.frames_out = [0] * sessions
+        self.gaps = PlayoutGaps(playout_lead_ms, engine.tick_ms)
         self.resumed: list[float] = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -88,8 +92,9 @@ class _Workload:
                     with self.lock:
                         self.resumed.append(item.resume_ms)
                     self.next_call[i] = time.monotonic() + self.every
-                else:
+                elif isinstance(item, AudioFrame):
                     self.frames_out[i] += 1
+                    self.gaps.frame(i, item.tick, time.monotonic())
 
         return sink
 
@@ -127,10 +132,12 @@ def run_workload(
     tool_latency_s: float,
     call_every_s: float,
     progress: bool = True,
+    playout_lead_ms: float = 80.0,
 ) -> dict:
     with Engine(cfg) as engine:
         w = _Workload(
-            engine, sessions, tool_sessions, call_tokens, result_tokens, tool_latency_s, call_every_s
+            *(engine, sessions, tool_sessions, call_tokens, result_tokens, tool_latency_s, call_every_s),
+            playout_lead_ms,
         )
         feeder = threading.Thread(target=w.feed, name="bench-feeder", daemon=True)
         feeder.start()
@@ -170,7 +177,9 @@ def run_workload(
             "tool_call_ticks_max": max(a.tool_call_ticks, default=0),
             "result_prefill_ms_p50": pct(w.resumed, 50),
             "frames_out": sum(w.frames_out),
-            "live_series_ms": list(a.live_ms),
+            "audible_gaps": w.gaps.report(list(range(sessions))),
+            "accounting": engine.ticker.ledger.report(),
+            "tick_series": engine.ticker.ledger.series(),
         }
 
 
@@ -188,26 +197,6 @@ def naive_live_ms(cfg: EngineConfig, sessions: int, ticks: int = 8) -> float:
                 p.live_step(audio, active, minus, minus)
             ms.append((time.perf_counter() - t) * 1e3)
         return pct(ms[1:], 50)
-
-
-def plot(series: list[float], path: str, title: str, frame_ms: int) -> None:
-    """The live step of each tick against the frame budget (`frame_ms`, one tick each)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise SystemExit(f"--plot needs matplotlib ({e})") from None
-    fig, ax = plt.subplots(figsize=(10, 4))
-    ax.plot(np.arange(len(series)) * frame_ms / 1000, series, lw=0.7, label="live step")
-    ax.axhline(frame_ms, color="red", ls="--", label=f"{frame_ms} ms deadline")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("ms")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def serve(args) -> dict:
@@ -230,6 +219,7 @@ def serve(args) -> dict:
         result_tokens=-args.result_chars if args.result_chars else args.result_tokens,
         tool_latency_s=args.tool_latency_ms / 1000,
         call_every_s=args.call_every_s,
+        playout_lead_ms=args.playout_lead_ms,
     )
     if args.sweep:
         return sweep(base, args, common)
@@ -258,10 +248,11 @@ def serve(args) -> dict:
         )
         print("naive per-session baseline...", flush=True)
         naive = naive_live_ms(base, args.sessions)
+    series = main.pop("tick_series")
+    cadence.pop("tick_series", None)
     if args.plot:
         title = f"{args.sessions} sessions, {args.tool_sessions} with tools"
-        plot(main["live_series_ms"], args.plot, title, load_preset(args.preset).clock.frame_ms)
-    series = main.pop("live_series_ms")
+        plot_ticks(series, args.plot, title, load_preset(args.preset).clock.frame_ms)
     print(
         f"ticks {main['ticks']}, live step p50 {main['live_ms_p50']} ms p99 {main['live_ms_p99']} ms, "
         f"missed deadlines {main['missed_deadlines']}, dropped frames {main['dropped_frames']}"
@@ -278,7 +269,7 @@ def serve(args) -> dict:
         "seconds": args.seconds,
         "result_chars": args.result_chars,
         **main,
-        "tick_series_len": len(series),
+        "tick_series_len": len(series["live"]),
         "cadence_tool_call_ticks_p50": cadence["tool_call_ticks_p50"],
         "cadence_tool_call_ms_p50": cadence["tool_call_ms_p50"],
         "cadence_result_prefill_ms_p50": cadence["result_prefill_ms_p50"],
@@ -359,7 +350,15 @@ def add_arguments(p) -> None:
     p.add_argument("--checkpoint", default=None, help="the release folder (model.safetensors, config.json)")
     p.add_argument("--tokenizer", default=None, help="the Nano-9B-v2 tokenizer.json or its folder")
     p.add_argument("--speaker", default=None, help="speaker latent of the checkpoint (default: Aria)")
-    p.add_argument("--plot", default=None, help="draw tick time over the run to this PNG")
+    p.add_argument("--plot", default=None, help="draw every tick's parts, stacked, to this PNG")
+    p.add_argument(
+        "--device-costs",
+        default=None,
+        help="run on the scripted device with these costs (e.g. benchmarks/device_costs/h100.json), "
+        "--seconds of simulated time",
+    )
+    p.add_argument("--side-scale", type=float, default=1.0, help="scripted device: side work's costs x this")
+    p.add_argument("--playout-lead-ms", type=float, default=80.0, help="the callers' playout lead")
     p.add_argument("--sweep", action="store_true", help="find the most sessions with zero missed deadlines")
     p.add_argument("--sweep-seconds", type=float, default=15.0)
     p.add_argument("--sweep-max", type=int, default=4096, help="the sweep tries no more sessions than this")
@@ -369,6 +368,6 @@ def add_arguments(p) -> None:
 
 
 def main_serve(args) -> int:
-    out = serve(args)
+    out = main_scripted(args) if args.device_costs else serve(args)
     print(json.dumps(out))
     return 0

@@ -91,7 +91,7 @@ def limits(cfg: EngineConfig, model_cfg: ModelConfig) -> Limits:
 def warm_up(model: Model, runner: Runner, scheduler: Scheduler, clock: Callable[[], float]) -> None:
     """Run the live step and each bucket of tool-call steps once on the scratch rows (capturing their graphs
     on CUDA) so that the cost model starts from measurements, capture the other slack buckets' graphs on
-    CUDA; then fresh state."""
+    CUDA and time each on the device (CUDA events); then fresh state."""
     p, device = model.pipeline, model.device
     S = p.num_slots
     idle = torch.zeros(S, dtype=torch.bool, device=device)
@@ -113,4 +113,7 @@ def warm_up(model: Model, runner: Runner, scheduler: Scheduler, clock: Callable[
             t = clock()
             n = runner.prepare_slack(scheduler.limits.max_chunk)
             log.info("captured %d slack-work graphs in %.1f s", n, clock() - t)
+            # each bucket's device time once, so that no piece starts in a tick on a guess
+            for key, ms in runner.time_slack(scheduler.limits.max_chunk):
+                scheduler.costs.observe(*key, ms)
     p.prepare()

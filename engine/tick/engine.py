@@ -39,6 +39,7 @@ from engine.tick.runner import Runner
 from engine.tick.scheduler import Scheduler
 from engine.tick.session import Session
 from engine.tick.slots import FrameInbox, SlotPool
+from engine.tick.ticker import Ticker
 from engine.tick.warm import warm_prompts
 from redaction import mask_numbers, warm_redaction
 
@@ -81,7 +82,10 @@ class Engine:
         )
         self.acct = Accounting()
         self._max_backlog = max(1, int(cfg.max_backlog_s * 1000 / frame_clock.frame_ms))
-        self.headroom = Headroom(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio)
+        self.headroom = Headroom(
+            *(self.acct, self.tick_ms, cfg.overload_ratio, cfg.recover_ratio),
+            slips=lambda: sum(self.scheduler.slipped),
+        )
         # ticks start soon after the frames they take arrive (the fixed-buffer baseline leaves them where they
         # fell)
         self.phase = TickPhase(self.tick_ms / 1000, step_s=0.0 if cfg.fixed_buffers else STEP_S)
@@ -101,6 +105,10 @@ class Engine:
         if cfg.echo:
             also = "; the checkpoint's model runs, but the agent only echoes" if cfg.checkpoint else ""
             log.warning("echo mode: every caller hears their own audio back (measurement only)%s", also)
+        self.ticker = Ticker(
+            *(self.pool, self.scheduler, self.runner, self.acct, cfg, clock, self._stop),
+            *(self.phase, self.priority, self.observers),
+        )
         build.warm_up(model, self.runner, self.scheduler, clock)
         freeze_long_lived(again=True)  # the model lives until close (close drops it)
         publish(lambda: snapshot.figures(self))  # what /metrics reads at a scrape
@@ -278,67 +286,15 @@ class Engine:
         )
 
     def run_tick(self, k: int, deadline: float, due: float | None = None) -> None:
-        """One tick: the live step, then paused work (tool calls, prefills, catch-up) until `deadline` minus
-        the safety margin or for `reserve_ms`, whichever is later, then whatever is owed this tick whatever
-        the time: the progress guarantee. Work past the deadline is counted (`overruns`). `due`: when the
+        """One tick (engine/tick/ticker.py): the live step, then paused work (tool calls, prefills, catch-up)
+        where its device time fits before `deadline` minus the safety margin or within `reserve_ms`,
+        whichever is later, what is owed this tick first; a tick whose live step left no slack runs what is
+        owed whole (the progress guarantee); then the fence. Work past the deadline is counted (`overruns`)
+        and accounted (`ticker.ledger`). `due`: when the
         tick was due to start (it may start earlier, its frames all in; default: when it starts), which the
         frames' leads are measured against (engine/tick/phase.py)."""
-        clock, sch = self.clock, self.scheduler
-        t_start = clock()
         self.tick = k
-        # schedule: this tick's sessions, the results that came in, the live batch
-        reset, sessions, freed = self.pool.begin_tick()
-        self._heard = sessions  # whose frames the next tick may start early for (`frames_in`)
-        for s in freed:
-            self.acct.closed_dropped += s.inbox.dropped
-            self.acct.closed_skipped += s.inbox.skipped
-        tick = sch.begin_tick(k, sessions, freed, t_start)
-        sch.poll(tick, t_start)
-        plan = sch.plan_live(tick, reset)
-        heard = plan.live if plan.quiet is None else plan.live & ~plan.quiet
-        if plan.late:
-            self.phase.missed()
-        self.phase.observe((t_start if due is None else due) - plan.arrived[heard])
-        # execute and update: one batched live step for every live slot, its frames out to their sessions
-        result = self.runner.live(plan)
-        for observer in self.observers:
-            observer.live(tick, plan, result)
-        sch.apply_live(tick, plan, result)
-        t_live = clock()
-        self.acct.record_heard(plan, heard, t_live)
-        for observer in self.observers:
-            observer.sent(t_live)
-        # paused work (tool-call tokens, prefills, catch-up): what fits before the deadline, then what is owed
-        until = max(deadline - self.config.safety_margin_ms / 1000, t_live + self.config.reserve_ms / 1000)
-        cadence = self.config.cadence_locked_tools
-        skip: frozenset[str] = frozenset()
-        served: frozenset[str] = frozenset()
-        while not self._stop.is_set():
-            now = clock()
-            sch.poll(tick, now)
-            budget_ms = (until - now) * 1e3
-            work = sch.next_tool_work(tick, budget_ms, skip, served) if budget_ms > 0 else None
-            if work is None:
-                work = sch.owed_work(tick)
-                if work is None:
-                    break
-                self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
-            self.priority.relax()  # paused work takes turns with the rooms
-            served = served | {work.kind}
-            if cadence and work.kind in ("call", "result"):
-                skip = skip | {work.kind}
-            t = clock()
-            res = self.runner.tool(work)
-            done = sch.apply_tool(tick, work, res, (clock() - t) * 1e3)
-            for slot, key in done.saves:
-                self.runner.save_prompt(slot, key)
-            for call_ms, ticks in done.calls:
-                self.acct.record_call(call_ms, ticks)
-        self.priority.restore()
-        t_end = clock()
-        self.acct.record_tick(
-            (t_live - t_start) * 1e3, (t_end - t_start) * 1e3, t_live > deadline, t_end > deadline
-        )
+        self._heard = self.ticker.run(k, deadline, due)  # whose frames the next tick may start early for
 
     # -- observation and shutdown -----------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ Knows times and counts; knows nothing of the model or of sessions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from engine.api import EngineOverloaded
@@ -23,8 +25,17 @@ class Headroom:
     below `recover_ratio` with misses (nearly) stopped. The p95 rather than the max-like p99 of 100 ticks: one
     collector pause must not turn callers away; sustained lateness shows in the missed deadlines."""
 
-    def __init__(self, acct: Accounting, tick_ms: float, overload_ratio: float, recover_ratio: float) -> None:
-        self.acct, self.tick_ms = acct, tick_ms
+    def __init__(
+        self,
+        acct: Accounting,
+        tick_ms: float,
+        overload_ratio: float,
+        recover_ratio: float,
+        slips: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """`slips`: how many of the recent ticks found a session past a bound (a prompt not live, a result
+        not prefilled, in time): the slack no longer holds the bounds, and no session is taken on."""
+        self.acct, self.tick_ms, self.slips = acct, tick_ms, slips
         self.overload_ratio, self.recover_ratio = overload_ratio, recover_ratio
         self._overloaded = False
         self.refused = 0  # sessions refused for lack of headroom
@@ -37,7 +48,7 @@ class Headroom:
     def overloaded(self) -> bool:
         if len(self.acct.live_ms) < OVERLOAD_MIN_TICKS:
             return self._overloaded
-        p95, missed = self.recent_p95(), sum(self.acct.recent_missed)
+        p95, missed = self.recent_p95(), sum(self.acct.recent_missed) + self.slips()
         if self._overloaded:
             self._overloaded = p95 > self.recover_ratio * self.tick_ms or missed > OVERLOAD_MISSES // 2
         else:
@@ -55,6 +66,6 @@ class Headroom:
             raise self.refuse(
                 f"no headroom: the live step's recent p95 is {self.recent_p95():.0f} ms of the "
                 f"{self.tick_ms:g} ms tick, {sum(self.acct.recent_missed)} of the last "
-                f"{len(self.acct.recent_missed)} ticks late; "
+                f"{len(self.acct.recent_missed)} ticks late, {self.slips()} past a session's bound; "
                 "route the caller to another worker or retry later"
             )

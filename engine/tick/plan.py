@@ -4,11 +4,13 @@ bound each phase, and the cost model that decides what fits in a tick's slack.""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
 
+from engine.tick.buckets import work_buckets
 from engine.tick.session import Session
 
 WorkKind = Literal["call", "result", "replay", "prompt"]
@@ -128,15 +130,20 @@ class SlackOutcome:
 
 @dataclass
 class CostModel:
-    """Predicted milliseconds per piece of slack work, learned from measurements per kind and shape: an EMA of
-    the cost plus two EMAs of its deviation, so a noisy machine plans with a margin without one outlier
-    locking the estimate high."""
+    """Predicted device milliseconds per piece of slack work, learned per kind and shape (rows padded to a
+    power of two, positions) from the device time of every piece run (engine/tick/device_time.py: CUDA
+    events on a GPU, never the time to launch it) and of each bucket at warm-up: a high percentile
+    (`quantile`) of the last `window` measurements, so a piece starts only where its slow runs fit too, and
+    one outlier ages out of the window instead of locking the estimate high."""
 
     default_ms: float = 5.0
-    alpha: float = 0.2
+    quantile: float = 95.0
+    window: int = 64
     table: dict[tuple[str, int, int], float] = field(default_factory=dict)  # the prediction per shape
-    _mean: dict[tuple[str, int, int], float] = field(default_factory=dict)
-    _dev: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    _seen: dict[tuple[str, int, int], deque[float]] = field(default_factory=dict)
+    _raw: dict[tuple[str, int, int], float] = field(default_factory=dict)  # each bucket's own measurements
+    _ratios: dict[str, deque[float]] = field(default_factory=dict)
+    _drift: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def _key(kind: str, b: int, t: int) -> tuple[str, int, int]:
@@ -144,6 +151,11 @@ class CostModel:
         return kind, bucket, t
 
     def predict(self, kind: str, b: int, t: int = 1) -> float:
+        """A piece of `kind` over `b` rows and `t` positions: the sum of the buckets it runs
+        (engine/tick/buckets.py)."""
+        return sum(self.bucket(*key) for key in work_buckets(kind, b, t))
+
+    def bucket(self, kind: str, b: int, t: int = 1) -> float:
         """Measured cost of the same kind and shape, else the nearest measured shape scaled by work units."""
         key = self._key(kind, b, t)
         if key in self.table:
@@ -156,11 +168,30 @@ class CostModel:
         return ref_ms * units / ref_units
 
     def observe(self, kind: str, b: int, t: int, ms: float) -> None:
+        """One measurement of bucket (kind, b, t). A bucket predicts the larger of its window's percentile
+        and its last RECENT measurements, so a device that turned slower is planned for at once; and every
+        bucket of the kind is scaled by the median of the kind's last DRIFT measurements over their buckets'
+        own predictions (when above 1), so buckets not measured since are planned slower too (they run on
+        the same device). A median of ratios, not a product: one slow outlier moves nothing."""
         key = self._key(kind, b, t)
-        if key not in self._mean:
-            self._mean[key], self._dev[key] = ms, 0.0
-        else:
-            mean = self._mean[key]
-            self._dev[key] += self.alpha * (abs(ms - mean) - self._dev[key])
-            self._mean[key] = mean + self.alpha * (ms - mean)
-        self.table[key] = self._mean[key] + 2 * self._dev[key]
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = deque(maxlen=self.window)
+        prior = self._raw.get(key)
+        if prior is not None and prior > 0:
+            ratios = self._ratios.get(kind)
+            if ratios is None:
+                ratios = self._ratios[kind] = deque(maxlen=DRIFT)
+            ratios.append(ms / prior)
+            self._drift[kind] = max(1.0, float(np.median(ratios)))
+        seen.append(ms)
+        recent = max(seen[i] for i in range(-min(RECENT, len(seen)), 0))
+        self._raw[key] = max(float(np.percentile(seen, self.quantile)), recent)
+        drift = self._drift.get(kind, 1.0)
+        for other, raw in self._raw.items():
+            if other[0] == kind:
+                self.table[other] = raw * drift
+
+
+RECENT = 4  # a bucket's last measurements that its prediction never falls below
+DRIFT = 8  # a kind's last measurements whose ratios to their predictions scale the kind's buckets

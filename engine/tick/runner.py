@@ -20,9 +20,13 @@ import numpy as np
 import torch
 
 from engine.model.pipeline import PROMPT_STAGES, LiveOutput, Pipeline, all_inactive
-from engine.tick.graph import StepGraph, StepGraphs, pow2_at_least, pow2_pieces
+from engine.tick.buckets import MAX_PREFILL_ROWS, longest_prefill_piece, prefill_pieces
+from engine.tick.device_time import device_times
+from engine.tick.graph import StepGraph, StepGraphs, pow2_at_least
 from engine.tick.plan import LivePlan, LiveResult, ToolResult, ToolWork
 from engine.tick.prompt_cache import PromptCache
+
+__all__ = ["MAX_PREFILL_ROWS", "Runner", "longest_prefill_piece", "prefill_pieces"]
 
 TRACE_WARMUP = 3  # runs of a traced step before it serves
 
@@ -136,8 +140,14 @@ class Runner:
         # the slack work's steps, one per bucket of rows and positions
         # (no reference back to the runner: nothing but the engine keeps it alive, see Engine.close)
         self.slack = StepGraphs(partial(_slack_step, pipeline, self.audio, self.active), capture=capture)
+        # device time (engine/tick/device_time.py): the live step's last, the slack pieces' since the fence
+        self.times = device_times(device)
+        self.asynchronous = self.times.asynchronous  # pieces return before the device has run them
+        self.live_device_ms = 0.0
+        self._pieces: list[tuple] = []
 
     def live(self, plan: LivePlan) -> LiveResult:
+        start = self.times.mark()
         if plan.reset.any():
             self.reset_mask.copy_(torch.from_numpy(plan.reset))
             self.p.reset(self.reset_mask)
@@ -149,11 +159,13 @@ class Runner:
         self.force_func.copy_(torch.from_numpy(plan.force_func))
         self.quiet.copy_(torch.from_numpy(plan.quiet))
         out = self.step()
+        end = self.times.mark()  # recorded in the queue: nothing waits for it here
         # token ids are far below 2**24, so they travel exactly as float32 beside the audio
         self._out[:, 0].copy_(out.text)
         self._out[:, 1].copy_(out.func)
         self._out[:, 2:].copy_(out.audio)
         host = self._out.numpy().copy()
+        self.live_device_ms = self.times.elapsed_ms(start, end)  # the copy above has passed both marks
         return LiveResult(host[:, 0].astype(np.int64), host[:, 1].astype(np.int64), host[:, 2:])
 
     def save_prompt(self, slot: int, key: int) -> None:
@@ -195,13 +207,41 @@ class Runner:
             step = self.slack[(kind, rows, t)]
             step.inputs[0].copy_(padded)
             step.inputs[1].copy_(ids[:, start : start + t])
-            step()
+            self._timed((kind, rows, t), step)
             start += t
+
+    def _timed(self, key: tuple[str, int, int], step: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Bucket `key`'s step, between two marks in the device's queue (read at the `fence`)."""
+        start = self.times.mark()
+        out = step()
+        self._pieces.append((key, start, self.times.mark()))
+        return out
+
+    def fence(self) -> list[tuple[tuple[str, int, int], float]]:
+        """Wait for the device to finish all slack work launched since the last fence: each bucket step's
+        device time, in launch order."""
+        self.times.fence()
+        ms = [(key, self.times.elapsed_ms(a, b)) for key, a, b in self._pieces]
+        self._pieces.clear()
+        return ms
+
+    def time_slack(self, max_chunk: int) -> list[tuple[tuple[str, int, int], float]]:
+        """Each slack bucket's step run once, timed on the device: what the cost model starts from. At
+        warm-up only, while every step's inputs are still padding rows (no slot changes)."""
+        timed = []
+        for key in self.slack_buckets(max_chunk):
+            step = self.slack[key]
+            start = self.times.mark()
+            step()
+            end = self.times.mark()
+            self.times.fence()
+            timed.append((key, self.times.elapsed_ms(start, end)))
+        return timed
 
     def tool(self, work: ToolWork) -> ToolResult:
         """Run one piece of slack work: its rows padded to a power of two (a prefill's in groups of at most
         MAX_PREFILL_ROWS), a prefill chunk's positions in power-of-two pieces, each piece the step of its
-        bucket."""
+        bucket (engine/tick/buckets.py), each step timed on the device (read at the `fence`)."""
         b = len(work.slots)
         if work.kind in ("result", "prompt"):
             for first in range(0, b, MAX_PREFILL_ROWS):
@@ -215,12 +255,12 @@ class Runner:
             step.inputs[1].fill_(-1)
             step.inputs[1][:b].copy_(torch.from_numpy(work.tokens[:, 0]))
             # slack work, not the live step: the host needs the tokens to decide each session's phase
-            return ToolResult(func=step()[:b].cpu().numpy())
+            return ToolResult(func=self._timed(("call", len(slots), 1), step)[:b].cpu().numpy())
         self.audio.copy_(torch.from_numpy(work.audio))
         self.active.copy_(torch.from_numpy(work.active))
         step = self.slack[("replay", len(slots), 1)]
         step.inputs[2].copy_(slots)
-        step()
+        self._timed(("replay", len(slots), 1), step)
         return ToolResult()
 
 
@@ -236,26 +276,6 @@ def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tup
         ids = torch.full((b, t), p.tok.pad, dtype=torch.long, device=audio.device)
         return (p.prefill_result if kind == "result" else p.prefill_prompt), (slots, ids), _padding_only
     return p.replay_step, (audio, active, slots), _no_replay
-
-
-# one prefill forward's rows, and rows x positions: they bound its transient memory (engine/sizing/memory.py
-# traces it: about 0.6 GiB at the 11B shape)
-MAX_PREFILL_ROWS = 8
-MAX_PREFILL_POSITIONS = 512
-
-
-def prefill_pieces(positions: int, rows: int, max_positions: int = MAX_PREFILL_POSITIONS) -> list[int]:
-    """A prefill chunk of `positions` for `rows` padded rows as the lengths of its forwards: powers of two,
-    each with rows x length <= max_positions (one position a forward at the least)."""
-    cap = max(1, 1 << max(0, (max_positions // rows).bit_length() - 1))
-    whole, rest = divmod(positions, cap)
-    return [cap] * whole + (pow2_pieces(rest) if rest else [])
-
-
-def longest_prefill_piece(rows: int, max_chunk: int) -> int:
-    """The most positions one prefill forward of `rows` padded rows takes, for chunks of at most
-    `max_chunk`."""
-    return max(prefill_pieces(max_chunk, rows))
 
 
 def _padded_slots(slots: np.ndarray) -> torch.Tensor:

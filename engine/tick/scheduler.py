@@ -92,6 +92,9 @@ class Scheduler:
         self.calls = ToolCalls(tokens, self.limits, clock, encode_pool)
         self.prompts = prompts if prompts is not None else PromptCache(8)
         self.underruns = 0
+        # per recent tick, the sessions found past a bound (a prompt not live by `live_by`, a result not
+        # prefilled by `prefill_by`): the slack no longer holds them, and admission takes no one on
+        self.slipped: deque[int] = deque(maxlen=100)
 
     # -- the tick -------------------------------------------------------------------------------------
 
@@ -138,7 +141,7 @@ class Scheduler:
         force_func = np.full(S, -1, dtype=np.int64)
         restore: list[tuple[int, int]] = []
         arrived = np.full(S, np.nan)
-        late = 0
+        late = slips = 0
         lim = self.limits
         for s in tick.sessions:
             if s.closed:
@@ -155,6 +158,8 @@ class Scheduler:
                 elif p.prefill_pos < s.prefix_len and s.prefix_key in self.prompts:  # the rest is prefilled
                     restore.append((s.slot, s.prefix_key))
                     p.prefill_pos = s.prefix_len
+            if (s.phase is Phase.PROMPT and k > p.live_by) or (s.phase is Phase.PREFILL and k > p.prefill_by):
+                slips += 1
             if s.phase is Phase.PROMPT:
                 # positions due this tick: the prompt is done two thirds into the admission bound, and a
                 # short one at once
@@ -219,6 +224,7 @@ class Scheduler:
                 arrived[s.slot] = s.inbox.popped_at
                 f.frames_consumed += 1
                 f.frames_replayed += quiet[s.slot]
+        self.slipped.append(slips)
         return LivePlan(
             k, live, audio, force_text, force_func, reset, quiet, restore, arrived, tick.t_start, late
         )
@@ -307,32 +313,44 @@ class Scheduler:
         return prefill_work(kind, group[: fit[0]], fit[1]) if fit else None
 
     def owed_work(self, tick: Tick) -> ToolWork | None:
-        """The next piece of work due this tick whatever the budget, or None: a call-token step for sessions
-        calling a tool that have not moved this tick, then the result and prompt positions due this tick
-        (`owed_rows` rows at a time, the least recently served first). Catch-up is not forced: the replay
-        bound holds by skipping held audio."""
+        """The next piece of work due this tick, or None: the result positions due this tick, then the
+        prompt positions, then a call-token step for sessions calling a tool that have not moved this tick
+        (`owed_rows` rows at a time, the least recently served first; the others join a prefill where they
+        have as many positions left). Results and prompts come first: their bounds are the ones a caller
+        is promised. Catch-up is not forced: the replay bound holds by skipping held audio."""
         k, lim = tick.number, self.limits
         open_ = [s for s in tick.sessions if not s.closed]
 
         def first(group: list[Session]) -> list[Session]:
-            return sorted(group, key=lambda s: (s.progress.tick, s.opened_at))[: lim.owed_rows]
+            return sorted(group, key=lambda s: (s.progress.tick, s.opened_at))
 
-        if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress.tick != k]:
-            return call_work(first(calls))
         if results := [s for s in open_ if s.phase is Phase.PREFILL and s.progress.owed > 0]:
-            group = first(results)
-            return prefill_work("result", group, owed_chunk(group, lim))
+            return self._owed_prefill("result", first(results))
         leaders = prompt_leaders([s for s in open_ if s.phase is Phase.PROMPT], self.prompts)
-        if group := [s for s in leaders if s.progress.owed > 0][: lim.owed_rows]:
-            return prefill_work("prompt", group, owed_chunk(group, lim))
+        if group := [s for s in leaders if s.progress.owed > 0]:
+            return self._owed_prefill("prompt", first(group))
+        if calls := [s for s in open_ if s.phase is Phase.TOOL_CALL and s.progress.tick != k]:
+            return call_work(first(calls)[: lim.owed_rows])
         return None
 
-    def apply_tool(self, tick: Tick, work: ToolWork, result: ToolResult, ms: float) -> SlackOutcome:
-        """Account one piece of slack work that took `ms`: positions advance, call tokens are read, finished
-        prefills move on to replay. Returns what the engine acts on."""
+    def _owed_prefill(self, kind: WorkKind, queue: list[Session]) -> ToolWork:
+        """The positions the first of `queue` owes, with the next sessions of the queue that have as many
+        positions left (up to `owed_rows` rows)."""
+        lim = self.limits
+        T = owed_chunk(queue[:1], lim)
+        group = [s for s in queue if s.prefill_stop >= T][: lim.owed_rows]
+        return prefill_work(kind, group, T)
+
+    def apply_tool(
+        self, tick: Tick, work: ToolWork, result: ToolResult, ms: float | None = None
+    ) -> SlackOutcome:
+        """Account one piece of slack work: positions advance, call tokens are read, finished prefills move
+        on to replay; with `ms`, its cost is learned (the tick learns its device time after its fence
+        instead). Returns what the engine acts on."""
         done = SlackOutcome()
         T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
-        self.costs.observe(work.kind, len(work.sessions), T, ms)
+        if ms is not None:
+            self.costs.observe(work.kind, len(work.sessions), T, ms)
         k = tick.number
         for s in work.sessions:
             s.progress.tick = k

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.tick.graph import pow2_at_least
 from engine.tick.plan import CostModel, Limits, ToolWork, WorkKind
 from engine.tick.prompt_cache import PromptCache
 from engine.tick.session import Phase, Session
@@ -80,3 +81,25 @@ def call_work(group: list[Session]) -> ToolWork:
 
 def _slots(sessions: list[Session]) -> np.ndarray:
     return np.array([s.slot for s in sessions], dtype=np.int64)
+
+
+def fit_work(costs: CostModel, work: ToolWork, budget_ms: float) -> ToolWork | None:
+    """Owed call or prefill `work` cut to the largest piece predicted to fit `budget_ms`: rows halved first
+    (the first row is the one most owed), then the positions of one row; None where not even one fits."""
+    T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+    b = len(work.sessions)
+    while b > 1 and costs.predict(work.kind, b, T) > budget_ms:
+        b //= 2
+    while T > 1 and costs.predict(work.kind, b, T) > budget_ms:
+        T = pow2_at_least(T) // 2
+    return cut_work(work, b, T) if costs.predict(work.kind, b, T) <= budget_ms else None
+
+
+def cut_work(work: ToolWork, rows: int, positions: int) -> ToolWork:
+    """The first `rows` sessions of call or prefill `work`, a prefill's first `positions` positions."""
+    T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+    if rows >= len(work.sessions) and positions >= T:
+        return work
+    if work.kind == "call":
+        return call_work(work.sessions[:rows])
+    return prefill_work(work.kind, work.sessions[:rows], min(positions, T))
