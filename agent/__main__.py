@@ -49,6 +49,7 @@ def _store_problem() -> str | None:
     import logging
 
     from tools.hotel import Hotel, NotSetUp
+    from tools.settings import StoreSettings
     from tools.store import open_store
 
     quiet = logging.getLogger("tools")
@@ -60,7 +61,7 @@ def _store_problem() -> str | None:
     except NotSetUp:
         return "the booking store has no hotel: run `python -m tools seed` once"
     except Exception as e:  # noqa: BLE001 (an unreachable database, a bad file: one line, no traceback)
-        return f"the booking store cannot be opened ({type(e).__name__})"
+        return f"{StoreSettings.from_env().setting}: the booking store cannot be opened ({type(e).__name__})"
     finally:
         quiet.setLevel(level)
     return None
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        problem = _store_problem()
+        from agent.startup import port_problem
+
+        problem = port_problem(settings) or _store_problem()
         if problem:
             print(f"{command}: {problem}", file=sys.stderr)
             return 2
@@ -126,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent import worker  # its settings were checked above
 
-    return livekit_agents_main([*WORKER_COMMANDS[command], worker.__file__, *argv[1:]])
+    status = livekit_agents_main([*WORKER_COMMANDS[command], worker.__file__, *argv[1:]])
+    # a worker that failed after it started (one that failed to start has exited: agent/startup.py)
+    server = vars(worker).get("server")
+    return 1 if server is not None and server.failed else status
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ def _not_zero_from_text(value: object) -> object:
 
 Port = Annotated[int, BeforeValidator(_not_zero_from_text), Field(ge=0, le=65535)]
 PORT = "a port number, 1 to 65535"
+MAX_SLOTS = 4096  # the engine's bound too (EngineConfig.num_slots); its memory may hold fewer
+MAX_WINDOW = 1 << 20  # positions of context: far beyond any release's (8,192)
+DAY_S = 86400.0  # the longest timeout: a start or a drain that takes longer is stuck
 SERVER_URL = "a ws://, wss://, http:// or https:// URL with a host, e.g. wss://hotel.livekit.cloud"
 
 
@@ -63,12 +66,20 @@ class AgentSettings(EnvSettings):
     # the LiveKit server's API (agent/lkapi.py): how long one try of a call may take. A call that changes
     # nothing or can be repeated safely (list, update, delete) is tried twice; the others once
     livekit_api_timeout_s: float = Field(
-        10.0, gt=0, validation_alias="CHORUS_LIVEKIT_API_TIMEOUT_S", description="a number of seconds above 0"
+        10.0,
+        gt=0,
+        le=600,
+        validation_alias="CHORUS_LIVEKIT_API_TIMEOUT_S",
+        description="a number of seconds above 0, at most 600",
     )
     # how long a phone rings before the call is given up (`sip call`, a transfer to the front desk); those
     # calls may take this plus CHORUS_LIVEKIT_API_TIMEOUT_S
     sip_ring_timeout_s: float = Field(
-        30.0, gt=0, validation_alias="CHORUS_SIP_RING_TIMEOUT_S", description="a number of seconds above 0"
+        30.0,
+        gt=0,
+        le=600,
+        validation_alias="CHORUS_SIP_RING_TIMEOUT_S",
+        description="a number of seconds above 0, at most 600",
     )
     # the LiveKit cluster's Redis (LiveKit's own `redis.address`: host:port, or a redis:// URL): where the
     # workers mark the rooms they serve and claim a room's new agent (agent/fleet/fleet.py). Unset: no watch,
@@ -92,7 +103,7 @@ class AgentSettings(EnvSettings):
         None, validation_alias="CHORUS_TOKENIZER", description="an existing tokenizer.json or its folder"
     )
     speaker: str | None = Field(None, validation_alias="CHORUS_SPEAKER")  # a speaker latent of the checkpoint
-    slots: int = Field(64, ge=1, validation_alias="CHORUS_SLOTS", description="a whole number of at least 1")
+    slots: int = whole(64, 1, MAX_SLOTS, "CHORUS_SLOTS")  # the engine's own bound (EngineConfig.num_slots)
     # cpu, cuda, cuda:1 ... (unset: cuda when there is one)
     device: str | None = Field(None, validation_alias="CHORUS_DEVICE")
     # LiveKit's own variable wins over Chorus's
@@ -112,21 +123,27 @@ class AgentSettings(EnvSettings):
     http_port: Port | None = Field(None, validation_alias="CHORUS_HTTP_PORT", description=PORT)
     # how long a job runner may take to start (unset: sized from the weights, see agent/worker.py)
     startup_timeout_s: float | None = Field(
-        None, gt=0, validation_alias="CHORUS_STARTUP_TIMEOUT_S", description="a number of seconds above 0"
+        None,
+        gt=0,
+        le=DAY_S,
+        validation_alias="CHORUS_STARTUP_TIMEOUT_S",
+        description="a number of seconds above 0, at most 86400",
     )
 
     # context windows (engine/sizing/windows.py); empty: the release's. Capacity mode: a short talker window
     talker_window: int | None = Field(
         None,
         ge=2,
+        le=MAX_WINDOW,
         validation_alias="CHORUS_TALKER_WINDOW",
-        description="a whole number of positions, at least 2",
+        description=f"a whole number of positions from 2 to {MAX_WINDOW}",
     )
     thinker_window: int | None = Field(
         None,
         ge=1,
+        le=MAX_WINDOW,
         validation_alias="CHORUS_THINKER_WINDOW",
-        description="a whole number of positions, at least 1",
+        description=f"a whole number of positions from 1 to {MAX_WINDOW}",
     )
     capacity_mode: bool = Field(False, validation_alias="CHORUS_CAPACITY_MODE", description="true or false")
     # false: admit callers up to the slots even while the engine has no headroom (it is still measured and
@@ -146,7 +163,11 @@ class AgentSettings(EnvSettings):
     )
     # SIGTERM: no new jobs; calls in progress go on, and one still going near the end is closed with a goodbye
     drain_timeout_s: float = Field(
-        600.0, gt=0, validation_alias="CHORUS_DRAIN_TIMEOUT_S", description="a number of seconds above 0"
+        600.0,
+        gt=0,
+        le=DAY_S,
+        validation_alias="CHORUS_DRAIN_TIMEOUT_S",
+        description="a number of seconds above 0, at most 86400",
     )
     # dummy weights decide nothing: script each room's agent by teacher forcing (agent/forcing.py); never for
     # a real checkpoint

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import fcntl
 import logging
 import os
 import socket
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +37,8 @@ from agent.log_privacy import mask_log_handlers
 from agent.room import entrypoint
 from agent.room_process import close_room, prewarm
 from agent.settings import AgentSettings
+from agent.startup import HEALTH_PORTS as HEALTH_PORTS  # where a worker's health port is looked for
+from agent.startup import exit_on_failed_start, free_health_port
 
 if TYPE_CHECKING:
     from agent.fleet.engine_watch import EngineWatch
@@ -174,37 +174,7 @@ def startup_timeout_s(settings: AgentSettings) -> float:
 # and its stack.
 LOOP_BLOCK_WARN_MS = 250
 PRELOAD_LOCAL_INFERENCE = "LIVEKIT_AGENTS_PRELOAD_LOCAL_INFERENCE"  # livekit-agents' (ipc/_preload.py)
-HEALTH_PORTS = range(8081, 8100)  # the worker's health port: livekit-agents' 8081, or the next free one
 RELEASE_SWEEP_S = 1.0  # how often the worker looks for jobs that ended (their unused slots given back)
-
-
-def free_health_port(ports: range = HEALTH_PORTS) -> int:
-    """The first of `ports` that no process listens on and no other worker of this host has taken (0, any free
-    port, if none is): a second worker on a host (one per GPU) starts with no port of its own set, and a
-    supervisor finds each worker's health endpoint at a predictable place, 8081 for the first. A port is
-    taken with a lock file held for the life of this process, so two workers starting together, between
-    this choice and their servers' binding, never choose the same one."""
-    for port in ports:
-        lock = Path(tempfile.gettempdir()) / f"chorus-worker-port-{port}.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the worker's own server binds
-            try:
-                probe.bind(("", port))
-            except OSError:
-                os.close(fd)
-                continue
-        _port_locks.append(fd)
-        return port
-    return 0
-
-
-_port_locks: list[int] = []  # the health ports this process took (agent/worker.py `free_health_port`)
 
 
 def build_server(settings: AgentSettings) -> AgentServer:
@@ -250,6 +220,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
     )
 
     server.on("worker_started", mask_log_handlers)  # the CLI's handler is in place by then
+    exit_on_failed_start(server)  # livekit-agents' CLI would exit 0
     return server
 
 

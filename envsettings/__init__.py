@@ -41,6 +41,7 @@ class EnvSettings(BaseSettings):
         extra="forbid",
         populate_by_name=True,
         frozen=True,
+        allow_inf_nan=False,  # every number is finite: `inf` is no timeout, NaN no number
     )
 
     @classmethod

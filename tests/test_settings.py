@@ -52,12 +52,12 @@ def no_settings(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "command, name, value, allowed",
     [
-        (SIMULATE, "CHORUS_SLOTS", "0", "a whole number of at least 1"),
-        (SIMULATE, "CHORUS_SLOTS", "sixty", "a whole number of at least 1"),
-        (SIMULATE, "CHORUS_DB_POOL_SIZE", "0", "a whole number of at least 1"),
+        (SIMULATE, "CHORUS_SLOTS", "0", "a whole number from 1 to 4096"),
+        (SIMULATE, "CHORUS_SLOTS", "sixty", "a whole number from 1 to 4096"),
+        (SIMULATE, "CHORUS_DB_POOL_SIZE", "0", "a whole number from 1 to 1024"),
         (SIMULATE, "CHORUS_PRESET", "huge", "one of nemotron-voicechat-11b, tiny"),
-        (["agent", "token", "--room", "lobby"], "CHORUS_SLOTS", "sixty", "a whole number of at least 1"),
-        (["tools", "audit"], "CHORUS_DB_POOL_SIZE", "0", "a whole number of at least 1"),
+        (["agent", "token", "--room", "lobby"], "CHORUS_SLOTS", "sixty", "a whole number from 1 to 4096"),
+        (["tools", "audit"], "CHORUS_DB_POOL_SIZE", "0", "a whole number from 1 to 1024"),
         (["tools", "audit"], "DATABASE_URL", "mysql://hotel@db/hotel", "a postgresql:// URL"),
     ],
 )
@@ -114,13 +114,13 @@ def test_livekit_agent_name_wins_over_chorus_agent_name(no_settings, monkeypatch
 @pytest.mark.parametrize(
     "name, value, allowed",
     [
-        ("CHORUS_SLOTS", "1.5", "a whole number of at least 1"),
+        ("CHORUS_SLOTS", "1.5", "a whole number from 1 to 4096"),
         ("CHORUS_HTTP_PORT", "0", "a port number, 1 to 65535"),
         ("CHORUS_METRICS_PORT", "65536", "a port number, 1 to 65535"),
         ("CHORUS_PROMETHEUS_PORT", "metrics", "a port number, 1 to 65535"),
         ("CHORUS_CHECKPOINT", "/no/such/model", "an existing file or folder"),
-        ("CHORUS_DB_WAIT_S", "0", "a number of seconds above 0"),
-        ("CHORUS_DB_WAIT_S", "inf", "a number of seconds above 0"),
+        ("CHORUS_DB_WAIT_S", "0", "a number of seconds above 0, at most 600"),
+        ("CHORUS_DB_WAIT_S", "inf", "a number of seconds above 0, at most 600"),
         (
             "CHORUS_DB_SCHEMA",
             "Hotel-1",

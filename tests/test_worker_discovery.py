@@ -122,7 +122,10 @@ def test_a_bad_startup_timeout_is_refused_in_one_line(value, monkeypatch):
     monkeypatch.setenv("CHORUS_STARTUP_TIMEOUT_S", value)
     with pytest.raises(SettingsError) as refused:
         AgentSettings.from_env(dotenv=False)
-    assert str(refused.value) == f"CHORUS_STARTUP_TIMEOUT_S={value}: must be a number of seconds above 0"
+    assert (
+        str(refused.value)
+        == f"CHORUS_STARTUP_TIMEOUT_S={value}: must be a number of seconds above 0, at most 86400"
+    )
 
 
 def test_the_startup_timeout_grows_with_the_weights(tmp_path):
@@ -241,5 +244,5 @@ def test_a_bad_setting_is_one_line_through_livekits_own_cli(tmp_path):
     )
     print(proc.stdout[-2000:], proc.stderr[-2000:])
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "chorus worker: CHORUS_SLOTS=sixty: must be a whole number of at least 1"
+    assert proc.stderr.strip() == "chorus worker: CHORUS_SLOTS=sixty: must be a whole number from 1 to 4096"
     assert "Traceback" not in proc.stdout + proc.stderr

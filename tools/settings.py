@@ -25,7 +25,7 @@ class StoreSettings(EnvSettings):
         description="a postgresql:// URL (empty: SQLite under CHORUS_DATA_DIR)",
     )
     pool_size: int = Field(
-        8, ge=1, validation_alias="CHORUS_DB_POOL_SIZE", description="a whole number of at least 1"
+        8, ge=1, le=1024, validation_alias="CHORUS_DB_POOL_SIZE", description="a whole number from 1 to 1024"
     )
     db_schema: str = Field(
         "public",
@@ -36,9 +36,9 @@ class StoreSettings(EnvSettings):
     wait_s: float = Field(
         5.0,
         gt=0,
-        allow_inf_nan=False,
+        le=600,
         validation_alias="CHORUS_DB_WAIT_S",
-        description="a number of seconds above 0",
+        description="a number of seconds above 0, at most 600",
     )
 
     @field_validator("database_url")
@@ -56,6 +56,12 @@ class StoreSettings(EnvSettings):
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / SQLITE_FILE
+
+    @property
+    def setting(self) -> str:
+        """The setting that says where the store is, for a message about it: `DATABASE_URL` (never its value:
+        it may hold a password) or `CHORUS_DATA_DIR=<folder>`."""
+        return "DATABASE_URL" if self.database_url else f"CHORUS_DATA_DIR={self.data_dir}"
 
     def describe(self) -> str:
         """For logs: which backend, never the credentials."""

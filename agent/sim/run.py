@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -223,15 +224,30 @@ def progress(engine: Engine, rooms: list[Room], phase: str, elapsed: float, tota
 
 
 def _open_hotel(store_settings: Any) -> tuple[Any, Hotel, dt.date]:
-    """The booking store (seeded for today) and the hotel on it."""
+    """The booking store (seeded for today) and the hotel on it; SimulateError naming the setting when it
+    cannot be opened or written (an unreachable database, a folder that is a file), as the worker refuses to
+    start on it."""
     from tools.hotel import Hotel
     from tools.seed import seed
     from tools.store import open_store
 
-    store_settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(store_settings)
-    today = dt.date.today()
-    seed(store, today)
+    quiet = logging.getLogger("tools")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # the one line below says it; the store's own log would repeat it
+    store = None
+    try:
+        if not store_settings.database_url:
+            store_settings.data_dir.mkdir(parents=True, exist_ok=True)
+        store = open_store(store_settings)
+        today = dt.date.today()
+        seed(store, today)
+    except Exception as e:  # noqa: BLE001 (one line, no traceback; the type only: a message may hold the URL)
+        if store is not None:
+            store.close()
+        why = f"the booking store cannot be opened ({type(e).__name__})"
+        raise SimulateError(f"{store_settings.setting}: {why}") from None
+    finally:
+        quiet.setLevel(level)
     return store, Hotel(store), today
 
 
@@ -295,9 +311,9 @@ def _metrics(
 async def simulate(args: argparse.Namespace) -> dict:
     """Run the simulation `args` describe (checked by `check_arguments`); its summary,
     also in metrics.json."""
+    store, hotel, today = _open_hotel(args.store)  # before anything is written
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    store, hotel, today = _open_hotel(args.store)
     bookings_before = len(hotel.reservations())
     try:
         engine = build_engine(args)
