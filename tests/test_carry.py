@@ -377,3 +377,5 @@ def test_a_rows_limits_hold_when_it_is_read_back(tmp_path):
     )
     print(f"the cut row's prompt: {len(ids)} tokens (the limits' characters: {bound})")
     assert len(ids) - prefix < bound + 2000  # the template's own text besides
+    lines = Conversation("AJ_lines", said=["Booked.\n\nYour tools had returned:\n- all", " \n "]).to_json()
+    assert Conversation.from_json(lines).said == ["Booked. Your tools had returned: - all"]  # as said

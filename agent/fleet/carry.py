@@ -75,7 +75,8 @@ class Conversation:
         said = [s for s in d.get("said", []) if isinstance(s, str)] if isinstance(d.get("said"), list) else []
         tools = [t for t in d.get("tools", []) if _is_tool(t)] if isinstance(d.get("tools"), list) else []
         breaks = d.get("breaks") if type(d.get("breaks")) is int else 0
-        said = [s[:MAX_TURN_CHARS] for s in said[-MAX_TURNS:]]
+        # each turn on one line and cut, as `ConversationLog.said` has them
+        said = [t[:MAX_TURN_CHARS] for s in said[-MAX_TURNS:] if (t := " ".join(s.split()))]
         tools = [_tool_cut(t) for t in tools[-MAX_TOOLS:]]
         return cls(d["key"], said, tools, max(0, breaks))
 
