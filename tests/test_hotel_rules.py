@@ -159,7 +159,7 @@ def test_names_keep_their_letters_in_any_script():
     ("said", "kept"),
     [
         ("Hop\u200bper", "Hopper"),  # ZERO WIDTH SPACE inside a word: still one word, as it shows
-        ("Grace\u200bHopper", "GraceHopper"),  # and between two it shows none: they read as one
+        ("Grace\u200bHopper", "Grace Hopper"),  # between two words (a capital after a small letter): a space
         ("Hop\u200fper", "Hopper"),  # RIGHT-TO-LEFT MARK
         ("Hop\u200eper", "Hopper"),  # LEFT-TO-RIGHT MARK
         ("Hop\u2062per", "Hopper"),  # INVISIBLE TIMES
