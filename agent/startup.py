@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from agent.settings import AgentSettings
 
-__all__ = ["HEALTH_PORTS", "exit_on_failed_start", "free_health_port", "port_problem"]
+__all__ = ["HEALTH_PORTS", "exit_on_failed_start", "free_health_port", "listen_problem", "port_problem"]
 
 log = logging.getLogger("chorus.agent.startup")
 
@@ -33,7 +33,7 @@ HEALTH_PORTS = range(8081, 8100)  # the worker's health port: livekit-agents' 80
 EXIT_FAILED_START = 1
 
 
-def _listen_problem(port: int, host: str) -> str | None:
+def listen_problem(port: int, host: str) -> str | None:
     """Why `port` cannot be listened on at `host` ("" for every interface), or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves bind
@@ -63,7 +63,7 @@ def port_problem(settings: AgentSettings) -> str | None:
         if port in taken:
             return f"{name}: port {port} is {taken[port]} too"
         taken[port] = name
-        problem = _listen_problem(port, host)
+        problem = listen_problem(port, host)
         if problem:
             return f"{name}: {problem}"
     return None
@@ -83,7 +83,7 @@ def free_health_port(ports: range = HEALTH_PORTS) -> int:
         except OSError:
             os.close(fd)
             continue
-        if _listen_problem(port, ""):
+        if listen_problem(port, ""):
             os.close(fd)
             continue
         _port_locks.append(fd)

@@ -205,3 +205,15 @@ def test_a_port_zero_made_in_code_is_any_free_port_and_never_a_problem(held_port
         port_problem(AgentSettings(metrics_port=held_port))
         == f"CHORUS_METRICS_PORT: port {held_port} is in use"
     )
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_simulation_whose_snapshot_port_is_in_use_is_one_line(tmp_path, held_port, flag):
+    out = tmp_path / "sim"
+    args = ["agent", "simulate", "--seconds", "1", "--out", str(out)]
+    settings = {} if flag else {"CHORUS_METRICS_PORT": str(held_port)}
+    proc = run([*args, *(["--metrics-port", str(held_port)] if flag else [])], tmp_path, env(**settings))
+    assert proc.returncode == 2
+    named = "--metrics-port" if flag else "CHORUS_METRICS_PORT"
+    assert one_line(proc) == f"simulate: {named}: port {held_port} is in use"
+    assert not out.exists()

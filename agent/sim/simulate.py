@@ -82,6 +82,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Fill the defaults from the settings and the other arguments; SimulateError naming the first bad value.
     Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
     from agent.settings import AgentSettings
+    from agent.startup import listen_problem
     from engine.sizing.presets import PRESETS
     from envsettings import SettingsError
     from tools.settings import StoreSettings
@@ -96,10 +97,13 @@ def check_arguments(args: argparse.Namespace) -> None:
     args.tokenizer = args.tokenizer or settings.tokenizer
     args.speaker = args.speaker or settings.speaker
     args.device = args.device or settings.device
+    named = "--metrics-port" if args.metrics_port is not None else "CHORUS_METRICS_PORT"
     if args.metrics_port is None:
         args.metrics_port = settings.metrics_port
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise SimulateError(f"--metrics-port {args.metrics_port}: give 0 (any free port) to 65535")
+    if args.metrics_port and (problem := listen_problem(args.metrics_port, "127.0.0.1")):
+        raise SimulateError(f"{named}: {problem}")  # before the engine is built, as the worker checks it
     # bookings go to the configured database, else to a fresh SQLite file beside the run's output
     if not store.database_url and "data_dir" not in store.model_fields_set:
         store = store.model_copy(update={"data_dir": Path(args.out) / "data"})
