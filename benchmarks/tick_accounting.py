@@ -59,8 +59,7 @@ def plot_ticks(series: dict[str, list[float]], path: str, title: str, frame_ms: 
         raise SystemExit(f"--plot needs matplotlib ({e})") from None
     names = ("wait", "live", "side", "host")
     labels = ("live step waiting", "live step", "side work (device)", "host")
-    n = len(series["live"])
-    x = np.arange(n) * frame_ms / 1000
+    x = np.asarray(series["tick"]) * frame_ms / 1000  # the ticks the ledger kept (the latest)
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.stackplot(x, *(np.asarray(series[k]) for k in names), labels=labels, lw=0)
     ax.axhline(frame_ms, color="red", ls="--", label=f"{frame_ms:g} ms deadline")

@@ -120,9 +120,10 @@ class Ledger:
         }
 
     def series(self) -> dict[str, list[float]]:
-        """Per tick, in order: the parts the tick plot stacks."""
+        """Per tick kept, in order: its number and the parts the tick plot stacks."""
         ticks = list(self.ticks)
         return {
+            "tick": [t.tick for t in ticks],
             "wait": [t.wait_ms for t in ticks],
             "live": [t.live_ms for t in ticks],
             "side": [t.side_ms for t in ticks],
