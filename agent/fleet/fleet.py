@@ -227,7 +227,9 @@ class Fleet:
                 return None
             people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room.name))
             callers = [p for p in people.participants if p.kind in CALLER_KINDS and p.state in PRESENT]
-            since = min(p.joined_at for p in callers) if moved and callers else 0
+            # a room made again on another node lists the dead node's agent from before its callers came back
+            remade = self._nodes.get(room.sid, (None, -math.inf))[1] > -math.inf
+            since = min(p.joined_at for p in callers) if remade and callers else 0
             forged = False  # a mark LiveKit does not agree with: a down job's agent in the room, say
             if live:
                 live = self.agreed.holds(room, _text(mark), job, down, people.participants, since)
