@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
-import logging
 import os
 import socket
 import sys
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from agent.settings import AgentSettings
 
 __all__ = ["HEALTH_PORTS", "exit_on_failed_start", "free_health_port", "listen_problem", "port_problem"]
-
-log = logging.getLogger("chorus.agent.startup")
 
 HEALTH_PORTS = range(8081, 8100)  # the worker's health port: livekit-agents' 8081, or the next free one
 EXIT_FAILED_START = 1
