@@ -2,7 +2,8 @@
 is anyone's to write who can write there, while only the server puts an agent in a room. A live mark counts
 for a job while LiveKit lists that job's agent in the room (`agent-<job id>`, the identity livekit-agents
 gives a job's participant), or for JOIN_S after the mark was first seen or the server started the job (its
-agent joining); a down mark counts for a job only while LiveKit does not list its agent in the room. A room
+agent joining); a down mark counts for a job only while LiveKit does not list its agent in the room (in a
+room made again on another node, an agent listed from before its callers came back is the dead node's). A room
 whose live mark LiveKit does not agree with is served still if an agent of one of the room's jobs (as the
 server's dispatches list them) is in it. Knows LiveKit's room and dispatch API; nothing of Redis, the engine
 or the call.
