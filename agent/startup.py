@@ -53,15 +53,14 @@ def port_problem(settings: AgentSettings) -> str | None:
         ("CHORUS_PROMETHEUS_PORT", settings.prometheus_port, ""),
         ("CHORUS_METRICS_PORT", settings.metrics_port, "127.0.0.1"),  # the engine's snapshot server
     ]
+    ports = [(name, port, host) for name, port, host in ports if port]
     taken: dict[int, str] = {}
-    for name, port, host in ports:
-        if not port:
-            continue
+    for name, port, _ in ports:  # first the settings themselves: two servers on one port
         if port in taken:
             return f"{name}: port {port} is {taken[port]} too"
         taken[port] = name
-        problem = listen_problem(port, host)
-        if problem:
+    for name, port, host in ports:
+        if problem := listen_problem(port, host):
             return f"{name}: {problem}"
     return None
 

@@ -89,13 +89,11 @@ def test_a_port_in_use_is_one_line_and_a_non_zero_exit(tmp_path, hotel, held_por
 
 
 def test_two_servers_on_one_port_are_refused_before_either_starts(tmp_path, hotel, held_port):
-    with socket.socket() as s:
-        s.bind(("", 0))
-        free = s.getsockname()[1]
-    settings = {"CHORUS_HTTP_PORT": str(free), "CHORUS_PROMETHEUS_PORT": str(free)}
+    # the settings are told apart first: the port being in use too is not what is wrong with them
+    settings = {"CHORUS_HTTP_PORT": str(held_port), "CHORUS_PROMETHEUS_PORT": str(held_port)}
     proc = run(["agent", "start"], tmp_path, env(**LIVEKIT, CHORUS_DATA_DIR=str(hotel), **settings))
     assert proc.returncode == 2
-    assert one_line(proc) == f"start: CHORUS_PROMETHEUS_PORT: port {free} is CHORUS_HTTP_PORT too"
+    assert one_line(proc) == f"start: CHORUS_PROMETHEUS_PORT: port {held_port} is CHORUS_HTTP_PORT too"
 
 
 @pytest.mark.parametrize(
