@@ -17,7 +17,7 @@ import time
 
 import torch
 
-RING = 256  # CUDA events reused round the ring: far more than the marks of one tick
+RING = 1024  # CUDA events reused round the ring: far more than the marks of one tick (two a step)
 
 
 class WallTimes:
