@@ -80,7 +80,7 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
                 from agent.fleet.engine_watch import EngineWatch
                 from engine.client.control import EngineControl
                 from engine.client.process import EngineProcess
-                from engine.client.wire import ADDRESS_ENV, KEY_ENV
+                from engine.transport.wire import ADDRESS_ENV, KEY_ENV
 
                 config = settings.engine_config(warm_prompts=agent_prompts(settings)).model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s

@@ -153,7 +153,7 @@ class KeepPrivate:
     terms: tuple[str, ...]
 
 
-# what a room asks of its own session: through the door as engine/client/wire.py encodes it, or on the
+# what a room asks of its own session: through the door as engine/transport/wire.py encodes it, or on the
 # session's queue in the engine's process
 Request = SubmitResult | ForceTokens | PadBetween | KeepPrivate
 
@@ -385,7 +385,7 @@ class EngineSnapshot(BaseModel):
     echo: dict | None = (
         None  # echo mode only (a measurement tool): marked frames' timings (engine/tick/echo.py)
     )
-    # values rooms wrote to their shared memory that were not plausible, left out (engine/client/link.py)
+    # values rooms wrote to their shared memory that were not plausible, left out (engine/transport/link.py)
     shared_memory_rejected: int = 0
     # rooms with a caller and no live agent for which the worker asked for a new agent, by reason
     # (agent/fleet/fleet.py; reported by the worker through the engine's door)

@@ -29,7 +29,7 @@ LIVE_WAIT_S = 60.0  # every session live by then, or the baseline is refused
 def engine_address(engine_pid: int) -> tuple[str, str]:
     """The address a worker gave its engine's process and its rooms' key to it (its CHORUS_ENGINE_SOCKET
     and CHORUS_ENGINE_KEY): what a room's process of that worker reaches the engine with."""
-    from engine.client.wire import ADDRESS_ENV, KEY_ENV
+    from engine.transport.wire import ADDRESS_ENV, KEY_ENV
 
     env = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
 

@@ -1,6 +1,6 @@
 """The native caller audio (agent/audio_in/native/audio_pump.c through agent/audio_in/audio_pump.py): the rtc
 runtime's events as its native library delivers them (protobuf bytes, built here with the SDK's own message
-classes), a session's real shared memory (engine/client/link.py) as the ring, and stand-ins for the SDK's
+classes), a session's real shared memory (engine/transport/link.py) as the ring, and stand-ins for the SDK's
 Python callback and the native library's handle drop that record what reached them.
 
 Each test loads its own copy of the library (built into the test's directory), so the process-wide state of
@@ -17,7 +17,7 @@ import pytest
 from livekit.rtc._proto import ffi_pb2
 
 from agent.audio_in import audio_pump
-from engine.client.link import IN_R, IN_W, Layout, SessionLink
+from engine.transport.link import IN_R, IN_W, Layout, SessionLink
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 

@@ -23,8 +23,8 @@ import pytest
 from engine.api import AudioFrame, SessionRejected, TurnEnded
 from engine.client.control import EngineControl
 from engine.client.remote import RemoteEngine
-from engine.client.wire import MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS, encode
 from engine.door.gate import ROOM_PEER_CAP
+from engine.transport.wire import MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS, encode
 from engine_support import TICK_S, hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 

@@ -2,8 +2,8 @@
 (engine/client/remote.py, engine/client/handle.py) and the engine's own objects (engine/tick/engine.py,
 engine/tick/handle.py), have every member each Protocol declares, with the parameters it declares (names,
 kinds and defaults; an implementation may add parameters of its own, never required ones). Read from the
-classes; nothing is started. And a room's typed requests through the one codec (engine/client/wire.py): each
-comes back as it was sent, a malformed one is refused saying what is wrong.
+classes; nothing is started. And a room's typed requests through the one codec (engine/transport/wire.py):
+each comes back as it was sent, a malformed one is refused saying what is wrong.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from engine.api import (
 from engine.client.control import EngineControl
 from engine.client.handle import RemoteHandle
 from engine.client.remote import RemoteEngine
-from engine.client.wire import (
+from engine.tick.engine import Engine
+from engine.tick.handle import SessionHandle
+from engine.transport.wire import (
     CONTROLS,
     REQUESTS,
     control_message,
@@ -41,8 +43,6 @@ from engine.client.wire import (
     encode,
     request_message,
 )
-from engine.tick.engine import Engine
-from engine.tick.handle import SessionHandle
 
 
 def members(proto: type) -> dict[str, object]:

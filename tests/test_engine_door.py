@@ -26,10 +26,10 @@ import pytest
 from engine.api import EngineClosed
 from engine.client.control import EngineControl
 from engine.client.remote import RemoteEngine
-from engine.client.wire import MAX_DEPTH, encode
 from engine.door.gate import AUTH_S, MAX_PENDING
 from engine.door.host import EngineHost
 from engine.door.serve import DOOR_STOPPED, run_until_stopped
+from engine.transport.wire import MAX_DEPTH, encode
 from engine_support import hosted_engine
 from testkit.concierge import PROMPT, TOOLS
 

@@ -23,10 +23,10 @@ import pytest
 
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
 from engine.client.control import EngineControl
-from engine.client.link import IN_W
 from engine.client.remote import RemoteEngine
-from engine.client.wire import encode
 from engine.door.host import EngineHost
+from engine.transport.link import IN_W
+from engine.transport.wire import encode
 from engine_support import REPO, caller_audio, engine_on, hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 
@@ -438,8 +438,8 @@ def test_the_silence_between_turns_wakes_the_room_once_per_batch_and_a_turn_at_o
     """The tick's side of a session (engine/door/host_conn.py RoomConn): every frame goes into the ring, but
     the eventfd that wakes the room's loop is written for each frame of a turn (and one with text, and the
     first) and only once per QUIET_WAKE frames of the silence between turns."""
-    from engine.client.link import OUT_W, Layout, SessionLink
     from engine.door.host_conn import QUIET_WAKE, RoomConn
+    from engine.transport.link import OUT_W, Layout, SessionLink
 
     link = SessionLink.create(Layout(in_samples=FRAME, out_samples=1764))
     efd = os.eventfd(0, os.EFD_NONBLOCK)

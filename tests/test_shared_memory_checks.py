@@ -1,4 +1,4 @@
-"""A room's shared memory (engine/client/link.py) is the room's to write, so nothing in it is trusted:
+"""A room's shared memory (engine/transport/link.py) is the room's to write, so nothing in it is trusted:
 whatever a room writes there (infinities, NaN, 1e308, negative figures, a time far in the future), the
 engine's `/snapshot` answers 200 with strict JSON, `/metrics` holds only finite values, the other sessions'
 figures are as they were, and what was not plausible is left out and counted (`shared_memory_rejected`,
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from engine.api import EngineSnapshot
-from engine.client.link import PLAYOUT_FIELDS, Layout, SessionLink
 from engine.door.host_conn import RoomConn
 from engine.observe.metrics import ServeLimits, SnapshotServer
+from engine.transport.link import PLAYOUT_FIELDS, Layout, SessionLink
 from engine_support import caller_audio, engine_on, run_ticks
 from test_snapshot_server import request
 from testkit.concierge import PROMPT, TOOLS

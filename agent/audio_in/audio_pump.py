@@ -4,7 +4,7 @@ straight into the engine's caller ring, and the agent's captures into its track 
 A room's caller track reaches the engine through `agent/audio_in/native/audio_pump.c`, the callback the rtc
 SDK's native library calls with every event. A caller track's stream (16 kHz mono, in 10 ms pieces) is
 registered there; its pieces are cut into the engine's frames, where the frames' ends fall just ahead of the
-engine's ticks, and written into the session's shared memory (engine/client/link.py) by the callback's own
+engine's ticks, and written into the session's shared memory (engine/transport/link.py) by the callback's own
 thread, and their native buffers dropped. No event of theirs crosses into Python, and no Python runs for them:
 the room's loop and the interpreter see none of the hundred pieces a second a caller sends. Every other event
 reaches the SDK's Python callback as before, but for the runtime's batches of debug and trace log records,
@@ -271,7 +271,7 @@ class NativeStream:
         return stream
 
     def attach(self, ring: Any, lead_s: float = 0.0) -> None:
-        """Write into `ring` (engine/client/link.py `CallerRing`) from now on, after what was held; the
+        """Write into `ring` (engine/transport/link.py `CallerRing`) from now on, after what was held; the
         frames' ends kept `lead_s` ahead of the engine's takes (0: where the stream's start put them)."""
         if (
             self._lib.pump_attach(

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from engine.api import Admit, AskLoad, Control, Drain, EngineClosed, EngineError, Release, ReportFleet
-from engine.client.wire import connect, control_message, encode, raise_error, read_line
+from engine.transport.wire import connect, control_message, encode, raise_error, read_line
 
 REQUEST_TIMEOUT_S = 10.0  # an answer, or EngineClosed
 

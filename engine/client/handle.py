@@ -3,7 +3,7 @@
 `force_text`, `force_function`, `pad_between`, `keep_private`, `close`).
 
 Runs in a room's process, on the session's event loop. Caller frames go into the session's shared memory and
-agent frames come out of it (engine/client/link.py); the socket carries the rest. The outputs reach the
+agent frames come out of it (engine/transport/link.py); the socket carries the rest. The outputs reach the
 session's event loop in the order the tick made them: a frame waits for the events numbered before it, an
 event for the frames written before it. When the engine's side goes away (its process ended, or the session
 was closed there) the session gets one `SessionFailed` and is closed; a room never waits on the engine for
@@ -36,9 +36,9 @@ from engine.api import (
     SessionFailed,
     SubmitResult,
 )
-from engine.client.link import IN_W, OUT_R, OUT_W, RECEIVE_AT, CallerRing, SessionLink
-from engine.client.wire import decode_event, encode, request_message
 from engine.text.tokens import forced_ids
+from engine.transport.link import IN_W, OUT_R, OUT_W, RECEIVE_AT, CallerRing, SessionLink
+from engine.transport.wire import decode_event, encode, request_message
 
 if TYPE_CHECKING:
     from engine.text.tokens import Tokens
@@ -161,7 +161,7 @@ class RemoteHandle:
         self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
     ) -> None:
         """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
-        engine/client/link.py PLAYOUT_FIELDS; nothing is sent)."""
+        engine/transport/link.py PLAYOUT_FIELDS; nothing is sent)."""
         if not self._closed:
             self._link.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 

@@ -16,10 +16,7 @@ import time
 import uuid
 
 from engine.api import EngineClosed
-from engine.client.wire import ADDRESS_ENV, KEY_ENV, DoorKeys
-
-CONFIG_ENV = "CHORUS_ENGINE_CONFIG"
-READY = "chorus engine ready"
+from engine.transport.wire import ADDRESS_ENV, CONFIG_ENV, KEY_ENV, READY, DoorKeys
 
 
 class EngineProcess:

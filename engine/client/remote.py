@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from engine.api import EngineClosed, SessionRejected
 from engine.client.handle import REQUEST_TIMEOUT_S, RemoteHandle
-from engine.client.link import Layout, SessionLink
-from engine.client.wire import (
+from engine.sizing.stage_config import ClockConfig, TokenConfig
+from engine.transport.link import Layout, SessionLink
+from engine.transport.wire import (
     ADDRESS_ENV,
     KEY_ENV,
     connect,
@@ -28,7 +29,6 @@ from engine.client.wire import (
     raise_error,
     read_line,
 )
-from engine.sizing.stage_config import ClockConfig, TokenConfig
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class RemoteEngine:
         """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
         slot); `context`: the call's own part of the prompt (`Engine.open_session`; SessionRejected, unsent,
-        beyond engine/client/wire.py MAX_CONTEXT_CHARS)."""
+        beyond engine/transport/wire.py MAX_CONTEXT_CHARS)."""
         loop = loop or asyncio.get_running_loop()
         if (why := context_error(context)) is not None:
             raise SessionRejected(why)

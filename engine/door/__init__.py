@@ -2,5 +2,6 @@
 memory per session, and who may use it with which key.
 
 Runs in: the engine's process. May import: any of `engine/` (the codec and the shared memory's layout from
-`engine.client`), and `redaction/`.
+`engine.transport`), and `redaction/`.
+Imported by: `agent.sim`.
 """

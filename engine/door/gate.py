@@ -7,7 +7,7 @@ namespace can connect. So the door admits a process only
 - of the engine's own user id (SO_PEERCRED, read as the connection is accepted: another user's is closed
   before a byte of it is read), and
 - whose first line is `{"op": "key", "key": ...}` with one of the two keys the worker made for this engine
-  (engine/client/wire.py DoorKeys), within AUTH_S of connecting. The key says the connection's role:
+  (engine/transport/wire.py DoorKeys), within AUTH_S of connecting. The key says the connection's role:
 
   - `room` (the key a worker hands its rooms' processes): `hello`, `open`, and then only its own session's
     operations (the session it opened on this connection);
@@ -32,7 +32,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
-from engine.client.wire import DoorKeys
+from engine.transport.wire import DoorKeys
 
 if TYPE_CHECKING:
     from engine.door.host_conn import RoomConn

@@ -3,7 +3,7 @@ an engine/door/host_conn.py `RoomConn`), and the worker's admissions, load and d
 session API, sockets and the shared-memory layout; nothing of LiveKit or rooms.
 
 A room's process (engine/client/remote.py) connects, asks for a session and gets back, with the answer, the
-session's shared memory (engine/client/link.py) and an eventfd that the tick signals when it has written
+session's shared memory (engine/transport/link.py) and an eventfd that the tick signals when it has written
 frames. From then on caller audio and agent audio cross through the shared memory, with no Python object,
 pickle or socket per frame. What is left crosses the socket as one JSON object a line:
 
@@ -26,7 +26,7 @@ Who may connect, with which key, and ask for what is engine/door/gate.py's: a pr
 closed as it connects, one without a key within 2 s is closed, the rooms' key opens sessions and the worker's
 asks for admissions, load and drain. A connection that closes, for whatever reason (the room's process killed
 included), closes its session: the slot is free at the next tick. A message that is not a JSON object, is
-nested deeper than engine/client/wire.py MAX_DEPTH or longer than MAX_LINE, names an operation its role may
+nested deeper than engine/transport/wire.py MAX_DEPTH or longer than MAX_LINE, names an operation its role may
 not ask for or another session, is refused and counted (`stats`); the connection stays, and nothing of it
 reaches another session. Whatever goes wrong handling one message or one connection refuses that message or
 closes that connection, and is counted (`errors`): it never stops the door. The socket lives in the abstract
@@ -48,11 +48,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from engine.client.link import Layout
-from engine.client.wire import MAX_LINE, DoorKeys, encode
 from engine.door.gate import MAX_KEY_LINE, Gate
 from engine.door.host_conn import RoomConn
 from engine.door.host_ops import HostOps
+from engine.transport.link import Layout
+from engine.transport.wire import MAX_LINE, DoorKeys, encode
 
 if TYPE_CHECKING:
     from engine.tick.engine import Engine

@@ -26,8 +26,8 @@ from engine.api import (
     TurnEnded,
     TurnStarted,
 )
-from engine.client.link import IN_W, SessionLink
-from engine.client.wire import decode_request, encode, event_message
+from engine.transport.link import IN_W, SessionLink
+from engine.transport.wire import decode_request, encode, event_message
 
 if TYPE_CHECKING:
     from engine.tick.handle import SessionHandle
@@ -123,7 +123,7 @@ class RoomConn:
 
 
 def apply_session_op(handle: SessionHandle, op: str, msg: dict[str, Any]) -> None:
-    """A room's request of its own session (engine/client/wire.py `decode_request`); ValueError for a
+    """A room's request of its own session (engine/transport/wire.py `decode_request`); ValueError for a
     malformed one or an operation that is none."""
     match decode_request(op, msg):
         case SubmitResult(call_id, output, is_error):

@@ -7,7 +7,7 @@ its shared memory and eventfd, sent with the answer.
 Runs in the engine's process, on the door's thread, but for the opening of a session: tokenising its prompt
 and context takes long enough to keep every other connection waiting, so it runs on one of the door's
 openers (`_opening`), and its result comes back to the door's thread (`_answer_open`) as the tick's events
-do. A session's context is capped (engine/client/wire.py MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS), refused
+do. A session's context is capped (engine/transport/wire.py MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS), refused
 beyond with SessionRejected's sentence. Knows the engine's session API, the wire's messages and the
 shared-memory layout; nothing of the selector loop, keys, buffers or a connection's life, which are the
 door's (it answers through `EngineHost._send`, `_refuse` and `_drop`).
@@ -32,8 +32,9 @@ from engine.api import (
     ReportFleet,
     SessionRejected,
 )
-from engine.client.link import SessionLink
-from engine.client.wire import (
+from engine.door.host_conn import RoomConn, apply_session_op
+from engine.transport.link import SessionLink
+from engine.transport.wire import (
     CONTROLS,
     MAX_CONTEXT_TOKENS,
     context_error,
@@ -42,12 +43,11 @@ from engine.client.wire import (
     error_message,
     shape_error,
 )
-from engine.door.host_conn import RoomConn, apply_session_op
 
 if TYPE_CHECKING:
-    from engine.client.link import Layout
     from engine.door.gate import Gate
     from engine.tick.engine import Engine
+    from engine.transport.link import Layout
 
 log = logging.getLogger("chorus.engine.host")
 

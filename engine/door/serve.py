@@ -2,13 +2,13 @@
 (engine/client/process.py `EngineProcess`).
 
 The process builds the engine from the config in its environment (`CHORUS_ENGINE_CONFIG`, an `EngineConfig`
-as JSON), reads the door's two keys from the first line of its standard input (engine/client/wire.py DoorKeys:
-the worker's key is in no environment), opens its door (engine/door/host.py) at `CHORUS_ENGINE_SOCKET`, prints
-one line when rooms may connect and runs until its standard input closes (the worker ended, however it ended)
-or it is told to stop. Every room, the worker's own questions (admission, load) included, reaches it only
-through that door, so no room's Python ever runs in the interpreter of the tick. A door whose thread stopped
-is an engine no room can reach: the process then exits with DOOR_STOPPED, as if the engine had died. Knows the
-engine and its door; nothing of LiveKit.
+as JSON), reads the door's two keys from the first line of its standard input (engine/transport/wire.py
+DoorKeys: the worker's key is in no environment), opens its door (engine/door/host.py) at
+`CHORUS_ENGINE_SOCKET`, prints one line when rooms may connect and runs until its standard input closes (the
+worker ended, however it ended) or it is told to stop. Every room, the worker's own questions (admission,
+load) included, reaches it only through that door, so no room's Python ever runs in the interpreter of the
+tick. A door whose thread stopped is an engine no room can reach: the process then exits with DOOR_STOPPED,
+as if the engine had died. Knows the engine and its door; nothing of LiveKit.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import signal
 import sys
 import threading
 
-from engine.client.process import CONFIG_ENV, READY
-from engine.client.wire import ADDRESS_ENV, DoorKeys
+from engine.transport.wire import ADDRESS_ENV, CONFIG_ENV, READY, DoorKeys
 
 log = logging.getLogger("chorus.engine.serve")
 

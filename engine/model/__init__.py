@@ -3,4 +3,5 @@ checkpoints.
 
 Runs in: the engine's process (and on the meta device wherever a preset is sized). May import:
 `engine.kernels`, `engine.sizing`, `engine.text`.
+Imported by: `engine.sizing` and `engine.tick`.
 """

@@ -2,4 +2,5 @@
 
 Runs in: the engine's process (and `snapshot_serve.py` in a process of its own, standard library only). May
 import: any of `engine/`, and `redaction/`.
+Imported by: `engine.tick` and `agent.sim`.
 """

@@ -25,9 +25,9 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from pydantic import BaseModel
 
-from engine.client.link import PLAYOUT_FIELDS, check_playout
 from engine.observe.snapshot_serve import ServeLimits
 from engine.tick.plan import LivePlan
+from engine.transport.link import PLAYOUT_FIELDS, check_playout
 
 log = logging.getLogger("chorus.metrics")
 
@@ -39,7 +39,7 @@ TICK_BUCKETS_MS = (
 # a caller frame's arrival to its output frame handed out (inbox wait + live step)
 HEARD_BUCKETS_MS = np.array([10, 20, 40, 60, 80, 100, 120, 160, 200, 300, 500, 1000], dtype=np.float64)
 # a wait longer than an hour, or one that ended before the frame arrived, is a room's wrong write time (its
-# shared memory, engine/client/link.py), not a wait: left out and counted
+# shared memory, engine/transport/link.py), not a wait: left out and counted
 HEARD_MAX_MS = 3_600_000.0
 
 
@@ -249,9 +249,9 @@ class Accounting:
 
 
 class SharedReads:
-    """The rooms' playout figures (engine/client/link.py `check_playout`) as the snapshot and `/metrics` read
-    them, on their callers' threads, never the tick's. A value found implausible is counted once, where it was
-    read, and again only when its room writes another in its place."""
+    """The rooms' playout figures (engine/transport/link.py `check_playout`) as the snapshot and `/metrics`
+    read them, on their callers' threads, never the tick's. A value found implausible is counted once, where
+    it was read, and again only when its room writes another in its place."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

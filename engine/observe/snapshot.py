@@ -2,10 +2,10 @@
 
 Computed on the caller's thread from counters and references the tick thread keeps (no per-tick copies, no
 lock the tick waits on held); what rooms wrote to their shared memory is checked here, as it is read
-(engine/client/link.py `check_playout`). No transcript leaves by default: a session shows how many turns the
-agent took and how many words its current or last one holds; only with `EngineConfig.show_words` "redacted" do
-its `last_words` carry the turn's end, redacted (redaction/) before it is cut to LAST_WORDS characters. Knows
-sessions' public counters and the accounting; knows nothing of the model.
+(engine/transport/link.py `check_playout`). No transcript leaves by default: a session shows how many turns
+the agent took and how many words its current or last one holds; only with `EngineConfig.show_words`
+"redacted" do its `last_words` carry the turn's end, redacted (redaction/) before it is cut to LAST_WORDS
+characters. Knows sessions' public counters and the accounting; knows nothing of the model.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
-from engine.client.link import PLAYED_AT
 from engine.observe.metrics import Figures, history, pct, resident_bytes
 from engine.tick.session import SAID_PIECES, Phase, Session
+from engine.transport.link import PLAYED_AT
 from redaction import last_words
 
 if TYPE_CHECKING:

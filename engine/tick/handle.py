@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from engine.api import EngineClosed, ForceTokens, Output, SubmitResult
-from engine.client.link import RECEIVE_AT
-from engine.client.wire import shape_error
 from engine.text.tokens import forced_ids
 from engine.tick.session import Hold, Session
+from engine.transport.link import RECEIVE_AT
+from engine.transport.wire import shape_error
 from redaction import private_values
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class SessionHandle:
     ) -> None:
         """The room's playout, for the snapshot and /metrics: audio queued ahead of the caller's ear, the
         gaps of this call and their seconds, a turn's start delay, when the last turn's first sample went
-        to the track (time.monotonic; engine/client/link.py PLAYOUT_FIELDS)."""
+        to the track (time.monotonic; engine/transport/link.py PLAYOUT_FIELDS)."""
         self._s.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:

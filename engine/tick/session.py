@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import ForceTokens, Output, SubmitResult
-from engine.client.link import PLAYOUT_FIELDS
 from engine.text.tokens import ParsedCall, TextStream
+from engine.transport.link import PLAYOUT_FIELDS
 
 SAID_PIECES = 64  # text pieces of the agent's current (or last) turn kept for the snapshot's `last_words`
 
@@ -186,7 +186,7 @@ class Session:
         self.opened_at = opened_at  # on the engine's clock
         # the agent's side: (what, value) pairs put by the handle from any thread, drained by the tick
         self.requests: queue.SimpleQueue[SubmitResult | ForceTokens | Hold] = queue.SimpleQueue()
-        # the room's playout (engine/client/link.py PLAYOUT_FIELDS), written by the room alone: its shared
+        # the room's playout (engine/transport/link.py PLAYOUT_FIELDS), written by the room alone: its shared
         # memory for a room in another process, else through the handle
         self.playout = np.zeros(len(PLAYOUT_FIELDS)) if playout is None else playout
         # what the snapshot must never show in clear (guests' names, codes, contacts): written by the handle

@@ -1,7 +1,7 @@
 """The wire format of the engine's door (engine/door/host.py) and of what reaches it
-(engine/client/remote.py): one JSON object a line on a Unix socket in the abstract namespace, an event as its
-type's name and fields, an engine error as its class's name and message. Knows sockets, JSON and the engine's
-wire types (`engine.api`).
+(engine/client/remote.py): how the engine's process is started (its environment, its ready line), one JSON
+object a line on a Unix socket in the abstract namespace, an event as its type's name and fields, an engine
+error as its class's name and message. Knows sockets, JSON and the engine's wire types (`engine.api`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ from engine.api import (
 
 ADDRESS_ENV = "CHORUS_ENGINE_SOCKET"  # where a room's process finds the engine (set by the worker)
 KEY_ENV = "CHORUS_ENGINE_KEY"  # the rooms' key to the door (set by the worker for its rooms; never logged)
+CONFIG_ENV = (
+    "CHORUS_ENGINE_CONFIG"  # the engine's config as JSON (set by engine/client/process.py for its engine)
+)
+READY = "chorus engine ready"  # the line the engine's process prints once its door is open
 MAX_LINE = 4 << 20  # one message: a tool's result is cut to the engine's max_result_chars after this
 MAX_DEPTH = (
     16  # arrays and objects inside one another in a message (the deepest the door sends or takes is 4)
