@@ -6,9 +6,9 @@ had alone. On the scheduler with hand-made sessions, then on the runner at the t
 import numpy as np
 import torch
 
-from engine.model.pipeline import Pipeline
 from engine.config.presets import load_preset
 from engine.config.stage_config import TokenConfig
+from engine.model.pipeline import Pipeline
 from engine.text.tokens import Tokens
 from engine.tick.plan import Limits, ToolResult, ToolWork
 from engine.tick.runner import Runner
