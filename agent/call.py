@@ -35,7 +35,7 @@ from redaction import pseudonym
 
 if TYPE_CHECKING:
     from engine.api import EngineClient, SessionPort
-    from engine.sizing.stage_config import ClockConfig
+    from engine.config.stage_config import ClockConfig
 
 log = logging.getLogger("chorus.agent.call")
 

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationInfo, field
 from envsettings import EnvSettings, whole
 
 if TYPE_CHECKING:
-    from engine.sizing.engine_config import EngineConfig
+    from engine.config.engine_config import EngineConfig
 
 __all__ = ["DEFAULT_AGENT_NAME", "AgentSettings", "e164"]
 
@@ -130,7 +130,7 @@ class AgentSettings(EnvSettings):
         description="a number of seconds above 0, at most 86400",
     )
 
-    # context windows (engine/sizing/windows.py); empty: the release's. Capacity mode: a short talker window
+    # context windows (engine/config/windows.py); empty: the release's. Capacity mode: a short talker window
     talker_window: int | None = Field(
         None,
         ge=2,
@@ -216,7 +216,7 @@ class AgentSettings(EnvSettings):
         """The engine these settings describe, the one mapping from them to `EngineConfig` (the worker's and
         the simulation's); `overrides` are `EngineConfig` fields given another way
         (the simulation's flags)."""
-        from engine.sizing.engine_config import EngineConfig
+        from engine.config.engine_config import EngineConfig
 
         fields = {
             "preset": self.preset,
@@ -268,7 +268,7 @@ class AgentSettings(EnvSettings):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        from engine.sizing.presets import (
+        from engine.config.presets import (
             PRESETS,  # the presets' names only; the engine itself is not imported
         )
 

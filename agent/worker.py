@@ -103,7 +103,7 @@ def agent_prompts(settings: AgentSettings) -> list:
     from agent.hotel import HotelAgent, tool_schemas
     from agent.phone.phone import PhoneConcierge, PhoneLine
     from agent.room_process import shared_hotel
-    from engine.sizing.engine_config import WarmPrompt
+    from engine.config.engine_config import WarmPrompt
 
     try:
         hotel = shared_hotel()
@@ -148,8 +148,8 @@ def weight_bytes(settings: AgentSettings) -> int:
         path = Path(settings.checkpoint)
         path = path / "model.safetensors" if path.is_dir() else path
         return path.stat().st_size if path.is_file() else 0  # a missing file fails the engine's own check
+    from engine.config.presets import load_preset
     from engine.sizing.info import report
-    from engine.sizing.presets import load_preset
 
     return 2 * report(load_preset(settings.preset), gpu_mem_gb=0.0)["params_total"]
 

@@ -15,11 +15,11 @@ import time
 import torch
 
 from benchmarks.engine_serve import add_arguments, main_serve
+from engine.config.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
+from engine.config.presets import PRESETS, load_preset
+from engine.config.stage_config import ModelConfig
+from engine.config.windows import add_window_arguments, windows
 from engine.process.malloc import tune_malloc
-from engine.sizing.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
-from engine.sizing.presets import PRESETS, load_preset
-from engine.sizing.stage_config import ModelConfig
-from engine.sizing.windows import add_window_arguments, windows
 
 TICK_MS = 80.0
 
@@ -148,7 +148,7 @@ def bench_pipeline(args) -> int:
             out[f"graph_ms_p50_{b}"], out[f"graph_ms_p99_{b}"] = st["p50"], st["p99"]
             line.append(f"graphed step {st['p50']:.2f}/{st['p99']:.2f}")
         if device.type == "cuda":
-            from engine.sizing.memory import predict_peak_bytes
+            from engine.memory import predict_peak_bytes
 
             out[f"peak_gb_{b}"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
             out[f"predicted_gb_{b}"] = round(predict_peak_bytes(cfg, dtypes, b, live_only=True)[0] / 2**30, 3)

@@ -13,7 +13,7 @@ import sys
 
 from benchmarks.engine_bench import TICK_MS
 from benchmarks.engine_serve import run_workload
-from engine.sizing.presets import PRESETS
+from engine.config.presets import PRESETS
 from engine.tick.engine import EngineConfig
 
 

@@ -19,8 +19,8 @@ import torch
 from benchmarks.scripted_serve import main_scripted
 from benchmarks.tick_accounting import PlayoutGaps, plot_ticks
 from engine.api import AudioFrame, FunctionCall, Output, ToolResultConsumed
+from engine.config.presets import load_preset
 from engine.observe.metrics import pct
-from engine.sizing.presets import load_preset
 from engine.tick.engine import Engine, EngineConfig
 from testkit.concierge import PROMPT, TOOLS
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config.dtype_policy import DtypePolicy, dtype_policy
+from engine.config.presets import load_preset
+from engine.config.stage_config import ModelConfig
+from engine.config.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 from engine.model.pipeline import STAGES, build_stages
-from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
 from engine.sizing.info import GB, WORKSPACE_GB, report
-from engine.sizing.presets import load_preset
-from engine.sizing.stage_config import ModelConfig
-from engine.sizing.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 
 PRESET = "nemotron-voicechat-11b"
 MINUTES = (1, 2, 3, 5, 10, 20, 30)

@@ -26,8 +26,8 @@ OVERRIDES = {"thinker": {"hidden_size": 640, "vocab_size": 131_072, "intermediat
 
 
 def build(num_slots: int = 2):
+    from engine.config.presets import load_preset
     from engine.model.pipeline import Pipeline
-    from engine.sizing.presets import load_preset
     from engine.text.tokens import Tokens
 
     base = load_preset("tiny")

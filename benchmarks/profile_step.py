@@ -4,7 +4,7 @@ For the live step of a preset at N slots (every slot active) it reports: the ope
 and whether anything in it would stop a CUDA graph capture (engine/tick/graph.py's audit); on CUDA, under the
 profiler, the kernels one eager step launches, the GPU-busy time against the wall time of an eager step and
 of a graph replay, and the peak device memory against the prediction of `engine info --slots`
-(engine/sizing/memory.py). Last line: one JSON object. Knows the pipeline and torch's profiler; nothing of
+(engine/memory.py). Last line: one JSON object. Knows the pipeline and torch's profiler; nothing of
 sessions.
 """
 
@@ -17,10 +17,10 @@ import time
 
 import torch
 
+from engine.config.dtype_policy import DTYPE_POLICIES, dtype_policy
+from engine.config.presets import PRESETS, load_preset
+from engine.config.windows import add_window_arguments, windows
 from engine.process.malloc import tune_malloc
-from engine.sizing.dtype_policy import DTYPE_POLICIES, dtype_policy
-from engine.sizing.presets import PRESETS, load_preset
-from engine.sizing.windows import add_window_arguments, windows
 
 
 def _busy_ms(prof) -> tuple[int, float]:
@@ -55,8 +55,8 @@ def _timed(fn, device: torch.device, n: int) -> list[float]:
 
 
 def profile(preset: str, slots: int, device: torch.device, dtype: str, steps: int = 20, args=None) -> dict:
+    from engine.memory import predict_peak_bytes
     from engine.model.pipeline import Pipeline, all_inactive, live_inputs
-    from engine.sizing.memory import predict_peak_bytes
     from engine.text.tokens import Tokens
     from engine.tick.graph import StepGraph, audit_step
 

@@ -22,11 +22,11 @@ import numpy as np
 from benchmarks.scripted_device import DeviceCosts, ScriptedRunner, SimClock
 from benchmarks.tick_accounting import PlayoutGaps
 from engine.api import AudioFrame, ForceTokens, FunctionCall, SubmitResult, ToolResultConsumed
+from engine.config.engine_config import EngineConfig
+from engine.config.presets import load_preset
+from engine.config.stage_config import TokenConfig
 from engine.observe.metrics import Accounting
 from engine.process.priority import TickPriority
-from engine.sizing.engine_config import EngineConfig
-from engine.sizing.presets import load_preset
-from engine.sizing.stage_config import TokenConfig
 from engine.text.tokens import Tokens
 from engine.tick import build
 from engine.tick.opening import requested_prompt

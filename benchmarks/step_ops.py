@@ -20,8 +20,8 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.sizing.dtype_policy import DTYPE_POLICIES, dtype_policy
-from engine.sizing.presets import PRESETS, load_preset
+from engine.config.dtype_policy import DTYPE_POLICIES, dtype_policy
+from engine.config.presets import PRESETS, load_preset
 
 DEFAULT_PRESET = "nemotron-voicechat-11b"
 

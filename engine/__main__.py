@@ -1,6 +1,6 @@
 """`python -m engine info`: size a preset (parameters, weight and state bytes, sessions per GPU, and with
 `--slots` the predicted peak memory). Knows the presets and the sizing (engine/sizing/info.py,
-engine/sizing/memory.py); builds no engine. The engine's benchmarks and demo are under benchmarks/
+engine/memory.py); builds no engine. The engine's benchmarks and demo are under benchmarks/
 (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from engine.sizing.presets import PRESETS, load_preset
-from engine.sizing.windows import add_window_arguments, windows
+from engine.config.presets import PRESETS, load_preset
+from engine.config.windows import add_window_arguments, windows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     r = report(cfg, args.gpu_mem_gb, policy)
     print_report(r)
     if args.slots:
-        from engine.sizing.memory import peak_report, print_peak
+        from engine.memory import peak_report, print_peak
 
         r["peak"] = peak_report(cfg, r, args.slots)
         print_peak(r["peak"])

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from engine.sizing.stage_config import ClockConfig, TokenConfig
+    from engine.config.stage_config import ClockConfig, TokenConfig
     from engine.text.tokens import Tokens
 
 LAST_WORDS = 60  # characters of the agent's last turn a snapshot carries (the page shortens them further)

@@ -1,4 +1,4 @@
-"""Build the tiny preset's tokenizer (engine/sizing/assets/tiny_tokenizer.json).
+"""Build the tiny preset's tokenizer (engine/config/assets/tiny_tokenizer.json).
 
 A byte-level BPE with the Nano-9B-v2 tokenizer's special-token layout: ids 0..31 are `<unk>`, `<s>`,
 `</s>` and `<SPECIAL_3>`..`<SPECIAL_31>` (PAD is `<SPECIAL_12>`, tool-call start/end `<SPECIAL_20>`,
@@ -52,7 +52,7 @@ def build() -> Tokenizer:
 
 
 def main() -> None:
-    out = Path(__file__).resolve().parents[1] / "engine" / "sizing" / "assets" / "tiny_tokenizer.json"
+    out = Path(__file__).resolve().parents[1] / "engine" / "config" / "assets" / "tiny_tokenizer.json"
     tok = build()
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
     for i, name in enumerate(SPECIALS):

@@ -27,7 +27,7 @@ from agent.call import PcmInput, start_call
 from agent.duplex import ChorusModel, InputConverter
 from agent.forcing import AFTER_TOOL, Forcing
 from agent.hotel import HotelAgent
-from engine.sizing.presets import load_preset
+from engine.config.presets import load_preset
 from engine.tick.engine import Engine
 from engine_support import ticks_pass
 from hotel_support import TODAY, booking

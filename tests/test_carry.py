@@ -337,7 +337,7 @@ def test_a_rows_limits_hold_when_it_is_read_back(tmp_path):
     (24 turns of 300,000 characters) is not read, the call going on without its history, never as a prompt
     of millions of tokens; one within MAX_ROW_CHARS whose turns, tools and results are longer and more than
     the limits is cut to them, and its prompt is as short as the limits make it."""
-    from engine.sizing.stage_config import TokenConfig
+    from engine.config.stage_config import TokenConfig
     from engine.text.tokens import Tokens
 
     tokens = Tokens(TokenConfig())

@@ -14,14 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.config.dtype_policy import DTYPE_POLICIES
+from engine.config.presets import load_preset
 from engine.model import weights
 from engine.model.checkpoint import CheckpointError, write_header_only
 from engine.model.pipeline import Pipeline, build_stages
 from engine.model.release_config import check_release_config, release_config
 from engine.model.weights import Progress, load_checkpoint, model_config, targets
-from engine.sizing.dtype_policy import DTYPE_POLICIES
 from engine.sizing.info import check_memory
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 
 ROOT = Path(__file__).resolve().parents[1]

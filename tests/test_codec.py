@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.config.presets import load_preset
 from engine.model import codec_ops
 from engine.model.codec import PREFIX, Codec, ignored_release_names, load_release_weights
-from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codec"

@@ -1,9 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from engine.sizing.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
-from engine.sizing.presets import PRESETS, load_preset
-from engine.sizing.stage_config import ThinkerConfig
+from engine.config.dtype_policy import DTYPE_POLICIES, DtypePolicy, dtype_policy
+from engine.config.presets import PRESETS, load_preset
+from engine.config.stage_config import ThinkerConfig
 
 
 def test_presets_have_the_spec_dimensions():

@@ -20,18 +20,18 @@ import engine.model.talker as talker_module  # noqa: E402
 import engine.model.talker_backbone as talker_backbone_module  # noqa: E402
 import engine.model.thinker as thinker_module  # noqa: E402
 import engine.model.thinker_attention as thinker_attention_module  # noqa: E402
+from engine.config.presets import load_preset  # noqa: E402
 from engine.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     decode_attention_ref,
     decode_attention_triton,
 )
-from engine.sizing.presets import load_preset  # noqa: E402
 from engine_support import run_compiled  # noqa: E402
 from fixture_weights import stage_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "talker"
-TOKENIZER = str(REPO / "engine" / "sizing" / "assets" / "tiny_tokenizer.json")
+TOKENIZER = str(REPO / "engine" / "config" / "assets" / "tiny_tokenizer.json")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # |got - want| <= atol + rtol * |want|, per comparison.

@@ -389,7 +389,7 @@ def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_repo
     """The engine in its own process (`python -m engine.door.serve`, as the worker starts it), killed
     mid-call: the room's session ends with one failure, and the load the worker reports is full."""
     from engine.client.process import EngineProcess
-    from engine.sizing.engine_config import EngineConfig
+    from engine.config.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
     try:
@@ -424,7 +424,7 @@ def test_the_engines_process_killed_ends_every_rooms_session_and_the_worker_repo
 def test_the_engines_process_ends_with_the_worker():
     """The worker holds the engine's standard input: when it ends, however it ends, so does the engine."""
     from engine.client.process import EngineProcess
-    from engine.sizing.engine_config import EngineConfig
+    from engine.config.engine_config import EngineConfig
 
     process = EngineProcess(EngineConfig(preset="tiny", num_slots=1).model_dump_json(), timeout=180).start()
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.config.dtype_policy import dtype_policy
+from engine.config.presets import load_preset
 from engine.model.pipeline import Pipeline, all_inactive, live_inputs
-from engine.sizing.dtype_policy import dtype_policy
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 from engine.tick.graph import StepGraph, audit_step
 

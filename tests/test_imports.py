@@ -118,6 +118,7 @@ ROOMS_SIDE = {
     "engine.api",
     "engine.client",
     "engine.transport",
+    "engine.config",
     "engine.sizing",
     "engine.text",
     "engine.process",
@@ -125,14 +126,17 @@ ROOMS_SIDE = {
 MAY_IMPORT = {
     "engine": {"redaction"},
     # what a room's process imports to reach the engine: the contract, the configs and the text
-    "engine.client": {"engine.api", "engine.transport", "engine.sizing.stage_config", "engine.text"},
+    "engine.client": {"engine.api", "engine.transport", "engine.config.stage_config", "engine.text"},
     # the wire and the shared memory, both sides'
     "engine.transport": {"engine.api"},
-    "engine.api": {"engine.sizing.stage_config", "engine.text"},
+    "engine.api": {"engine.config.stage_config", "engine.text"},
     # either side's text, a process's tuning, the model and its kernels: each below the tick
-    "engine.text": {"engine.api", "engine.sizing.stage_config"},
+    "engine.text": {"engine.api", "engine.config.stage_config"},
     "engine.process": set(),
-    "engine.model": {"engine.kernels", "engine.sizing", "engine.text"},
+    # the configs, plain data; the torch side's sizing of them
+    "engine.config": set(),
+    "engine.sizing": {"engine.config", "engine.model"},
+    "engine.model": {"engine.kernels", "engine.config", "engine.text"},
     "engine.kernels": set(),
     "agent": ROOMS_SIDE | {"tools", "prompts", "envsettings", "redaction"},
     # the simulation hosts an engine in its own process (`make run`): it may reach the engine's side too
@@ -149,6 +153,8 @@ MAY_IMPORT = {
 # what the tick stands on
 SEALED = {
     "engine.client",
+    "engine.config",
+    "engine.sizing",
     "engine.transport",
     "engine.api",
     "engine.text",
@@ -220,7 +226,14 @@ def test_a_rooms_process_reaches_the_engine_without_torch():
     """Nothing the engine's client imports, however deep, imports torch: a room's process stays small."""
     modules = module_files()
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    seen, todo = set(), [m for m in modules if _under(m, "engine.client") or _under(m, "engine.transport")]
+    seen, todo = (
+        set(),
+        [
+            m
+            for m in modules
+            if any(_under(m, p) for p in ("engine.client", "engine.transport", "engine.config"))
+        ],
+    )
     while todo:
         m = todo.pop()
         if m not in seen:
@@ -297,18 +310,7 @@ def test_no_cycle_between_folders():
 
 
 # the cycles between folders not broken yet: the check fails on any other, and on one of these once broken
-STILL_TO_BREAK = [
-    [
-        "engine.api",
-        "engine.model",
-        "engine.observe",
-        "engine.sizing",
-        "engine.text",
-        "engine.tick",
-        "engine.transport",
-    ],
-    ["agent.fleet", "agent.room_process"],
-]
+STILL_TO_BREAK = [["engine.observe", "engine.tick"], ["agent.fleet", "agent.room_process"]]
 
 
 def imported_by_line(path: Path) -> set[str] | None:

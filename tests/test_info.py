@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.config.dtype_policy import dtype_policy
+from engine.config.presets import load_preset
 from engine.model.pipeline import Pipeline
-from engine.sizing.dtype_policy import dtype_policy
 from engine.sizing.info import report
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 
 PUBLISHED = {"llm": 7.714e9, "embed_tokens": 0.587e9, "lm_head": 0.587e9, "function_head": 0.587e9}

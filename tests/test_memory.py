@@ -1,4 +1,4 @@
-"""The peak-memory prediction (engine/sizing/memory.py): transient memory traced on the meta device, checked
+"""The peak-memory prediction (engine/memory.py): transient memory traced on the meta device, checked
 against what the C allocator really hands out when the same steps run on CPU, and the bounds it shows at the
 11B shape.
 
@@ -19,13 +19,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.config.dtype_policy import dtype_policy
+from engine.config.presets import load_preset
+from engine.config.windows import with_windows
+from engine.memory import predict_peak_bytes, step_peaks, transient_bytes
 from engine.model.pipeline import Pipeline, live_inputs
 from engine.process.malloc import heap_bytes
-from engine.sizing.dtype_policy import dtype_policy
 from engine.sizing.info import needed_bytes
-from engine.sizing.memory import predict_peak_bytes, step_peaks, transient_bytes
-from engine.sizing.presets import load_preset
-from engine.sizing.windows import with_windows
 from engine.text.tokens import Tokens
 
 CFG = load_preset("tiny")

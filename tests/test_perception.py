@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from engine.config.presets import load_preset
 from engine.model.perception import (
     RELEASE_PREFIX,
     Perception,
     load_release_weights,
     slaney_mel_filterbank,
 )
-from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "perception"

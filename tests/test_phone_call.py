@@ -21,7 +21,7 @@ from agent.call import PcmInput, read_wav, start_call
 from agent.phone.phone import PhoneConcierge, PhoneLine
 from agent.phone.telephony import PHONE_RATE, mulaw_decode, mulaw_encode, telephone_band
 from agent.settings import AgentSettings
-from engine.sizing.presets import load_preset
+from engine.config.presets import load_preset
 from engine.tick.engine import Engine
 from engine.tick.slots import SILENT_RMS
 from engine_support import ticks_pass

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine.config.dtype_policy import DtypePolicy, dtype_policy
+from engine.config.presets import load_preset
 from engine.model.pipeline import DTYPES, STAGES, Pipeline
 from engine.model.weights import load_into, read_tensors
-from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 
 DATA = Path(__file__).resolve().parent.parent / "prompts" / "callers"

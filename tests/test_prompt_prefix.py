@@ -7,7 +7,7 @@ prompt prefilled whole from nothing gives."""
 import numpy as np
 
 from engine.api import AudioFrame
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 from engine.text.tokens import Tokens
 from engine.tick.plan import Limits, ToolResult
 from engine.tick.scheduler import Scheduler
@@ -145,7 +145,7 @@ def test_the_prompts_warmed_at_start_are_kept_and_their_sessions_closed():
     """An engine started with `warm_prompts` prefills them in sessions of their own, closed once their state
     is kept: a call then opened with one of them prefills nothing, and one carried on with it only its own
     part."""
-    from engine.sizing.engine_config import WarmPrompt
+    from engine.config.engine_config import WarmPrompt
     from engine.tick.engine import Engine, EngineConfig
     from wait_support import wait_until
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.config.stage_config import ThinkerConfig
 from engine.model.mamba import Mamba2Mixer
 from engine.model.talker_heads import GatedProjectedSumRMSNorm
-from engine.sizing.stage_config import ThinkerConfig
 
 CFG = ThinkerConfig(
     hidden_size=48,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.config.presets import load_preset
 from engine.model.pipeline import PROMPT_STAGES, Pipeline
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 from engine.tick.runner import traced_live_step
 

@@ -18,7 +18,7 @@ from engine.api import (
     TurnEnded,
     TurnStarted,
 )
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 from engine.text.tokens import Tokens
 from engine.tick.plan import Limits, LivePlan, LiveResult, Tick, ToolResult
 from engine.tick.scheduler import Scheduler
@@ -524,8 +524,8 @@ def test_a_reserve_the_caller_never_falls_silent_for_is_heard_in_the_slack_while
 def test_the_fixed_buffer_baseline_keeps_a_frame_in_reserve_for_the_call():
     """The benchmarks' baseline (EngineConfig.fixed_buffers): back from replay a session keeps one frame in
     reserve, and steady arrivals never shed it, as before the reserve followed the arrivals."""
-    from engine.sizing.engine_config import EngineConfig
-    from engine.sizing.presets import load_preset
+    from engine.config.engine_config import EngineConfig
+    from engine.config.presets import load_preset
     from engine.tick import build
 
     lim = build.limits(EngineConfig(preset="tiny", fixed_buffers=True), load_preset("tiny"))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine.config.presets import load_preset
 from engine.model.pipeline import Pipeline
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 from engine.tick.graph import audit_step, pow2_at_least, pow2_pieces
 from engine.tick.plan import ToolWork

@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from engine.config.dtype_policy import DtypePolicy, dtype_policy
+from engine.config.presets import load_preset
+from engine.config.stage_config import ModelConfig
 from engine.model.pipeline import DTYPES, PROMPT_STAGES, STAGES, Pipeline
-from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
 from engine.sizing.info import report
-from engine.sizing.presets import load_preset
-from engine.sizing.stage_config import ModelConfig
 from engine.text.tokens import Tokens
 
 CFG = load_preset("tiny")

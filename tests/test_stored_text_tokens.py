@@ -11,7 +11,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from agent.fleet.carry import MAX_TOOLS, Conversation, resume_context
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 from engine.text.tokens import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN, Tokens
 
 SYSTEM = "You are the concierge of a hotel."

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.config.presets import load_preset
 from engine.model.talker import PREFIX, Talker, load_release_weights
 from engine.model.talker_heads import unmasking_schedule
-from engine.sizing.presets import load_preset
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "talker"
-TOKENIZER = str(Path(__file__).parents[1] / "engine" / "sizing" / "assets" / "tiny_tokenizer.json")
+TOKENIZER = str(Path(__file__).parents[1] / "engine" / "config" / "assets" / "tiny_tokenizer.json")
 TINY = load_preset("tiny").talker
 DETERMINISTIC = {"gumbel": False, "noise_scale": 0.0}
 

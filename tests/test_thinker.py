@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.config.presets import load_preset
+from engine.config.stage_config import ThinkerConfig
 from engine.model.thinker import Thinker, load_release_weights
-from engine.sizing.presets import load_preset
-from engine.sizing.stage_config import ThinkerConfig
 from fixture_weights import stage_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "thinker"

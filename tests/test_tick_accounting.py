@@ -11,10 +11,10 @@ import pytest
 from benchmarks import engine_bench
 from benchmarks.scripted_device import COSTS_DIR, DeviceCosts, ScriptedRunner, SimClock
 from engine.api import EngineOverloaded
+from engine.config.engine_config import EngineConfig
+from engine.config.stage_config import TokenConfig
 from engine.observe.metrics import Accounting
 from engine.process.priority import TickPriority
-from engine.sizing.engine_config import EngineConfig
-from engine.sizing.stage_config import TokenConfig
 from engine.text.tokens import Tokens
 from engine.tick.headroom import Headroom
 from engine.tick.phase import TickPhase

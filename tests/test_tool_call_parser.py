@@ -10,7 +10,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 from engine.text.tokens import CALL_CLOSE, CALL_OPEN, ParsedCall, Tokens, ToolCallError, parse_tool_call
 
 TOK = Tokens(TokenConfig())

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from engine.api import AudioFrame, TurnEnded, TurnStarted
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 from engine.text.tokens import TextStream, Tokens
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import ManualClock, drain, run_ticks

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.config.presets import load_preset
 from engine.model.pipeline import Pipeline
 from engine.model.release_config import release_config
 from engine.model.weights import CheckpointError, load_into, read_tensors
-from engine.sizing.presets import load_preset
 from engine.text.tokens import Tokens
 from engine.tick.engine import Engine, EngineConfig
 

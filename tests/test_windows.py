@@ -10,11 +10,11 @@ import torch
 
 from agent.settings import AgentSettings
 from engine.api import AudioFrame
+from engine.config.dtype_policy import dtype_policy
+from engine.config.presets import load_preset
+from engine.config.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 from engine.model.pipeline import build_stages
-from engine.sizing.dtype_policy import dtype_policy
 from engine.sizing.info import report
-from engine.sizing.presets import load_preset
-from engine.sizing.windows import CAPACITY_TALKER_WINDOW, talker_window, with_windows
 from engine.text.tokens import Tokens
 from engine.tick.engine import Engine, EngineConfig
 from engine_support import drain

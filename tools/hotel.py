@@ -20,7 +20,7 @@ from .store import HotelPolicy, Reservation, RoomType, Store, Tx
 log = logging.getLogger(__name__)
 
 # How long one tool call may take, from its start to its answer, in seconds. The engine stops waiting for
-# a tool after `tool_timeout_s` (15 s, engine/sizing/engine_config.py) and tells the model that the tool did
+# a tool after `tool_timeout_s` (15 s, engine/config/engine_config.py) and tells the model that the tool did
 # not answer, so the hotel answers well before that, and nothing it was asked to do commits after it answered:
 #   7.5 s  the call's transactions: every statement, the one retry on a fresh connection after a lost one
 #          and the retries after lock conflicts. The server ends a statement 0.25 s before this

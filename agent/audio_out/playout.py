@@ -22,7 +22,7 @@ from livekit.agents import io
 from agent.audio_out.acks import AckClips
 from agent.audio_out.playout_buffer import PlayoutBuffer, Sink
 from agent.turns import CallObserver
-from engine.sizing.stage_config import ClockConfig
+from engine.config.stage_config import ClockConfig
 
 ACK_FALLBACK_S = 0.5  # a clip waits at most this long for the interrupted turn's audio to arrive
 HOLD_CLIP = "ack_bear"  # "Bear with me a moment.": while a call's new agent is not live yet (`hold_on`)

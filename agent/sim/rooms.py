@@ -27,7 +27,7 @@ from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
 if TYPE_CHECKING:
-    from engine.sizing.stage_config import ClockConfig
+    from engine.config.stage_config import ClockConfig
     from engine.tick.engine import Engine
     from tools.hotel import Hotel
 

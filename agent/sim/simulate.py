@@ -83,7 +83,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     Every setting is checked, also those the simulation does not use (CHORUS_SLOTS), as the worker would."""
     from agent.settings import AgentSettings
     from agent.startup import listen_problem
-    from engine.sizing.presets import PRESETS
+    from engine.config.presets import PRESETS
     from envsettings import SettingsError
     from tools.settings import StoreSettings
 
@@ -131,7 +131,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.sizing.presets import load_preset
+    from engine.config.presets import load_preset
 
     try:
         check_arguments(args)

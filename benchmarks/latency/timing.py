@@ -16,8 +16,8 @@ def constants() -> dict:
     """The algorithmic parts, from the code that sets them."""
     from agent.audio_out.playout_buffer import BUFFER_FRAMES, START_DELAY_FRAMES
     from agent.audio_out.playout_timing import MAX_START_DELAY_FRAMES, MIN_START_DELAY_S
+    from engine.config.presets import load_preset
     from engine.model.codec_ops import cached_columns
-    from engine.sizing.presets import load_preset
     from engine.tick.echo import MARK
 
     cfg = load_preset("tiny")  # the 11B preset has the same clock, perception geometry and codec head

@@ -3,6 +3,6 @@ worker's control and the engine's process started and stopped. The wire and the 
 are `engine.transport`'s.
 
 Runs in: a room's process and the worker's, never the engine's. May import: `engine.api`, `engine.transport`,
-`engine.sizing.stage_config` and `engine.text`; nothing that reaches torch (tests/test_imports.py).
+`engine.config.stage_config` and `engine.text`; nothing that reaches torch (tests/test_imports.py).
 Imported by: `agent`.
 """

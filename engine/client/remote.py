@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.api import EngineClosed, SessionRejected
 from engine.client.handle import REQUEST_TIMEOUT_S, RemoteHandle
-from engine.sizing.stage_config import ClockConfig, TokenConfig
+from engine.config.stage_config import ClockConfig, TokenConfig
 from engine.transport.link import Layout, SessionLink
 from engine.transport.wire import (
     ADDRESS_ENV,

@@ -29,8 +29,8 @@ DOOR_STOPPED = 3  # the exit status of an engine whose door stopped
 
 
 def main() -> int:
+    from engine.config.engine_config import EngineConfig
     from engine.door.host import EngineHost
-    from engine.sizing.engine_config import EngineConfig
     from engine.tick.engine import Engine
 
     logging.basicConfig(

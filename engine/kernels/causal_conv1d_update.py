@@ -185,6 +185,6 @@ def causal_conv1d_update(
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return causal_conv1d_update_triton(x, conv_state, weight, bias, state_indices, silu)
-    if x.is_meta:  # memory planning (engine/sizing/memory.py): the kernel allocates its output only
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
         return torch.empty_like(x)
     return causal_conv1d_update_ref(x, conv_state, weight, bias, state_indices, silu)

@@ -327,7 +327,7 @@ def decode_attention(
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference. On the
-    meta device (memory planning, engine/sizing/memory.py) the kernel's output alone, as the kernel allocates
+    meta device (memory planning, engine/memory.py) the kernel's output alone, as the kernel allocates
     it."""
     if triton is not None and q.is_cuda:
         return decode_attention_triton(q, k_cache, v_cache, lengths, scale, rows=rows)

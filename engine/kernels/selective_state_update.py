@@ -247,6 +247,6 @@ def selective_state_update(
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
         return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
-    if x.is_meta:  # memory planning (engine/sizing/memory.py): the kernel allocates its output only
+    if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
         return torch.empty_like(x)
     return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)

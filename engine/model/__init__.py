@@ -2,6 +2,6 @@
 checkpoints.
 
 Runs in: the engine's process (and on the meta device wherever a preset is sized). May import:
-`engine.kernels`, `engine.sizing`, `engine.text`.
-Imported by: `engine.sizing` and `engine.tick`.
+`engine.kernels`, `engine.config`, `engine.text`.
+Imported by: `engine.memory`, `engine.sizing` and `engine.tick`.
 """

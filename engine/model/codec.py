@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config.stage_config import CodecConfig
 from engine.model import codec_ops
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
-from engine.sizing.stage_config import CodecConfig
 
 PREFIX = "tts_model.audio_codec."
 # Release tensors decoding never reads: the waveform encoder (only needed to make codes from audio) and

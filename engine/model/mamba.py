@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config.stage_config import ThinkerConfig
 from engine.kernels.causal_conv1d_update import causal_conv1d_update
 from engine.kernels.reset_rows import reset_rows
 from engine.kernels.selective_state_update import selective_state_update
 from engine.model.slot_state import register_slot_state
-from engine.sizing.stage_config import ThinkerConfig
 
 
 class GatedRMSNorm(nn.Module):

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config.stage_config import PerceptionConfig
 from engine.model.conformer import ConformerEncoder
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state, ring_write
-from engine.sizing.stage_config import PerceptionConfig
 
 _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.config.dtype_policy import DTYPE_POLICIES, DtypePolicy
+from engine.config.stage_config import ModelConfig
 from engine.model.codec import Codec
 from engine.model.perception import Perception
 from engine.model.slot_state import SlotState
 from engine.model.talker import Talker
 from engine.model.thinker import Thinker
-from engine.sizing.dtype_policy import DTYPE_POLICIES, DtypePolicy
-from engine.sizing.stage_config import ModelConfig
 from engine.text.tokens import Tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

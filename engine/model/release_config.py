@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from engine.config.stage_config import ModelConfig
 from engine.model.checkpoint import WEIGHTS_FILE, CheckpointError
-from engine.sizing.stage_config import ModelConfig
 
 CONFIG_FILE = "config.json"
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.config.stage_config import TalkerConfig
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
 from engine.model.talker_backbone import Attention, TalkerBackbone
 from engine.model.talker_heads import (
@@ -31,7 +32,6 @@ from engine.model.talker_heads import (
     uniform_noise,
     unmasking_schedule,
 )
-from engine.sizing.stage_config import TalkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.config.stage_config import TalkerConfig
 from engine.kernels.decode_attention import decode_attention
 from engine.kernels.reset_rows import reset_rows
 from engine.model.slot_state import register_slot_state, ring_write
@@ -23,7 +24,6 @@ from engine.model.talker_heads import (
     rope_inv_freq,
     rotate_half_tables,
 )
-from engine.sizing.stage_config import TalkerConfig
 
 
 class Attention(nn.Module):

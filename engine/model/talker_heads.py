@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.sizing.stage_config import TalkerConfig
+from engine.config.stage_config import TalkerConfig
 
 _MASK32 = 0xFFFFFFFF
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.config.stage_config import ThinkerConfig
 from engine.kernels.reset_rows import reset_rows
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
 from engine.model.thinker_attention import Attention
-from engine.sizing.stage_config import ThinkerConfig
 
 
 class RMSNorm(nn.Module):

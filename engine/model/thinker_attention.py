@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.config.stage_config import ThinkerConfig
 from engine.kernels.decode_attention import decode_attention
 from engine.model.slot_state import register_slot_state, ring_write
-from engine.sizing.stage_config import ThinkerConfig
 
 RING_SLICE = 1024  # ring entries a prefill's attention holds at once (per row and KV head)
 

@@ -20,10 +20,10 @@ from typing import Any, TextIO
 
 import torch
 
+from engine.config.stage_config import ModelConfig, TalkerConfig, TokenConfig
 from engine.model import codec, perception, talker, thinker
 from engine.model.checkpoint import CheckpointError, SafetensorsFile, TensorInfo, weights_path
 from engine.model.release_config import check_release_config, read_release_config
-from engine.sizing.stage_config import ModelConfig, TalkerConfig, TokenConfig
 
 __all__ = ["CheckpointError", "load_checkpoint", "load_into", "model_config", "read_tensors", "resolve"]
 

@@ -25,9 +25,9 @@ from engine.transport.link import PLAYED_AT
 from redaction import last_words
 
 if TYPE_CHECKING:
+    from engine.config.engine_config import EngineConfig
     from engine.observe.metrics import Accounting
     from engine.process.priority import TickPriority
-    from engine.sizing.engine_config import EngineConfig
     from engine.tick.echo import Echo
     from engine.tick.headroom import Headroom
     from engine.tick.phase import TickPhase

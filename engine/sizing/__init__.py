@@ -1,8 +1,8 @@
-"""What the engine is built from: its configs, presets and windows, and what a preset needs of a device
-(`python -m engine info`).
+"""What a preset needs of a device: its stages built on the meta device, their parameters, weight and state
+bytes, and the sessions that fit (`python -m engine info`, the engine's memory check at build). The torch
+side of sizing; the configs it sizes are `engine.config`'s.
 
-Runs in: either side (the configs in a room's process too; the sizing that builds the model on the meta
-device in the engine's and the worker's). May import: any of `engine/`.
-Imported by: `engine.__main__`, `engine.api`, `engine.client`, `engine.door`, `engine.model`,
-`engine.observe`, `engine.text`, `engine.tick` and `agent`.
+Runs in: the engine's process, and the worker's where it reports a preset. May import: `engine.config`,
+`engine.model`.
+Imported by: `engine.__main__`, `engine.memory`, `engine.tick` and `agent.worker`.
 """

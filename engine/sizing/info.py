@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.config.dtype_policy import DtypePolicy, DtypePolicyName, dtype_policy
+from engine.config.stage_config import ModelConfig
 from engine.model.checkpoint import CheckpointError
 from engine.model.pipeline import STAGES, build_stages
-from engine.sizing.dtype_policy import DtypePolicy, DtypePolicyName, dtype_policy
-from engine.sizing.stage_config import ModelConfig
 
 # Memory kept free for activations, CUDA graphs and the allocator, beyond weights and state.
 WORKSPACE_GB = 4.0  # GiB kept free on a GPU for the allocator's workspace

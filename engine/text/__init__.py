@@ -2,6 +2,6 @@
 with its tool block.
 
 Runs in: either side (a room forces tokens; the tick decodes them). May import: `engine.api` and
-`engine.sizing.stage_config`; never torch.
-Imported by: `engine.api`, `engine.client`, `engine.model`, `engine.sizing` and `engine.tick`.
+`engine.config.stage_config`; never torch.
+Imported by: `engine.api`, `engine.client`, `engine.memory`, `engine.model` and `engine.tick`.
 """

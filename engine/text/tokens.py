@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from engine.sizing.stage_config import TokenConfig
+from engine.config.stage_config import TokenConfig
 
 CALL_OPEN, CALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<TOOL_RESPONSE>", "</TOOL_RESPONSE>"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.tick.graph import pow2_at_least, pow2_pieces
 
-# one prefill forward's rows, and rows x positions: they bound its transient memory (engine/sizing/memory.py
+# one prefill forward's rows, and rows x positions: they bound its transient memory (engine/memory.py
 # traces it: about 0.6 GiB at the 11B shape)
 MAX_PREFILL_ROWS = 8
 MAX_PREFILL_POSITIONS = 512

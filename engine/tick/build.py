@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config.dtype_policy import DtypePolicy, dtype_policy
+from engine.config.engine_config import EngineConfig
+from engine.config.presets import load_preset
+from engine.config.stage_config import ModelConfig
+from engine.config.windows import talker_window, with_windows
 from engine.model.pipeline import Pipeline
 from engine.model.weights import load_checkpoint, model_config
-from engine.sizing.dtype_policy import DtypePolicy, dtype_policy
-from engine.sizing.engine_config import EngineConfig
 from engine.sizing.info import check_memory
-from engine.sizing.presets import load_preset
-from engine.sizing.stage_config import ModelConfig
-from engine.sizing.windows import talker_window, with_windows
 from engine.text.tokens import Tokens
 from engine.tick.graph import pow2_at_least
 from engine.tick.runner import Runner

@@ -22,7 +22,7 @@ from collections import deque
 
 import numpy as np
 
-from engine.sizing.stage_config import ClockConfig
+from engine.config.stage_config import ClockConfig
 from engine.text.tokens import Tokens
 from engine.tick.plan import LivePlan, LiveResult, Tick
 

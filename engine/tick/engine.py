@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from engine.api import EngineClosed, EngineSnapshot, Output, SessionFailed
+from engine.config.engine_config import EngineConfig
 from engine.observe import snapshot
 from engine.observe.metrics import Accounting, SnapshotServer, publish
 from engine.process.collector import Collector, freeze_long_lived
 from engine.process.malloc import tune_malloc
 from engine.process.priority import TickPriority
-from engine.sizing.engine_config import EngineConfig
 from engine.tick import build
 from engine.tick.echo import Echo
 from engine.tick.handle import SessionHandle, delivery

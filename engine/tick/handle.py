@@ -25,7 +25,7 @@ from engine.transport.wire import shape_error
 from redaction import private_values
 
 if TYPE_CHECKING:
-    from engine.sizing.engine_config import EngineConfig
+    from engine.config.engine_config import EngineConfig
     from engine.text.tokens import Tokens
     from engine.tick.slots import SlotPool
 

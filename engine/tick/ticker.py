@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from engine.config.engine_config import EngineConfig
 from engine.observe.metrics import Accounting
 from engine.process.priority import TickPriority
-from engine.sizing.engine_config import EngineConfig
 from engine.tick.buckets import work_buckets
 from engine.tick.ledger import Ledger, Piece, TickRecord
 from engine.tick.phase import TickPhase

@@ -17,7 +17,7 @@ from engine.api import EngineError
 from engine.tick.session import Phase
 
 if TYPE_CHECKING:
-    from engine.sizing.engine_config import EngineConfig, WarmPrompt
+    from engine.config.engine_config import EngineConfig, WarmPrompt
     from engine.tick.handle import SessionHandle
     from engine.tick.scheduler import Scheduler
 

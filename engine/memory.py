@@ -21,9 +21,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from engine.sizing.dtype_policy import DtypePolicy
+from engine.config.dtype_policy import DtypePolicy
+from engine.config.stage_config import ModelConfig
 from engine.sizing.info import GB, needed_bytes
-from engine.sizing.stage_config import ModelConfig
 
 ALLOCATION_GRANULE = 512  # the CUDA caching allocator's block rounding
 

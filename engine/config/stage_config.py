@@ -1,7 +1,7 @@
 """Typed, validated configuration of the model: one frozen object per stage and `ModelConfig` joining them.
 
-The defaults are the released model's; named presets are built in engine/sizing/presets.py and the dtypes each
-stage runs in are chosen apart from them (engine/sizing/dtype_policy.py). Nothing here reads the environment
+The defaults are the released model's; named presets are built in engine/config/presets.py and the dtypes each
+stage runs in are chosen apart from them (engine/config/dtype_policy.py). Nothing here reads the environment
 or touches a device.
 """
 

@@ -2,7 +2,7 @@
 
 `load_preset("tiny")` is sized so the whole pipeline serves 64 slots inside the 80 ms tick on a 2-core CPU,
 `load_preset("nemotron-voicechat-11b")` has the released model's dimensions. Knows dimensions only: nothing of
-dtypes (engine/sizing/dtype_policy.py), checkpoints, the environment or devices.
+dtypes (engine/config/dtype_policy.py), checkpoints, the environment or devices.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from engine.sizing.stage_config import CodecConfig, ModelConfig, PerceptionConfig, TalkerConfig, ThinkerConfig
+from engine.config.stage_config import CodecConfig, ModelConfig, PerceptionConfig, TalkerConfig, ThinkerConfig
 
 
 def _tiny() -> ModelConfig:

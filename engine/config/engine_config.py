@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sizing.dtype_policy import DtypePolicy, DtypePolicyName
-from engine.sizing.presets import PRESETS
+from engine.config.dtype_policy import DtypePolicy, DtypePolicyName
+from engine.config.presets import PRESETS
 
 
 class WarmPrompt(BaseModel):
@@ -40,7 +40,7 @@ class EngineConfig(BaseModel):
     # (engine/tick/runner.py)
     cuda_graph: bool = True
     # context windows (positions) of the talker's KV rings and the thinker's attention; None: the release's.
-    # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/sizing/windows.py) unless set.
+    # `capacity_mode` shortens the talker's to CAPACITY_TALKER_WINDOW (engine/config/windows.py) unless set.
     talker_window: int | None = Field(None, ge=2)
     thinker_window: int | None = Field(None, ge=1)
     capacity_mode: bool = False

@@ -7,7 +7,7 @@ The presets carry the release's windows; `with_windows` shortens (or lengthens) 
 
 from __future__ import annotations
 
-from engine.sizing.stage_config import ModelConfig
+from engine.config.stage_config import ModelConfig
 
 # The capacity mode: a talker window of 1,000 positions (80 s of agent speech at 12.5 Hz) in every talker
 # layer instead of the release's 7,500 (sliding) and 8,192 (global), and (on CUDA, dtype "auto") the talker's
