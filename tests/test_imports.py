@@ -138,6 +138,15 @@ MAY_IMPORT = {
     "engine.sizing": {"engine.config", "engine.model"},
     "engine.model": {"engine.kernels", "engine.config", "engine.text"},
     "engine.kernels": set(),
+    # what an operator reads of the engine: the tick through Protocols, never its modules
+    "engine.observe": {
+        "engine.api",
+        "engine.config",
+        "engine.process",
+        "engine.session_phase",
+        "engine.transport",
+        "redaction",
+    },
     "agent": ROOMS_SIDE | {"tools", "prompts", "envsettings", "redaction"},
     # the simulation hosts an engine in its own process (`make run`): it may reach the engine's side too
     "agent.sim": {"engine", "tools", "prompts", "envsettings", "redaction"},
@@ -152,6 +161,7 @@ MAY_IMPORT = {
 # parts that import nothing of their package but what their rule names: the rooms' side of the engine, and
 # what the tick stands on
 SEALED = {
+    "engine.observe",
     "engine.client",
     "engine.config",
     "engine.sizing",
@@ -310,7 +320,7 @@ def test_no_cycle_between_folders():
 
 
 # the cycles between folders not broken yet: the check fails on any other, and on one of these once broken
-STILL_TO_BREAK = [["engine.observe", "engine.tick"], ["agent.fleet", "agent.room_process"]]
+STILL_TO_BREAK = [["agent.fleet", "agent.room_process"]]
 
 
 def imported_by_line(path: Path) -> set[str] | None:

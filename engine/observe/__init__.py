@@ -1,6 +1,7 @@
 """What an operator reads of the engine: its metrics, its snapshot, and the small process that serves them.
 
 Runs in: the engine's process (and `snapshot_serve.py` in a process of its own, standard library only). May
-import: any of `engine/`, and `redaction/`.
+import: `engine.api`, `engine.config`, `engine.process`, `engine.session_phase`, `engine.transport` and
+`redaction/`; never the tick, which it reads through Protocols (`Observed`).
 Imported by: `engine.tick` and `agent.sim`.
 """

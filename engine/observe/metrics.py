@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest
@@ -26,10 +27,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from pydantic import BaseModel
 
 from engine.observe.snapshot_serve import ServeLimits
-from engine.tick.plan import LivePlan
 from engine.transport.link import PLAYOUT_FIELDS, check_playout
 
 log = logging.getLogger("chorus.metrics")
+
+
+class HeardPlan(Protocol):
+    """What `record_heard` reads of the tick's live plan (engine/tick/plan.py `LivePlan`): one row a slot."""
+
+    arrived: np.ndarray  # [S] float64: when the row's frame arrived (NaN: no frame)
+    reset: np.ndarray  # [S] bool: rows returned to a fresh state before the step
+
 
 # the live step and the tick (ms): 2.5 ms apart where a CPU's tick falls, so percentiles read from them hold
 TICK_BUCKETS_MS = (
@@ -209,7 +217,7 @@ class Accounting:
             self.overruns += 1
             self.prom["overruns"].inc()
 
-    def record_heard(self, plan: LivePlan, rows: np.ndarray, t: float) -> None:
+    def record_heard(self, plan: HeardPlan, rows: np.ndarray, t: float) -> None:
         """The live step's frames were handed out at `t`: how long the frame of each of `rows` (the live rows
         whose output is heard) had waited since it arrived, in array operations over the rows."""
         if self.heard_ms.size != plan.arrived.size:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnapshot
 from engine.observe.metrics import Figures, history, pct, resident_bytes
-from engine.tick.session import SAID_PIECES, Phase, Session
+from engine.session_phase import SAID_PIECES, Phase
 from engine.transport.link import PLAYED_AT
 from redaction import last_words
 
@@ -28,15 +28,51 @@ if TYPE_CHECKING:
     from engine.config.engine_config import EngineConfig
     from engine.observe.metrics import Accounting
     from engine.process.priority import TickPriority
-    from engine.tick.echo import Echo
-    from engine.tick.headroom import Headroom
-    from engine.tick.phase import TickPhase
-    from engine.tick.scheduler import Scheduler
-    from engine.tick.slots import SlotPool
+
+
+class Session(Protocol):
+    """What a row reads of a session (engine/tick/session.py `Session`): its counters and its turn's words."""
+
+    id: str
+    slot: int
+    phase: Phase
+    opened_at: float
+    label: str
+    caller: str
+    private: Any  # the values its words are redacted of
+    playout: Any  # the room's playout figures in its shared memory
+    inbox: Any  # frames_in, dropped, skipped, and its length: the frames waiting
+    feed: Any  # frames_consumed, frames_replayed, underruns, reserve
+    turn: Any  # said, started_at, speaking, turns
+    call: Any  # count, errors, names
+
+
+class Scheduler(Protocol):
+    """What the snapshot reads of the scheduler (engine/tick/scheduler.py)."""
+
+    underruns: int
+    call_log: Iterable[Any]  # the last tool calls: session, label, names, ok, at, call_ms, tool_ms, resume_ms
+
+
+class SlotPool(Protocol):
+    sessions: dict[str, Session]
+
+
+class Headroom(Protocol):
+    refused: int
+
+
+class TickPhase(Protocol):
+    shift_s: float
+
+
+class Echo(Protocol):
+    def snapshot(self) -> Any: ...
 
 
 class Observed(Protocol):
-    """What the snapshot and `/metrics` read of the engine (engine/tick/engine.py `Engine`)."""
+    """What the snapshot and `/metrics` read of the engine (engine/tick/engine.py `Engine`): the tick's parts
+    as the Protocols above, so that nothing here imports the tick."""
 
     config: EngineConfig
     acct: Accounting

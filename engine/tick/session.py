@@ -8,7 +8,6 @@ channel's decoder; knows nothing of the model, the pool or time.
 
 from __future__ import annotations
 
-import enum
 import queue
 from collections import deque
 from collections.abc import Callable
@@ -18,10 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.api import ForceTokens, Output, SubmitResult
+from engine.session_phase import SAID_PIECES, Phase
 from engine.text.tokens import ParsedCall, TextStream
 from engine.transport.link import PLAYOUT_FIELDS
-
-SAID_PIECES = 64  # text pieces of the agent's current (or last) turn kept for the snapshot's `last_words`
 
 
 @dataclass(frozen=True)
@@ -30,17 +28,6 @@ class Hold:
     both channels, or -1 for the model's own tokens."""
 
     token: int
-
-
-class Phase(enum.Enum):
-    PROMPT = "prompt"  # system prompt being prefilled (a guaranteed share of every tick, plus the slack)
-    LIVE = "live"  # in the live batch: hears 80 ms, says 80 ms per tick
-    TOOL_CALL = "tool_call"  # paused; tool-call tokens generated unpaced (guaranteed share + slack)
-    WAITING = "waiting"  # paused; function calls emitted, waiting for results
-    PREFILL = "prefill"  # paused; results being prefilled in chunks (guaranteed share + slack)
-    REPLAY = "replay"  # caller audio that arrived meanwhile fed faster than real time, agent silent; live
-    # again by a tick fixed on entry (`Progress.live_by`): held audio that cannot be caught up by
-    # then is skipped
 
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
