@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.config.stage_config import ThinkerConfig
@@ -28,9 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # one fused operator, bit for bit `weight * (h * rsqrt(mean(h^2) + eps))` in fp32
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h).to(x.dtype)
+        return F.rms_norm(h, (h.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 class MLP(nn.Module):
