@@ -29,13 +29,14 @@ def waiting(slot: int) -> Session:
 
 
 def test_the_results_that_arrive_in_one_tick_are_prefilled_as_one_piece():
-    """Twelve results (more rows than `owed_rows`, one of them shorter than a chunk) arrive in one tick with
-    no slack at all: what the tick owes them runs as pieces that each take every result still owed, never
-    a piece per session or per group of eight; each result is prefilled exactly once, within the bound."""
+    """Twelve results of one length (more rows than `owed_rows`) and a short one arrive in one tick with no
+    slack at all: what the tick owes them runs as pieces that each take every result owed with as many
+    positions left, the twelve in one piece, never a piece per session or per group of eight; each result
+    is prefilled exactly once, within the bound."""
     lim = Limits(result_chunk=64, result_ticks=12)
     sch = Scheduler(S, TOK, FRAME, lim)
-    sessions = [waiting(slot) for slot in range(12)]
-    lengths = [300] * 10 + [40, 100]
+    sessions = [waiting(slot) for slot in range(13)]
+    lengths = [300] * 12 + [40]
     for s, n in zip(sessions, lengths, strict=True):
         s.enter(Phase.PREFILL, 0, ids=list(range(1000 + s.slot, 1000 + s.slot + n)), by=lim.result_ticks)
     prefilled = {s.slot: [] for s in sessions}
@@ -45,7 +46,12 @@ def test_the_results_that_arrive_in_one_tick_are_prefilled_as_one_piece():
         sch.plan_live(t, np.zeros(S, bool))
         pieces = []
         while (w := sch.owed_work(t)) is not None:  # no slack: only what is owed runs
-            owing = {s.slot for s in sessions if s.phase is Phase.PREFILL and s.progress.owed > 0}
+            T = w.tokens.shape[1]
+            owing = {
+                s.slot
+                for s in sessions
+                if s.phase is Phase.PREFILL and s.progress.owed > 0 and s.progress.left >= T
+            }
             assert w.kind == "result" and {int(x) for x in w.slots} == owing, (k, pieces)
             pieces.append(len(w.sessions))
             for s, row in zip(w.sessions, w.tokens, strict=True):

@@ -315,10 +315,10 @@ class Scheduler:
     def owed_work(self, tick: Tick) -> ToolWork | None:
         """The next piece of work due this tick, or None: the result positions due this tick, then the
         prompt positions, then a call-token step for sessions calling a tool that have not moved this tick
-        (`owed_rows` rows at a time, the least recently served first). Every result owed goes in one piece;
-        the prompts owed join one where they have as many positions left. Results and prompts come first:
-        their bounds are the ones a caller is promised. Catch-up is not forced: the replay bound holds by
-        skipping held audio."""
+        (`owed_rows` rows at a time, the least recently served first). The results owed go in one piece,
+        the prompts owed in pieces of `owed_rows`, each row with as many positions left. Results and prompts
+        come first: their bounds are the ones a caller is promised. Catch-up is not forced: the replay bound
+        holds by skipping held audio."""
         k, lim = tick.number, self.limits
         open_ = [s for s in tick.sessions if not s.closed]
 
@@ -335,17 +335,14 @@ class Scheduler:
         return None
 
     def _owed_prefill(self, kind: WorkKind, queue: list[Session]) -> ToolWork:
-        """The positions the first of `queue` owes. Results: every result owed, as one piece of rows x
-        positions, its positions a power of two no longer than the shortest has left (one forward per group
-        of rows, a bucket's fixed cost paid once; what the others still owe is the next piece); prompts:
-        with the next of the queue that have as many positions left (up to `owed_rows` rows). The tick cuts
-        either to fit its budget (`fit_work`)."""
+        """The positions the first of `queue` owes, with the next sessions of the queue that have as many
+        positions left: for results every one of them, as one piece of rows x positions (a bucket's fixed
+        cost paid once for all); for prompts up to `owed_rows` rows. The tick cuts either to fit its budget
+        (`fit_work`)."""
         lim = self.limits
         T = owed_chunk(queue[:1], lim)
-        if kind == "result":
-            T = min(T, *(s.prefill_stop for s in queue))
-            return prefill_work(kind, queue, 1 << (T.bit_length() - 1))
-        group = [s for s in queue if s.prefill_stop >= T][: lim.owed_rows]
+        group = [s for s in queue if s.prefill_stop >= T]
+        group = group if kind == "result" else group[: lim.owed_rows]
         return prefill_work(kind, group, T)
 
     def apply_tool(
