@@ -24,6 +24,7 @@ class Piece:
     predicted_ms: float
     device_ms: float = float("nan")
     owed: bool = False  # forced by a bound, not chosen to fit the slack
+    forced: bool = False  # run though predicted not to fit: owed work that had fitted nowhere for ticks
 
 
 @dataclass(slots=True)

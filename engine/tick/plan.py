@@ -167,13 +167,26 @@ class CostModel:
         ref_units, ref_ms = min(same, key=lambda uv: abs(uv[0] - units))
         return ref_ms * units / ref_units
 
-    def observe(self, kind: str, b: int, t: int, ms: float) -> None:
+    def observe(self, kind: str, b: int, t: int, ms: float, stale: bool = False) -> None:
         """One measurement of bucket (kind, b, t). A bucket predicts the larger of its window's percentile
         and its last RECENT measurements, so a device that turned slower is planned for at once; and every
         bucket of the kind is scaled by the median of the kind's last DRIFT measurements over their buckets'
         own predictions (when above 1), so buckets not measured since are planned slower too (they run on
-        the same device). A median of ratios, not a product: one slow outlier moves nothing."""
+        the same device). A median of ratios, not a product: one slow outlier moves nothing. `stale`: the
+        piece ran though predicted not to fit (the tick's progress guarantee): where it took less than its
+        bucket's own measurements say, every measurement of its kind is scaled down by that ratio, for
+        they were made in conditions that no longer hold (a burst of load at warm-up), and no bucket
+        predicted too slow to fit would ever run again to be measured anew."""
         key = self._key(kind, b, t)
+        if stale:
+            own = self._raw.get(key)
+            if own and ms < own:
+                ratio = ms / own
+                for other, seen in self._seen.items():
+                    if other[0] == kind:
+                        self._seen[other] = deque((v * ratio for v in seen), maxlen=self.window)
+                for other in [o for o in self._raw if o[0] == kind]:
+                    self._raw[other] *= ratio
         seen = self._seen.get(key)
         if seen is None:
             seen = self._seen[key] = deque(maxlen=self.window)

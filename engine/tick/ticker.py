@@ -20,7 +20,7 @@ from engine.tick.phase import TickPhase
 from engine.tick.plan import Tick, TickObserver, ToolWork
 from engine.tick.scheduler import Scheduler
 from engine.tick.session import Session
-from engine.tick.slack_work import fit_work
+from engine.tick.slack_work import cut_work, fit_work
 from engine.tick.slots import SlotPool
 
 
@@ -42,6 +42,7 @@ class Ticker:
         self.config, self.clock, self.stop = config, clock, stop
         self.phase, self.priority, self.observers = phase, priority, observers
         self.ledger = Ledger()  # every tick's device time (engine/tick/ledger.py)
+        self.starved = 0  # ticks in a row in which owed work was found and none of it fitted
 
     def run(self, k: int, deadline: float, due: float | None = None) -> list[Session]:
         """Tick `k` (see `Engine.run_tick`); returns the sessions it heard from."""
@@ -81,7 +82,7 @@ class Ticker:
         # the fence: the device finishes this tick's side work now, so the next live step never waits for it
         for piece, (_, ms) in zip(pieces, runner.fence(), strict=True):
             piece.device_ms = ms
-            sch.costs.observe(piece.kind, piece.rows, piece.positions, ms)
+            sch.costs.observe(piece.kind, piece.rows, piece.positions, ms, stale=piece.forced)
         self.priority.restore()
         t_end = clock()
         self.acct.record_tick(
@@ -105,7 +106,12 @@ class Ticker:
         tokens), cut to fit; then the most urgent work that fits. What fits nowhere waits for the next tick
         (where the bounds cannot hold in the slack, admission refuses sessions: `Headroom`), unless the tick
         is `late` already (its live step left no slack: a machine too slow for its tick), where what is owed
-        runs whole, as progress, and is counted. Returns the bucket steps launched, in order."""
+        runs whole, as progress, and is counted; and once owed work has fitted nowhere for STARVED_TICKS
+        ticks in a row, a small piece of it (one row, at most FORCED_POSITIONS) runs anyway, counted the
+        same way, and its measurement brings down every prediction of its kind that it shows to be stale:
+        predictions that stay above the slack (buckets timed during a burst of load, then never run again
+        to be measured anew) would otherwise hold a session's progress for good. Returns the bucket steps
+        launched, in order."""
         clock, sch, runner = self.clock, self.scheduler, self.runner
         cadence = self.config.cadence_locked_tools
         skip: frozenset[str] = frozenset()
@@ -113,17 +119,24 @@ class Ticker:
         pieces: list[Piece] = []
         queued_ms = 0.0  # predicted device time launched and not yet read back
         owing = True  # owed work is looked for until a piece of it fits nowhere
+        found_owed = owed_ran = forced = False
         while not self.stop.is_set():
             now = clock()
             sch.poll(tick, now)
             budget_ms = (until - now) * 1e3 - queued_ms
-            work, owed = None, False
+            work, owed, probe = None, False, False
             if owing and (due := sch.owed_work(tick)) is not None:
+                found_owed = True
                 work = fit_work(sch.costs, due, budget_ms)
                 if work is None and late:
                     work = due
                     self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
+                elif work is None and self.starved >= STARVED_TICKS and not forced:
+                    work, forced = cut_work(due, 1, min(work_positions(due), FORCED_POSITIONS)), True
+                    self.acct.owed[work.kind] = self.acct.owed.get(work.kind, 0) + 1
+                    probe = True
                 owing, owed = work is not None, work is not None
+                owed_ran = owed_ran or owed
             if work is None:
                 work = sch.next_tool_work(tick, budget_ms, skip, served) if budget_ms > 0 else None
                 if work is None:
@@ -134,7 +147,7 @@ class Ticker:
                 skip = skip | {work.kind}
             # the buckets it runs, each with its prediction now (the fence reads their device times)
             steps = [
-                Piece(*key, sch.costs.bucket(*key), owed=owed)
+                Piece(*key, sch.costs.bucket(*key), owed=owed, forced=probe)
                 for key in work_buckets(work.kind, len(work.sessions), work_positions(work))
             ]
             pieces += steps
@@ -147,7 +160,15 @@ class Ticker:
                 runner.save_prompt(slot, key)
             for call_ms, ticks in done.calls:
                 self.acct.record_call(call_ms, ticks)
+        self.starved = self.starved + 1 if found_owed and not owed_ran else 0
         return pieces
+
+
+# owed work that fitted nowhere this many ticks in a row runs one piece anyway (`Ticker._slack`): a few
+# ticks, so a stale prediction costs a session a fraction of its bound (the result's, 12 ticks, is the
+# shortest), not all of it
+STARVED_TICKS = 2
+FORCED_POSITIONS = 16  # of such a piece: one row's, few enough to cost little on any device
 
 
 def work_positions(work: ToolWork) -> int:
