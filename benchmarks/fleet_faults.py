@@ -17,6 +17,10 @@ leaving to the new one's voice), how many calls heard the new agent acknowledge 
 resumed: prompts/resumed_greeting.md or prompts/handover_greeting.md), how many had exactly one new agent, and
 `untouched`: the calls on the other worker that heard no other agent.
 
+A run that hangs fails instead: once no caller has heard a frame for `--stall-s` (60 s) while calls are on,
+the workers are killed, every thread's stack is written to stderr, the last line is JSON with "ok": false
+and the process exits with status 3 (testkit/watchdog.py).
+
 Needs the server of scripts/livekit.sh with its Redis (start_livekit, inside a namespace made by netns_up):
 the environment's CHORUS_TEST_LIVEKIT_URL/_API_KEY/_API_SECRET and CHORUS_TEST_LIVEKIT_REDIS. The last line is
 one JSON object. A benchmark, not a test: it asserts nothing.
@@ -26,15 +30,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from testkit.callers import frames_heard
 from testkit.fleet import FAULTS, fault_on_calls, two_workers
 from testkit.server import server_from_env
+from testkit.watchdog import STALL_S, Watchdog
 from testkit.worker import seeded
 
 ACKNOWLEDGED = ("sorry, we were", "thank you for holding")
@@ -47,11 +56,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)} (default all)"
     )
+    ap.add_argument(
+        "--stall-s", type=float, default=STALL_S, help="fail once no caller heard audio so long (default 60)"
+    )
     args = ap.parse_args(argv)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
-    if unknown or args.rounds < 1 or args.calls < 1:
-        ap.error(f"unknown faults {unknown}" if unknown else "--rounds and --calls must be at least 1")
+    if unknown or args.rounds < 1 or args.calls < 1 or not args.stall_s > 0:
+        ap.error(
+            f"unknown faults {unknown}" if unknown else "--rounds and --calls at least 1, --stall-s above 0"
+        )
     server = server_from_env(ap.prog, confined=True)
     if not server.redis:
         raise SystemExit(f"{ap.prog}: the server runs without Redis (set CHORUS_TEST_LIVEKIT_REDIS)")
@@ -65,7 +79,15 @@ def main(argv: list[str] | None = None) -> None:
             silences, gaps, resumed, single, untouched, missed = [], [], 0, 0, 0, 0
             for i in range(args.rounds):
                 name = f"chorus-bench-{uuid.uuid4().hex[:8]}"
-                with two_workers(server, store_dir, name, slots=args.calls, **env) as stack:
+                with (
+                    two_workers(server, store_dir, name, slots=args.calls, **env) as stack,
+                    Watchdog(  # armed while calls are on: the workers' start is bounded by their own wait
+                        frames_heard,
+                        args.stall_s,
+                        what="no caller's audio",
+                        on_stall=lambda report, workers=stack.workers: _stalled(report, workers),
+                    ),
+                ):
                     got = asyncio.run(
                         fault_on_calls(
                             server, stack.workers, name, hit, args.calls, one_call=fault == "job crash"
@@ -102,6 +124,16 @@ def main(argv: list[str] | None = None) -> None:
             }
     report["elapsed_s"] = round(time.monotonic() - t_start, 1)
     print(json.dumps(report))
+
+
+def _stalled(report: str, workers) -> None:
+    """(The watchdog's thread: the run's own may be stuck for good.) Kill the workers and say why on the last
+    line; the watchdog has written every thread's stack and then exits."""
+    for w in workers:
+        if w.proc is not None and w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+    print(json.dumps({"ok": False, "stalled": report.split(";", 1)[0]}), flush=True)
 
 
 def _spread(values: list[float]) -> dict:

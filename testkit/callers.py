@@ -124,6 +124,15 @@ class Heard:
         return " ".join(t for _, t, _ in self.transcripts)
 
 
+def frames_heard() -> int:
+    """Frames of the agent's audio every caller of this process has received: what a long run's watchdog
+    (testkit/watchdog.py) sees move while any call is live. Read from its thread; it only reads."""
+    return _heard[0]
+
+
+_heard = [0]  # (a list: one int that the callers' tasks add to, with no lock: a lost count moves it anyway)
+
+
 class Caller:
     """One caller: joins `room` with a token that dispatches `agent_name`, publishes a microphone track, and
     records the agent's audio and the `lk.transcription` text streams."""
@@ -212,6 +221,7 @@ class Caller:
             samples = np.frombuffer(ev.frame.data, dtype=np.int16).copy()
             self.heard.frames.append(samples)
             self.heard.times.append(loop.time())
+            _heard[0] += 1
             self.heard.audio_at.setdefault(source, loop.time())
             self.first_audio.set()
             if np.abs(samples).max(initial=0) > SPEECH_PEAK:  # each frame judged once, as it arrives

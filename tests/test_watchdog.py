@@ -218,3 +218,25 @@ def test_a_stalled_soak_kills_its_workers_keeps_the_stacks_and_says_why_on_its_l
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     why = "watchdog: no call progressed for 60 s (last seen: ((4, 3, 1, 77), 0))"
     assert last == {"ok": False, "stalled": why, "checks": {"progress": {"ok": False, "detail": why}}}
+
+
+def test_a_stalled_fleet_benchmark_kills_its_workers_and_says_why_on_its_last_line(capsys):
+    """benchmarks/fleet_faults.py's watchdog, armed while its calls are on, counts the frames its callers
+    hear (testkit/callers.py `frames_heard`, which every caller's reception adds to)."""
+    import benchmarks.fleet_faults as fleet_faults
+    from testkit import callers
+
+    before = callers.frames_heard()
+    callers._heard[0] += 3  # as three frames received by the callers' reception would
+    assert callers.frames_heard() == before + 3
+    worker = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    report = "watchdog: no caller's audio progressed for 60 s (last seen: 1234); every thread's stack:\nX"
+    try:
+        fleet_faults._stalled(report, [SimpleNamespace(proc=worker)])
+        assert worker.wait(10) == -9  # SIGKILLed
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    why = "watchdog: no caller's audio progressed for 60 s (last seen: 1234)"
+    assert last == {"ok": False, "stalled": why}
