@@ -320,7 +320,8 @@ class Engine:
             log.warning("tick thread still in a step 5 s after close: the model's memory stays allocated")
             return
         self._closed = True
-        self.pipeline = self.runner = None  # the only references: no cycle holds them, so they die here
+        # the only references (the ticker's too: it keeps its ledger): no cycle holds them, so they die here
+        self.pipeline = self.runner = self.ticker.runner = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
