@@ -907,6 +907,38 @@ def test_a_down_mark_for_a_job_whose_agent_livekit_lists_in_the_room_does_not_sw
     assert json.loads(lk.created[0].metadata)[fleet.REASON_KEY] == "agent lost"
 
 
+def test_a_forged_down_mark_removed_before_the_jobs_worker_marks_again_does_not_swap_its_agent(
+    redis_url, monkeypatch
+):
+    """Whoever forged a down mark removes it: until the job's worker marks the room again (its next beat),
+    the room has no mark at all. A mark forged there lately, a missing one is asked of LiveKit too: its agent
+    in the room, no new agent is sent; its agent gone, the room is alone as any served room without one."""
+    monkeypatch.setattr(fleet, "LIVE_MS", 200)
+    lk = FakeLiveKit()
+    room = lk.add("spa", "desk", caller_joined=time.time() - 60)
+    lk.agent("spa", "AJ_real")
+    keys = marks.Keys("desk")
+
+    async def main():
+        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
+        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
+        bad, _ = forger(redis_url)
+        await worker.beat([(room.sid, "AJ_real")])
+        await bad.set(keys.down(room.sid), "AJ_real")
+        await asyncio.sleep(0.25)  # the job's mark lapsed (a worker does not mark a job that is down)
+        asked = [await watcher.sweep(lk)]
+        await bad.delete(keys.down(room.sid))  # no mark at all until the next beat
+        asked.append(await watcher.sweep(lk))
+        lk.rooms["spa"][1][:] = [p for p in lk.rooms["spa"][1] if p.kind != api.ParticipantInfo.Kind.AGENT]
+        asked.append(await watcher.sweep(lk))  # its agent gone from the room: alone
+        for c in (worker.redis, watcher.redis, presence, bad):
+            await c.aclose()
+        return asked
+
+    assert asyncio.run(main()) == [0, 0, 1]
+
+
 def test_a_worker_whose_presence_connection_fails_marks_its_rooms_still_and_says_so_once(redis_url, caplog):
     """A worker's presence connection that cannot be pinged (closed by someone, over and over): its rooms
     are marked at every beat all the same, and the failure is one warning line, not one per beat."""

@@ -29,6 +29,9 @@ log = logging.getLogger("chorus.agent.fleet")
 # a job's mark is believed this long before its agent is in the room: a new job marks its room at launch, and
 # its agent joins seconds later (more on a busy host)
 JOIN_S = 10.0
+# a room whose marks were forged this long ago or less: a live mark missing there is asked of LiveKit too
+# (removing a forged mark, by its writer or by the room's job, leaves the room unmarked until the next beat)
+FORGED_S = 30.0
 AGENT = api.ParticipantInfo.Kind.AGENT
 PRESENT = (api.ParticipantInfo.State.JOINED, api.ParticipantInfo.State.ACTIVE)
 
@@ -81,6 +84,7 @@ class Agreement:
         self._agreed: dict[str, str] = {}  # room sid -> the live mark whose agent was seen in it
         self._first: dict[str, tuple[str, float]] = {}  # room sid -> (its live mark, first seen, monotonic)
         self._warned: set[str] = set()  # room sids
+        self._forged: dict[str, float] = {}  # room sid -> when a mark LiveKit disagreed with was last seen
 
     def known(self, sid: str, mark: str) -> bool:
         """Whether the room's live mark `mark` was agreed with (its agent seen in the room), or is new enough
@@ -109,6 +113,15 @@ class Agreement:
         self._warn(room, "a live mark names a job whose agent is not in the room")
         return False
 
+    def saw_forged(self, sid: str) -> None:
+        """A mark of the room LiveKit disagrees with was seen now."""
+        self._forged[sid] = time.monotonic()
+
+    def forged_lately(self, sid: str) -> bool:
+        """Whether a mark of the room was seen within FORGED_S that LiveKit disagreed with: whoever wrote it
+        may have removed it too, so the room's missing mark is asked of LiveKit as well."""
+        return time.monotonic() - self._forged.get(sid, -FORGED_S) < FORGED_S
+
     async def served(self, lk: LiveKit, room: api.Room, people, since: int) -> bool:
         """Whether an agent of one of the room's jobs of this agent name is in it, as LiveKit lists them."""
         present = agents_in_room(people, since)
@@ -127,3 +140,4 @@ class Agreement:
         self._agreed = {k: v for k, v in self._agreed.items() if k in listed}
         self._first = {k: v for k, v in self._first.items() if k in listed}
         self._warned &= listed
+        self._forged = {k: v for k, v in self._forged.items() if k in listed}

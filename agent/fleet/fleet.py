@@ -236,6 +236,10 @@ class Fleet:
                 forged = not live and job != down
             elif mark is None and down is not None:
                 forged = self.agreed.holds(room, down, down, down, people.participants, since)
+            if forged:
+                self.agreed.saw_forged(room.sid)
+            elif mark is None and down is None and served:
+                forged = self.agreed.forged_lately(room.sid)  # removed by whoever wrote it, or by its job
             if not callers:
                 # its agent lost and its caller gone (hung up in the silence): nobody ends the call on purpose
                 lost = served and not live and not moved
