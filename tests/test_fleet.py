@@ -873,6 +873,33 @@ def test_a_job_does_not_leave_its_room_for_a_live_mark_livekit_does_not_agree_wi
     assert mark is None  # the forged mark removed: the real job's worker marks the room at its next beat
 
 
+def served_room(name: str) -> tuple[FakeLiveKit, api.Room]:
+    """A room of agent `desk` with a caller of a minute and the agent of job AJ_real."""
+    lk = FakeLiveKit()
+    room = lk.add(name, "desk", caller_joined=time.time() - 60)
+    lk.agent(name, "AJ_real")
+    return lk, room
+
+
+def without_agents(lk: FakeLiveKit, name: str) -> None:
+    """The room's agents gone from it, as LiveKit lists it."""
+    lk.rooms[name][1][:] = [p for p in lk.rooms[name][1] if p.kind != api.ParticipantInfo.Kind.AGENT]
+
+
+@contextlib.asynccontextmanager
+async def forged_room(redis_url: str):
+    """(worker w-a, its presence connection open; worker w-b watching; a client that forges marks)."""
+    presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
+    worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
+    watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
+    bad, _ = forger(redis_url)
+    try:
+        yield worker, watcher, bad
+    finally:
+        for c in (worker.redis, watcher.redis, presence, bad):
+            await c.aclose()
+
+
 def test_a_down_mark_for_a_job_whose_agent_livekit_lists_in_the_room_does_not_swap_its_agent(
     redis_url, monkeypatch
 ):
@@ -880,26 +907,19 @@ def test_a_down_mark_for_a_job_whose_agent_livekit_lists_in_the_room_does_not_sw
     neither while the job's worker's mark stands nor once it lapsed (a worker does not mark a job that is
     down); once LiveKit no longer lists the agent in the room, the down mark counts and the room is alone."""
     monkeypatch.setattr(fleet, "LIVE_MS", 200)
-    lk = FakeLiveKit()
-    room = lk.add("pool", "desk", caller_joined=time.time() - 60)
-    lk.agent("pool", "AJ_real")
+    lk, room = served_room("pool")
     keys = marks.Keys("desk")
 
     async def main():
-        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
-        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
-        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
-        bad, _ = forger(redis_url)
-        await worker.beat([(room.sid, "AJ_real")])
-        await bad.set(keys.down(room.sid), "AJ_real")
-        asked = [await watcher.sweep(lk)]  # its mark stands
-        await asyncio.sleep(0.25)
-        await worker.beat([(room.sid, "AJ_real")])
-        asked.append(await watcher.sweep(lk))  # its mark lapsed
-        lk.rooms["pool"][1][:] = [p for p in lk.rooms["pool"][1] if p.kind != api.ParticipantInfo.Kind.AGENT]
-        asked.append(await watcher.sweep(lk))  # its agent gone from the room: the down mark counts
-        for c in (worker.redis, watcher.redis, presence, bad):
-            await c.aclose()
+        async with forged_room(redis_url) as (worker, watcher, bad):
+            await worker.beat([(room.sid, "AJ_real")])
+            await bad.set(keys.down(room.sid), "AJ_real")
+            asked = [await watcher.sweep(lk)]  # its mark stands
+            await asyncio.sleep(0.25)
+            await worker.beat([(room.sid, "AJ_real")])
+            asked.append(await watcher.sweep(lk))  # its mark lapsed
+            without_agents(lk, "pool")
+            asked.append(await watcher.sweep(lk))  # its agent gone from the room: the down mark counts
         return asked
 
     asked = asyncio.run(main())
@@ -914,26 +934,19 @@ def test_a_forged_down_mark_removed_before_the_jobs_worker_marks_again_does_not_
     the room has no mark at all. A mark forged there lately, a missing one is asked of LiveKit too: its agent
     in the room, no new agent is sent; its agent gone, the room is alone as any served room without one."""
     monkeypatch.setattr(fleet, "LIVE_MS", 200)
-    lk = FakeLiveKit()
-    room = lk.add("spa", "desk", caller_joined=time.time() - 60)
-    lk.agent("spa", "AJ_real")
+    lk, room = served_room("spa")
     keys = marks.Keys("desk")
 
     async def main():
-        presence = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a"))
-        worker = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", presence=presence)
-        watcher = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")
-        bad, _ = forger(redis_url)
-        await worker.beat([(room.sid, "AJ_real")])
-        await bad.set(keys.down(room.sid), "AJ_real")
-        await asyncio.sleep(0.25)  # the job's mark lapsed (a worker does not mark a job that is down)
-        asked = [await watcher.sweep(lk)]
-        await bad.delete(keys.down(room.sid))  # no mark at all until the next beat
-        asked.append(await watcher.sweep(lk))
-        lk.rooms["spa"][1][:] = [p for p in lk.rooms["spa"][1] if p.kind != api.ParticipantInfo.Kind.AGENT]
-        asked.append(await watcher.sweep(lk))  # its agent gone from the room: alone
-        for c in (worker.redis, watcher.redis, presence, bad):
-            await c.aclose()
+        async with forged_room(redis_url) as (worker, watcher, bad):
+            await worker.beat([(room.sid, "AJ_real")])
+            await bad.set(keys.down(room.sid), "AJ_real")
+            await asyncio.sleep(0.25)  # the job's mark lapsed (a worker does not mark a job that is down)
+            asked = [await watcher.sweep(lk)]
+            await bad.delete(keys.down(room.sid))  # no mark at all until the next beat
+            asked.append(await watcher.sweep(lk))
+            without_agents(lk, "spa")
+            asked.append(await watcher.sweep(lk))  # its agent gone from the room: alone
         return asked
 
     assert asyncio.run(main()) == [0, 0, 1]
