@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +29,10 @@ from agent.call_figures import call_figures
 from agent.concierge import concierge_for
 from agent.fleet.carry import ConversationLog, acknowledgement, back_again, forget_rooms, resume_context
 from agent.fleet.drain import DRAIN, goodbye_on_drain
-from agent.fleet.fleet import REASON_KEY, REDISPATCH_KEY
 from agent.fleet.presence import REPLACED, ROOM_CLOSED, CallerPresence
 from agent.fleet.room_job import holder, redispatched, release_room, room_gone, take_room, watch_link
+from agent.fleet.state import CALLER_KINDS as FLEET_CALLER_KINDS
+from agent.fleet.state import REASON_KEY, Reason
 from agent.fleet.takeover import _heard_first, _hold_on, _replace_lost_agent, _take_over
 from agent.joins import join_gate
 from agent.log_privacy import CALLER_DATA_MASK, mask_log_handlers
@@ -44,12 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chorus.agent.room")
 
-CALLER_KINDS = [rtc.ParticipantKind.PARTICIPANT_KIND_STANDARD, rtc.ParticipantKind.PARTICIPANT_KIND_SIP]
+CALLER_KINDS = list(FLEET_CALLER_KINDS)  # the fleet's callers' kinds: the rtc SDK's values are the API's
 SESSION_CLOSED = "the session closed"  # the call's end when its session closed under it (its engine failed)
 CONNECT_TIMEOUT_S = 45.0  # a job that has not joined its room by then fails, instead of waiting forever
 CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
-REDISPATCH_MAX = 1  # a room whose agent lost its connection gets a new one this often at most
-REDISPATCH_LOOKS, REDISPATCH_LOOK_S = 3, 2.0  # how often, how far apart, a room is searched for its caller
 
 
 async def entrypoint(ctx: JobContext) -> None:
@@ -93,8 +91,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
             return
         log.warning("job %s: the room's job %s has no agent in it; this job takes it over", ctx.job.id, other)
         await take_room(settings, ctx.job.room.sid, other)
-        replacing = {REASON_KEY: "agent lost"}
-    handed_over = replacing is not None and replacing.get(REASON_KEY) == "handed over"
+        replacing = {REASON_KEY: Reason.AGENT_LOST.value}
+    handed_over = replacing is not None and replacing.get(REASON_KEY) == Reason.HANDED_OVER.value
     if replacing is not None and not handed_over:  # a lost agent's place: taken at once, its remains removed
         # beside the call (a room made again after its node died answers that removal only after a timeout)
         ctx.add_shutdown_callback(_cancel_on_end(asyncio.create_task(_replace_lost_agent(ctx, settings))))
@@ -344,49 +342,26 @@ async def _reconnect_at(ctx: JobContext, after_s: float) -> None:
 
 
 async def redispatch(ctx: JobContext, settings: AgentSettings) -> bool:
-    """A job whose room connection was lost (the rtc SDK gave up on it, as it can on a starved machine right
-    after joining) leaves its caller without an agent: while a caller is still in the room, ask the server for
-    a new dispatch of this agent there, at most REDISPATCH_MAX times per room (counted in the job's metadata).
-    Returns whether one was asked for; every failure is logged, never raised."""
-    from livekit import api
-
+    """A job whose room connection was lost, with no fleet's watch (no Redis): a new agent for its caller,
+    as agent/fleet/dispatches.py's `redispatch_lost` asks. Returns whether one was asked for; every failure
+    is logged, never raised."""
+    from agent.fleet.dispatches import redispatch_lost
     from agent.lkapi import LiveKit, LiveKitFailure
 
-    try:
-        meta = json.loads(ctx.job.metadata or "{}")
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict):
-        meta = {"metadata": ctx.job.metadata}  # kept as it came, under a key of its own
-    count = int(meta.get(REDISPATCH_KEY, 0) or 0)
-    if count >= REDISPATCH_MAX or settings.missing_livekit():
+    if settings.missing_livekit():
         return False
-    room = ctx.job.room.name
+    agent_name = ctx.job.agent_name or settings.agent_name
     try:
         async with LiveKit(settings) as lk:
-            for look in range(REDISPATCH_LOOKS):  # a caller dropped with the agent may be rejoining
-                if look:
-                    await asyncio.sleep(REDISPATCH_LOOK_S)
-                people = await lk.call(lk.api.room.list_participants, api.ListParticipantsRequest(room=room))
-                if any(p.kind in CALLER_KINDS for p in people.participants):
-                    break
-            else:
-                log.info("job %s: the room's connection was lost and no caller is left in it", ctx.job.id)
-                return False
-            meta[REDISPATCH_KEY] = count + 1
-            await lk.call(
-                lk.api.agent_dispatch.create_dispatch,
-                api.CreateAgentDispatchRequest(
-                    agent_name=ctx.job.agent_name or settings.agent_name, room=room, metadata=json.dumps(meta)
-                ),
-            )
+            asked = await redispatch_lost(lk, agent_name, ctx.job.room.name, ctx.job.metadata)
     except (LiveKitFailure, ValueError, TypeError) as e:
         log.warning(
             "job %s: the room's connection was lost and no new agent could be asked for (%s)", ctx.job.id, e
         )
         return False
-    log.warning(
-        "job %s: the room's connection was lost with its caller still there; a new agent was dispatched",
-        ctx.job.id,
-    )
-    return True
+    if asked:
+        log.warning(
+            "job %s: the room's connection was lost with its caller still there; a new agent was dispatched",
+            ctx.job.id,
+        )
+    return asked

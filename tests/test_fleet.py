@@ -14,108 +14,20 @@ import shutil
 import socket
 import subprocess
 import time
-from types import SimpleNamespace
 
 import pytest
 from livekit import api, rtc
 
-from agent.fleet import fleet, marks, room_job
+from agent.fleet import fleet, marks, room_job, state, timing
 from agent.settings import AgentSettings
+from fleet_support import FakeLiveKit
+from fleet_support import fixture as _redis_url  # noqa: F401 (the fixture `redis_url`)
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
 
-@pytest.fixture(scope="module")
-def redis_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            break
-        time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
-
-
-class FakeLiveKit:
-    """LiveKit's room and dispatch API as the watch uses it (`call(method, request)`): rooms with their
-    participants and dispatches, and the dispatches created."""
-
-    def __init__(self) -> None:
-        self.rooms: dict[str, tuple[api.Room, list[api.ParticipantInfo], list[api.AgentDispatch]]] = {}
-        self.created: list[api.CreateAgentDispatchRequest] = []
-        self.api = SimpleNamespace(
-            room=SimpleNamespace(list_rooms=self.list_rooms, list_participants=self.list_participants),
-            agent_dispatch=SimpleNamespace(
-                create_dispatch=self.create_dispatch, list_dispatch=self.list_dispatch
-            ),
-        )
-
-    def add(self, name: str, agent: str, *, caller_joined: float, meta: str = "{}") -> api.Room:
-        # as the server lists a room for seconds after its participants changed: its count lags
-        room = api.Room(sid=f"RM_{name}", name=name, num_participants=0)
-        caller = api.ParticipantInfo(
-            identity="caller",
-            kind=api.ParticipantInfo.Kind.STANDARD,
-            state=api.ParticipantInfo.State.ACTIVE,
-            joined_at=int(caller_joined),
-        )
-        dispatch = api.AgentDispatch(agent_name=agent, room=name, metadata=meta)
-        self.rooms[name] = (room, [caller], [dispatch])
-        return room
-
-    def agent(self, name: str, job: str, *, joined: float | None = None) -> None:
-        """Job `job`'s agent in room `name`, as the server lists it: a participant `agent-<job>` and the job
-        in the room's dispatch."""
-        self.rooms[name][1].append(
-            api.ParticipantInfo(
-                identity=f"agent-{job}",
-                kind=api.ParticipantInfo.Kind.AGENT,
-                state=api.ParticipantInfo.State.ACTIVE,
-                joined_at=int(time.time() if joined is None else joined),
-            )
-        )
-        self.job(name, job, started=time.time() - 60)
-
-    def job(self, name: str, job: str, *, started: float) -> None:
-        """Job `job` among the jobs the server started for room `name`'s dispatch, at `started`."""
-        state = api.JobState(started_at=int(started * 1e9))
-        self.rooms[name][2][0].state.jobs.append(
-            api.Job(id=job, agent_name=self.rooms[name][2][0].agent_name, state=state)
-        )
-
-    async def call(self, method, *args):
-        return await method(*args)
-
-    async def __aenter__(self):  # as the worker's watch opens LiveKit's API
-        return self
-
-    async def __aexit__(self, *exc):
-        return None
-
-    async def list_rooms(self, _req):
-        return api.ListRoomsResponse(rooms=[r for r, _, _ in self.rooms.values()])
-
-    async def list_participants(self, req):
-        return api.ListParticipantsResponse(participants=self.rooms[req.room][1])
-
-    async def list_dispatch(self, room):
-        return list(self.rooms[room][2])
-
-    async def create_dispatch(self, req):
-        self.created.append(req)
-        return api.AgentDispatch(agent_name=req.agent_name, room=req.room, metadata=req.metadata)
-
-
 def test_a_room_whose_agent_was_lost_gets_one_new_agent_however_many_workers_watch(redis_url, monkeypatch):
-    monkeypatch.setattr(fleet, "LIVE_MS", 300)
+    monkeypatch.setattr(timing, "LIVE_MS", 300)
     lk = FakeLiveKit()
     now = time.time()
     room = lk.add("lobby", "desk", caller_joined=now - 60, meta=json.dumps({"script": "greet"}))
@@ -149,7 +61,7 @@ def test_a_caller_still_within_the_first_dispatchs_time_is_left_to_it_and_then_g
     async def main():
         f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a", clock=lambda: clock[0])
         early = await f.sweep(lk)
-        clock[0] += fleet.FIRST_AGENT_S
+        clock[0] += timing.FIRST_AGENT_S
         late = await f.sweep(lk)
         await f.redis.aclose()
         return early, late, f.counts
@@ -189,7 +101,7 @@ def test_a_served_room_whose_caller_left_while_it_had_no_agent_is_over_once_and_
     """The caller hung up in the silence after their agent was lost: no job is left to end the call on
     purpose, so the watch finds it over after OVER_S (its conversation is then deleted by the worker), once;
     the room is no longer served, and a caller who comes back to it is a new call (the first dispatch's)."""
-    monkeypatch.setattr(fleet, "OVER_S", 0.3)
+    monkeypatch.setattr(timing, "OVER_S", 0.3)
     lk = FakeLiveKit()
     room = lk.add("garden", "desk", caller_joined=time.time() - 60)
     callers = list(lk.rooms["garden"][1])
@@ -261,13 +173,13 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
         )
         await live.beat([(other.sid, "AJ_2")])
         first = [await watcher.sweep(lk)]  # the other worker is there: its room is live
-        await asyncio.sleep(fleet.GONE_S + 0.05)
+        await asyncio.sleep(timing.GONE_S + 0.05)
         first.append(await watcher.sweep(lk))
         # a worker reconnecting: its connection missing at one sweep, back before the next
         await live.presence.aclose()
         first.append(await watcher.sweep(lk))
         await live.beat([(other.sid, "AJ_2")])  # its beat opens it again
-        await asyncio.sleep(fleet.GONE_S + 0.05)
+        await asyncio.sleep(timing.GONE_S + 0.05)
         first.append(await watcher.sweep(lk))
         dead.send_signal(signal.SIGKILL)
         dead.wait(10)
@@ -313,8 +225,8 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
     alone (a blip shorter than that does nothing); a new agent's job then marks it, and when the old job's
     connection comes back it finds the room another's and leaves. A job whose connection comes back with no
     one else in its place keeps its call, and its mark is gone."""
-    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
-    monkeypatch.setattr(room_job, "DOWN_GRACE_S", 0.2)
+    monkeypatch.setattr(timing, "BEAT_S", 0.02)
+    monkeypatch.setattr(timing, "DOWN_GRACE_S", 0.2)
     lk = FakeLiveKit()
     room = lk.add("terrace", "desk", caller_joined=time.time() - 60)
     calm = lk.add("spa", "desk", caller_joined=time.time() - 60)
@@ -379,8 +291,8 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
 
 
 def test_a_job_back_in_its_room_alone_keeps_it(redis_url, monkeypatch):
-    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
-    monkeypatch.setattr(room_job, "DOWN_GRACE_S", 0.05)
+    monkeypatch.setattr(timing, "BEAT_S", 0.02)
+    monkeypatch.setattr(timing, "DOWN_GRACE_S", 0.05)
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
     keys = marks.Keys("desk")
 
@@ -468,7 +380,7 @@ def test_a_reconnect_too_quick_to_be_seen_down_still_finds_the_room_replaced(red
     """The SDK rebuilt the agent's connection between two polls (its `reconnected` event): if another job
     marked the room meanwhile (a new agent, dispatched while this one's connection led to a node that died),
     this one leaves at once; if not, nothing happens."""
-    monkeypatch.setattr(room_job, "BEAT_S", 0.5)
+    monkeypatch.setattr(timing, "BEAT_S", 0.5)
     settings = AgentSettings(redis_url=redis_url, agent_name="desk")
 
     async def main():
@@ -497,7 +409,7 @@ def test_a_reconnect_too_quick_to_be_seen_down_still_finds_the_room_replaced(red
 
     stayed, took, events = asyncio.run(main())
     assert stayed and events == ["left"]
-    assert took < room_job.BEAT_S  # at the event, not at the next poll
+    assert took < timing.BEAT_S  # at the event, not at the next poll
 
 
 def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its_mark_is_live(
@@ -507,7 +419,7 @@ def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its
     Redis names the new one), while its agent's connection still leads to the dead node and its job, up as
     far as it knows, keeps the room marked live. Once the room has had a caller and no agent for
     ABSENT_S, it is alone; a room that moved with its agent in it, or that never moved, is not."""
-    monkeypatch.setattr(fleet, "ABSENT_S", 0.2)
+    monkeypatch.setattr(timing, "ABSENT_S", 0.2)
     lk = FakeLiveKit()
     moved = lk.add("ballroom", "desk", caller_joined=time.time() - 60)
     followed = lk.add("library", "desk", caller_joined=time.time() - 60)
@@ -530,17 +442,17 @@ def test_a_room_made_again_on_another_node_without_its_agent_gets_one_though_its
         r = watcher.redis
         jobs = [(moved.sid, "AJ_1"), (followed.sid, "AJ_2"), (stayed.sid, "AJ_3")]
         for room in (moved, followed, stayed):
-            await r.hset(fleet.NODE_MAP, room.name, "ND_dead")
+            await r.hset(state.NODE_MAP, room.name, "ND_dead")
         await worker.beat(jobs)
         before = await watcher.sweep(lk)  # seen on their first node
-        await r.hset(fleet.NODE_MAP, moved.name, "ND_live")  # made again on the node that lives
-        await r.hset(fleet.NODE_MAP, followed.name, "ND_live")
+        await r.hset(state.NODE_MAP, moved.name, "ND_live")  # made again on the node that lives
+        await r.hset(state.NODE_MAP, followed.name, "ND_live")
         at_once = await watcher.sweep(lk)  # within the grace: the agent may be rejoining
         await asyncio.sleep(0.25)
         await worker.beat(jobs)  # the jobs, up as far as they know, mark their rooms still
         later = await watcher.sweep(lk)
         down = await r.get(marks.Keys("desk").down(moved.sid))
-        await r.delete(fleet.NODE_MAP)
+        await r.delete(state.NODE_MAP)
         for f in (worker, watcher):
             await f.redis.aclose()
         await presence.aclose()
@@ -617,7 +529,7 @@ def test_a_dispatch_that_fails_gives_its_claim_back_and_is_asked_again_at_the_ne
         f = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
         await f.redis.set(marks.Keys("desk").served(room.sid), "AJ_gone")
         asked = [await f.sweep(lk), await f.sweep(lk)]
-        times = await f.redis.get(f"{marks.Keys('desk').prefix}count:{room.sid}")
+        times = await f.redis.get(marks.Keys("desk").count(room.sid))
         await f.redis.aclose()
         return asked, times
 
@@ -634,7 +546,7 @@ def test_a_worker_keeps_its_rooms_marked_while_its_sweep_waits_on_a_slow_server(
     from agent.fleet import worker_watch
 
     lk = FakeLiveKit()
-    lifetime_s = fleet.LIVE_MS / 1000
+    lifetime_s = timing.LIVE_MS / 1000
 
     async def list_rooms(_req):
         await asyncio.sleep(4 * lifetime_s)
@@ -728,7 +640,7 @@ def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis
         await drainer.ping()  # the draining worker is alive
         for r in rooms:
             await drainer.set(keys.served(r.sid), "AJ_old")
-            await drainer.set(keys.handover(r.sid), "w-old", ex=60)
+            await drainer.set(keys.drained(r.sid), "w-old", ex=60)
         a, b = (fleet.Fleet(marks.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
         asked = [await a.sweep(lk) + await b.sweep(lk)]
         first = sorted(d.room for d in lk.created)
@@ -741,8 +653,8 @@ def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis
         return asked, first
 
     asked, first = asyncio.run(main())
-    assert asked == [fleet.HANDOVERS_AT_ONCE, 0, 2], asked
-    assert first == sorted(r.name for r in rooms)[: fleet.HANDOVERS_AT_ONCE]
+    assert asked == [timing.HANDOVERS_AT_ONCE, 0, 2], asked
+    assert first == sorted(r.name for r in rooms)[: timing.HANDOVERS_AT_ONCE]
     assert sorted(d.room for d in lk.created) == sorted(r.name for r in rooms)  # each room once
     assert {json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created} == {"handed over"}
 
@@ -759,16 +671,16 @@ def test_the_rooms_of_a_draining_worker_that_died_are_not_kept_waiting_their_tur
         a = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
         for r in rooms:  # handed over by w-gone, whose presence connection is not in Redis: it died
             await a.redis.set(keys.served(r.sid), "AJ_old")
-            await a.redis.set(keys.handover(r.sid), "w-gone", ex=60)
+            await a.redis.set(keys.drained(r.sid), "w-gone", ex=60)
         asked = [await a.sweep(lk)]  # its connection found missing (not yet for GONE_S)
-        await asyncio.sleep(fleet.GONE_S + 0.05)
+        await asyncio.sleep(timing.GONE_S + 0.05)
         asked.append(await a.sweep(lk))
         await a.redis.aclose()
         return asked
 
     asked = asyncio.run(main())
     reasons = [json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created]
-    at_once = fleet.HANDOVERS_AT_ONCE
+    at_once = timing.HANDOVERS_AT_ONCE
     assert asked == [at_once, 10 - at_once], asked  # the rest at once
     assert reasons == ["handed over"] * at_once + ["agent lost"] * (10 - at_once)
 
@@ -787,9 +699,7 @@ def test_a_live_mark_for_a_job_livekit_does_not_list_neither_keeps_a_room_from_i
     """A live mark for a made-up job, its worker's presence connection open: a room whose agent LiveKit lists
     in it is not taken for alone (no second agent), and a room whose agent was lost is given one once the
     mark has stood JOIN_S without its agent coming in (a new job's agent joins within it)."""
-    from agent.fleet import agreed
-
-    monkeypatch.setattr(agreed, "JOIN_S", 0.3)
+    monkeypatch.setattr(timing, "JOIN_S", 0.3)
     lk = FakeLiveKit()
     kept = lk.add("suite", "desk", caller_joined=time.time() - 60)
     lost = lk.add("attic", "desk", caller_joined=time.time() - 60)
@@ -826,8 +736,8 @@ def test_a_job_does_not_leave_its_room_for_a_live_mark_livekit_does_not_agree_wi
     job, of a worker whose presence connection is open, holds the room only where LiveKit lists that job's
     agent in it or started that job within JOIN_S; a made-up job's mark is not believed, and is removed so
     the room's own job's worker marks it."""
-    monkeypatch.setattr(room_job, "BEAT_S", 0.02)
-    monkeypatch.setattr(room_job, "HELD_S", 0.05)
+    monkeypatch.setattr(timing, "BEAT_S", 0.02)
+    monkeypatch.setattr(timing, "HELD_S", 0.05)
     lk = FakeLiveKit()
     room = lk.add("garden", "desk", caller_joined=time.time() - 60)
     lk.agent("garden", "AJ_real")
@@ -906,7 +816,7 @@ def test_a_down_mark_for_a_job_whose_agent_livekit_lists_in_the_room_does_not_sw
     """A down mark for a job that is up, its agent in the room as LiveKit lists it: no new agent is sent,
     neither while the job's worker's mark stands nor once it lapsed (a worker does not mark a job that is
     down); once LiveKit no longer lists the agent in the room, the down mark counts and the room is alone."""
-    monkeypatch.setattr(fleet, "LIVE_MS", 200)
+    monkeypatch.setattr(timing, "LIVE_MS", 200)
     lk, room = served_room("pool")
     keys = marks.Keys("desk")
 
@@ -933,7 +843,7 @@ def test_a_forged_down_mark_removed_before_the_jobs_worker_marks_again_does_not_
     """Whoever forged a down mark removes it: until the job's worker marks the room again (its next beat),
     the room has no mark at all. A mark forged there lately, a missing one is asked of LiveKit too: its agent
     in the room, no new agent is sent; its agent gone, the room is alone as any served room without one."""
-    monkeypatch.setattr(fleet, "LIVE_MS", 200)
+    monkeypatch.setattr(timing, "LIVE_MS", 200)
     lk, room = served_room("spa")
     keys = marks.Keys("desk")
 

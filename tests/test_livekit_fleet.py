@@ -80,7 +80,7 @@ def test_a_caller_whose_first_dispatch_found_no_worker_gets_an_agent(server, sto
     """The caller joins while no worker of the agent's name is registered: the server's one dispatch finds no
     worker and is not tried again. A worker that registers afterwards finds the room alone and asks for its
     agent once the caller has waited FIRST_AGENT_S."""
-    from agent.fleet.fleet import FIRST_AGENT_S
+    from agent.fleet.timing import FIRST_AGENT_S
 
     name = f"chorus-test-{uuid.uuid4().hex[:8]}"
 

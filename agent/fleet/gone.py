@@ -13,14 +13,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from agent.fleet import timing
 from agent.fleet.marks import _redis_errors, present_workers
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 log = logging.getLogger("chorus.agent.fleet")
-
-GONE_S = 0.3  # a worker whose connection is missing from Redis this long (two sweeps) is dead
 
 
 class Presences:
@@ -69,7 +68,7 @@ class Presences:
         for w in workers:
             if w in present:
                 self._missing.pop(w, None)
-            elif at_once or now - self._missing.setdefault(w, now) >= GONE_S:
+            elif at_once or now - self._missing.setdefault(w, now) >= timing.GONE_S:
                 gone.add(w)
                 if w not in self._dead:
                     self._dead.add(w)

@@ -58,10 +58,14 @@ class Keys:
     live = partialmethod(_key, "live")
     served = partialmethod(_key, "served")
     claim = partialmethod(_key, "claim")
+    count = partialmethod(_key, "count")  # how often the room's agent was replaced
     ended = partialmethod(_key, "ended")
-    handover = partialmethod(_key, "handover")
-    handing = partialmethod(_key, "handing")
     down = partialmethod(_key, "down")
+    # a drain's two marks: its worker drains and hands the room over, and a handover asked for is on its way.
+    # Their keys keep the names older workers read ("handover", "handing"): a drain is a rolling restart, and
+    # a worker of either version must read the other's.
+    drained = partialmethod(_key, "handover")
+    handover_asked = partialmethod(_key, "handing")
 
 
 # a job's mark removed only while it is still that job's (a newer job may have marked the room since)

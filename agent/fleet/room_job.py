@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from livekit import api
 
+from agent.fleet import timing
 from agent.fleet.agreed import job_in_room, room_name
-from agent.fleet.fleet import BEAT_S, LIVE_MS, MOVED_DOWN_MS, REDISPATCH_KEY, SERVED_S
 from agent.fleet.marks import _UNMARK, Keys, _job, _owner, _redis_errors, _text, fleet_redis, present_workers
+from agent.fleet.state import REDISPATCH_KEY
 
 if TYPE_CHECKING:
     from livekit import rtc
@@ -31,12 +32,6 @@ if TYPE_CHECKING:
     from agent.settings import AgentSettings
 
 log = logging.getLogger("chorus.agent.fleet")
-
-# a job's room connection down this long is lost: not a blip the SDK mends by itself (a resume on a busy
-# machine can take more than a second), and well inside the time a node's callers take to come back (3 s+)
-DOWN_GRACE_S = 3.0
-HELD_S = 2.0  # how often a job that is up looks whether another job holds its room
-GONE_WAIT_S, GONE_POLL_S = 5.0, 0.5  # how long, how often, a room whose connection closed is looked for
 
 
 async def remove_stale_agents(lk: LiveKit, room: str, own_identity: str) -> int:
@@ -65,7 +60,7 @@ async def release_room(settings: AgentSettings, sid: str) -> None:
     client = fleet_redis(settings)
     try:
         async with client.pipeline(transaction=True) as p:
-            p.set(keys.ended(sid), "1", ex=SERVED_S)
+            p.set(keys.ended(sid), "1", ex=timing.SERVED_S)
             p.delete(keys.served(sid), keys.live(sid))
             await p.execute()
     except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
@@ -74,14 +69,14 @@ async def release_room(settings: AgentSettings, sid: str) -> None:
         await client.aclose()
 
 
-async def room_gone(settings: AgentSettings, name: str, sid: str, within_s: float = GONE_WAIT_S) -> bool:
+async def room_gone(settings: AgentSettings, name: str, sid: str, within_s: float | None = None) -> bool:
     """Whether the server no longer holds the room `sid` (named `name`): everyone left it, or it was deleted.
     A room the server is closing is still listed for a moment after its participants were let go: asked again
     until `within_s` has passed. False when it is still listed then, or the server could not be asked (its
     node lost: the room may be made again on another)."""
     from agent.lkapi import LiveKit, LiveKitFailure
 
-    deadline = time.monotonic() + within_s
+    deadline = time.monotonic() + (timing.GONE_WAIT_S if within_s is None else within_s)
     try:
         async with LiveKit(settings) as lk:
             while True:
@@ -90,7 +85,7 @@ async def room_gone(settings: AgentSettings, name: str, sid: str, within_s: floa
                     return True
                 if time.monotonic() >= deadline:
                     return False
-                await asyncio.sleep(GONE_POLL_S)
+                await asyncio.sleep(timing.GONE_POLL_S)
     except LiveKitFailure as e:
         log.info("whether the room is gone is not known (%s)", e)
         return False
@@ -130,7 +125,7 @@ async def take_room(settings: AgentSettings, sid: str, other: str) -> None:
     and the other job leaves when its connection is back. Best effort."""
     client = fleet_redis(settings)
     try:
-        await client.set(Keys(settings.agent_name).down(sid), other, px=MOVED_DOWN_MS)
+        await client.set(Keys(settings.agent_name).down(sid), other, px=timing.MOVED_DOWN_MS)
     except (OSError, ConnectionError, TimeoutError, _redis_errors()) as e:
         log.info("the room could not be taken over (%s)", type(e).__name__)
     finally:
@@ -218,18 +213,18 @@ async def watch_link(
     room.on("reconnected", back.set)
     since: float | None = None  # when the connection went down
     marked = failing = came_back = False
-    next_look = time.monotonic() + HELD_S
+    next_look = time.monotonic() + timing.HELD_S
     try:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(back.wait(), BEAT_S)
+                await asyncio.wait_for(back.wait(), timing.BEAT_S)
             came_back = came_back or back.is_set()  # (kept until read: Redis may fail this time)
             back.clear()
             try:
                 if room.connection_state != up:
                     since = since if since is not None else time.monotonic()
-                    if time.monotonic() - since >= DOWN_GRACE_S:
-                        await client.set(keys.down(sid), job, px=LIVE_MS)
+                    if time.monotonic() - since >= timing.DOWN_GRACE_S:
+                        await client.set(keys.down(sid), job, px=timing.LIVE_MS)
                         if not marked:
                             log.warning("job %s: its room connection is down; the fleet steps in", job)
                             on_down(True)
@@ -245,7 +240,7 @@ async def watch_link(
                         on_down(False)
                     since, marked, came_back = None, False, False
                 elif time.monotonic() >= next_look and not handing_over():
-                    next_look = time.monotonic() + HELD_S
+                    next_look = time.monotonic() + timing.HELD_S
                     if (other := await _held_by(client, settings, sid, job, name)) is not None:
                         log.warning("job %s: the room is job %s's, there first; it leaves", job, other)
                         on_replaced()

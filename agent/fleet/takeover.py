@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from agent.fleet import timing
 from agent.fleet.room_job import remove_stale_agents
 
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
     from agent.settings import AgentSettings
 
 log = logging.getLogger("chorus.agent.room")
-
-TAKE_OVER_S = 10.0  # a handed-over call's new session sends its first frame within this, or takes over anyway
-HOLD_ON_S = 0.5  # a call carried on after a break whose new session is not live this soon hears a hold clip
 
 
 async def _heard_first(ctx: JobContext, sink, callers: Collection[int]) -> None:
@@ -39,7 +37,7 @@ async def _heard_first(ctx: JobContext, sink, callers: Collection[int]) -> None:
         return
     asked = time.monotonic()
     await sink.join(ctx.room)
-    heard = await heard_by(ctx.room, callers, TAKE_OVER_S)
+    heard = await heard_by(ctx.room, callers, timing.TAKE_OVER_S)
     log.info(
         "job %s: its track %s the room's callers in %.2f s",
         ctx.job.id,
@@ -53,7 +51,7 @@ async def _take_over(ctx: JobContext, settings: AgentSettings, call) -> None:
     frame (at most TAKE_OVER_S after the session opened), so the caller is not left between the two; one
     removed before that has the caller hear the hold clip until this one speaks."""
     asked = time.monotonic()
-    live = await _live_within(call.duplex, TAKE_OVER_S)
+    live = await _live_within(call.duplex, timing.TAKE_OVER_S)
     if call.closed:
         return
     if live:
@@ -70,7 +68,7 @@ async def _hold_on(call) -> None:
     "bear with me" meanwhile."""
     duplex = call.duplex
     await duplex.opened.wait()
-    if not await _live_within(duplex, HOLD_ON_S) and duplex.handle is not None and not call.closed:
+    if not await _live_within(duplex, timing.HOLD_ON_S) and duplex.handle is not None and not call.closed:
         log.info("session %s: not live yet, the caller hears a hold clip", duplex.handle.id)
         call.output.hold_on()
 
