@@ -53,7 +53,7 @@ def room_settings() -> AgentSettings:
 def room_engine() -> RemoteEngine:
     """The worker's engine as this process reaches it (engine/client/remote.py), made once per process."""
     if "engine" not in _room:
-        from agent.fleet.drain import DRAIN
+        from agent.draining import DRAIN
         from engine.client.remote import RemoteEngine
 
         engine = RemoteEngine()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from livekit.agents import AgentServer
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
+
+from agent.draining import DRAIN as DRAIN  # (the process's drain, agent/draining.py)
 
 if TYPE_CHECKING:
     from agent.call import Call
@@ -27,24 +28,6 @@ log = logging.getLogger("chorus.agent.drain")
 GOODBYE = " I'm sorry, this line is closing for maintenance. Please call us again in a minute. Goodbye."
 GOODBYE_LEAD_S = 10.0  # a call still going this long before the drain's deadline is ended with a goodbye
 GOODBYE_WAIT_S = 8.0  # the goodbye's turn is given this long to play before the call is hung up
-
-
-class Drain:
-    """The process's drain: when it began and when the framework will cut the jobs off (read from any job's
-    thread)."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.deadline = float("inf")  # time.monotonic()
-
-    def begin(self, timeout_s: float) -> None:
-        if not self.started.is_set():
-            self.deadline = time.monotonic() + timeout_s
-            self.started.set()
-            log.info("draining: calls in progress have %.0f s", timeout_s)
-
-
-DRAIN = Drain()
 
 
 class DrainingServer(AgentServer):
