@@ -305,6 +305,7 @@ class SessionSnapshot(BaseModel):
     start_delay_ms: float = 0.0
     playout_gaps: int = 0
     playout_gap_s: float = 0.0
+    late_absorbed: int = 0  # the agent's frames that came late and that the playout's lead covered, this call
     # the room's receive side of the caller's audio: WebRTC's jitter buffer (NetEQ), its mean delay over the
     # last few seconds, and the audio it concealed (lost or late packets) this call; 0 until first read
     rx_jitter_ms: float = 0.0

@@ -34,6 +34,7 @@ SHOWN = {
     "gap_s": ("playout_gap_s", 0.0, "chorus_playout_gap_seconds"),
     "start_delay_s": ("start_delay_ms", 0.0, "chorus_playout_start_delay_seconds"),
     "turn_played_at": ("turn_start_ms", None, None),
+    "late_absorbed": ("late_absorbed", 0, "chorus_playout_late_absorbed"),
     "rx_jitter_s": ("rx_jitter_ms", 0.0, "chorus_receive_jitter_buffer_seconds"),
     "rx_concealed_s": ("rx_concealed_s", 0.0, "chorus_receive_concealed_seconds"),
 }
@@ -116,13 +117,14 @@ class Rooms:
 
     def plausible(self, name: str) -> np.ndarray:
         """What a room's playout says of itself: 120 ms queued, 2 gaps (50 ms), a 20 ms start delay, the
-        turn's first sample played 42 ms after its tick, 45 ms in WebRTC's jitter buffer, 0.3 s concealed."""
-        return np.array([0.12, 2, 0.05, 0.02, self.started[name] + 0.042, 0.045, 0.3])
+        turn's first sample played 42 ms after its tick, 5 late frames absorbed, 45 ms in WebRTC's jitter
+        buffer, 0.3 s concealed."""
+        return np.array([0.12, 2, 0.05, 0.02, self.started[name] + 0.042, 5, 0.045, 0.3])
 
     def set_playout(self, name: str, values: np.ndarray) -> None:
         if name == "local":
-            self.handles[name].report_playout(*values[:5])
-            self.handles[name].report_receive(*values[5:])
+            self.handles[name].report_playout(*values[:6])
+            self.handles[name].report_receive(*values[6:])
         else:
             self.links[name].playout[:] = values
 

@@ -129,7 +129,7 @@ def _banners(workers: list[fleet.Worker], last_up: dict[str, float]) -> None:
 
 def _headline(snap: EngineSnapshot) -> None:
     budget = snap.tick_budget_ms
-    cols = st.columns(7)
+    cols = st.columns(8)
     cols[0].metric("Live sessions", f"{len(snap.sessions)} / {snap.num_slots}")
     cols[1].metric(
         "Live step p50", fleet.ms(snap.live_ms_p50), help="the live step's median over the last minutes"
@@ -145,7 +145,20 @@ def _headline(snap: EngineSnapshot) -> None:
     cols[4].metric("Dropped frames", snap.dropped_frames)
     cols[5].metric("Underruns", snap.underruns, help="live ticks with no caller frame (silence fed)")
     cols[6].metric("Device memory", fleet.memory(snap), help=fleet.memory_help(snap))
+    cols[7].metric("Gaps heard / late absorbed", _heard(snap), help=HEARD_HELP)
     _about(snap)
+
+
+HEARD_HELP = (
+    "the calls now live: silences a caller heard inside the agent's turns, and the agent's frames that came "
+    "late but that the playout's buffer covered without one"
+)
+
+
+def _heard(snap: EngineSnapshot) -> str:
+    """The gaps callers heard and the late frames absorbed, over the live sessions' calls."""
+    gaps = sum(s.playout_gaps for s in snap.sessions)
+    return f"{gaps} / {sum(s.late_absorbed for s in snap.sessions)}"
 
 
 def _about(snap: EngineSnapshot) -> None:
@@ -185,6 +198,7 @@ def _fleet(workers: list[fleet.Worker]) -> None:
                 st.metric("Live sessions", f"{len(s.sessions)} / {s.num_slots}")
                 st.metric("Live step p50 / p99", f"{fleet.ms(s.live_ms_p50)} / {fleet.ms(s.live_ms_p99)}")
                 st.metric("Missed deadlines", s.missed_deadlines)
+                st.metric("Gaps heard / late absorbed", _heard(s), help=HEARD_HELP)
                 st.metric("Dropped frames / underruns", f"{s.dropped_frames} / {s.underruns}")
                 st.metric("Device memory", fleet.memory(s), help=fleet.memory_help(s))
                 if s.overloaded:

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 from livekit.agents.utils import aio
 
+from agent.audio_out.heard import HeardCounter
 from agent.audio_out.playout_timing import ArrivalJitter, Wake, shorten
 
 BUFFER_FRAMES = 2  # the playout buffer: at least this many engine frames of audio queued ahead of the play
@@ -72,6 +73,7 @@ class _Chunk:
     seg: _Segment | None
     duration: float
     arrived: float = field(default_factory=time.monotonic)
+    late: float = 0.0  # behind its turn's cadence when it arrived (`ArrivalJitter.observe`)
 
 
 def _nothing(*_: object) -> None:
@@ -116,17 +118,20 @@ class PlayoutBuffer:
             "cuts": 0,
             "flushed_s": 0.0,
             "segments": 0,
-            "gaps": 0,
+            "gaps": 0,  # silences heard inside the model's turns (agent/audio_out/heard.py)
             "gap_s": 0.0,
+            "late_absorbed": 0,  # the model's frames that came late and played without a gap
             "dropped_s": 0.0,
             "trimmed_s": 0.0,
             "model_chunks": 0,  # the model's chunks played, and how long they waited from arrival to play
             "waited_s": 0.0,
         }
+        self.heard = HeardCounter()
         self._waits: deque[float] = deque(maxlen=TRIM_AFTER)  # how long the turn's last chunks sat queued
         # where the engine learns what the playout costs (its snapshot and /metrics): called with the audio
-        # queued ahead of the ear, the gaps and their seconds, the start delay, and when the last turn's first
-        # chunk went to the sink, as each chunk starts playing and on a cut (`SessionHandle.report_playout`)
+        # queued ahead of the ear, the gaps and their seconds, the start delay, when the last turn's first
+        # chunk went to the sink, and the late frames absorbed, as each chunk starts playing and on a cut
+        # (`SessionHandle.report_playout`)
         self.report: Callable[..., None] | None = None
         self._turn_played_at = 0.0
 
@@ -181,14 +186,14 @@ class PlayoutBuffer:
         if seg is None:
             raise RuntimeError("playout: write outside a segment (begin_segment first)")
         arrived = time.monotonic()
-        self.jitter.observe(arrived)
+        late = self.jitter.observe(arrived)
         while not seg.cut and self.queued_s + pcm.size / self.rate > self.buffer_s + 1e-6:
             self._space.clear()
             await self._space.wait()
         if seg.cut:
             self.stats["dropped_s"] += pcm.size / self.rate
             return
-        self._push(_Chunk(pcm, "model", seg, pcm.size / self.rate, arrived))
+        self._push(_Chunk(pcm, "model", seg, pcm.size / self.rate, arrived, late))
 
     def end_segment(self) -> None:
         """No more audio of this segment: it finishes once what it queued has played."""
@@ -342,20 +347,23 @@ class PlayoutBuffer:
         self.spans.append([chunk.kind, start, self._end])
         if chunk.kind == "model" and chunk.seg is not None and not chunk.seg.started:
             self._turn_played_at = start  # a turn's first chunk: when it goes to the sink
-        self._report()
         if chunk.kind != "model":
             self.stats["clip_s"] += chunk.duration
+            self._report()
             return
         self.stats["model_s"] += chunk.duration
         self.stats["model_chunks"] += 1
         self.stats["waited_s"] += start - chunk.arrived
         seg = chunk.seg
         if seg is None:
+            self._report()
             return
         seg.played_s += chunk.duration
-        if seg.started and start > seg.last_end + 1e-4:  # the frame came too late: a gap
-            self.stats["gaps"] += 1
-            self.stats["gap_s"] += start - seg.last_end
+        heard = self.heard
+        if heard.frame(chunk.late, seg.last_end if seg.started else None, start):  # it came too late: a gap
+            self.stats["gaps"], self.stats["gap_s"] = heard.gaps, heard.gap_s
+        self.stats["late_absorbed"] = heard.absorbed
+        self._report()  # with this chunk's gap or absorption counted
         seg.last_end = self._end
         if not seg.started:
             seg.started = True
@@ -365,7 +373,14 @@ class PlayoutBuffer:
     def _report(self) -> None:
         if self.report is not None:
             st = self.stats
-            self.report(self.queued_s, int(st["gaps"]), st["gap_s"], self.start_delay_s, self._turn_played_at)
+            self.report(
+                self.queued_s,
+                int(st["gaps"]),
+                st["gap_s"],
+                self.start_delay_s,
+                self._turn_played_at,
+                int(st["late_absorbed"]),
+            )
 
     async def play_out(self, timeout: float | None = None) -> None:
         """Until the open segment has ended and everything queued has played to its last sample, at most

@@ -158,12 +158,19 @@ class RemoteHandle:
         self._send(KeepPrivate(tuple(t for t in terms if isinstance(t, str))))
 
     def report_playout(
-        self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
+        self,
+        queued_s: float,
+        gaps: int,
+        gap_s: float,
+        start_delay_s: float,
+        turn_played_at: float = 0.0,
+        late_absorbed: int = 0,
     ) -> None:
         """The room's playout, for the engine's snapshot and /metrics (written to the session's shared memory,
         engine/transport/link.py PLAYOUT_FIELDS; nothing is sent)."""
         if not self._closed:
-            self._link.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+            figures = (queued_s, gaps, gap_s, start_delay_s, turn_played_at, late_absorbed)
+            self._link.playout[:RECEIVE_AT] = figures
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:
         """The room's receive side of the caller's audio (WebRTC's jitter buffer lately, the audio it

@@ -119,6 +119,7 @@ class _FiguresCollector:
             "chorus_playout_gaps": "Gaps in the agent's audio this call (a frame came after the last ended)",
             "chorus_playout_gap_seconds": "The length of those gaps, this call",
             "chorus_playout_start_delay_seconds": "What a turn's first frame waits (the measured jitter)",
+            "chorus_playout_late_absorbed": "The agent's frames that came late but played without a gap",
             "chorus_receive_jitter_buffer_seconds": "Caller audio in WebRTC's jitter buffer, mean lately",
             "chorus_receive_concealed_seconds": "Caller audio WebRTC concealed this call (lost or late)",
         }

@@ -111,7 +111,9 @@ def session_row(
     turn, feed, call = s.turn, s.feed, s.call
     pieces = list(turn.said)
     played_at = playout[PLAYED_AT]
-    queued_s, gaps, gap_s, delay_s, _, rx_jitter_s, rx_concealed_s = (x if x == x else 0.0 for x in playout)
+    queued_s, gaps, gap_s, delay_s, _, absorbed, rx_jitter_s, rx_concealed_s = (
+        x if x == x else 0.0 for x in playout
+    )
     turn_ms = (played_at - turn.started_at) * 1000
     return SessionSnapshot(
         id=s.id,
@@ -134,6 +136,7 @@ def session_row(
         start_delay_ms=round(delay_s * 1e3, 1),
         playout_gaps=int(gaps),
         playout_gap_s=round(gap_s, 3),
+        late_absorbed=int(absorbed),
         rx_jitter_ms=round(rx_jitter_s * 1e3, 1),
         rx_concealed_s=round(rx_concealed_s, 3),
         turn_start_ms=round(turn_ms, 1) if math.isfinite(turn_ms) and 0 <= turn_ms < 10_000 else None,

@@ -121,12 +121,19 @@ class SessionHandle:
         self._s.requests.put(Hold(self._engine.tokens.pad if on else -1))
 
     def report_playout(
-        self, queued_s: float, gaps: int, gap_s: float, start_delay_s: float, turn_played_at: float = 0.0
+        self,
+        queued_s: float,
+        gaps: int,
+        gap_s: float,
+        start_delay_s: float,
+        turn_played_at: float = 0.0,
+        late_absorbed: int = 0,
     ) -> None:
         """The room's playout, for the snapshot and /metrics: audio queued ahead of the caller's ear, the
         gaps of this call and their seconds, a turn's start delay, when the last turn's first sample went
-        to the track (time.monotonic; engine/transport/link.py PLAYOUT_FIELDS)."""
-        self._s.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at)
+        to the track (time.monotonic), the late frames it absorbed without a gap this call
+        (engine/transport/link.py PLAYOUT_FIELDS)."""
+        self._s.playout[:RECEIVE_AT] = (queued_s, gaps, gap_s, start_delay_s, turn_played_at, late_absorbed)
 
     def report_receive(self, jitter_s: float, concealed_s: float) -> None:
         """The room's receive side of the caller's audio, for the snapshot and /metrics: WebRTC's jitter

@@ -14,7 +14,8 @@ room's playout figures:
   the engine writes a record, then advances `out_w`; the room reads up to `out_w` and publishes `out_r`.
 - the room's playout (`playout`, float64, written by the room, read for the snapshot): the audio queued ahead
   of the caller's ear, its gaps so far and their seconds, the turn's start delay, when the last turn's
-  first sample went to the agent's track (CLOCK_MONOTONIC seconds), and the room's receive side of the
+  first sample went to the agent's track (CLOCK_MONOTONIC seconds), the late frames it absorbed without a
+  gap, and the room's receive side of the
   caller's audio: WebRTC's jitter buffer's mean delay lately and the audio it concealed (PLAYOUT_FIELDS).
   A room may write anything there: the reading side keeps only what `check_playout` finds plausible.
 
@@ -46,6 +47,7 @@ PLAYOUT_FIELDS = (
     "gap_s",
     "start_delay_s",
     "turn_played_at",
+    "late_absorbed",
     "rx_jitter_s",
     "rx_concealed_s",
 )
@@ -57,7 +59,9 @@ PLAYED_AT = PLAYOUT_FIELDS.index("turn_played_at")
 # before the read, or not yet (0)
 HELD_MAX_S = 60.0
 CALL_MAX_S = 86_400.0
-PLAYOUT_MAX = np.array([HELD_MAX_S, CALL_MAX_S * 100, CALL_MAX_S, HELD_MAX_S, np.inf, HELD_MAX_S, CALL_MAX_S])
+PLAYOUT_MAX = np.array(
+    [HELD_MAX_S, CALL_MAX_S * 100, CALL_MAX_S, HELD_MAX_S, np.inf, CALL_MAX_S * 100, HELD_MAX_S, CALL_MAX_S]
+)
 CLOCK_SLACK_S = 1.0  # a time the room read before the engine's read, allowed this much ahead of it
 IN_FRAMES = 64  # 5.1 s of caller audio at 80 ms
 OUT_FRAMES = 64

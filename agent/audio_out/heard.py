@@ -1,0 +1,38 @@
+"""What a caller hears of the agent's turns: the gaps in its audio beyond its own pauses, and the frames that
+came late but that the playout's lead covered.
+
+Within a turn each frame is due at the ear when the one before it ends. A frame that came behind its turn's
+cadence (`ArrivalJitter.observe`'s lateness) is heard without a break as long as the audio queued ahead of
+it lasted until it came: the playout buffer absorbed it. Where its lateness outran that lead, the audio
+before it ran out and the caller heard silence until it started: a gap. The pauses between turns (the agent
+not speaking) are neither. Knows seconds; nothing of samples, sinks or rooms.
+"""
+
+from __future__ import annotations
+
+LATE_S = 0.005  # a frame this far behind its turn's cadence came late (the pacing's own slack is below it)
+JOINED_S = 1e-4  # a frame that starts within this of the one before's end joins it: no gap
+
+
+class HeardCounter:
+    """Per call: `gaps` and `gap_s` (the silences heard inside turns), `absorbed` (late frames heard without
+    one), `late` (every late frame, absorbed or not)."""
+
+    def __init__(self, late_s: float = LATE_S) -> None:
+        self.late_s = late_s
+        self.gaps = 0
+        self.gap_s = 0.0
+        self.absorbed = 0
+        self.late = 0
+
+    def frame(self, late_s: float, due: float | None, start: float) -> bool:
+        """A frame `late_s` behind its turn's cadence starts playing at `start`; the turn's audio before it
+        ran until `due` (None: the turn's first frame, due whenever it comes). True when it was a gap."""
+        late = late_s > self.late_s
+        self.late += late
+        if due is not None and start > due + JOINED_S:
+            self.gaps += 1
+            self.gap_s += start - due
+            return True
+        self.absorbed += late
+        return False
