@@ -250,6 +250,14 @@ CASES = [
     ),
     ("caller gone, agent lost, just now", RoomState(served=True), dict(people=()), None, [P], {}),
     (
+        "callers not back yet in a room made again: not over",
+        RoomState(served=True, node="ND_live"),
+        dict(people=(), memory=replace(MOVING, empty_since=NOW - timing.OVER_S)),
+        None,
+        [P],
+        {},
+    ),
+    (
         "caller gone, its agent in the room: not over",
         RoomState(live=LIVE, served=True),
         dict(
