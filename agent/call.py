@@ -188,6 +188,8 @@ async def start_call(
     if getattr(engine.config, "fixed_buffers", False):  # the benchmarks' baseline: a frame, always
         output.buffer.fixed()
     room_label, room_caller = describe_caller(room, participant)
+    if getattr(engine.config, "echo", False):  # the latency benchmark reads each frame's times in the log
+        output.buffer.heard.keep_times(room_label if label is None else label)
     model = ChorusModel(
         engine,
         observer=output,

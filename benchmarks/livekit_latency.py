@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.call import room_label
+from benchmarks.latency import hops
 from benchmarks.latency.caller import RATE, TONE, Caller
 from benchmarks.latency.session import session
 from benchmarks.latency.timing import constants, match
@@ -102,9 +104,14 @@ def run(
             if dump is not None:
                 dump.mkdir(parents=True, exist_ok=True)
                 (dump / "worker.log").write_bytes(worker.log.read_bytes())
-        gated = worker.log.read_text(errors="replace").count("echo mode:")
-    engine["playout_wait_ms"] = playout_wait_ms(worker.log.read_text(errors="replace"))
+        log = worker.log.read_text(errors="replace")
+        gated = log.count("echo mode:")
+    engine["playout_wait_ms"] = playout_wait_ms(log)
     matched = [match(c, engine["frames"], k) for c in callers]
+    times, rx = hops.room_times(log), engine["rx_jitter_by_label"]
+    for c, (rows_c, _) in zip(callers, matched, strict=True):
+        label = room_label(c.room)
+        hops.split(rows_c, label, times.get(label), rx.get(label))
     if dump is not None:
         write_dump(dump, callers, matched, engine)
     rows = [r for m in matched for r in m[0]]
@@ -126,6 +133,8 @@ def run(
     fig = {p: percentiles([r[p] for r in rows]) for p in parts}
     model_ms = k["perception_lag_ms"] + k["codec_delay_ms"]
     fig["mouth_to_ear"] = percentiles([r["round_trip"] + model_ms for r in rows])
+    rx_callers = [c.receive_stats() for c in callers]
+    caller_nq = [x["delay_ms"] for x in rx_callers if x and "delay_ms" in x]
     tones = [c.tone_check() for c in callers]
     late = np.concatenate([np.asarray(c.late) for c in callers]) * 1e3
     onsets = np.array([r["onset"] for r in rows])
@@ -139,6 +148,10 @@ def run(
         # sent; marked bursts the engine saw; onsets the callers heard; sent bursts found in the engine
         "bursts": counts,
         "figures_ms": fig,
+        "hops_ms": hops.hops(rows),  # every hop of the way, in and out (benchmarks/latency/hops.py)
+        "caller_jitter_buffer_ms": round(float(np.median(caller_nq)), 1) if caller_nq else None,
+        # what callers heard: gaps inside the agent's turns, and its late frames the playout absorbed
+        "heard": {"gaps": engine["playout_gaps"], "late_absorbed": engine["late_absorbed"]},
         "algorithmic_ms": {
             "input_framing": k["frame_ms"],  # framing_in + framing_out of every sample
             "tick_wait_max": k["tick_ms"],  # measured: inbox_wait
@@ -158,7 +171,7 @@ def run(
         "inbox_backlog_max": int(max((r["backlog"] for r in rows), default=0)),
         "sender_late_ms": percentiles(list(late)),
         # each caller's jitter buffer for the agent's audio over the window (NetEQ), part of after_engine
-        "caller_jitter_buffer": [c.receive_stats() for c in callers],
+        "caller_jitter_buffer": rx_callers,
         "sender_skipped_ahead": sum(c.skipped_ahead for c in callers),
     }
 
@@ -202,6 +215,7 @@ def report(res: dict) -> None:
             + ", ".join(f"{k} {np.median([r[k] for r in rx]):g}" for k in rx[0])
             + (f" (median of {len(rx)} callers)" if len(rx) > 1 else "")
         )
+    print("\n".join(hops.report(res["hops_ms"], res.get("caller_jitter_buffer_ms"))))
     print(line("echo round trip (a + live step + b)", "round_trip"))
     print(
         line(
@@ -224,6 +238,10 @@ def report(res: dict) -> None:
     print(
         f"  buffers: underrun time {eng['underrun_s']} s, playout gaps {eng['playout_gaps']} "
         f"({eng['playout_gap_s']} s), the tick moved {eng['tick_shift_ms']} ms toward the arrivals"
+    )
+    print(
+        f"  heard: {eng['playout_gaps']} gaps in the agent's turns, {eng['late_absorbed']} late frames the "
+        f"playout absorbed"
     )
     print(
         f"  echo flow: {res['own_tone_heard']} of {res['callers']} callers hear their own tone; "

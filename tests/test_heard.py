@@ -108,3 +108,23 @@ def test_the_playout_counts_absorbed_frames_and_gaps_and_reports_them():
         assert (st["gaps"], st["late_absorbed"]) == (1, 1)
     _, gaps, gap_s, _, _, absorbed = reports[-1]  # the engine's last word from the playout
     assert (gaps, gap_s, absorbed) == (st["gaps"], st["gap_s"], st["late_absorbed"])
+
+
+def test_a_measured_call_logs_each_frames_arrival_and_start_for_the_latency_benchmark(caplog):
+    """Echo mode keeps each frame's times and logs them at the call's close, where benchmarks/latency/hops.py
+    reads them back; a call that keeps nothing logs nothing."""
+    from benchmarks.latency.hops import room_times
+
+    kept, plain = HeardCounter(), HeardCounter()
+    kept.keep_times("room-abc")
+    for k in range(5):
+        for h in (kept, plain):
+            h.frame(0.0, None if k == 0 else 10.0 + k * FRAME_S, 10.02 + k * FRAME_S, 10.0 + k * FRAME_S)
+    with caplog.at_level("INFO", logger="chorus.agent.heard"):
+        plain.close()
+        assert not caplog.records
+        kept.close()
+    times = room_times(caplog.text)
+    assert list(times) == ["room-abc"]
+    assert times["room-abc"][:, 0] == pytest.approx([10.0 + k * FRAME_S for k in range(5)])
+    assert times["room-abc"][:, 1] - times["room-abc"][:, 0] == pytest.approx([0.02] * 5)

@@ -360,7 +360,7 @@ class PlayoutBuffer:
             return
         seg.played_s += chunk.duration
         heard = self.heard
-        if heard.frame(chunk.late, seg.last_end if seg.started else None, start):  # it came too late: a gap
+        if heard.frame(chunk.late, seg.last_end if seg.started else None, start, chunk.arrived):  # a gap
             self.stats["gaps"], self.stats["gap_s"] = heard.gaps, heard.gap_s
         self.stats["late_absorbed"] = heard.absorbed
         self._report()  # with this chunk's gap or absorption counted
@@ -393,6 +393,7 @@ class PlayoutBuffer:
             await asyncio.wait_for(self._drained.wait(), max(0.0, timeout))
 
     async def aclose(self) -> None:
+        self.heard.close()
         if self._task is not None:
             await aio.cancel_and_wait(self._task)
             self._task = None

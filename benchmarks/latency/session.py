@@ -21,6 +21,7 @@ from testkit.server import Server
 from testkit.worker import Worker
 
 JOIN_EVERY_S = 0.25  # one caller joins after another
+HEARD = ("playout_gaps", "playout_gap_s", "late_absorbed")  # per session, what its caller heard
 AGENT_WAIT_S = 90.0  # a caller whose agent is not heard by then is left out of the figures
 
 
@@ -108,6 +109,10 @@ async def session(
         "underrun_s": round(sum(s.get("underrun_s", 0.0) for s in ours), 2),
         "playout_gaps": sum(s.get("playout_gaps", 0) for s in ours),
         "playout_gap_s": round(sum(s.get("playout_gap_s", 0.0) for s in ours), 3),
+        # what each caller heard (agent/audio_out/heard.py): the gaps beside the late frames absorbed
+        "late_absorbed": sum(s.get("late_absorbed", 0) for s in ours),
+        "heard": {s["label"]: {k: s.get(k, 0) for k in HEARD} for s in ours},
+        "rx_jitter_by_label": {s["label"]: s.get("rx_jitter_ms", 0.0) for s in ours},
         "tick_shift_ms": snap.get("tick_shift_ms", 0.0),
         # each room's jitter buffer for its caller's audio (WebRTC's NetEQ in the worker), its last reading
         "rx_jitter_ms": [s.get("rx_jitter_ms", 0.0) for s in ours],

@@ -118,6 +118,7 @@ def match(caller: Caller, frames: list[dict], k: dict) -> tuple[list[dict], dict
                 "onset": e["onset"],
                 "backlog": e["backlog"],
                 "left_at": round(float(t_send), 4),
+                "sent_at": e["sent"],  # the output frame handed out (benchmarks/latency/hops.py)
             }
         )
     seen = {"sent": len(left), "in_engine": len(eng), "heard": len(heard), "engine_matched": len(used_e)}
