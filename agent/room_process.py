@@ -42,6 +42,9 @@ def shared_hotel() -> Any:
 
 
 _room: dict[str, Any] = {}  # this process's settings and the engine it reaches
+# the rtc runtime's worker threads in a room's own process (`CHORUS_ROOM_RTC_THREADS`; 0: tokio's default, one
+# per core of the host, in every call's process): one call's media needs one
+ROOM_RTC_THREADS = 1
 
 
 def room_settings() -> AgentSettings:
@@ -72,6 +75,8 @@ def proc_is_own_process() -> bool:
 def prewarm(proc: JobProcess) -> None:
     """A room's process (or, under the thread executor, a job runner) before its job: the rtc SDK's FFI
     client, the engine's door and its tokenizer, then the long-lived objects frozen out of the collector."""
+    if proc_is_own_process():
+        rtc_threads(int(os.environ.get("CHORUS_ROOM_RTC_THREADS", ROOM_RTC_THREADS)))
     rtc_ffi.install(room_settings().native_audio)  # before any job of this process touches the rtc SDK
     if proc_is_own_process():
         # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
@@ -81,6 +86,14 @@ def prewarm(proc: JobProcess) -> None:
     _ = engine.tokens
     proc.userdata["engine"] = engine
     freeze_long_lived()  # the job process's own objects, once
+
+
+def rtc_threads(n: int) -> None:
+    """Size the rtc runtime's worker pool (tokio reads TOKIO_WORKER_THREADS when the runtime starts, which
+    is when this process's FFI client is made): `n` threads, or tokio's default for 0 or an operator's own
+    TOKIO_WORKER_THREADS."""
+    if n > 0:
+        os.environ.setdefault("TOKIO_WORKER_THREADS", str(n))
 
 
 def close_room() -> None:
