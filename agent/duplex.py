@@ -25,6 +25,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import aio
 
+from agent import call_trace
 from agent.audio_in.caller_audio import InputConverter
 from agent.tool_schemas import tool_schemas
 from agent.turns import SPEECH, CallObserver, TurnGate, cut_short
@@ -83,6 +84,7 @@ class ChorusModel(llm.DuplexModel):
         # the caller's audio when it goes to the engine's ring natively (agent/audio_in/audio_pump.py), not
         # through `ChorusSession.push_audio`: its ring is handed over when the slot opens
         self.caller_audio: CallerAudio | None = None
+        self.trace = call_trace.current()  # the call's spans (agent/call_trace.py), made by its job
 
     @property
     def model(self) -> str:
@@ -217,6 +219,7 @@ class ChorusSession(llm.DuplexSession):
                 continue
             self._answered.add(item.call_id)
             self.handle.submit_tool_result(item.call_id, item.output, item.is_error)
+            self._model.trace.result(item.call_id, bool(item.is_error))
             self.stats["tool_results"] += 1
             if self.record is not None:
                 self.record.answered(item.call_id, str(item.output), bool(item.is_error))
@@ -249,6 +252,7 @@ class ChorusSession(llm.DuplexSession):
             try:
                 admission, self._model.admission = self._model.admission, None
                 self._opening_at = time.monotonic()
+                self._model.trace.opening()
                 handle = self._model.engine.open_session(
                     self._instructions,
                     tool_schemas(self._tools),
@@ -265,6 +269,7 @@ class ChorusSession(llm.DuplexSession):
                     logging.INFO if isinstance(e, EngineFull) else logging.WARNING, "no engine session: %s", e
                 )
                 self.open_error = e
+                self._model.trace.opened(e)
                 self.opened.set()
                 self._error(e)
                 return
@@ -277,6 +282,7 @@ class ChorusSession(llm.DuplexSession):
             if report is not None:
                 self._model.observer.report_playout(report)
             log.info("session %s started (%d tools)", handle.id, len(self._tools))
+            self._model.trace.opened()
             self.opened.set()
             outputs: asyncio.Queue = self.handle.outputs
             while True:
@@ -291,6 +297,7 @@ class ChorusSession(llm.DuplexSession):
         obs = self._model.observer
         if isinstance(item, AudioFrame):
             if not self.live:  # how long its prompt's prefill (and a full engine's queue) kept the caller
+                self._model.trace.first_frame()
                 log.info(
                     "session %s: first frame %.0f ms after it was asked for",
                     self.handle.id,
@@ -298,7 +305,9 @@ class ChorusSession(llm.DuplexSession):
                 )
                 self.first_frame.set()
             self._send_audio(item)
-        elif isinstance(item, TurnStarted):
+        else:
+            self._model.trace.event(item, self._heard_at())
+        if isinstance(item, TurnStarted):
             self.speaking = True
             self._turn_text = ""
             self.stats["turns"] += 1
@@ -359,16 +368,20 @@ class ChorusSession(llm.DuplexSession):
         if self.record is not None:
             self.record.said(self._turn_text)
         # a caller who spoke just now and a sentence left unfinished: the model stopped for the caller
-        voiced_at = self._voiced_at
-        if self._model.caller_audio is not None:
-            voiced_at = max(voiced_at, self._model.caller_audio.voiced_at)
-        barge_in = cut_short(voiced_at, self._turn_text)
+        barge_in = cut_short(self._heard_at(), self._turn_text)
         if barge_in:
             self.stats["barge_ins"] += 1
         # an empty non-speech frame closes the adapter's burst now rather than on the next frame or timeout
         if not self._audio_ch.closed:
             self._audio_ch.send_nowait(llm.DuplexAudioFrame(rtc.AudioFrame(b"", self._out_rate, 1, 0)))
         self._model.observer.on_turn_ended(barge_in)
+
+    def _heard_at(self) -> float:
+        """The monotonic time of the caller's last loud frame (here or in the native caller audio)."""
+        voiced_at = self._voiced_at
+        if self._model.caller_audio is not None:
+            voiced_at = max(voiced_at, self._model.caller_audio.voiced_at)
+        return voiced_at
 
     def _error(self, e: Exception) -> None:
         self.emit(

@@ -47,6 +47,7 @@ _NAME = re.compile(r"(?:^|_)name$|metadata|attributes|phone|number")  # a partic
 _NOT_PERSONAL = re.compile(
     r"^(?:agent_name|tool_name|model_name|room_id|room_sid|participant_sid|participant_kind|track_sid|job_id)$"
 )
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")  # an OpenTelemetry trace id as the log carries it
 # a conversion of printf-style formatting: %s, %(to)x, %-10.3e, %*d, %%
 _CONVERSION = re.compile(
     r"%(?:\((?P<key>[^)]*)\))?[#0 +-]*(?P<width>\*|\d+)?(?:\.(?P<precision>\*|\d+))?[hlL]?(?P<type>[a-zA-Z%])"
@@ -95,6 +96,8 @@ def scrub(key: str, value: object, room: bool = False, seen: dict[str, str] | No
         return value
     elif isinstance(value, int | float):
         return mask_number(value)
+    elif k == "trace_id" and isinstance(value, str) and _TRACE_ID.fullmatch(value):
+        return value  # a call's trace (agent/tracing.py): random hex, whose digits are no one's number
     elif _NOT_PERSONAL.search(k):
         pass
     elif _ROOM.search(k) or (room and k == "name"):

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents import JobContext, cli
 
-from agent import room_connect
+from agent import room_connect, telemetry
 from agent.audio_in.receive_stats import ReceiveWatch
 from agent.audio_out.sinks import ConsoleSink, RoomSink
 from agent.call import start_call
 from agent.call_figures import call_figures
+from agent.call_trace import CallTrace
 from agent.concierge import concierge_for
 from agent.fleet.carry import ConversationLog, acknowledgement, back_again, forget_rooms, resume_context
 from agent.fleet.drain import DRAIN, goodbye_on_drain
@@ -51,7 +52,16 @@ CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 
 
 async def entrypoint(ctx: JobContext) -> None:
-    """The job: a room's call (in the room's own process)."""
+    """The job: a room's call (in the room's own process), one trace (agent/call_trace.py) that ends with the
+    job's reason to end."""
+    trace = CallTrace(ctx.job.id, room=ctx.job.room.name)
+    trace.activate()  # the call's session and playout report to it
+
+    async def end_trace(reason: str) -> None:
+        trace.end(reason)
+        await asyncio.to_thread(telemetry.flush)
+
+    ctx.add_shutdown_callback(end_trace)
     await run_job(ctx, room_settings())
 
 

@@ -17,6 +17,8 @@ import logging
 
 from livekit.agents import JobContext
 
+from agent import call_trace
+
 log = logging.getLogger("chorus.agent.room_connect")
 
 LATE_CONNECT_S = 30.0  # after the bound, how long a connect in flight is given to finish before the job ends
@@ -35,7 +37,12 @@ async def connect(ctx: JobContext, timeout_s: float, late_s: float = LATE_CONNEC
     bound, or when the job is cancelled, is given `late_s` more to finish (so the native library gets its
     ready request), then the room is left and ConnectTimeout (or the cancellation) is raised. A connect the
     SDK gave up on (its signal connection timed out through its retries: a server too busy to answer) is
-    logged in one line and raised as NotJoined."""
+    logged in one line and raised as NotJoined. The call's span `chorus.room.join` (agent/call_trace.py)."""
+    with call_trace.current().step("chorus.room.join"):
+        await _connect(ctx, timeout_s, late_s)
+
+
+async def _connect(ctx: JobContext, timeout_s: float, late_s: float) -> None:
     from livekit import rtc
 
     task = asyncio.ensure_future(ctx.connect())

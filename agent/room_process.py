@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from livekit.agents import JobProcess
 
+from agent import telemetry
 from agent.audio_in import rtc_ffi
 from agent.settings import AgentSettings
 from engine.process.collector import freeze_long_lived
@@ -78,6 +79,7 @@ def prewarm(proc: JobProcess) -> None:
     if proc_is_own_process():
         rtc_threads(int(os.environ.get("CHORUS_ROOM_RTC_THREADS", ROOM_RTC_THREADS)))
     rtc_ffi.install(room_settings().native_audio)  # before any job of this process touches the rtc SDK
+    telemetry.configure("room")  # this process's spans (agent/telemetry.py): the worker's settings
     if proc_is_own_process():
         # a room's audio can wait a few milliseconds; the tick, the LiveKit server and the callers' network
         # cannot: on a machine short of cores the rooms yield first

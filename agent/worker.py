@@ -31,6 +31,8 @@ from livekit.agents import AgentServer, AssignmentTimeoutError, JobExecutorType,
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.worker import ServerEnvOption
 
+from agent import telemetry, tracing
+from agent.call import room_label
 from agent.fleet.drain import DrainingServer
 from agent.fleet.kept import forget_conversations, start_keeping
 from agent.log_privacy import mask_log_handlers
@@ -181,6 +183,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
     """The worker for these settings (`server` below is the one for the environment's). Its log handlers,
     livekit-agents' CLI's once the worker starts, carry no caller's data (agent/log_privacy.py)."""
     mask_log_handlers()
+    telemetry.configure("worker")  # OTEL_*: off without an endpoint; a bad value is refused here
     # (read as each job starts)
     os.environ.setdefault("LIVEKIT_AGENTS_LOOP_BLOCK_WARN_MS", str(LOOP_BLOCK_WARN_MS))
     # livekit-agents loads its own voice-activity and end-of-turn models into every job's process (the
@@ -220,6 +223,7 @@ def build_server(settings: AgentSettings) -> AgentServer:
     )
 
     server.on("worker_started", mask_log_handlers)  # the CLI's handler is in place by then
+    server.on("worker_started", tracing.trace_log_handlers)
     exit_on_failed_start(server)  # livekit-agents' CLI would exit 0
     return server
 
@@ -227,33 +231,49 @@ def build_server(settings: AgentSettings) -> AgentServer:
 async def on_request(request: JobRequest, settings: AgentSettings) -> None:
     """Accept a job only with a slot reserved for it: LiveKit samples the worker's load every 0.5 s, so it can
     offer more rooms than there are free slots (livekit-agents issue #4884). A refused job goes to another
-    worker; an accepted caller is never refused by the engine afterwards (the reservation is its slot)."""
+    worker; an accepted caller is never refused by the engine afterwards (the reservation is its slot). The
+    job's trace begins here: its span `chorus.job` (agent/tracing.py), with the outcome."""
+    with tracing.job_scope(request.id, root=True):
+        attributes = {"chorus.job_id": request.id, "chorus.room_label": room_label(request.room.name)}
+        span = tracing.tracer().start_span(tracing.JOB_SPAN, attributes=attributes)
+    outcome = "failed"
+    try:
+        with tracing.job_scope(request.id):  # its log lines carry the trace's id
+            outcome = await _on_request(request, settings)
+    finally:
+        span.set_attribute("chorus.outcome", outcome)
+        span.end()
+
+
+async def _on_request(request: JobRequest, settings: AgentSettings) -> str:
     from agent.fleet.drain import DRAIN
     from engine.api import EngineError
 
     if DRAIN.started.is_set():
         log.info("job %s turned away: the worker is draining", request.id)
         await request.reject()
-        return
+        return "draining"
     engine = shared_engine(settings)
     if _watch is not None and not _watch.up:
         log.info("job %s turned away: the engine is restarting", request.id)
         await request.reject()
-        return
+        return "engine restarting"
     try:
         await asyncio.to_thread(engine.admit, request.id)
     except EngineError as e:
         log.info("job %s turned away: %s", request.id, e)
         await request.reject()
-        return
+        return "engine refused"
     try:
         await request.accept()
     except AssignmentTimeoutError:  # the server gave the job to no one in time (a busy server): not ours
         await asyncio.to_thread(engine.release, request.id)
         log.info("job %s: accepted, but the server did not assign it in time; its slot is free", request.id)
+        return "not assigned"
     except BaseException:
         await asyncio.to_thread(engine.release, request.id)
         raise
+    return "accepted"
 
 
 class ChorusServer(DrainingServer):

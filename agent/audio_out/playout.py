@@ -19,6 +19,7 @@ import numpy as np
 from livekit import rtc
 from livekit.agents import io
 
+from agent import call_trace
 from agent.audio_out.acks import AckClips
 from agent.audio_out.playout_buffer import PlayoutBuffer, Sink
 from agent.turns import CallObserver
@@ -58,6 +59,8 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._ack_timer: asyncio.TimerHandle | None = None
         self.turns_started = self.turns_ended = 0  # the model's turns (see `after_next_turn`)
         self._turns = asyncio.Event()  # a turn started or ended
+        self.trace = call_trace.current()  # the call's spans: each clip played (agent/call_trace.py)
+        self._clip: tuple[int, int, str] | None = None  # the clip playing: when it began, its length (ns)
 
     # -- readings (the buffer's) -----------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self.turns_started += 1
         self._turns.set()
         self.buffer.stop_clip()
+        self._clip_over()
 
     def on_turn_ended(self, barge_in: bool) -> None:
         self.turns_ended += 1
@@ -148,6 +152,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         if self.acks is not None and not self.buffer.clip_playing:
             name, pcm = self.acks.named(HOLD_CLIP)
             self.buffer.play_clip(pcm, name)
+            self._clip_begun(name, pcm)
 
     def report_playout(self, report: Callable[..., None]) -> None:
         self.buffer.report = report
@@ -157,6 +162,7 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         self._paused = False
         self._cancel_ack()
         self.buffer.stop_clip()
+        self._clip_over()
 
     def _cancel_ack(self) -> None:
         self._ack_on_flush = False
@@ -169,6 +175,18 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
         if self._paused and self.acks is not None:
             name, pcm = self.acks.next()
             self.buffer.play_clip(pcm, name)
+            self._clip_begun(name, pcm)
+
+    def _clip_begun(self, name: str, pcm: np.ndarray) -> None:
+        self._clip_over()
+        self._clip = (time.time_ns(), int(1e9 * pcm.size / self.sample_rate), name)
+
+    def _clip_over(self) -> None:
+        """The clip playing, stopped now or over already, as a span of the call."""
+        if self._clip is not None:
+            start, length, name = self._clip
+            self._clip = None
+            self.trace.clip(start, min(start + length, time.time_ns()), name)
 
     # -- the end of a turn, the end of a call ----------------------------------------------------------
 
@@ -204,4 +222,5 @@ class PlayoutOutput(io.AudioOutput, CallObserver):
     async def aclose(self) -> None:
         self._paused = False
         self._cancel_ack()
+        self._clip_over()
         await self.buffer.aclose()

@@ -23,6 +23,7 @@ from livekit import api
 from livekit.agents import RunContext, ToolError, function_tool
 from pydantic import Field, ValidationError
 
+from agent import call_trace
 from agent.call import room_label
 from agent.hotel import Concierge, concierge_instructions, hotel_tool
 from agent.lkapi import LiveKit, LiveKitFailure, bound_s
@@ -161,13 +162,15 @@ class PhoneLine:
         or no answer in time) is the outcome, logged without the caller's number; a transfer that fails leaves
         the caller with the agent, and the model may ask again."""
         self.acting = True  # from here the call is handed over or hung up even if the job ends meanwhile
+        span = "chorus.phone.transfer" if action == "transfer" else "chorus.phone.hangup"
         try:
-            if action == "transfer":
-                await self.transfer()
-                self.outcome = "transferred"
-            else:
-                await self.hang_up()
-                self.outcome = "ended"
+            with call_trace.current().step(span):
+                if action == "transfer":
+                    await self.transfer()
+                    self.outcome = "transferred"
+                else:
+                    await self.hang_up()
+                    self.outcome = "ended"
             log.info("phone call in room %s: %s", room_label(self.room), self.outcome)
             self.finished.set()
         except LiveKitFailure as e:
