@@ -174,7 +174,9 @@ class Release:
 
 @dataclass(frozen=True)
 class AskLoad:
-    """The worker's: the engine's load, occupancy and free slots, and whether its tick runs."""
+    """The worker's: the engine's load, free slots, whether its tick runs; `figures`: its figures too."""
+
+    figures: bool = False  # engine/client/control.py `EngineFigures`: what the simulation reports
 
 
 @dataclass(frozen=True)

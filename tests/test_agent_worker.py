@@ -173,14 +173,14 @@ def test_simulate_runs_rooms_and_ends_with_one_json_line(tmp_path):
 def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_real_tools(
     tmp_path, monkeypatch
 ):
-    """In-process, 3 rooms (2 calling tools) for 10 s. The third room's input converter raises once (an
-    injected fault: nothing in the path fails on valid frames): that room is reported failed and the exit
-    code says so, while its audio keeps flowing and the other rooms are untouched. The booking the script
-    forced went through the real tool: the reservation is in the database, and its confirmation code is in
-    the tool output the engine received."""
+    """The rooms in this process (the engine in its own), 3 rooms (2 calling tools) for 10 s. The third room's
+    input converter raises once (an injected fault: nothing in the path fails on valid frames): that room is
+    reported failed and the exit code says so, while its audio keeps flowing and the other rooms are
+    untouched. The booking the script forced went through the real tool: the reservation is in the database,
+    and its confirmation code is in the tool output the room sent the engine."""
     import agent.duplex
     from agent.sim import simulate
-    from engine.tick.engine import SessionHandle
+    from engine.client.handle import RemoteHandle
     from tools.hotel import Hotel
     from tools.store import open_store
 
@@ -200,13 +200,13 @@ def test_simulation_reports_a_rooms_forwarding_failure_and_books_through_the_rea
 
     monkeypatch.setattr(agent.duplex.InputConverter, "push", push)
     outputs: list[str] = []
-    real_submit = SessionHandle.submit_tool_result
+    real_submit = RemoteHandle.submit_tool_result
 
     def submit(self, call_id, output, is_error=False):
         outputs.append(output)
         return real_submit(self, call_id, output, is_error)
 
-    monkeypatch.setattr(SessionHandle, "submit_tool_result", submit)
+    monkeypatch.setattr(RemoteHandle, "submit_tool_result", submit)
     p = __import__("argparse").ArgumentParser()
     simulate.add_arguments(p)
     args = p.parse_args(
@@ -240,8 +240,8 @@ def test_the_simulation_builds_its_engine_from_every_engine_setting(tmp_path, mo
     simulate.add_arguments(p)
     args = p.parse_args(["--rooms", "2", "--out", str(tmp_path / "sim")])
     simulate.check_arguments(args)
-    with simulate.build_engine(args) as engine:
-        cfg = engine.config
+    cfg = simulate.engine_config(args)  # what the engine's process is started with, as JSON
+    assert type(cfg).model_validate_json(cfg.model_dump_json()) == cfg
     assert (cfg.thinker_window, cfg.talker_window, cfg.capacity_mode) == (64, 48, True)
     assert cfg.refuse_when_overloaded is False
     assert cfg.num_slots == 2  # one slot per room: the simulation's own default, over CHORUS_SLOTS

@@ -185,6 +185,7 @@ def test_a_malformed_request_is_refused_with_what_is_wrong(msg, why):
         Admit("AJ_1"),
         Release("AJ_1"),
         AskLoad(),
+        AskLoad(figures=True),
         Drain(12.5),
         ReportFleet({"agent lost": 2, "handed over": 1}),
     ],
@@ -200,6 +201,7 @@ def test_every_request_of_the_worker_crosses_the_door_and_comes_back_the_same(re
     [
         ({"op": "admit"}, "admit: admission must name a job"),
         ({"op": "release", "admission": "x" * 201}, "release: admission must name a job"),
+        ({"op": "load", "figures": "yes"}, "load: figures must be true or false"),
         ({"op": "drain", "seconds": -1}, "drain: seconds must be a number of seconds"),
         ({"op": "drain", "seconds": True}, "drain: seconds must be a number of seconds"),
         ({"op": "fleet", "redispatches": {"agent lost": -1}}, "fleet: redispatches must be a few counts"),

@@ -30,8 +30,9 @@ from engine.door.gate import AUTH_S, MAX_PENDING
 from engine.door.host import EngineHost
 from engine.door.serve import DOOR_STOPPED, run_until_stopped
 from engine.transport.wire import MAX_DEPTH, encode
-from engine_support import hosted_engine
+from engine_support import hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
+from wait_support import await_until, wait_until
 
 
 @pytest.fixture
@@ -259,6 +260,21 @@ def test_each_key_opens_only_its_roles_operations(hosted):
     assert engine.pool.available == 3 and host.stats["bad_messages"] == 5
 
 
+def test_the_workers_key_reads_the_engines_figures_and_a_rooms_key_does_not(hosted):
+    """What the simulation reports of the engine it started (agent/sim/): its snapshot, the live steps of the
+    accounting window, its process's memory and its snapshot port, asked with the worker's key only."""
+    engine, host = hosted
+    run_ticks(engine, 0, 3)
+    worker = EngineControl(host.address, host.keys.control)
+    figures = worker.figures()
+    assert figures.snapshot.ticks == 3 and figures.snapshot.num_slots == 4
+    assert figures.live_ms == [round(ms, 3) for ms in engine.acct.live_ms] and len(figures.live_ms) == 3
+    assert figures.rss_bytes > 0 and figures.port is None
+    assert "snapshot" not in worker.status()  # the worker's load alone stays small
+    with pytest.raises(EngineClosed):
+        EngineControl(host.address, host.keys.room).figures()
+
+
 def test_a_message_nested_too_deep_or_whose_handling_fails_is_refused_and_the_door_keeps_serving(
     hosted, monkeypatch
 ):
@@ -274,14 +290,15 @@ def test_a_message_nested_too_deep_or_whose_handling_fails_is_refused_and_the_do
         raw.sendall(b'{"op": "force", "x": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}\n")
         raw.sendall(b"[]" * 40000 + b"\n")  # shallow but too many parts to walk
         raw.setblocking(False)
-        await asyncio.sleep(0.3)
+        await await_until(lambda: room.stats["refused"] >= 3, "the three refusals", seen=lambda: room.stats)
 
         def broken(*_a, **_k):
             raise RuntimeError("a defect in one operation's handler")
 
         monkeypatch.setattr("engine.door.host_ops.apply_session_op", broken)
         room.pad_between(True)
-        await asyncio.sleep(0.3)
+        await await_until(lambda: host.stats["errors"] >= 1, "the failed handler", seen=lambda: host.stats)
+        await await_until(lambda: room.stats["refused"] >= 4, "its refusal", seen=lambda: room.stats)
         monkeypatch.undo()
         # the door still serves: the worker's question and a new session
         status = await asyncio.to_thread(worker.status)
@@ -317,7 +334,7 @@ def test_a_crowd_of_connections_without_a_key_is_bounded_and_the_worker_and_room
     flood = threading.Thread(target=hold)
     flood.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: len(crowd) > MAX_PENDING * 4 or not flood.is_alive(), "the crowd at the door")
 
         async def main():
             waits = []

@@ -5,6 +5,7 @@ memory it samples. Knows the simulation's metrics dictionary; nothing of rooms, 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 EXIT_INTERRUPTED = 130
@@ -24,20 +25,23 @@ TICK_FIGURES = (
 )
 
 
-def rss_mb() -> float:
-    """This process's resident memory in MiB (Linux /proc; 0 where it is not available)."""
-    from engine.observe.metrics import resident_bytes
+def rss_mb(engine_bytes: int) -> float:
+    """The simulation's resident memory in MiB: this process's (Linux /proc; 0 where it is not available) and
+    its engine's process's `engine_bytes`."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        pages = 0
+    return round((pages * os.sysconf("SC_PAGE_SIZE") + engine_bytes) / 2**20, 1)
 
-    return round(resident_bytes() / 2**20, 1)
 
-
-def heap_mb() -> float | None:
-    """Bytes the C heap has handed out and not had back, in MiB (`engine.process.malloc.heap_bytes`; None
-    where the C library is not glibc)."""
+def heap_mb(engine_bytes: int | None) -> float | None:
+    """Bytes the C heap has handed out and not had back, in MiB, in this process and its engine's process
+    (`engine_bytes`) together (`engine.process.malloc.heap_bytes`; None where the C library is not glibc)."""
     from engine.process.malloc import heap_bytes
 
     used = heap_bytes()
-    return None if used is None else round(used / 2**20, 1)
+    return None if used is None or engine_bytes is None else round((used + engine_bytes) / 2**20, 1)
 
 
 def exit_code(m: dict) -> int:

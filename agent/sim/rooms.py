@@ -27,8 +27,8 @@ from engine.api import EngineFull, EngineOverloaded
 from prompts import PROMPTS_DIR
 
 if TYPE_CHECKING:
+    from agent.sim.engine_process import SimEngine
     from engine.config.stage_config import ClockConfig
-    from engine.tick.engine import Engine
     from tools.hotel import Hotel
 
 log = logging.getLogger("chorus.agent.simulate")
@@ -168,12 +168,10 @@ class Room:
 class Stage:
     """What every room shares: the engine, the hotel, where the WAVs go, the agent's settings, and the run's
     clock (`join_by` on the loop's clock; `go` starts the talk, `end[0]` ends it, `stop` ends everything).
-    The rooms reach the engine as a worker's rooms do, through its door (`remote`: engine/door/host.py's
-    socket and shared memory); the join decisions read the engine's own load, as the worker's load function
-    does."""
+    The rooms reach the engine as a worker's rooms do, through its door (`engine.remote`: the door's socket
+    and shared memory); the join decisions read the engine's load, as the worker's load function does."""
 
-    engine: Engine
-    remote: Any
+    engine: SimEngine
     hotel: Hotel
     out: Path
     settings: Any
@@ -204,15 +202,16 @@ async def join(room: Room, stage: Stage) -> Any:
     wait = REDIAL_S
     while True:
         refusal: Exception | None = None
-        if engine.occupancy >= 1.0:  # no other worker to send the room to
-            refusal = EngineFull(f"all {engine.config.num_slots} slots are in use")
-        elif engine.overloaded:
+        load = await engine.load()
+        if load["occupancy"] >= 1.0:  # no other worker to send the room to
+            refusal = EngineFull(f"all {load['num_slots']} slots are in use")
+        elif load["load"] >= 1.0:  # the engine turns callers away for lack of headroom
             refusal = EngineOverloaded("the engine reported no headroom until the join deadline")
         else:
-            sink = WavSink(stage.out / f"{room.name}.wav", engine.model_cfg.clock.output_rate)
+            sink = WavSink(stage.out / f"{room.name}.wav", engine.clock.output_rate)
             caller = "phone" if room.phone else "web"
             room.call = call = await start_call(
-                stage.remote,
+                engine.remote,
                 _agent(room, stage),
                 sink=sink,
                 audio_input=room.input,
@@ -255,7 +254,7 @@ async def _talk(room: Room, stage: Stage, force: Forcing, clips: list[np.ndarray
     in a tool room scripted tool calls, each followed by a scripted thanks once it has paused the model."""
     loop = asyncio.get_running_loop()
     rng = random.Random(room.index)
-    tok = stage.remote.tokens
+    tok = stage.engine.remote.tokens
     script = tool_script(stage.today, room.index, room.phone)
     t0 = loop.time()
     next_utt = t0 + 0.5 + rng.random() * 2
@@ -297,7 +296,7 @@ async def run_room(room: Room, stage: Stage, start_at: float, clips: list[np.nda
         handle = await join(room, stage)
         if handle is None or not await _go_live(room, stage):
             return
-        force = Forcing(handle, stage.remote.tokens, room.call.duplex)
+        force = Forcing(handle, stage.engine.remote.tokens, room.call.duplex)
         await _hold(lambda: stage.go.is_set() or stop.is_set())  # joined: silence until the talk
         await _talk(room, stage, force, clips)
         duplex = room.call.duplex

@@ -22,20 +22,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.phone.telephony import telephone_band
+from agent.sim.engine_process import SimEngine
 from agent.sim.report import heap_mb, rss_mb, write_metrics
 from agent.sim.rooms import Room, Stage, caller_clips, phone_rooms, run_room
-from engine.client.remote import RemoteEngine
-from engine.door.host import EngineHost
+from engine.api import EngineClosed
 from engine.process.collector import freeze_long_lived, thaw
 
 if TYPE_CHECKING:
     from engine.api import EngineSnapshot
-    from engine.tick.engine import Engine
+    from engine.client.control import EngineFigures
+    from engine.config.engine_config import EngineConfig
     from tools.hotel import Hotel
 
 RSS_EVERY_S = 60.0  # resident memory is sampled this often during the talk (metrics.json "rss_mb")
 GRACE_S = 30.0  # the hard deadline: ramp + join timeout + talk + this
 JOIN_EVERY_S, MAX_RAMP_S = 0.25, 30.0  # rooms join this far apart, over at most this long
+ENGINE_START_S = 600.0  # the engine's process is ready by then (CHORUS_STARTUP_TIMEOUT_S over it), or fails
 SHOW_EVERY_S = 1.0  # the progress line is redrawn this often
 # the rooms' figures summed over the rooms
 TOTALS = (
@@ -57,15 +59,14 @@ class SimulateError(Exception):
     """A bad argument or an engine that cannot be built: one line for the user, no traceback."""
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine, or SimulateError with one line naming what is wrong."""
-    from engine.tick.engine import Engine
-
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's config from the settings and the flags, or SimulateError with one line naming what is
+    wrong."""
     if args.checkpoint and not Path(args.checkpoint).exists():
         raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")
     try:
         # every engine setting of the environment (windows, capacity mode, ...), the flags over them
-        config = args.settings.engine_config(
+        return args.settings.engine_config(
             preset=args.preset,
             num_slots=args.slots,
             checkpoint=args.checkpoint,
@@ -74,20 +75,34 @@ def build_engine(args: argparse.Namespace) -> Engine:
             device=args.device,
             metrics_port=args.metrics_port,
         )
-        return Engine(config)
-    except Exception as e:  # noqa: BLE001 (a corrupt checkpoint or a device that is not there: one line, not a traceback)
-        what = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--preset {args.preset}"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SimulateError(f"cannot build the engine ({what}): {first}") from None
+    except Exception as e:  # noqa: BLE001 (a setting the engine's config refuses: one line, not a traceback)
+        raise SimulateError(f"cannot build the engine ({_named(args)}): {_first_line(e)}") from None
 
 
-def window_figures(engine: Engine, ticks0: int, missed0: int) -> dict:
-    """Live-step figures of the measured window only (the join phase's prompt prefill excluded); the steps
-    slower than the frame budget by index in the window."""
-    snap = engine.snapshot()
+def start_engine(args: argparse.Namespace, config: EngineConfig) -> SimEngine:
+    """The engine's process, started and ready, or SimulateError with one line (its own log, a corrupt
+    checkpoint's or a missing device's, is on standard error above it, as a worker's engine's is in the
+    worker's)."""
+    try:
+        return SimEngine.start(config, args.settings.startup_timeout_s or ENGINE_START_S)
+    except EngineClosed as e:
+        raise SimulateError(f"cannot build the engine ({_named(args)}): {_first_line(e)}") from None
+
+
+def _named(args: argparse.Namespace) -> str:
+    return f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--preset {args.preset}"
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def window_figures(figures: EngineFigures, ticks0: int, missed0: int, budget_ms: float) -> dict:
+    """Live-step figures of the measured window only (the join phase's prompt prefill excluded), from the
+    engine's figures at its end; the steps slower than the frame budget by index in the window."""
+    snap = figures.snapshot
     n = snap.ticks - ticks0
-    live_ms = list(engine.acct.live_ms)[-n:] if n > 0 else []
-    budget_ms = engine.model_cfg.clock.frame_ms
+    live_ms = figures.live_ms[-n:] if n > 0 else []
 
     def pct(q: float) -> float:
         return round(float(np.percentile(live_ms, q)), 2) if live_ms else 0.0
@@ -106,17 +121,11 @@ class Run:
     """The rooms on one engine, from their ramp to their wind-down (see the module docstring)."""
 
     def __init__(
-        self,
-        args: argparse.Namespace,
-        engine: Engine,
-        remote: Any,
-        hotel: Hotel,
-        today: dt.date,
-        out: Path,
+        self, args: argparse.Namespace, engine: SimEngine, hotel: Hotel, today: dt.date, out: Path
     ) -> None:
         self.args, self.engine = args, engine
         loop = asyncio.get_running_loop()
-        clock = engine.model_cfg.clock
+        clock = engine.clock
         phones = phone_rooms(args.rooms, args.phone_rooms)
         self.rooms = [Room(i, i < args.tool_rooms, i in phones, clock) for i in range(args.rooms)]
         clips = caller_clips(clock.input_rate)
@@ -125,7 +134,7 @@ class Run:
         self.ramp = min(JOIN_EVERY_S * len(self.rooms), MAX_RAMP_S, args.seconds / 4)
         self.t_start = loop.time()
         join_by = self.t_start + self.ramp + args.join_timeout
-        self.stage = Stage(engine, remote, hotel, out, args.settings, today, join_by)
+        self.stage = Stage(engine, hotel, out, args.settings, today, join_by)
         starts = [self.t_start + self.ramp * i / len(self.rooms) for i in range(len(self.rooms))]
         self.tasks = [
             asyncio.create_task(run_room(r, self.stage, at, phone_clips if r.phone else clips))
@@ -133,21 +142,23 @@ class Run:
         ]
         self.tty = sys.stdout.isatty()
         self.join_s = 0.0
-        self.rss: list[list[float]] = []
-        self.heap: list[
-            list[float | None]
-        ] = []  # the C heap in use at the same moments (metrics.json "heap_mb")
-        self.snap0 = engine.snapshot()  # the figures before the measured window
+        self.rss: list[list[float]] = []  # the simulation's and its engine's processes' resident memory
+        self.heap: list[list[float | None]] = []  # their C heap in use at the same moments
+        self.snap0: EngineSnapshot | None = None  # the figures before the measured window
 
-    def show(self, phase: str, elapsed: float, total: float) -> None:
-        line = progress(self.engine, self.rooms, phase, elapsed, total)
+    async def show(self, phase: str, elapsed: float, total: float) -> EngineFigures:
+        """The progress line, and the engine's figures it was drawn from."""
+        figures = await self.engine.figures()
+        line = progress(figures.snapshot, self.rooms, phase, elapsed, total)
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", flush=True)
+        return figures
 
     async def phases(self) -> str:
         """Join, then talk, within the hard deadline: "completed", "deadline" or "interrupted" (cancelled)."""
         a = self.args
         try:
             async with asyncio.timeout(self.ramp + a.join_timeout + a.seconds + GRACE_S):
+                self.snap0 = (await self.engine.figures()).snapshot
                 await self._join()
                 await self._talk()
         except TimeoutError:
@@ -162,7 +173,7 @@ class Run:
         loop = asyncio.get_running_loop()
         while not all(r.live_at is not None or r.error or r.refused for r in self.rooms):
             await asyncio.wait(self.tasks, timeout=SHOW_EVERY_S)
-            self.show("join", loop.time() - self.t_start, self.ramp + self.args.join_timeout)
+            await self.show("join", loop.time() - self.t_start, self.ramp + self.args.join_timeout)
         self.join_s = loop.time() - self.t_start
 
     async def _talk(self) -> None:
@@ -170,21 +181,26 @@ class Run:
         loop = asyncio.get_running_loop()
         freeze_long_lived(again=True)  # the rooms, set up now
         await asyncio.sleep(0.2)  # the tick that waited for the collection is not the talk's
-        self.snap0 = self.engine.snapshot()
+        self.snap0 = (await self.engine.figures()).snapshot
         t_go = loop.time()
         self.stage.end[0] = t_go + self.args.seconds
         self.stage.go.set()
         next_rss = t_go
         while not all(t.done() for t in self.tasks):
             await asyncio.wait(self.tasks, timeout=SHOW_EVERY_S)
-            self.show("talk", loop.time() - t_go, self.args.seconds)
-            if loop.time() >= next_rss:  # the process's resident memory, once a minute
-                self.rss.append([round(loop.time() - t_go), rss_mb()])
-                self.heap.append([round(loop.time() - t_go), heap_mb()])
+            figures = await self.show("talk", loop.time() - t_go, self.args.seconds)
+            if loop.time() >= next_rss:  # the processes' resident memory, once a minute
+                self.rss.append([round(loop.time() - t_go), rss_mb(figures.rss_bytes)])
+                self.heap.append([round(loop.time() - t_go), heap_mb(figures.heap_bytes)])
                 next_rss += RSS_EVERY_S
 
-    def window(self) -> dict:
-        return window_figures(self.engine, self.snap0.ticks, self.snap0.missed_deadlines)
+    async def window(self) -> dict:
+        snap0 = self.snap0
+        figures = await self.engine.figures()
+        if snap0 is None:  # stopped before the first question: the window is all the engine ran
+            snap0 = figures.snapshot.model_copy(update={"ticks": 0, "missed_deadlines": 0})
+            self.snap0 = snap0
+        return window_figures(figures, snap0.ticks, snap0.missed_deadlines, self.engine.clock.frame_ms)
 
     async def wind_down(self, ended: str) -> tuple[EngineSnapshot, float]:
         """Stop the rooms and end their calls; the engine's figures of the run and the slots still
@@ -195,7 +211,7 @@ class Run:
             print()
         if ended != "completed":
             print(f"simulate: {ended}; stopping the rooms and writing the figures so far", flush=True)
-        snap = self.engine.snapshot()  # before the rooms close: the run's own figures
+        snap = (await self.engine.figures()).snapshot  # before the rooms close: the run's own figures
         # the agents end their calls: what each has queued still plays (interrupted: cut at once)
         closing = [r.call.aclose(play_out=ended == "completed") for r in self.rooms if r.call is not None]
         await asyncio.gather(*closing, return_exceptions=True)
@@ -203,12 +219,10 @@ class Run:
             if r.call is not None:
                 r.frames_in = r.call.handle.frames_in if r.call.handle is not None else 0
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await asyncio.sleep(0.3)  # slots are freed on the next tick
-        return snap, self.engine.occupancy
+        return snap, await self.engine.occupancy_after()
 
 
-def progress(engine: Engine, rooms: list[Room], phase: str, elapsed: float, total: float) -> str:
-    snap = engine.snapshot()
+def progress(snap: EngineSnapshot, rooms: list[Room], phase: str, elapsed: float, total: float) -> str:
     live = sum(1 for r in rooms if r.live_at is not None)
     refused = sum(1 for r in rooms if r.refused)
     calls = sum(r.call.duplex.stats["function_calls"] for r in rooms if r.call and r.call.duplex)
@@ -251,9 +265,9 @@ def _open_hotel(store_settings: Any) -> tuple[Any, Hotel, dt.date]:
     return store, Hotel(store), today
 
 
-def _announce(engine: Engine, store_settings: Any) -> None:
-    if engine.server is not None:  # the monitoring page can watch the run (docs/monitoring.md)
-        url = f"http://{engine.config.metrics_host}:{engine.server.port}/snapshot"
+def _announce(engine: SimEngine, port: int | None, store_settings: Any) -> None:
+    if port is not None:  # the monitoring page can watch the run (docs/monitoring.md)
+        url = f"http://{engine.config.metrics_host}:{port}/snapshot"
         where = "" if store_settings.database_url else f" CHORUS_DATA_DIR={store_settings.data_dir}"
         print(
             f"engine snapshot at {url}; watch it with: CHORUS_MONITOR_URLS={url}{where} python -m ui",
@@ -281,6 +295,7 @@ def _metrics(
     """The summary: the run's arguments, its phases, the engine's figures, the rooms' totals and what was left
     after (`after`: bookings made, slots in use)."""
     s0 = run.snap0
+    assert s0 is not None  # set by `Run.window`, at the latest
     return {
         **{k: getattr(args, k) for k in ("rooms", "tool_rooms", "phone_rooms", "seconds", "preset")},
         "device": snap.device,
@@ -311,29 +326,31 @@ def _metrics(
 async def simulate(args: argparse.Namespace) -> dict:
     """Run the simulation `args` describe (checked by `check_arguments`); its summary,
     also in metrics.json."""
+    config = engine_config(args)
     store, hotel, today = _open_hotel(args.store)  # before anything is written
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bookings_before = len(hotel.reservations())
     try:
-        engine = build_engine(args)
+        # the engine in a process of its own, its rooms through its door: as a worker's engine and rooms
+        engine = await asyncio.to_thread(start_engine, args, config)
     except SimulateError:
         store.close()
         raise
-    _announce(engine, args.store)
-    _cancel_on_signals()
-    # the rooms reach the engine through its door, as a worker's rooms in their own processes do
-    host = EngineHost(engine).start()
-    remote = await asyncio.to_thread(lambda: RemoteEngine(host.address, key=host.keys.room))
-    _ = await asyncio.to_thread(lambda: remote.tokens)
-    run = Run(args, engine, remote, hotel, today, out)
+    try:
+        _announce(engine, (await engine.figures()).port, args.store)
+        _cancel_on_signals()
+        run = Run(args, engine, hotel, today, out)
+    except BaseException:
+        engine.close()
+        store.close()
+        raise
     ended = "completed"
     try:
         ended = await run.phases()
     finally:
-        window = run.window()
+        window = await run.window()
         snap, occupancy_after = await run.wind_down(ended)
-        host.close()
         engine.close()
         bookings = len(hotel.reservations()) - bookings_before
         store.close()

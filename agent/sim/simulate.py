@@ -1,4 +1,5 @@
 """The embedded default main job: N virtual rooms, each a real `AgentSession`, all on one engine, no server.
+The engine runs in a process of its own and the rooms reach it through its door, as a worker's do.
 
 Callers are WAV utterances played in real time; each room's agent audio is written to its own WAV. With
 dummy weights the model decides nothing, so agent turns and tool calls are scripted by teacher forcing
@@ -24,14 +25,14 @@ import sys
 from pathlib import Path
 
 from agent.sim.report import EXIT_INTERRUPTED, exit_code, print_summary
-from agent.sim.run import SimulateError, build_engine, simulate
+from agent.sim.run import SimulateError, engine_config, simulate
 from engine.api import EngineFull
 
 __all__ = [
     "SimulateError",
     "add_arguments",
-    "build_engine",
     "check_arguments",
+    "engine_config",
     "exit_code",
     "main",
     "simulate",

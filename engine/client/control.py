@@ -9,12 +9,35 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
-from engine.api import Admit, AskLoad, Control, Drain, EngineClosed, EngineError, Release, ReportFleet
+from engine.api import (
+    Admit,
+    AskLoad,
+    Control,
+    Drain,
+    EngineClosed,
+    EngineError,
+    EngineSnapshot,
+    Release,
+    ReportFleet,
+)
 from engine.transport.wire import connect, control_message, encode, raise_error, read_line
 
 REQUEST_TIMEOUT_S = 10.0  # an answer, or EngineClosed
+
+
+class EngineFigures(NamedTuple):
+    """What `EngineControl.figures` reads of the engine: its snapshot, its live steps in ms over the
+    accounting window (oldest first: the last n are the latest n ticks'), its process's resident memory and C
+    heap in use (None where the C library is not glibc), in bytes, and its snapshot endpoint's port (None
+    without one)."""
+
+    snapshot: EngineSnapshot
+    live_ms: list[float]
+    rss_bytes: int
+    heap_bytes: int | None
+    port: int | None
 
 
 class EngineControl:
@@ -84,6 +107,18 @@ class EngineControl:
         """The engine's load as the worker reports it, its occupancy, free slots, slots, and whether its tick
         runs."""
         return self._ask(AskLoad())
+
+    def figures(self) -> EngineFigures:
+        """The engine's snapshot, its live steps over the accounting window, its process's memory and its
+        snapshot endpoint's port (EngineClosed, or the engine's EngineError, when it cannot answer)."""
+        reply = self._ask(AskLoad(figures=True))
+        return EngineFigures(
+            EngineSnapshot.model_validate(reply["snapshot"]),
+            [float(ms) for ms in reply["live_ms"]],
+            int(reply["rss_bytes"]),
+            None if reply["heap_bytes"] is None else int(reply["heap_bytes"]),
+            None if reply["port"] is None else int(reply["port"]),
+        )
 
     @property
     def load(self) -> float:

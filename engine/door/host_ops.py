@@ -33,6 +33,8 @@ from engine.api import (
     SessionRejected,
 )
 from engine.door.host_conn import RoomConn, apply_session_op
+from engine.observe.metrics import resident_bytes
+from engine.process.malloc import heap_bytes
 from engine.transport.link import SessionLink
 from engine.transport.wire import (
     CONTROLS,
@@ -50,6 +52,19 @@ if TYPE_CHECKING:
     from engine.transport.link import Layout
 
 log = logging.getLogger("chorus.engine.host")
+
+
+def figures(engine: Engine) -> dict[str, Any]:
+    """What `AskLoad(figures=True)` adds to the load's answer: the snapshot, the live steps (ms, oldest first)
+    of the accounting window, this process's resident memory and C heap in use (None where the C library is
+    not glibc), and the port of the snapshot endpoint (None without one)."""
+    return {
+        "snapshot": engine.snapshot().model_dump(mode="json"),
+        "live_ms": [round(ms, 3) for ms in list(engine.acct.live_ms)],
+        "rss_bytes": resident_bytes(),
+        "heap_bytes": heap_bytes(),
+        "port": engine.server.port if engine.server is not None else None,
+    }
 
 
 class HostOps:
@@ -112,7 +127,7 @@ class HostOps:
         counts."""
         e = self.engine
         match request:
-            case AskLoad():
+            case AskLoad(with_figures):
                 reply = {
                     "op": "load",
                     "load": e.load,
@@ -121,6 +136,8 @@ class HostOps:
                     "num_slots": e.config.num_slots,
                     "up": e.failure is None,
                 }
+                if with_figures:
+                    reply |= figures(e)
             case Admit(job):
                 try:
                     e.admit(job)

@@ -3,5 +3,5 @@
 Runs in: the engine's process (and `snapshot_serve.py` in a process of its own, standard library only). May
 import: `engine.api`, `engine.config`, `engine.process`, `engine.session_phase`, `engine.transport` and
 `redaction/`; never the tick, which it reads through Protocols (`Observed`).
-Imported by: `engine.tick` and `agent.sim`.
+Imported by: `engine.door` and `engine.tick`.
 """

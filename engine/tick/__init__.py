@@ -2,5 +2,5 @@
 runner and its graphs, the prompt cache, and how the engine is built.
 
 Runs in: the engine's process (its tick thread). May import: any of `engine/`, and `redaction/`.
-Imported by: `engine.door`, `engine.memory` and `agent.sim`.
+Imported by: `engine.door` and `engine.memory`.
 """

@@ -197,7 +197,10 @@ def decode_control(op: str, msg: dict[str, Any]) -> Control:
             raise ValueError(f"{op}: admission must name a job")
         return Admit(job) if op == "admit" else Release(job)
     if op == "load":
-        return AskLoad()
+        figures = msg.get("figures", False)
+        if not isinstance(figures, bool):
+            raise ValueError("load: figures must be true or false")
+        return AskLoad(figures)
     if op == "drain":
         seconds = msg.get("seconds")
         if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
