@@ -38,6 +38,7 @@ class RemoteConfig:
     preset: str
     max_result_chars: int
     fixed_buffers: bool = False  # the benchmarks' baseline (EngineConfig.fixed_buffers): the playout's too
+    echo: bool = False  # the latency benchmark's echo mode (EngineConfig.echo): the playout keeps its times
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ class RemoteEngine:
         if hello.get("op") != "hello":
             raise EngineClosed(f"the engine refused this room ({str(hello.get('why', ''))[:200]})")
         self.config = RemoteConfig(
-            hello["preset"], int(hello["max_result_chars"]), bool(hello.get("fixed_buffers", False))
+            hello["preset"],
+            int(hello["max_result_chars"]),
+            bool(hello.get("fixed_buffers", False)),
+            bool(hello.get("echo", False)),
         )
         self.model_cfg = RemoteModelConfig(ClockConfig(**hello["clock"]), TokenConfig(**hello["tokens"]))
         self.vocab_size = int(hello["vocab_size"])

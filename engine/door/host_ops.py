@@ -166,6 +166,7 @@ class HostOps:
             "vocab_size": e.vocab_size,
             "max_result_chars": e.config.max_result_chars,
             "fixed_buffers": e.config.fixed_buffers,
+            "echo": e.config.echo,
         }
 
     def _open(self, conn: RoomConn, msg: dict[str, Any]) -> None:
