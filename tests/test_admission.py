@@ -19,7 +19,8 @@ from engine.tick.slots import SlotPool
 
 
 def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
-    pool = SlotPool(2)
+    now = [100.0]
+    pool = SlotPool(2, clock=lambda: now[0])  # reservations lapse on the pool's clock, moved by hand
     a = pool.reserve("AJ_a", ttl_s=30)
     assert a == "AJ_a" and pool.holds(a)
     assert pool.available == 1 and pool.occupancy == 0.0  # reserved, not yet held by a session
@@ -30,7 +31,9 @@ def test_a_reservation_holds_a_slot_until_redeemed_released_or_lapsed():
         pool.reserve("AJ_c", ttl_s=30)
     with pytest.raises(EngineFull):  # a session without a reservation finds no free slot
         pool.open(_session)
-    time.sleep(0.1)  # the second lapsed: its slot is free again
+    now[0] += 0.04
+    assert pool.available == 0 and pool.holds("AJ_lapses")  # not yet lapsed
+    now[0] += 0.02  # the second lapsed: its slot is free again
     assert pool.available == 1 and not pool.holds("AJ_lapses")
     s = pool.open(_session, a)  # a's holder gets its slot
     assert pool.available == 1 and pool.occupancy == 0.5 and s.slot in (0, 1)

@@ -169,7 +169,13 @@ def test_two_workers_on_one_host_start_with_nothing_set_to_tell_their_health_por
                 except OSError:
                     assert time.monotonic() < deadline, f"nothing listens on {port}"
                     time.sleep(0.2)
-        time.sleep(1.0)
+        # and both go on past their start: each has tried LiveKit, failed and keeps trying
+        for i, proc in enumerate(procs):
+            log = tmp_path / f"worker{i}.log"
+            deadline = time.monotonic() + 60
+            while "failed to connect to livekit, retrying" not in (text := log.read_text(errors="replace")):
+                assert proc.poll() is None and time.monotonic() < deadline, text[-2000:]
+                time.sleep(0.1)
         assert [p.poll() for p in procs] == [None, None], [
             (tmp_path / f"worker{i}.log").read_text(errors="replace")[-2000:] for i in range(2)
         ]

@@ -41,8 +41,8 @@ def result(text=None, func=None) -> LiveResult:
     return LiveResult(t, f, np.zeros((S, 1764), np.float32))
 
 
-def sched(encode_pool=None, **limits) -> Scheduler:
-    return Scheduler(S, TOK, FRAME, Limits(**limits), encode_pool=encode_pool)
+def sched(encode_pool=None, clock=time.monotonic, **limits) -> Scheduler:
+    return Scheduler(S, TOK, FRAME, Limits(**limits), clock=clock, encode_pool=encode_pool)
 
 
 def live_plan(sch: Scheduler, k: int, sessions: list[Session], reset: np.ndarray) -> tuple[Tick, LivePlan]:
@@ -233,7 +233,8 @@ def test_a_malformed_call_gets_an_error_result_and_the_session_carries_on(text, 
 
 
 def test_unknown_tools_and_timeouts_become_error_results():
-    sch = sched(tool_timeout_s=0.05)
+    now = [100.0]
+    sch = sched(tool_timeout_s=0.05, clock=lambda: now[0])  # the calls' time, moved by hand
     s, got = make_session(1, Phase.TOOL_CALL)
     t = sch.begin_tick(0, [s])
     run_call(
@@ -244,10 +245,13 @@ def test_unknown_tools_and_timeouts_become_error_results():
         '{"name": "check_availability", "arguments": {}}]</TOOLCALL>',
     )
     assert [type(e) for e in got] == [ToolCallRejected, FunctionCall]
-    sch.poll(t, time.monotonic())
+    sch.poll(t, now[0])
     assert s.phase is Phase.WAITING  # still waiting for the known tool
-    time.sleep(0.06)
-    sch.poll(t, time.monotonic())
+    now[0] += 0.04
+    sch.poll(t, now[0])
+    assert s.phase is Phase.WAITING  # not yet past the bound
+    now[0] += 0.02
+    sch.poll(t, now[0])
     assert s.phase is Phase.PREFILL
     text = TOK.decode(s.progress.prefill_ids)
     assert "no tool named 'launch_rocket'" in text and "did not answer within" in text
