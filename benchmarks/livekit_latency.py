@@ -58,6 +58,8 @@ from testkit.server import server_from_env
 from testkit.stats import percentiles
 from testkit.worker import Worker, seeded
 
+START_S = 300.0  # a worker on a machine busy with other work can take minutes to register
+
 
 def write_dump(folder: Path, callers: list[Caller], matched: list, engine: dict) -> None:
     """Each timed burst's parts (bursts.json), the engine's log, and each caller's received audio (WAV)."""
@@ -94,6 +96,11 @@ def run(
     seeded(tmp)
     worker = Worker(server, tmp, slots=n, CHORUS_ECHO="true", CHORUS_FIXED_BUFFERS=str(fixed).lower())
     worker.env.pop("CHORUS_TEACHER_FORCING", None)  # echo replaces whatever the model says: nothing to script
+    try:
+        worker.start(timeout=START_S)
+    except BaseException:
+        worker.stop()
+        raise
     with worker:
         try:
             callers, engine = asyncio.run(session(server, worker, n, seconds, seed, tone))
