@@ -22,6 +22,7 @@ numbers or words. Knows the engine's events and OpenTelemetry's API; nothing of 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -74,6 +75,7 @@ class CallTrace:
         self._opening_at = 0
         self._first = False
         self._turns = 0
+        self._silent_since: float | None = None  # a call carried on: when its last agent last spoke (s)
         self.span: Span = trace.INVALID_SPAN
         if not self.on:
             return
@@ -126,6 +128,20 @@ class CallTrace:
         if self.on and context.is_valid:
             self.span.add_link(context, attributes)
 
+    def carried_on(self, previous_job: str, reason: str, breaks: int, saved_at: float) -> None:
+        """This call carries on a call its caller had with another agent (a worker's or an engine's death, a
+        drain): the call's span links to the trace of `previous_job`'s call, with the re-dispatch's `reason`;
+        the silence the caller met, from about when that agent last spoke (`saved_at`, wall clock) to this
+        session's first frame, is `chorus.silence_ms` on the call's span."""
+        if not self.on or not previous_job:
+            return
+        attrs = {"chorus.redispatch_reason": reason, "chorus.breaks": breaks}
+        self.link(tracing.job_span_context(previous_job), **attrs)
+        previous = tracing.trace_id_hex(tracing.job_trace_id(previous_job))
+        self.span.set_attributes({**attrs, "chorus.previous.trace_id": previous})
+        if math.isfinite(saved_at) and 0 < saved_at <= time.time():
+            self._silent_since = saved_at
+
     # -- the session's side (agent/duplex.py) ---------------------------------------------------------
 
     def opening(self) -> None:
@@ -144,6 +160,8 @@ class CallTrace:
             return
         self._first = True
         now = _ns()
+        if self._silent_since is not None:
+            self.span.set_attribute("chorus.silence_ms", round(now / 1e6 - 1000 * self._silent_since, 1))
         self.child(
             "chorus.first_frame", self._opening_at, now, **{"chorus.wait_ms": _ms(self._opening_at, now)}
         )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from livekit import rtc
 from livekit.agents import JobContext, cli
 
-from agent import room_connect, telemetry
+from agent import call_trace, room_connect, telemetry
 from agent.audio_in.receive_stats import ReceiveWatch
 from agent.audio_out.sinks import ConsoleSink, RoomSink
 from agent.call import start_call
@@ -127,6 +127,11 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
         resumed=replacing is not None,
         keep=settings.keep_conversations,
     )
+    c = convo.conversation
+    if convo.resumed:  # its trace links to the trace of the call it carries on (agent/call_trace.py)
+        reason = str((replacing or {}).get(REASON_KEY, ""))
+        call_trace.current().carried_on(c.last_job or c.key, reason, c.breaks, c.saved_at)
+    c.last_job = ctx.job.id
     agent, line = concierge_for(
         settings,
         hotel,

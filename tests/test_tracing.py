@@ -226,3 +226,29 @@ def _has_digit_run(trace_id: int) -> bool:
     import re
 
     return re.search(r"\d{7}", tracing.trace_id_hex(trace_id)) is not None
+
+
+def test_a_call_carried_on_after_a_fault_links_to_the_first_calls_trace_with_the_silence(spans):
+    """A new agent's call (another job, so another trace) links to the trace of the call it carries on, with
+    the re-dispatch's reason; the silence its caller met, from the old agent's last words to the new
+    session's first frame, is on the new call's span."""
+    from agent.fleet.carry import Conversation
+
+    first = CallTrace("AJ_lost")
+    first.end("the room closed")
+    kept = Conversation.from_json(Conversation("AJ_lost", last_job="AJ_lost", saved_at=time.time()).to_json())
+    assert kept is not None and kept.last_job == "AJ_lost" and kept.saved_at > 0  # as the new job reads it
+    time.sleep(0.05)
+    second = CallTrace("AJ_new")
+    second.carried_on(kept.last_job, "agent lost", 1, kept.saved_at)
+    second.opening()
+    second.first_frame()
+    second.end("the caller left")
+    calls = {s.attributes["chorus.job_id"]: s for s in by_name(spans())["chorus.call"]}
+    old, new = calls["AJ_lost"], calls["AJ_new"]
+    assert new.context.trace_id != old.context.trace_id
+    (link,) = new.links
+    assert link.context.trace_id == old.context.trace_id and link.context.span_id == old.parent.span_id
+    assert link.attributes["chorus.redispatch_reason"] == "agent lost"
+    assert new.attributes["chorus.previous.trace_id"] == tracing.trace_id_hex(old.context.trace_id)
+    assert 45 <= new.attributes["chorus.silence_ms"] < 5000

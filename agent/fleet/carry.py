@@ -50,10 +50,21 @@ class Conversation:
     said: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments", "output", "is_error"}
     breaks: int = 0
+    last_job: str = (
+        ""  # the job that carried it last: a call carried on links to its trace (agent/tracing.py)
+    )
+    saved_at: float = 0.0  # when it was saved last (wall clock, s): about when its last agent last spoke
 
     def to_json(self) -> str:
         return json.dumps(
-            {"key": self.key, "said": self.said, "tools": self.tools, "breaks": self.breaks},
+            {
+                "key": self.key,
+                "said": self.said,
+                "tools": self.tools,
+                "breaks": self.breaks,
+                "last_job": self.last_job,
+                "saved_at": self.saved_at,
+            },
             ensure_ascii=False,
         )
 
@@ -78,7 +89,9 @@ class Conversation:
         # each turn on one line and cut, as `ConversationLog.said` has them
         said = [t[:MAX_TURN_CHARS] for s in said[-MAX_TURNS:] if (t := " ".join(s.split()))]
         tools = [_tool_cut(t) for t in tools[-MAX_TOOLS:]]
-        return cls(d["key"], said, tools, max(0, breaks))
+        last_job = d.get("last_job") if isinstance(d.get("last_job"), str) else ""
+        saved_at = d.get("saved_at") if type(d.get("saved_at")) in (int, float) else 0.0
+        return cls(d["key"], said, tools, max(0, breaks), last_job[:MAX_NAME_CHARS], float(saved_at))
 
     @property
     def empty(self) -> bool:
@@ -214,6 +227,7 @@ class ConversationLog:
     async def _save(self) -> None:
         while self._dirty and not self.held:
             self._dirty = False
+            self.conversation.saved_at = time.time()
             text = self.conversation.to_json()
             try:
                 await asyncio.to_thread(
