@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status, StatusCode
 from prometheus_client import Counter
@@ -46,10 +46,19 @@ DROPPED = Counter(
 EXPORTED = Counter("chorus_trace_spans_exported", "Spans the trace collector took")
 
 
+Sampler = Literal[
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+]
+
+
 class TraceSettings(EnvSettings):
-    """The OpenTelemetry SDK's own variables that Chorus reads (the sampler and the resource's other
-    attributes are read by the SDK itself: OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG,
-    OTEL_RESOURCE_ATTRIBUTES)."""
+    """The OpenTelemetry SDK's own variables, as the SDK reads them but over `.env` too, and refused in one
+    line when bad."""
 
     endpoint: str = Field("", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT", description="a URL")
     traces_endpoint: str = Field(
@@ -63,11 +72,39 @@ class TraceSettings(EnvSettings):
     )
     disabled: bool = Field(False, validation_alias="OTEL_SDK_DISABLED", description="true or false")
     service_name: str = Field(SERVICE_NAME, validation_alias="OTEL_SERVICE_NAME", description="a name")
+    resource_attributes: str = Field(
+        "",
+        validation_alias="OTEL_RESOURCE_ATTRIBUTES",
+        pattern=r"^([^=,]+=[^,]*)?(,[^=,]+=[^,]*)*$",
+        description="key=value pairs, comma separated",
+    )
+    sampler: Sampler = Field(
+        "parentbased_always_on",
+        validation_alias="OTEL_TRACES_SAMPLER",
+        description="one of the SDK's samplers",
+    )
+    sampler_arg: float = Field(
+        1.0, ge=0.0, le=1.0, validation_alias="OTEL_TRACES_SAMPLER_ARG", description="a ratio from 0 to 1"
+    )
     max_queue_size: int = whole(2048, 1, 1_000_000, "OTEL_BSP_MAX_QUEUE_SIZE")
     max_export_batch_size: int = whole(512, 1, 1_000_000, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
     schedule_delay_ms: int = whole(500, 1, 60_000, "OTEL_BSP_SCHEDULE_DELAY")
     # the SDK's default is 30 s; a collector that hangs would hold each batch that long while the queue drops
     export_timeout_ms: int = whole(2000, 1, 60_000, "OTEL_BSP_EXPORT_TIMEOUT")
+
+    def make_sampler(self) -> sampling.Sampler:
+        """The sampler OTEL_TRACES_SAMPLER names (with OTEL_TRACES_SAMPLER_ARG for a ratio)."""
+        root = {
+            "on": sampling.ALWAYS_ON,
+            "off": sampling.ALWAYS_OFF,
+            "traceidratio": sampling.TraceIdRatioBased(self.sampler_arg),
+        }[self.sampler.removeprefix("parentbased_").removeprefix("always_")]
+        return sampling.ParentBased(root) if self.sampler.startswith("parentbased_") else root
+
+    def resource(self, role: str) -> Resource:
+        pairs = [p.split("=", 1) for p in self.resource_attributes.split(",") if "=" in p]
+        attributes = {k.strip(): v.strip() for k, v in pairs}
+        return Resource.create({**attributes, "service.name": self.service_name, "chorus.process": role})
 
     @property
     def on(self) -> bool:
@@ -213,8 +250,9 @@ class BoundedExport(SpanProcessor):
 
 def build_provider(exporter: SpanExporter, role: str, settings: TraceSettings) -> TracerProvider:
     """A provider whose spans go, redacted, through a `BoundedExport` to `exporter`; ids of a job's trace."""
-    resource = Resource.create({"service.name": settings.service_name, "chorus.process": role})
-    provider = TracerProvider(resource=resource, id_generator=tracing.JobIds())
+    provider = TracerProvider(
+        sampler=settings.make_sampler(), resource=settings.resource(role), id_generator=tracing.JobIds()
+    )
     provider.add_span_processor(tracing.AdoptJobRoots())
     export = BoundedExport(
         RedactingExporter(exporter),
@@ -260,7 +298,7 @@ def configure(role: str, settings: TraceSettings | None = None) -> TracerProvide
     multiprocessing.util.Finalize(
         None, provider.force_flush, args=(2 * settings.export_timeout_ms,), exitpriority=1
     )
-    log.info("traces go to %s (%s)", settings.traces_endpoint or settings.endpoint, settings.protocol)
+    log.debug("traces go to %s (%s)", settings.traces_endpoint or settings.endpoint, settings.protocol)
     return provider
 
 

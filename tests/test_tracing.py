@@ -252,3 +252,41 @@ def test_a_call_carried_on_after_a_fault_links_to_the_first_calls_trace_with_the
     assert link.attributes["chorus.redispatch_reason"] == "agent lost"
     assert new.attributes["chorus.previous.trace_id"] == tracing.trace_id_hex(old.context.trace_id)
     assert 45 <= new.attributes["chorus.silence_ms"] < 5000
+
+
+def test_the_example_env_file_names_every_trace_setting_and_its_values_are_accepted(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    example = (Path(__file__).resolve().parent.parent / ".env.example").read_text()
+    named = set(re.findall(r"^([A-Z_]+)=", example, flags=re.M))
+    assert {f.validation_alias for f in telemetry.TraceSettings.model_fields.values()} <= named
+    for name in named:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / ".env").write_text(example)
+    monkeypatch.chdir(tmp_path)
+    settings = telemetry.TraceSettings.from_env()
+    assert not settings.on and settings.max_queue_size == 2048  # off until an endpoint is named
+    (tmp_path / ".env").write_text(
+        example.replace("OTEL_EXPORTER_OTLP_ENDPOINT=\n", "OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4318\n")
+        .replace("OTEL_TRACES_SAMPLER=parentbased_always_on", "OTEL_TRACES_SAMPLER=parentbased_traceidratio")
+        .replace("OTEL_TRACES_SAMPLER_ARG=\n", "OTEL_TRACES_SAMPLER_ARG=0.25\n")
+        .replace("OTEL_RESOURCE_ATTRIBUTES=\n", "OTEL_RESOURCE_ATTRIBUTES=deployment.environment=staging\n")
+    )
+    settings = telemetry.TraceSettings.from_env()
+    assert settings.on and "0.25" in settings.make_sampler().get_description()
+    assert settings.resource("room").attributes["deployment.environment"] == "staging"
+    # the room's process and the worker decide alike for one job: the same trace id, the same sampler
+    provider = telemetry.build_provider(InMemorySpanExporter(), "test", settings)
+    telemetry.install(provider)
+    try:
+        kept = [j for j in (f"AJ_{i}" for i in range(400)) if tracing.job_sampled(j)]
+        assert 40 < len(kept) < 160  # about a quarter of the calls
+        for job in kept[:5] + [f"AJ_{i}" for i in range(5)]:
+            with tracing.job_scope(job, root=True):
+                span = tracing.tracer().start_span(tracing.JOB_SPAN)
+            assert span.get_span_context().trace_flags.sampled == tracing.job_sampled(job)
+            span.end()
+    finally:
+        telemetry.install(None)
+        provider.shutdown()
