@@ -15,14 +15,13 @@ the room's loop waking) -> the playout's wait -> the agent's track, the server a
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 
 from testkit.stats import percentiles
 
-LINE = re.compile(r"playout frames of (\S+) \(arrived, started\): (\[.*\])")
+LINE = re.compile(r"playout frames of (\S+) from (\d+)h (\d+)s ([0-9.]+)ms: ([-0-9w;]+)")
 MATCH_S = 0.5  # a burst's output frame reaches its room within this of being handed out, or is left out
 
 HOPS = (
@@ -38,13 +37,18 @@ HOPS = (
 
 
 def room_times(log: str) -> dict[str, np.ndarray]:
-    """Each room's kept playout frames, by its label: `[frames, 2]` (arrived, started), by arrival."""
+    """Each room's kept playout frames, by its label: `[frames, 2]` (arrived, started), by arrival
+    (agent/audio_out/heard.py `HeardCounter.close` writes them)."""
     out: dict[str, np.ndarray] = {}
     for line in log.splitlines():
         m = LINE.search(line)
-        if m:
-            t = np.asarray(json.loads(m.group(2)), np.float64).reshape(-1, 2)
-            out[m.group(1)] = t[np.argsort(t[:, 0], kind="stable")]
+        if m is None:
+            continue
+        base = int(m.group(2)) * 3600 + int(m.group(3)) + float(m.group(4)) / 1e3
+        items = np.asarray([x.split("w") for x in m.group(5).split(";")], np.float64) / 1e4
+        arrived = base + np.cumsum(items[:, 0])
+        t = np.stack([arrived, arrived + items[:, 1]], axis=1)
+        out[m.group(1)] = t[np.argsort(t[:, 0], kind="stable")]
     return out
 
 
