@@ -45,6 +45,35 @@ def server():
     return require_livekit()
 
 
+@pytest.fixture(scope="module")
+def shared(server, tmp_path_factory):
+    """One worker (4 slots, its own seeded hotel) for the tests whose calls need nothing of a worker of their
+    own: started once for the module. Each test finds its own call in the log by its agent's job
+    (`ended_lines`), whatever the calls before it left there."""
+    import datetime as dt
+
+    from tools.seed import seed
+    from tools.settings import StoreSettings
+    from tools.store import open_store
+
+    store = tmp_path_factory.mktemp("shared-worker")
+    with open_store(StoreSettings(data_dir=store)) as db:
+        seed(db, dt.date.today())
+    with Worker(server, store, slots=4) as worker:
+        yield worker
+
+
+def job_of(agent: str) -> str:
+    """The job an agent's identity names (agent/fleet/agreed.py `agent_identity`)."""
+    return agent.removeprefix("agent-")
+
+
+def ended_lines(worker: Worker, agent: str) -> list[str]:
+    """The worker's "call ended" lines of the call `agent` (its identity in the room) served."""
+    mine = f"job {job_of(agent)}: call ended"
+    return [line for line in worker.log.read_text(errors="replace").splitlines() if mine in line]
+
+
 def room_name(prefix: str = "room") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -256,8 +285,9 @@ def booking_rows(store_dir: Path) -> list[tuple]:
         return db.execute("SELECT guest_name, check_in, status FROM reservations").fetchall()
 
 
-def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledgement(server, store_dir):
+def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledgement(server, shared):
     metadata, check_in = scripted_booking(days_ahead=10, at_s=2.0)
+    store_dir = Path(shared.env["CHORUS_DATA_DIR"])
 
     speech = caller_pcm("caller_booking.wav")
 
@@ -292,10 +322,8 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
         await caller.leave()
         return caller, phases
 
-    with Worker(server, store_dir, slots=4) as worker:
-        caller, phases = asyncio.run(call(worker))
-        snap = worker.snapshot()
-    log = worker.log.read_text(errors="replace")
+    caller, phases = asyncio.run(call(shared))
+    snap = shared.snapshot()
     rows = booking_rows(store_dir)
     assert ("Test Rowan", check_in.isoformat(), "confirmed") in rows, rows
     # the call paused for the tool, then went live again
@@ -304,7 +332,9 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
     logged = [t for t in snap["tool_log"] if t["names"] == ["book_room"]]
     assert logged and logged[0]["ok"], snap["tool_log"]
     # an acknowledgement clip played while the tool ran: the clip's samples are in what the caller heard
-    ended = [line for line in log.splitlines() if "call ended" in line]  # the call's playout, clips included
+    ended = [
+        line for a in caller.heard.agents for line in ended_lines(shared, a)
+    ]  # its playout, clips included
     assert ack_heard(caller.heard.audio()), f"no acknowledgement clip in the agent's audio: {ended}"
     assert "thanks for waiting" in caller.heard.text().lower(), caller.heard.transcripts
 
@@ -313,7 +343,7 @@ def test_a_scripted_tool_call_books_a_room_while_the_caller_hears_the_acknowledg
 ACCENTED = " Bienvenue au café, où la crème brûlée vous attend; 東京, Ελλάδα, 😀 à bientôt."
 
 
-def test_a_caller_hears_accented_and_non_latin_words_whole_in_the_agents_transcription(server, store_dir):
+def test_a_caller_hears_accented_and_non_latin_words_whole_in_the_agents_transcription(server, shared):
     """The greeting, teacher-forced from the job's dispatch metadata, is decoded a token at a time by the
     engine and reaches the caller through the server's `lk.transcription` stream character for character."""
     script = json.dumps({"script": {"greeting": ACCENTED, "reply_every_s": 0}})
@@ -325,8 +355,7 @@ def test_a_caller_hears_accented_and_non_latin_words_whole_in_the_agents_transcr
         await caller.leave()
         return caller
 
-    with Worker(server, store_dir, slots=2) as worker:
-        caller = asyncio.run(call(worker))
+    caller = asyncio.run(call(shared))
     assert caller.heard.text() == ACCENTED, caller.heard.transcripts
     assert "\ufffd" not in caller.heard.text()
 
@@ -364,7 +393,7 @@ def ack_heard(audio: np.ndarray) -> bool:
     return False
 
 
-def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_dir):
+def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, shared):
     """The agent's connection to the room is cut (the server removes it, as it drops a participant whose
     connection failed): its job ends, and since the caller is still there the worker asks the server for a
     new dispatch to the room (agent/room.py, `redispatch`), whose agent greets the caller again."""
@@ -393,16 +422,15 @@ def test_a_caller_whose_agent_lost_its_connection_gets_a_new_one(server, store_d
         caller.first, caller.second = first, second
         return caller
 
-    with Worker(server, store_dir, slots=2) as worker:
-        caller = asyncio.run(call(worker))
-        log = worker.log.read_text()
-    assert "a new agent was dispatched" in log
+    mark = shared.log.stat().st_size
+    caller = asyncio.run(call(shared))
+    assert "a new agent was dispatched" in shared.log.read_bytes()[mark:].decode(errors="replace")
     assert caller.second in caller.heard.sources  # its voice reached the caller too
     words = " ".join(t for s, t, _ in caller.heard.transcripts if s == caller.second)
     assert "thank you for calling" in words
 
 
-def test_a_caller_who_rejoins_keeps_their_call(server, store_dir):
+def test_a_caller_who_rejoins_keeps_their_call(server, shared):
     """A caller's new connection (a reloaded page, or the SDK's full reconnect after their network dropped)
     replaces their old one, which the server closes (DUPLICATE_IDENTITY). The agent holds the call for them
     (agent/fleet/presence.py) instead of ending it: on the new connection the caller hears the same agent's
@@ -426,17 +454,17 @@ def test_a_caller_who_rejoins_keeps_their_call(server, store_dir):
         await first.leave()
         return first, again
 
-    with Worker(server, store_dir, slots=2) as worker:
-        first, again = asyncio.run(call(worker))
-        wait_until(lambda: "call ended" in worker.log.read_text(), "the call's end", 10.0, every=POLL_S)
-        (ended,) = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
+    first, again = asyncio.run(call(shared))
+    agent = first.heard.agent_identity
+    wait_until(lambda: ended_lines(shared, agent), "the call's end", 10.0, every=POLL_S)
+    (ended,) = ended_lines(shared, agent)
     assert again.heard.agents == first.heard.agents, (first.heard.agents, again.heard.agents)  # one agent
     assert again.heard.sources == first.heard.agents
     assert "caller_lost 1, caller_rejoins 1" in ended, ended
     assert "the caller left (CLIENT_INITIATED)" in ended, ended
 
 
-def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir):
+def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, shared):
     """The agent's room connection is rebuilt mid-call (the rtc SDK's full reconnect, which it makes by itself
     after a network loss; forced here by the job's script). While it happens every remote participant leaves
     and joins again on the agent's side, the caller too: the call waits for them (agent/fleet/presence.py) and
@@ -448,9 +476,8 @@ def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir)
         caller = Caller(server, room_name(), worker.agent_name, identity=identity, metadata=meta)
         await caller.join()
         await asyncio.wait_for(caller.first_speech.wait(), 60)
-        await await_until(
-            lambda: "scripted fault" in worker.log.read_text(), "the agent's reconnect", 30, every=POLL_S
-        )
+        fault = f"job {job_of(caller.heard.agent_identity)}: scripted fault"
+        await await_until(lambda: fault in worker.log.read_text(), "the agent's reconnect", 30, every=POLL_S)
         words, audible = len(caller.heard.transcripts), caller.heard.audible_samples
         await await_until(
             lambda: len(caller.heard.transcripts) > words and caller.heard.audible_samples > audible + RATE,
@@ -462,10 +489,10 @@ def test_a_call_goes_on_through_the_agents_own_full_reconnect(server, store_dir)
         await caller.leave()
         return caller, words, audible
 
-    with Worker(server, store_dir, slots=2) as worker:
-        caller, words, audible = asyncio.run(call(worker))
-        wait_until(lambda: "call ended" in worker.log.read_text(), "the call's end", 10.0, every=POLL_S)
-        (ended,) = [line for line in worker.log.read_text().splitlines() if "call ended" in line]
+    caller, words, audible = asyncio.run(call(shared))
+    agent = caller.heard.agent_identity
+    wait_until(lambda: ended_lines(shared, agent), "the call's end", 10.0, every=POLL_S)
+    (ended,) = ended_lines(shared, agent)
     assert len(caller.heard.agents) == 1, caller.heard.agents  # the same agent, not a new dispatch
     assert "caller_rejoins 1" in ended and "the caller left (CLIENT_INITIATED)" in ended, ended
     # the words after it name the agent's track as the caller now hears it (republished under a new id)
