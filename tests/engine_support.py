@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from engine.door.host import EngineHost
 from engine.tick.engine import Engine, EngineConfig
@@ -56,9 +57,13 @@ def engine_on(clock: ManualClock | None = None, **config) -> Engine:
 
 
 @contextlib.contextmanager
-def hosted_engine(num_slots: int = 4) -> Iterator[tuple[Engine, EngineHost]]:
-    """An engine at the tiny preset (no tick thread) behind its door, both closed on the way out."""
-    engine = engine_on(num_slots=num_slots)
+def hosted_engine(num_slots: int = 4, *, eager: bool = False) -> Iterator[tuple[Engine, EngineHost]]:
+    """An engine at the tiny preset (no tick thread) behind its door, both closed on the way out. `eager`: on
+    the CPU its live step is not traced, for tests that drive a few ticks by hand on the test's own thread,
+    which tracing (three quarters of building a tiny engine) buys nothing; the traced step is the eager one
+    bit for bit (tests/test_runner_trace.py). Not for a tick thread beside the door's: eager, each of the
+    step's ops gives the GIL up (engine/tick/runner.py `traced_live_step`)."""
+    engine = engine_on(num_slots=num_slots, cuda_graph=not eager or torch.cuda.is_available())
     host = EngineHost(engine).start()
     try:
         yield engine, host

@@ -37,7 +37,7 @@ from wait_support import await_until, wait_until
 
 @pytest.fixture
 def hosted():
-    with hosted_engine() as pair:
+    with hosted_engine(eager=True) as pair:
         yield pair
 
 

@@ -35,7 +35,7 @@ FRAME = 1280
 
 @pytest.fixture
 def hosted():
-    with hosted_engine() as pair:
+    with hosted_engine(eager=True) as pair:
         yield pair
 
 
