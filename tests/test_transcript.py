@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from agent.transcript import FINAL, SEGMENT_ID, TOPIC, TRACK_ID, RoomTranscript
+from wait_support import await_until
 
 
 class FakeWriter:
@@ -84,7 +85,8 @@ def test_a_stalled_stream_costs_its_turn_only():
         room.gate.clear()
         await out.capture_text(" lost words")
         out.flush()
-        await asyncio.sleep(0.2)  # the write times out: that turn is given up
+        # the write times out: that turn is given up
+        await await_until(lambda: out.stats["failed"] == 1, "the turn given up", seen=lambda: out.stats)
         room.gate.set()
         await out.capture_text(" Café Zürich, naïve façade.")
         out.flush()
@@ -141,7 +143,8 @@ def test_a_stream_slow_to_open_still_carries_its_turn_and_one_that_never_opens_c
         room.opens.clear()
         await out.capture_text(" never sent")
         out.flush()
-        await asyncio.sleep(1.2)
+        # the stream never opens: its turn is given up once the opening's wait is over
+        await await_until(lambda: out.stats["failed"], "the unopened turn given up", seen=lambda: out.stats)
         failed = out.stats["failed"]
         await out.aclose()
         return late, failed
