@@ -5,8 +5,9 @@ both sides, read over the window). Knows the worker's log lines and the rows of 
 callers or the worker were run.
 
 In: the caller's frame -> the server -> the room's process (the network, the server's forwarding, the room's
-decoding and its frames' cut, less its jitter buffer) -> the room's jitter buffer (NetEQ, the room's mean) ->
-the room writes the frame into the session's shared memory, which is the engine's door: the tick takes it
+jitter buffer, its decoding and its frames' cut; of which the jitter buffer's mean over the last 5 s, as the
+room read it at the end: a mean, not the burst's own, so it is listed beside, not taken out) -> the room
+writes the frame into the session's shared memory, which is the engine's door: the tick takes it
 from there when it starts, so the wait at the door and the wait for the tick are one wait. The step. Out: the
 onset's place in the output frame -> the engine hands the frame to the room's process (the shared memory and
 the room's loop waking) -> the playout's wait -> the agent's track, the server and the caller's jitter buffer
@@ -25,8 +26,8 @@ LINE = re.compile(r"playout frames of (\S+) from (\d+)h (\d+)s ([0-9.]+)ms: ([-0
 MATCH_S = 0.5  # a burst's output frame reaches its room within this of being handed out, or is left out
 
 HOPS = (
-    ("in_caller_to_room", "caller -> server -> room's process (less its jitter buffer)"),
-    ("in_room_jitter_buffer", "the room's jitter buffer (NetEQ, the room's mean)"),
+    ("in_caller_to_room", "caller -> server -> room's process"),
+    ("in_room_jitter_buffer", "  of which the room's jitter buffer (NetEQ, its late mean)"),
     ("in_door_and_tick", "room's process -> engine's door (shared memory) -> the tick"),
     ("live_step", "the step"),
     ("out_place_in_frame", "the onset's place in the output frame"),
@@ -57,9 +58,9 @@ def split(rows: list[dict], label: str, times: np.ndarray | None, rx_jitter_ms: 
     for r in rows:
         r["in_door_and_tick"] = r["inbox_wait"]
         r["out_place_in_frame"] = r["framing_out"]
+        r["in_caller_to_room"] = r["transport_in"]
         if rx_jitter_ms:
             r["in_room_jitter_buffer"] = rx_jitter_ms
-            r["in_caller_to_room"] = r["transport_in"] - rx_jitter_ms
         if times is None or not times.size or r.get("sent_at") is None:
             continue
         i = int(np.searchsorted(times[:, 0], r["sent_at"]))
