@@ -207,6 +207,8 @@ def simulate(
             "result": max(stints["prefill"], default=0),
             "replay": max(stints["replay"], default=0),
         },
+        # caller audio held through a tool call that was not replayed by the bound, and skipped there
+        "skipped_frames": sum(c.session.inbox.skipped for c in opened),
         "audible_gaps": gaps.report([i for i, c in enumerate(callers) if c.session is not None]),
         "frames_out": sum(c.frames for c in opened),
         "accounting": ticker.ledger.report(),

@@ -63,3 +63,18 @@ def test_64_sessions_for_ten_simulated_minutes_miss_no_tick_and_hold_the_bounds(
     assert worst["result"] <= bounds["result"], r
     assert worst["replay"] <= bounds["replay"], r
     assert r["audible_gaps"]["gaps"] == 0, r["audible_gaps"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a session back from a tool holds 37-48 frames and a replay piece replays one frame a row, in a "
+    "slack that calls and owed results fill: the bound holds by skipping held audio (docs/engine.md)",
+)
+def test_the_worst_replay_at_64_sessions_catches_up_within_its_bound_and_skips_no_caller_audio():
+    """The held audio of every session back from a tool is replayed before the bound, none of it skipped
+    there."""
+    r = simulate(DeviceCosts.load(H100), sessions=64, tool_sessions=16, seconds=120)
+    assert r["missed_deadlines"] == 0, r
+    assert r["tool_calls"] >= 16 * 10
+    assert r["worst_ticks"]["replay"] < r["bounds_ticks"]["replay"], r["worst_ticks"]
+    assert r["skipped_frames"] == 0, r["skipped_frames"]

@@ -17,6 +17,7 @@ from engine.config.dtype_policy import DTYPE_POLICIES, DtypePolicy
 from engine.config.stage_config import ModelConfig
 from engine.model.codec import Codec
 from engine.model.perception import Perception
+from engine.model.perception_rows import PerceptionRows
 from engine.model.slot_state import SlotState
 from engine.model.talker import Talker
 from engine.model.thinker import Thinker
@@ -91,6 +92,7 @@ class Pipeline(nn.Module):
             self.thinker.init_dummy(cfg.seed)
         H = cfg.thinker.hidden_size
         self.register_buffer("silence", torch.zeros(H, dtype=self.thinker.dtype), persistent=False)
+        self._replay_rows: dict[int, PerceptionRows] = {}  # replay's perception, by rows (made on first use)
 
     @torch.inference_mode()
     def prepare(self) -> None:
@@ -192,11 +194,20 @@ class Pipeline(nn.Module):
         th.prefill_tokens(slots, th.embed_tokens(ids), pad, pad)
 
     @torch.inference_mode()
-    def replay_step(self, audio: torch.Tensor, active: torch.Tensor, slots: torch.Tensor) -> None:
+    def replay_step(self, audio: torch.Tensor, active: torch.Tensor, rows: torch.Tensor) -> None:
         """Held caller audio for the `active` rows, agent channels forced silent (a predicted end of tool
-        response is kept: it is a control token, not speech)."""
-        emb = self.perception.step(audio, active)
-        pad = self._pad(slots.shape[0], slots.device)
-        out = self.thinker.step_rows(emb.index_select(0, slots.clamp_min(0)), slots, pad, pad)  # -1: padding
+        response is kept: it is a control token, not speech).
+
+        audio [S, samples], active [S] bool; rows [b]: distinct slots, the replaying ones and others as
+        padding (not `active`: their state stays). Perception and the thinker run over these b rows alone
+        (`PerceptionRows`), so a piece's work scales with the rows it replays, not with the slots."""
+        view = self._replay_rows.get(rows.shape[0])
+        if view is None:
+            view = self._replay_rows[rows.shape[0]] = PerceptionRows(self.perception, rows.shape[0])
+        live = active.index_select(0, rows)
+        emb = view.step(audio.index_select(0, rows), live, rows)
+        slots = torch.where(live, rows, -1)  # -1: padding, computed on the thinker's scratch row
+        pad = self._pad(rows.shape[0], rows.device)
+        out = self.thinker.step_rows(emb, slots, pad, pad)
         end = self.tok.response_end
         self.thinker.set_func_rows(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))

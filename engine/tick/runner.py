@@ -259,7 +259,7 @@ class Runner:
         self.audio.copy_(torch.from_numpy(work.audio))
         self.active.copy_(torch.from_numpy(work.active))
         step = self.slack[("replay", len(slots), 1)]
-        step.inputs[2].copy_(slots)
+        step.inputs[2].copy_(_replay_rows(work.slots, len(step.inputs[2])))
         self._timed(("replay", len(slots), 1), step)
         return ToolResult()
 
@@ -275,7 +275,8 @@ def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tup
     if kind in ("result", "prompt"):
         ids = torch.full((b, t), p.tok.pad, dtype=torch.long, device=audio.device)
         return (p.prefill_result if kind == "result" else p.prefill_prompt), (slots, ids), _padding_only
-    return p.replay_step, (audio, active, slots), _no_replay
+    # replay runs over distinct rows (its perception writes them back): at most every slot
+    return p.replay_step, (audio, active, torch.arange(min(b, p.num_slots), device=audio.device)), _no_replay
 
 
 def _padded_slots(slots: np.ndarray) -> torch.Tensor:
@@ -289,6 +290,13 @@ def _padding_only(inputs) -> None:
     inputs[0].fill_(-1)
 
 
+def _replay_rows(slots: np.ndarray, rows: int) -> torch.Tensor:
+    """A replay piece's rows: its slots, then as padding the first slots not among them (distinct rows, so
+    that writing the gathered rows back is exact; not replaying, so their state stays)."""
+    rest = np.setdiff1d(np.arange(rows + len(slots)), slots)[: rows - len(slots)]
+    return torch.from_numpy(np.concatenate([slots, rest]).astype(np.int64))
+
+
 def _no_replay(inputs) -> None:
     inputs[1].zero_()
-    inputs[2].fill_(-1)
+    inputs[2].copy_(torch.arange(len(inputs[2])))
