@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.tick.ledger import SIDE_KINDS
+
 TICK_MS = 80.0
 
 
@@ -49,7 +51,7 @@ class PlayoutGaps:
 
 def plot_ticks(series: dict[str, list[float]], path: str, title: str, frame_ms: float = TICK_MS) -> None:
     """Every tick's parts stacked (the live step's wait for earlier work, the live step, the side work on
-    the device, the host's work) against the frame's deadline."""
+    the device by kind, the host's work) against the frame's deadline."""
     try:
         import matplotlib
 
@@ -57,8 +59,15 @@ def plot_ticks(series: dict[str, list[float]], path: str, title: str, frame_ms: 
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise SystemExit(f"--plot needs matplotlib ({e})") from None
-    names = ("wait", "live", "side", "host")
-    labels = ("live step waiting", "live step", "side work (device)", "host")
+    kinds = [k for k in SIDE_KINDS if f"side_{k}" in series]
+    sides = [f"side_{k}" for k in kinds] or ["side"]
+    names = ("wait", "live", *sides, "host")
+    labels = (
+        "live step waiting",
+        "live step",
+        *(f"{k} pieces (device)" for k in kinds or ["side work"]),
+        "host",
+    )
     x = np.asarray(series["tick"]) * frame_ms / 1000  # the ticks the ledger kept (the latest)
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.stackplot(x, *(np.asarray(series[k]) for k in names), labels=labels, lw=0)

@@ -393,3 +393,6 @@ class EngineSnapshot(BaseModel):
     # rooms with a caller and no live agent for which the worker asked for a new agent, by reason
     # (agent/fleet/fleet.py; reported by the worker through the engine's door)
     redispatches: dict[str, int] = {}
+    # the tick's ledger (engine/tick/ledger.py `report`, docs/monitoring.md): side pieces' predicted and
+    # measured ms by bucket, the tick's parts, the late ticks and what ran in them
+    tick_ledger: dict | None = None

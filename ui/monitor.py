@@ -97,6 +97,7 @@ def _live(
         _fleet(workers)
     if up:
         _tick_chart(workers, max(w.snapshot.tick_budget_ms for w in up))
+        _side_work(workers)
         _sessions(workers)
         _tool_log(workers)
     if settings.bookings:
@@ -229,6 +230,42 @@ def _tick_chart(workers: list[fleet.Worker], budget_ms: float) -> None:
     )
     st.altair_chart(lines + budget, width="stretch")
     st.caption(f"The live step, per second, over the last minutes; red: the {budget_ms:g} ms budget.")
+
+
+def _side_work(workers: list[fleet.Worker]) -> None:
+    """The tick's ledger: each bucket of side work, predicted against measured on the device, the time the
+    live step waited for earlier work, and the late ticks with what ran in the latest."""
+    st.subheader("Side work")
+    rows, notes = [], []
+    for w in workers:
+        ledger = w.snapshot.tick_ledger if w.snapshot is not None else None
+        if not ledger:
+            continue
+        for key, b in ledger["pieces"].items():
+            kind, bucket = key.split("/", 1)
+            row = {"worker": w.name} if len(workers) > 1 else {}
+            row |= {"kind": kind, "rows x positions": bucket, "pieces": b["run"]}
+            row |= {
+                f"{what} ms {q}": b[f"{what}_ms_{q}"]
+                for what in ("predicted", "measured")
+                for q in ("p50", "p99")
+            }
+            rows.append(row)
+        wait, late = ledger["live_wait_ms"], ledger["missed"]
+        ran = ", ".join(f"{p['kind']} {p['rows']}x{p['positions']}" for p in late[-1]["ran"]) if late else ""
+        notes.append(
+            (f"{w.name}: " if len(workers) > 1 else "")
+            + f"the live step waited for earlier work {wait['p50']} ms p50, {wait['p99']} p99, "
+            + f"{wait['max']} max; "
+            + f"{ledger['late_ticks']} late ticks"
+            + (f" (the latest: {late[-1]['why']}; ran {ran or 'no side work'})" if late else "")
+        )
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    else:
+        st.caption("No side work measured yet.")
+    for note in notes:
+        st.caption(note)
 
 
 def _sessions(workers: list[fleet.Worker]) -> None:

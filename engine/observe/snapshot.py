@@ -70,6 +70,16 @@ class Echo(Protocol):
     def snapshot(self) -> Any: ...
 
 
+class Ledger(Protocol):
+    """The tick's ledger (engine/tick/ledger.py): its report is safe to build off the tick thread."""
+
+    def report(self, missed_shown: int = 20) -> dict: ...
+
+
+class Ticker(Protocol):
+    ledger: Ledger
+
+
 class Observed(Protocol):
     """What the snapshot and `/metrics` read of the engine (engine/tick/engine.py `Engine`): the tick's parts
     as the Protocols above, so that nothing here imports the tick."""
@@ -86,6 +96,7 @@ class Observed(Protocol):
     priority: TickPriority
     echo: Echo | None
     redispatches: dict[str, int]
+    ticker: Ticker
 
     @property
     def occupancy(self) -> float: ...
@@ -230,7 +241,16 @@ def build(engine: Observed) -> EngineSnapshot:
         echo=engine.echo.snapshot() if engine.echo is not None else None,
         shared_memory_rejected=a.shared.rejected + a.rejected_times,
         redispatches=dict(engine.redispatches),
+        tick_ledger=ledger_report(engine),
     )
+
+
+LEDGER_MISSED_SHOWN = 5  # the latest late ticks the snapshot shows, with what ran in each
+
+
+def ledger_report(engine: Observed) -> dict:
+    """The tick's ledger as the snapshot's `tick_ledger` and `/metrics` read it (off the tick thread)."""
+    return engine.ticker.ledger.report(missed_shown=LEDGER_MISSED_SHOWN)
 
 
 def figures(engine: Observed) -> Figures:

@@ -23,6 +23,7 @@ import torch
 from engine.api import EngineClosed, EngineSnapshot, Output, SessionFailed
 from engine.config.engine_config import EngineConfig
 from engine.observe import snapshot
+from engine.observe.ledger_metrics import publish_ledger
 from engine.observe.metrics import Accounting, SnapshotServer, publish
 from engine.process.collector import Collector, freeze_long_lived
 from engine.process.malloc import tune_malloc
@@ -112,6 +113,7 @@ class Engine:
         build.warm_up(model, self.runner, self.scheduler, clock)
         freeze_long_lived(again=True)  # the model lives until close (close drops it)
         publish(lambda: snapshot.figures(self))  # what /metrics reads at a scrape
+        publish_ledger(lambda: snapshot.ledger_report(self))  # ...and the tick's ledger
         self.server = (
             SnapshotServer(self.snapshot, cfg.metrics_host, cfg.metrics_port)
             if cfg.metrics_port is not None
