@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from livekit import api
 
 from agent.fleet import timing
+from agent.fleet.state import PRESENT
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from agent.lkapi import LiveKit
 
 AGENT = api.ParticipantInfo.Kind.AGENT
-PRESENT = (api.ParticipantInfo.State.JOINED, api.ParticipantInfo.State.ACTIVE)
 
 
 def agent_identity(job: str) -> str:

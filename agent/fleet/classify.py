@@ -28,10 +28,8 @@ from dataclasses import dataclass, replace
 from livekit import api
 
 from agent.fleet import timing
-from agent.fleet.agreed import agent_identity, agents_in_room
+from agent.fleet.agreed import AGENT, agent_identity, agents_in_room
 from agent.fleet.state import Reason, RoomState, callers
-
-AGENT = api.ParticipantInfo.Kind.AGENT
 
 
 class Need(enum.Enum):

@@ -13,7 +13,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from agent.fleet.fleet import BEAT_S, SWEEP_S, Fleet
+from agent.fleet import timing
+from agent.fleet.fleet import Fleet
 from agent.fleet.marks import _redis_errors, fleet_redis, presence_name
 from agent.lkapi import LiveKitFailure
 
@@ -61,7 +62,8 @@ async def watch(
 
     try:
         async with (livekit or LiveKit)(settings) as lk:
-            await asyncio.gather(_every(BEAT_S, beat, "marks"), _every(SWEEP_S, lambda: sweep(lk), "sweep"))
+            beats = _every(timing.BEAT_S, beat, "marks")
+            await asyncio.gather(beats, _every(timing.SWEEP_S, lambda: sweep(lk), "sweep"))
     finally:
         await fleet.redis.aclose()
         await presence.aclose()
