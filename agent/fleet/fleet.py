@@ -186,8 +186,9 @@ class Fleet:
         return await self._act(lk, found)
 
     async def look(self, lk: LiveKit) -> list[Found]:
-        """Read every room and classify it (no writes): the rooms with their verdicts, remembered for the
-        next sweep. A room that could not be looked at (its node just died) holds up none of the others."""
+        """Read every room and classify it, writing nothing to Redis: the rooms with their verdicts, whose
+        memory is kept for the next sweep. A room that could not be looked at (its node just died) holds up
+        none of the others."""
         # every room: a room's `num_participants` in the server's list lags its participants by seconds
         rooms = list((await lk.call(lk.api.room.list_rooms, api.ListRoomsRequest())).rooms)
         listed = {r.sid for r in rooms}
