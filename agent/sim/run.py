@@ -23,6 +23,7 @@ import numpy as np
 
 from agent.phone.telephony import telephone_band
 from agent.sim.engine_process import SimEngine
+from agent.sim.error import SimulateError
 from agent.sim.report import heap_mb, rss_mb, write_metrics
 from agent.sim.rooms import Room, Stage, caller_clips, phone_rooms, run_room
 from engine.api import EngineClosed
@@ -55,15 +56,9 @@ TOTALS = (
 )
 
 
-class SimulateError(Exception):
-    """A bad argument or an engine that cannot be built: one line for the user, no traceback."""
-
-
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's config from the settings and the flags, or SimulateError with one line naming what is
     wrong."""
-    if args.checkpoint and not Path(args.checkpoint).exists():
-        raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")
     try:
         # every engine setting of the environment (windows, capacity mode, ...), the flags over them
         return args.settings.engine_config(

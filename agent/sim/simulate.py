@@ -23,20 +23,29 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+from agent.sim.error import SimulateError
 from agent.sim.report import EXIT_INTERRUPTED, exit_code, print_summary
-from agent.sim.run import SimulateError, engine_config, simulate
 from engine.api import EngineFull
 
 __all__ = [
     "SimulateError",
     "add_arguments",
     "check_arguments",
-    "engine_config",
     "exit_code",
     "main",
-    "simulate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`simulate` and `engine_config`, from agent/sim/run.py when first asked for: a bad argument is answered
+    before the rooms' modules (livekit-agents among them) are loaded."""
+    if name in ("simulate", "engine_config"):
+        from agent.sim import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,6 +136,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         args.slots = min(args.rooms, 64)
     if not 1 <= args.slots <= 4096:
         raise SimulateError(f"--slots {args.slots}: give 1 to 4096")
+    if args.checkpoint and not Path(args.checkpoint).exists():
+        raise SimulateError(f"--checkpoint {args.checkpoint}: no such file or folder")
     if args.preset not in PRESETS:
         raise SimulateError(f"--preset {args.preset}: unknown; choose one of {', '.join(sorted(PRESETS))}")
 
@@ -146,6 +157,8 @@ def main(args: argparse.Namespace) -> int:
                 and r.msg != "ToolError while executing tool"
             )
         )
+        from agent.sim.run import simulate
+
         metrics = asyncio.run(simulate(args))
     except SimulateError as e:
         print(f"simulate: {e}", file=sys.stderr)
