@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,10 +36,13 @@ REQUEST = ctypes.CFUNCTYPE(
 
 
 class Pump:
-    """A private copy of the library, its forwarded events and dropped handles recorded."""
+    """A private copy of the library `built` (its own file in `directory`, so its own state once loaded), its
+    forwarded events and dropped handles recorded."""
 
-    def __init__(self, directory) -> None:
-        self.lib = audio_pump.load(audio_pump.build(directory=directory))
+    def __init__(self, built: Path, directory: Path) -> None:
+        own = directory / built.name
+        shutil.copyfile(built, own)
+        self.lib = audio_pump.load(own)
         self.forwarded: list[bytes] = []
         self.dropped: list[int] = []
         self._fwd = EVENT(lambda p, n: self.forwarded.append(ctypes.string_at(p, n)))
@@ -111,9 +115,15 @@ class Pump:
         return dict(zip(audio_pump.TOTALS, map(int, out), strict=True))
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """The library compiled once for the module, in a folder of its own; each test loads a copy (`Pump`)."""
+    return audio_pump.build(directory=tmp_path_factory.mktemp("audio_pump"))
+
+
 @pytest.fixture
-def pump(tmp_path):
-    return Pump(tmp_path)
+def pump(built, tmp_path):
+    return Pump(built, tmp_path)
 
 
 @pytest.fixture
@@ -393,9 +403,9 @@ def test_the_runtimes_log_records_that_python_would_throw_away_never_cross_into_
     assert pump.totals()["quiet_logs"] == 2
 
 
-def test_with_the_sdks_rtc_debug_on_the_runtimes_debug_records_reach_python(tmp_path, monkeypatch):
+def test_with_the_sdks_rtc_debug_on_the_runtimes_debug_records_reach_python(built, tmp_path, monkeypatch):
     monkeypatch.setenv("LIVEKIT_RTC_DEBUG", "true")
-    pump = Pump(tmp_path)
+    pump = Pump(built, tmp_path)
     debug, trace = logs_event((DEBUG, "libwebrtc")), logs_event((TRACE, "libwebrtc"))
     pump.send(debug)
     pump.send(trace)
