@@ -24,10 +24,9 @@ import pytest
 from engine.api import AudioFrame, EngineClosed, EngineFull, SessionFailed, TurnEnded, TurnStarted
 from engine.client.control import EngineControl
 from engine.client.remote import RemoteEngine
-from engine.door.host import EngineHost
 from engine.transport.link import IN_W
 from engine.transport.wire import encode
-from engine_support import REPO, caller_audio, engine_on, hosted_engine, run_ticks
+from engine_support import REPO, caller_audio, hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 
 FRAME = 1280
@@ -347,9 +346,7 @@ def test_an_engine_that_never_answers_is_given_up_after_the_timeout():
 
 
 def test_the_worker_reserves_a_slot_per_job_and_a_job_that_ends_before_its_call_gives_it_back():
-    engine = engine_on(num_slots=2)
-    host = EngineHost(engine).start()
-    try:
+    with hosted_engine(num_slots=2, eager=True) as (engine, host):
         worker = EngineControl(host.address, host.keys.control)  # the worker's end: admission and load
         assert worker.admit("AJ_1") == "AJ_1" and worker.admit("AJ_2") == "AJ_2"
         assert worker.status()["available"] == 0 and worker.load == 0.0  # reserved, not yet in use
@@ -363,9 +360,6 @@ def test_the_worker_reserves_a_slot_per_job_and_a_job_that_ends_before_its_call_
 
         handle = asyncio.run(main())
         assert handle.slot in (0, 1) and not host.engine.pool.holds("AJ_2")
-    finally:
-        host.close()
-        engine.close()
 
 
 def test_the_wire_format_is_one_json_object_a_line():
