@@ -7,7 +7,8 @@ reaches. The rule: an operator counts once unless it launches no work, that is u
 of an input (view, slice, select, transpose, expand, split, ...) or the input itself (a `to` or `reshape`
 that changes nothing). A composite operator the dispatcher sees whole (linear, rms_norm, layer_norm) counts
 once, as it is one kernel (or one GEMM with its epilogue) on the GPU; a Triton kernel counts once, as the
-output it allocates on meta. Last line: one JSON object.
+output it allocates on meta (an in-place one, the KV ring write, as one empty write on meta). Last line: one
+JSON object.
 Knows the pipeline and the dispatcher; nothing of sessions.
 """
 

@@ -12,3 +12,13 @@ except ImportError:  # the references still work without Triton
 def jit(fn):
     """`triton.jit` where Triton is installed; otherwise the plain function."""
     return triton.jit(fn) if triton is not None else fn
+
+
+@jit
+def to_bf16_rtne(x):
+    """fp32 -> bf16 rounded to nearest even on the bits, as torch's `.to(torch.bfloat16)` rounds (the
+    interpreter's own cast truncates); a NaN stays a quiet NaN of its sign."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    quiet = (bits >> 16) | 0x40
+    return tl.where(x != x, quiet, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)

@@ -30,6 +30,7 @@ def selective_state_update_ref(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
+    a_log: bool = False,
 ) -> torch.Tensor:
     """One Mamba2 recurrence step, updating `state` in place.
 
@@ -38,8 +39,11 @@ def selective_state_update_ref(
       x [b, h, p]; dt [b, h] (before bias and softplus); A [h] (negative); B, C [b, g, n]; D [h];
       dt_bias [h]; state_indices [b] int64, the slot of each row, -1 for a padding row.
     Returns y [b, h, p] in x's dtype; padding rows give zeros and leave every slot untouched. Rows with an
-    index >= 0 should name distinct slots (a repeated one is written by its last row).
+    index >= 0 should name distinct slots (a repeated one is written by its last row). With `a_log`, A is
+    given as the checkpoint's `A_log` and the step takes `-exp(A_log)` itself (in the kernel, on CUDA).
     """
+    if a_log:
+        A = -torch.exp(A.float())
     h = x.shape[1]
     g = B.shape[1]
     valid = state_indices >= 0
@@ -93,6 +97,7 @@ def _selective_state_update_kernel(
     stride_out_b,
     stride_out_h,
     stride_out_p,
+    A_LOG: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -134,6 +139,8 @@ def _selective_state_update_kernel(
     dt = tl.where(dt <= 20.0, log1p_e, dt)
     dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
     A = tl.load(A_ptr + pid_h * stride_A_h).to(tl.float32)
+    if A_LOG:
+        A = -tl.exp(A)
     dA = tl.exp(dt * A)
 
     B = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
@@ -159,6 +166,7 @@ def selective_state_update_triton(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
+    a_log: bool = False,
 ) -> torch.Tensor:
     """Triton version of `selective_state_update_ref`: same contract, one program per (row, head, p block).
 
@@ -224,6 +232,7 @@ def selective_state_update_triton(
             dt_bias.stride(0),
             state_indices.stride(0),
             *out.stride(),
+            A_LOG=a_log,
             BLOCK_P=block_p,
             BLOCK_N=block_n,
             num_warps=num_warps,
@@ -243,10 +252,13 @@ def selective_state_update(
     state_indices: torch.Tensor,
     dt_min: float = 0.0,
     dt_max: float = float("inf"),
+    a_log: bool = False,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
     if triton is not None and x.is_cuda:
-        return selective_state_update_triton(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
+        return selective_state_update_triton(
+            state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max, a_log
+        )
     if x.is_meta:  # memory planning (engine/memory.py): the kernel allocates its output only
         return torch.empty_like(x)
-    return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max)
+    return selective_state_update_ref(state, x, dt, A, B, C, D, dt_bias, state_indices, dt_min, dt_max, a_log)

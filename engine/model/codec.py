@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config.stage_config import CodecConfig
+from engine.kernels.channel_norm import channel_norm
 from engine.model import codec_ops
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
 
@@ -91,11 +92,8 @@ class _ConvNeXt(nn.Module):
         padded = torch.cat([context, x], dim=2)
         # Depthwise over time: [C, B, K - 1 + L] is a one-image, C-channel [B, K - 1 + L] picture.
         y = F.conv2d(padded[None], self.dwconv.weight[:, :, None, :], self.dwconv.bias, groups=c)[0]
-        y = y.float()  # the channel statistics in float32 whatever the dtype (a no-op in float32)
-        y = y.sub_(y.mean(0, keepdim=True))
-        rstd = torch.rsqrt(y.square().mean(0, keepdim=True).add_(self.norm.eps))
-        y = y.mul_(rstd).to(x.dtype)
-        y = torch.addcmul(self.norm.bias[:, None, None], y, self.norm.weight[:, None, None])
+        # the channel statistics in float32 whatever the dtype, then the affine: one kernel on CUDA
+        y = channel_norm(y, self.norm.weight, self.norm.bias, self.norm.eps)
         h = torch.addmm(self.pwconv1.bias[:, None], self.pwconv1.weight[:, :, 0], y.view(c, b * length))
         h = F.gelu(h)
         out = torch.addmm(x.view(c, b * length), self.pwconv2.weight[:, :, 0], h)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.kernels.scaled_softmax import scaled_softmax
+
 _MASKED = -10000.0  # NeMo's fill for masked attention scores (exp underflows to exactly 0 in fp32)
 
 
@@ -172,7 +174,7 @@ class RelPositionAttention(nn.Module):
         cur = (qu * k).sum(-1, keepdim=True) + bd_all[..., :1]
         scores = torch.cat([cur, ring.view(b, self.h, w)], dim=-1)  # the current frame first
         # hidden keys get exactly 0 weight (the current frame is always visible), as after NeMo's masked_fill
-        attn = torch.softmax(scores.float().div_(math.sqrt(dk)).add_(hidden), dim=-1).to(kv)
+        attn = scaled_softmax(scores, math.sqrt(dk), hidden, kv)  # one kernel on CUDA
         out = torch.baddbmm(
             (attn[..., :1] * v).view(bh, 1, dk), attn[..., 1:].reshape(bh, 1, w), v_cache.view(bh, w, dk)
         )

@@ -202,16 +202,12 @@ class Perception(SlotState, nn.Module):
         slot_in_ring = torch.remainder(self.frames, w)
         dist = self.ring_dist[slot_in_ring]
         hidden = self.ring_hidden[self.frames.clamp(max=w)]
-        write = slot_in_ring.view(s, 1, 1, 1).expand(
-            s, self.cfg.num_heads, 1, self.cfg.d_model // self.cfg.num_heads
-        )
         for i, layer in enumerate(self.encoder.layers):
             kc, vc, cc = (getattr(self, f"{kind}_cache{i}") for kind in ("k", "v", "conv"))
             x, k, v, conv = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden)
             # commit the state of the executed rows only (after the layer has read it): ring write at
             # frame % w
-            ring_write(kc, write, k, exec_mask)
-            ring_write(vc, write, v, exec_mask)
+            ring_write(kc, vc, slot_in_ring, k, v, exec_mask)
             keep_rows(cc, conv, exec_mask)
         out = self.proj(x)
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.kernels.ring_write import ring_write_kv
+
 _NAMES = "_slot_state_names"  # per module: the names of its buffers that are per-slot state
 
 
@@ -121,12 +123,17 @@ def keep_rows(state: torch.Tensor, new: torch.Tensor, exec_mask: torch.Tensor) -
 
 
 def ring_write(
-    cache: torch.Tensor, index: torch.Tensor, value: torch.Tensor, exec_mask: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    entry: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    exec_mask: torch.Tensor,
 ) -> None:
-    """The live form's write of one entry per row into a KV ring: where the mask is off, the entry keeps what
-    it holds (no host sync, fixed shapes).
+    """The live form's write of one key and one value per row into a pair of KV rings, at each row's ring
+    entry: where the mask is off, the entries keep what they hold (no host sync, fixed shapes; one kernel for
+    both rings on CUDA, engine/kernels/ring_write.py).
 
-    cache [r, h, n, d]; index [r, h, 1, d] int64, the ring entry of each row (expanded); value [r, h, d];
+    k_cache, v_cache [r, h, n, d]; entry [r] int64, the ring entry of each row; k, v [r, h, d];
     exec_mask [r] bool."""
-    value = value[:, :, None] if value.dtype == cache.dtype else value[:, :, None].to(cache.dtype)
-    cache.scatter_(2, index, torch.where(exec_mask.view(-1, 1, 1, 1), value, cache.gather(2, index)))
+    ring_write_kv(k_cache, v_cache, entry, k, v, exec_mask)

@@ -12,14 +12,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config.stage_config import TalkerConfig
+from engine.kernels.add_rms_norm import add_rms_norm
 from engine.kernels.decode_attention import decode_attention
+from engine.kernels.qk_norm_rope import qk_norm_rope
 from engine.kernels.reset_rows import reset_rows
 from engine.model.slot_state import register_slot_state, ring_write
 from engine.model.talker_heads import (
     GatedMLP,
     GemmaRMSNorm,
     apply_rope,
-    apply_rope_fast,
     rope_cos_sin,
     rope_inv_freq,
     rotate_half_tables,
@@ -145,23 +146,36 @@ class TalkerBackbone(nn.Module):
             rope[t] = cos[:, None, :], (sin * self.rope_sign)[:, None, :]
         scale = cfg.query_pre_attn_scalar**-0.5
         # per ring size: the ring index written this step and how many entries hold a position (incl. it)
-        entry = {ring: (pos % ring).view(r, 1, 1, 1).expand(r, hk, 1, d) for ring in set(self.rings)}
+        entry = {ring: pos % ring for ring in set(self.rings)}
         filled = {ring: (pos + 1).clamp_max(ring) for ring in set(self.rings)}
+        eps = self.norm.eps
+        # each residual join and the norm after it (the next layer's input norm, or the final one) run as one
+        # kernel on CUDA (add_rms_norm)
+        h = self.layers[0].input_layernorm(x)
         for i, layer in enumerate(self.layers):
             a, ring = layer.self_attn, self.rings[i]
             cos, sin = rope[cfg.layer_types[i]]
-            q, k, v = a.project(layer.input_layernorm(x))
-            # queries and keys rotated as one tensor: the same elementwise operators, half the launches
-            qk = torch.cat([a.q_norm(q.reshape(r, hq, d)), a.k_norm(k.reshape(r, hk, d))], dim=1)
-            qk = apply_rope_fast(qk, cos, sin, self.rope_perm)
+            q, k, v = a.project(h)
+            # queries and keys normed and rotated as one tensor, in one kernel on CUDA
+            qk = qk_norm_rope(
+                q.reshape(r, hq, d),
+                k.reshape(r, hk, d),
+                a.q_norm.scale,
+                a.k_norm.scale,
+                a.q_norm.eps,
+                cos,
+                sin,
+                self.rope_perm,
+            )
             q, k = qk[:, :hq], qk[:, hq:]
             v = v.reshape(r, hk, d)
             kc, vc = (c.view(r, hk, ring, d) for c in self.caches(i))
             # attention runs in the KV dtype: no copy of the ring in another dtype (no-ops when they agree)
-            ring_write(kc, entry[ring], k, exec_rows)
-            ring_write(vc, entry[ring], v, exec_rows)
+            ring_write(kc, vc, entry[ring], k, v, exec_rows)
             qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
             o = decode_attention(qg, kc, vc, filled[ring], scale).reshape(r, hq * d).to(x.dtype)
-            x = x + layer.post_attention_layernorm(a.o_proj(o))
-            x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-        return self.norm(x)
+            post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
+            x, h = add_rms_norm(x, a.o_proj(o), post.scale, pre.scale, eps)
+            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            x, h = add_rms_norm(x, layer.mlp(h), layer.post_feedforward_layernorm.scale, after.scale, eps)
+        return h

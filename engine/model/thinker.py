@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config.stage_config import ThinkerConfig
+from engine.kernels.relu_square import relu_square
 from engine.kernels.reset_rows import reset_rows
+from engine.kernels.rms_norm import rms_norm
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
 from engine.model.thinker_attention import Attention
@@ -29,9 +30,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # one fused operator, bit for bit `weight * (h * rsqrt(mean(h^2) + eps))` in fp32
-        h = x.float()
-        return F.rms_norm(h, (h.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        # `weight * (h * rsqrt(mean(h^2) + eps))` in fp32, back in x's dtype: one kernel on CUDA
+        return rms_norm(x, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -43,7 +43,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.relu(self.up_proj(x)).square())
+        return self.down_proj(relu_square(self.up_proj(x)))
 
 
 class Block(nn.Module):

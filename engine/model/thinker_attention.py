@@ -57,9 +57,7 @@ class Attention(nn.Module):
         s = x.shape[0]
         q, k, v = self._qkv(x)
         kc, vc = self.k_cache[:s], self.v_cache[:s]
-        entry = (pos % self.window).view(s, 1, 1, 1).expand(s, self.nkv, 1, self.d)
-        ring_write(kc, entry, k, exec_mask)
-        ring_write(vc, entry, v, exec_mask)
+        ring_write(kc, vc, pos % self.window, k, v, exec_mask)
         # the ring's first min(pos + 1, window) entries hold this row's positions: on CUDA the kernel reads
         # only those, elsewhere the masked reference over the whole ring
         return self._out(decode_attention(q, kc, vc, (pos + 1).clamp_max(self.window), self.scale), x)
