@@ -76,6 +76,7 @@ class CallTrace:
         self._first = False
         self._turns = 0
         self._silent_since: float | None = None  # a call carried on: when its last agent last spoke (s)
+        self.reason = "the job ended before its call began"  # why the call ended, its job's words
         self.span: Span = trace.INVALID_SPAN
         if not self.on:
             return

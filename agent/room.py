@@ -53,16 +53,14 @@ CALLER_WAIT_S = 120.0  # a job whose room has no caller by then ends
 
 async def entrypoint(ctx: JobContext) -> None:
     """The job: a room's call (in the room's own process), one trace (agent/call_trace.py) that ends with the
-    job's reason to end."""
+    call's reason to end."""
     trace = CallTrace(ctx.job.id, room=ctx.job.room.name)
     trace.activate()  # the call's session and playout report to it
-
-    async def end_trace(reason: str) -> None:
-        trace.end(reason)
+    try:
+        await run_job(ctx, room_settings())
+    finally:  # sent now: the job's process may not outlive its shutdown long
+        trace.end(trace.reason)
         await asyncio.to_thread(telemetry.flush)
-
-    ctx.add_shutdown_callback(end_trace)
-    await run_job(ctx, room_settings())
 
 
 async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
@@ -204,6 +202,8 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     finally:
         await call.aclose()
         why = presence.reason or "the agent ended it"
+        call_trace.current().end(why)
+        await asyncio.to_thread(telemetry.flush)  # the call's spans sent now (at most the export's timeout)
         log.info("job %s: call ended, %s (%s)", ctx.job.id, why, call_figures(call, line, presence))
     if why not in (SESSION_CLOSED, ROOM_CLOSED, REPLACED):
         # ended on purpose; a session that failed, or a connection to the room that closed under the agent,
