@@ -273,7 +273,7 @@ def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_mod
     after it, never over it; live in time (30 s: always), no clip plays. The same for a call handed over by
     a draining worker whose agent is removed TAKE_OVER_S after the new session was asked for, live or not
     (the removal faked here: tests/test_livekit_fleet.py removes it for real)."""
-    from agent.fleet import takeover
+    from agent.fleet import takeover, timing
     from agent.forcing import Script, run_script
 
     removed = []
@@ -282,7 +282,7 @@ def test_a_carried_on_call_not_live_in_time_hears_a_hold_clip_never_over_the_mod
     async def remove(ctx, settings):
         removed.append(ctx)
 
-    monkeypatch.setattr(takeover, "HOLD_ON_S" if path == "carried on" else "TAKE_OVER_S", wait_s)
+    monkeypatch.setattr(timing, "HOLD_ON_S" if path == "carried on" else "TAKE_OVER_S", wait_s)
     monkeypatch.setattr(takeover, "_replace_lost_agent", remove)
     greeting = carry.acknowledgement(handed_over=path == "handed over")
     with hotel_support.seeded_store("sqlite", tmp_path) as store:
