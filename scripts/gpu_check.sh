@@ -75,7 +75,10 @@ step() {  # step NAME TIMEOUT_S command...: its output to NAME.log, its last lin
 }
 
 TESTS=(tests/test_kernels.py tests/test_graph.py tests/test_slack_graphs.py)
-[ -f tests/test_decode_attention.py ] && TESTS+=(tests/test_decode_attention.py)
+for t in tests/test_decode_attention.py tests/test_ring_write.py tests/test_rms_norm_kernel.py tests/test_qk_norm_rope.py \
+  tests/test_fused_kernels.py tests/test_replay_rows.py; do
+  [ -f "$t" ] && TESTS+=("$t")
+done
 # one pytest per file: the Triton interpreter, which the kernel files turn on for their CPU tests, is per process
 step gpu_tests 150 bash -c 'rc=0; for t in "${@:3}"; do
   "$1" -m pytest -q -m gpu -p no:cacheprovider "$t" --junitxml="$2/gpu_tests-$(basename "$t" .py).xml" || rc=1

@@ -148,3 +148,23 @@ def test_ssm_update_takes_a_log_as_the_checkpoint_stores_it():
         torch.testing.assert_close(got_state, want_state, rtol=1e-5, atol=1e-5)
     got_state = state.clone()
     assert torch.equal(selective_state_update_ref(got_state, *args, a_log, *bc, *rest, a_log=True), want)
+
+
+@pytest.mark.parametrize(("setting", "fused"), [(None, True), ("1", True), ("0", False)])
+def test_the_fused_kernels_can_be_turned_off_for_a_suspect_device(setting, fused):
+    """CHORUS_FUSED_KERNELS=0 keeps the fused chains on their torch references on CUDA too (Triton is
+    installed here, so the default is on)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CHORUS_FUSED_KERNELS"}
+    if setting is not None:
+        env["CHORUS_FUSED_KERNELS"] = setting
+    got = subprocess.run(
+        [sys.executable, "-c", "from engine.kernels._triton import FUSED; print(FUSED)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert got == str(fused)

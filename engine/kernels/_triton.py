@@ -1,12 +1,20 @@
 """Triton, imported guarded: `triton` and `tl` are None where it is missing, and `jit` then leaves the
 kernel a plain function that is never launched (the torch references run instead)."""
 
+import os
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # the references still work without Triton
     triton = None
     tl = None
+
+
+# The live step's fused chains (norms, relu^2, q/k norm with RoPE, ring writes, the conformer's softmax, the
+# codec's channel norm) run as Triton kernels on CUDA; CHORUS_FUSED_KERNELS=0 keeps them on their torch
+# references (one operator each again), to tell on a device whether a fused kernel is at fault.
+FUSED = triton is not None and os.environ.get("CHORUS_FUSED_KERNELS", "1") != "0"
 
 
 def jit(fn):

@@ -15,8 +15,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from engine.kernels._triton import FUSED, tl, triton
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, triton
 
 
 def gemma_rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
@@ -151,7 +151,7 @@ def qk_norm_rope(
     perm: torch.Tensor,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA for fp32 heads, the reference elsewhere. Same contract."""
-    if triton is not None and q.is_cuda and q.dtype == torch.float32:
+    if FUSED and q.is_cuda and q.dtype == torch.float32:
         return qk_norm_rope_triton(q, k, q_scale, k_scale, eps, cos, signed_sin, perm)
     if q.is_meta:  # the operator count (benchmarks/step_ops.py): one kernel, its output
         return q.new_empty(q.shape[0], q.shape[1] + k.shape[1], q.shape[2])

@@ -15,8 +15,8 @@ import contextlib
 
 import torch
 
+from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, to_bf16_rtne, triton
 
 
 def _ring_write_ref(
@@ -165,7 +165,7 @@ def ring_write_kv(
     exec_mask: torch.Tensor,
 ) -> None:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
-    if triton is not None and k_cache.is_cuda:
+    if FUSED and k_cache.is_cuda:
         ring_write_kv_triton(k_cache, v_cache, entry, k, v, exec_mask)
     elif k_cache.is_meta:  # the operator count (benchmarks/step_ops.py): one in-place launch, one write
         k_cache[:0].copy_(k[:0, :, None])

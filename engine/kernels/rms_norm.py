@@ -16,8 +16,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, to_bf16_rtne, triton
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,7 +138,7 @@ def _kernel_fits(*ts: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
-    if triton is not None and x.is_cuda and _kernel_fits(x, weight):
+    if FUSED and x.is_cuda and _kernel_fits(x, weight):
         return rms_norm_triton(x, weight, eps)
     if x.is_meta:  # the operator count (benchmarks/step_ops.py): one kernel, its output
         return torch.empty_like(x)
@@ -149,7 +149,7 @@ def gated_rms_norm(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group: int, eps: float
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference."""
-    if triton is not None and x.is_cuda and _kernel_fits(x, gate, weight):
+    if FUSED and x.is_cuda and _kernel_fits(x, gate, weight):
         return gated_rms_norm_triton(x, gate, weight, group, eps)
     if x.is_meta:  # the operator count: one kernel, its output
         return torch.empty_like(x, dtype=_gated_dtype(x, weight))
