@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,6 +85,7 @@ class FakeRequest:
 
     def __init__(self, job_id: str) -> None:
         self.id = job_id
+        self.room = SimpleNamespace(name=f"room-{job_id}")
         self.answer: str | None = None
 
     async def accept(self, **_) -> None:
