@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,6 +36,7 @@ class Offer:
 
     def __init__(self, job: str) -> None:
         self.id, self.answer = job, None
+        self.room = SimpleNamespace(name=f"room-{job}")
 
     async def accept(self, **_) -> None:
         self.answer = "accept"
