@@ -25,7 +25,7 @@ from livekit.agents import llm
 from livekit.agents.types import NOT_GIVEN, NotGivenOr
 from livekit.agents.utils import aio
 
-from agent import call_trace
+from agent import call_trace, tracing
 from agent.audio_in.caller_audio import InputConverter
 from agent.tool_schemas import tool_schemas
 from agent.turns import SPEECH, CallObserver, TurnGate, cut_short
@@ -261,6 +261,7 @@ class ChorusSession(llm.DuplexSession):
                     caller=self._model.caller_kind,
                     admission=admission,
                     context=self._model.context,
+                    trace=tracing.traceparent(self._model.trace.span),
                 )
             except EngineError as e:
                 # a refusal is an answer, not a fault: no traceback for the framework to log

@@ -90,7 +90,15 @@ def job_context(job_id: str) -> Context:
 
 def job_traceparent(job_id: str) -> str:
     """The W3C traceparent of the worker's span of job `job_id`."""
-    c = job_span_context(job_id)
+    return traceparent(NonRecordingSpan(job_span_context(job_id)))
+
+
+def traceparent(span: trace.Span) -> str:
+    """The W3C traceparent whose parent is `span` ("" for a span of no trace: tracing off). A room sends its
+    call's with the session's open, so the engine's spans of the session join the call's trace."""
+    c = span.get_span_context()
+    if not c.is_valid:
+        return ""
     return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
 
 

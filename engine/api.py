@@ -270,6 +270,7 @@ class EngineClient(Protocol):
         caller: str = "",
         admission: str | None = None,
         context: str = "",
+        trace: str = "",
     ) -> SessionPort: ...
 
 
@@ -316,6 +317,7 @@ class SessionSnapshot(BaseModel):
     # the agent's track (the room's playout); None before a turn has played
     turn_start_ms: float | None = None
     label: str = ""  # the agent's name for the conversation (a room; numbers masked): opaque to the engine
+    trace_id: str = ""  # the call's trace (32 hex digits, its room's W3C traceparent at open); "" when none
     caller: str = ""  # the caller's kind as the agent names it ("web", "phone")
     speaking: bool = False  # the agent is in a turn of its own
     calling: list[str] = []  # the tools of the call in progress (phases tool_call, waiting, prefill)

@@ -28,6 +28,7 @@ from engine.transport.wire import (
     encode,
     raise_error,
     read_line,
+    trace_error,
 )
 
 
@@ -101,13 +102,17 @@ class RemoteEngine:
         caller: str = "",
         admission: str | None = None,
         context: str = "",
+        trace: str = "",
     ) -> RemoteHandle:
         """A session on the engine, its outputs on `loop` (the running one by default); the engine's refusal
         as the EngineError it raised there. `admission`: the job id the worker admitted (its reserved
         slot); `context`: the call's own part of the prompt (`Engine.open_session`; SessionRejected, unsent,
-        beyond engine/transport/wire.py MAX_CONTEXT_CHARS)."""
+        beyond engine/transport/wire.py MAX_CONTEXT_CHARS); `trace`: the call's W3C traceparent, whose
+        trace the engine's spans of the session join (SessionRejected, unsent, for anything else)."""
         loop = loop or asyncio.get_running_loop()
         if (why := context_error(context)) is not None:
+            raise SessionRejected(why)
+        if (why := trace_error(trace)) is not None:
             raise SessionRejected(why)
         sock = connect(self.address, self.timeout, self._key)
         buf = bytearray()
@@ -117,6 +122,8 @@ class RemoteEngine:
                 msg["admission"] = admission
             if context:
                 msg["context"] = context
+            if trace:
+                msg["trace"] = trace
             sock.sendall(encode(msg))
             while b"\n" not in buf:  # the answer comes alone, with the descriptors
                 try:

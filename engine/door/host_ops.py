@@ -44,6 +44,7 @@ from engine.transport.wire import (
     encode,
     error_message,
     shape_error,
+    trace_error,
 )
 
 if TYPE_CHECKING:
@@ -179,7 +180,8 @@ class HostOps:
             return
         job = msg.get("admission")
         admission = job if isinstance(job, str) else None
-        if (why := context_error(context)) is not None:
+        trace = msg.get("trace", "")
+        if (why := context_error(context) or trace_error(trace)) is not None:
             self._opened.append((conn, admission, SessionRejected(why)))
             self._take_opened()
             return
@@ -192,6 +194,7 @@ class HostOps:
             "caller": str(msg.get("caller", ""))[:200],
             "admission": admission,
             "context": context,
+            "trace": trace,
         }
         conn.opening = True  # its later messages wait for the answer (`_lines`)
         try:

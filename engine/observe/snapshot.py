@@ -22,6 +22,7 @@ from engine.api import LAST_WORDS, EngineSnapshot, SessionSnapshot, ToolCallSnap
 from engine.observe.metrics import Figures, history, pct, resident_bytes
 from engine.session_phase import SAID_PIECES, Phase
 from engine.transport.link import PLAYED_AT
+from engine.transport.wire import trace_id
 from redaction import last_words
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Session(Protocol):
     opened_at: float
     label: str
     caller: str
+    trace: str  # the call's W3C traceparent, "" when none
     private: Any  # the values its words are redacted of
     playout: Any  # the room's playout figures in its shared memory
     inbox: Any  # frames_in, dropped, skipped, and its length: the frames waiting
@@ -153,6 +155,7 @@ def session_row(
         turn_start_ms=round(turn_ms, 1) if math.isfinite(turn_ms) and 0 <= turn_ms < 10_000 else None,
         label=s.label,
         caller=s.caller,
+        trace_id=trace_id(s.trace),
         speaking=turn.speaking,
         calling=list(call.names) if s.phase in CALLING else [],
         turns=turn.turns,

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from engine.api import EngineClosed, EngineSnapshot, Output, SessionFailed
+from engine.api import EngineClosed, EngineSnapshot, Output, SessionFailed, SessionRejected
 from engine.config.engine_config import EngineConfig
 from engine.observe import snapshot
 from engine.observe.ledger_metrics import publish_ledger
@@ -42,6 +42,7 @@ from engine.tick.session import Session
 from engine.tick.slots import FrameInbox, SlotPool
 from engine.tick.ticker import Ticker
 from engine.tick.warm import warm_prompts
+from engine.transport.wire import trace_error
 from redaction import mask_numbers, warm_redaction
 
 __all__ = ["ADMISSION_TTL_S", "Engine", "EngineConfig", "SessionHandle"]
@@ -140,6 +141,7 @@ class Engine:
         pending: Callable[[], bool] | None = None,
         playout: np.ndarray | None = None,
         context: str = "",
+        trace: str = "",
     ) -> SessionHandle:
         """A slot for a new conversation, or EngineFull. `context` is the call's own part of the prompt (the
         earlier turns of a call carried on after a break), after the tool block: the system prompt and tools
@@ -152,7 +154,10 @@ class Engine:
         besides `push_audio`, on the tick thread once a tick: a room in another process writes its caller
         frames to shared memory (engine/door/host.py), and its playout figures to `playout` (a view of that
         memory); `pending` says whether it holds a frame the tick has not taken (a tick starts early once
-        every frame is in)."""
+        every frame is in). `trace` is the call's W3C traceparent (SessionRejected if it is not one): the
+        snapshot shows its trace id, and the engine's spans of the session are its children."""
+        if (why := trace_error(trace)) is not None:
+            raise SessionRejected(why)
         self._check_up()
         admitted = admission is not None and self.pool.holds(admission)
         if not admitted:
@@ -193,6 +198,7 @@ class Engine:
                 caller=str(caller)[:80],
                 opened_at=self.clock(),
                 playout=playout,
+                trace=trace,
             )
 
         session = self.pool.open(make, admission)

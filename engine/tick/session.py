@@ -130,8 +130,8 @@ class Forcing:
 class Session:
     """Engine-side state of one conversation. Set when it opens and never written after: `id`, `slot`,
     `tools`, `inbox`, `deliver`, `label`, `caller`, `prompt_key`, `prefix_key`, `prefix_len`, `keep_prompt`,
-    `opened_at`, `requests`, `playout` (the array; the room writes its figures). `phase` changes only through
-    `enter`.
+    `opened_at`, `requests`, `playout` (the array; the room writes its figures), `trace`. `phase` changes only
+    through `enter`.
 
     A prompt's first `prefix_len` positions (the system prompt and tools, `prefix_key`) are shared with every
     session of the same agent, whatever follows them (the earlier turns of a call carried on after a break):
@@ -141,7 +141,7 @@ class Session:
     __slots__ = (
         "id", "slot", "tools", "inbox", "deliver", "label", "caller", "prompt_key", "prefix_key",
         "prefix_len", "keep_prompt", "opened_at", "requests", "playout", "private", "closed", "progress",
-        "feed", "turn", "call", "forcing", "_phase", "since",
+        "feed", "turn", "call", "forcing", "_phase", "since", "trace",
     )  # fmt: skip
 
     def __init__(
@@ -162,11 +162,13 @@ class Session:
         keep_prompt: bool = True,
         opened_at: float = 0.0,
         playout: np.ndarray | None = None,
+        trace: str = "",
     ) -> None:
         self.id, self.slot, self.tools, self.inbox, self.deliver = id, slot, tools, inbox, deliver
         # what the agent calls this conversation and its caller ("web", "phone"), numbers cut to their last
         # four digits: shown by the snapshot, never interpreted or logged by the engine
         self.label, self.caller = label, caller
+        self.trace = trace  # the call's W3C traceparent ("" when none): the snapshot shows its trace id
         self.prompt_key = prompt_key  # sessions with the same prompt share one prefill
         self.prefix_key, self.prefix_len = prefix_key, prefix_len  # ...and with the same prefix, its prefill
         self.keep_prompt = keep_prompt  # the whole prompt's state is kept for others (not a call's own)

@@ -76,6 +76,8 @@ MAX_CONTEXT_TOKENS = 32_768
 REASONS_MAX = 8  # reasons in the fleet's counts
 FORCE_MAX = 4096  # teacher-forced tokens in one request
 PRIVATE_MAX = 64  # terms kept private in one request (more are dropped)
+# a session's trace context (`open`'s trace): a W3C traceparent, version 00, lowercase hex
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +234,22 @@ def context_error(context: str) -> str | None:
             "of its prompt may have"
         )
     return None
+
+
+def trace_error(trace: object) -> str | None:
+    """Why a session's trace context is refused (not a W3C traceparent `00-<32 hex>-<16 hex>-<2 hex>` in
+    lowercase, or one whose trace or span id is all zeros), or None; "" is no trace."""
+    if trace == "":
+        return None
+    m = TRACEPARENT.fullmatch(trace) if isinstance(trace, str) else None
+    if m is None or not int(m[1], 16) or not int(m[2], 16):
+        return "trace: a W3C traceparent (00-<32 hex digits>-<16 hex digits>-<2 hex digits>) or nothing"
+    return None
+
+
+def trace_id(trace: str) -> str:
+    """The trace id (32 hex digits) of a traceparent `trace_error` took, "" for none."""
+    return trace[3:35]
 
 
 def error_message(e: EngineError, kind: str | None = None) -> dict[str, Any]:
