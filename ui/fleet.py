@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from engine.api import EngineSnapshot
 from redaction import redact
 from ui.privacy import mask_phones, shorten
+from ui.trace_links import trace_link
 
 STATES = {
     "prompt": "prefilling prompt",
@@ -132,10 +133,11 @@ def memory_help(snap: EngineSnapshot) -> str:
     return f"{what}{total}"
 
 
-def session_rows(workers: list[Worker]) -> list[dict]:
+def session_rows(workers: list[Worker], trace_url: str = "") -> list[dict]:
     """One row per open session on the workers that answered: room, caller, state, duration, counters (the
     agent's turns, the words of its turn) and, when a worker sends them (CHORUS_SHOW_WORDS=redacted), the
-    agent's last words (redacted again, whatever the worker did, and shortened)."""
+    agent's last words (redacted again, whatever the worker did, and shortened); with a `trace_url` template,
+    the link to each session's trace ("" for one without)."""
     rows = []
     many = len(workers) > 1
     words = any(w.snapshot is not None and w.snapshot.show_words != "off" for w in workers)
@@ -167,6 +169,8 @@ def session_rows(workers: list[Worker]) -> list[dict]:
             }
             if words:
                 row["last words"] = shorten(redact(s.last_words), LAST_WORDS_SHOWN)
+            if trace_url:  # the call's trace in the operator's trace store (ui/trace_links.py)
+                row["trace"] = trace_link(trace_url, s.trace_id)
             rows.append(row)
     return rows
 

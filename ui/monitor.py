@@ -98,7 +98,7 @@ def _live(
     if up:
         _tick_chart(workers, max(w.snapshot.tick_budget_ms for w in up))
         _side_work(workers)
-        _sessions(workers)
+        _sessions(workers, settings.trace_url)
         _tool_log(workers)
     if settings.bookings:
         _bookings(store_settings, settings.bookings)
@@ -268,11 +268,12 @@ def _side_work(workers: list[fleet.Worker]) -> None:
         st.caption(note)
 
 
-def _sessions(workers: list[fleet.Worker]) -> None:
-    rows = fleet.session_rows(workers)
+def _sessions(workers: list[fleet.Worker], trace_url: str) -> None:
+    rows = fleet.session_rows(workers, trace_url)
     st.subheader(f"Sessions ({len(rows)})")
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        links = {"trace": st.column_config.LinkColumn("trace", display_text="open trace")}
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config=links)
     else:
         st.caption("No open sessions.")
 

@@ -3,8 +3,10 @@
 `CHORUS_MONITOR_URLS`: the workers' snapshot URLs, comma-separated (one worker per GPU); a URL without a path
 gets `/snapshot`. `CHORUS_MONITOR_TOKEN`: when set, the page opens only as `...?token=<it>` (`PageAccess`,
 read and checked before the other settings).
-`CHORUS_MONITOR_REFRESH_S`, `CHORUS_MONITOR_TIMEOUT_S`, `CHORUS_MONITOR_BOOKINGS`. The bookings database is
-the tools' own setting (`DATABASE_URL` or `CHORUS_DATA_DIR`, tools/settings.py).
+`CHORUS_MONITOR_REFRESH_S`, `CHORUS_MONITOR_TIMEOUT_S`, `CHORUS_MONITOR_BOOKINGS`.
+`CHORUS_TRACE_URL_TEMPLATE`: a trace store's URL for one trace, each live session linked to its call's
+(ui/trace_links.py). The bookings database is the tools' own setting (`DATABASE_URL` or `CHORUS_DATA_DIR`,
+tools/settings.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 
 from envsettings import EnvSettings
+from ui.trace_links import TEMPLATE, check_template
 
 DEFAULT_URL = "http://127.0.0.1:8090/snapshot"
 URLS = "comma-separated http:// or https:// URLs of workers' /snapshot (e.g. http://127.0.0.1:8090/snapshot)"
@@ -60,6 +63,13 @@ class MonitorSettings(PageAccess):
     bookings: int = Field(
         10, ge=0, le=200, validation_alias="CHORUS_MONITOR_BOOKINGS", description="0 to 200 (0: none shown)"
     )
+
+    trace_url: str = Field("", validation_alias="CHORUS_TRACE_URL_TEMPLATE", description=TEMPLATE)
+
+    @field_validator("trace_url")
+    @classmethod
+    def _trace_url(cls, value: str) -> str:
+        return check_template(value)
 
     @field_validator("urls")
     @classmethod
