@@ -76,7 +76,7 @@ step() {  # step NAME TIMEOUT_S command...: its output to NAME.log, its last lin
 
 TESTS=(tests/test_kernels.py tests/test_graph.py tests/test_slack_graphs.py)
 for t in tests/test_decode_attention.py tests/test_ring_write.py tests/test_rms_norm_kernel.py tests/test_qk_norm_rope.py \
-  tests/test_fused_kernels.py tests/test_replay_rows.py; do
+  tests/test_fused_kernels.py; do
   [ -f "$t" ] && TESTS+=("$t")
 done
 # one pytest per file: the Triton interpreter, which the kernel files turn on for their CPU tests, is per process
