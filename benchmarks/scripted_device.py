@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.tick.buckets import MAX_PREFILL_ROWS, prefill_pieces, work_buckets
+from engine.tick.buckets import MAX_PREFILL_ROWS, MAX_REPLAY_FRAMES, prefill_pieces, work_buckets
 from engine.tick.graph import pow2_at_least
 from engine.tick.plan import LivePlan, LiveResult, ToolResult, ToolWork
 from engine.tick.prompt_cache import PromptCache
@@ -101,8 +101,8 @@ def derive_costs(
     fixed part at 1 row (6.0 ms) is its weights read once (about 18 GB of the 23 GB of bf16 weights at 3.35
     TB/s is 5.4 ms): it is memory-bound. A side piece is then:
     - call, b rows: one thinker step over b rows: thinker share x (fixed + per_row x b);
-    - replay, b rows: perception and the thinker over the b rows replayed (the rows' state gathered into
-      a batch of b);
+    - replay, b rows x k frames: perception and the thinker over the b rows replayed (the rows' state
+      gathered into a batch of b), k times (each frame's step reads the weights again);
     - result and prompt, b rows x t positions in one forward: the thinker's fixed part, scaled up once the
       b x t positions pass the point where its matrix products stop being memory-bound (`ridge_tokens`,
       about half the H100's bf16 FLOP-per-byte ratio of 295), plus the thinker's per-row part for each row.
@@ -121,7 +121,9 @@ def derive_costs(
     row_sizes = [1 << i for i in range(most.bit_length())]
     for r in row_sizes:
         buckets[bucket_key("call", r, 1)] = stage("thinker", r)
-        buckets[bucket_key("replay", r, 1)] = stage("perception", r) + stage("thinker", r)
+        for i in range(MAX_REPLAY_FRAMES.bit_length()):  # k frames a row: k frame-steps, in order
+            one = stage("perception", r) + stage("thinker", r)
+            buckets[bucket_key("replay", r, 1 << i)] = (1 << i) * one
     for r in row_sizes:
         if r > MAX_PREFILL_ROWS:
             break
@@ -227,7 +229,7 @@ class ScriptedRunner:
         return timed
 
     def tool(self, work: ToolWork) -> ToolResult:
-        positions = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+        positions = work.positions
         for key in work_buckets(work.kind, len(work.slots), positions):
             self._side(*key)
         if work.kind == "call":

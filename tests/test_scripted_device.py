@@ -67,8 +67,9 @@ def test_64_sessions_for_ten_simulated_minutes_miss_no_tick_and_hold_the_bounds(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a session back from a tool holds 37-48 frames and a replay piece replays one frame a row, in a "
-    "slack that calls and owed results fill: the bound holds by skipping held audio (docs/engine.md)",
+    reason="a session back from a tool holds 37-48 frames; a replay piece of k frames a row costs k "
+    "one-frame pieces, and the slack that calls and owed results leave holds one a tick: the bound holds by "
+    "skipping held audio (docs/engine.md)",
 )
 def test_the_worst_replay_at_64_sessions_catches_up_within_its_bound_and_skips_no_caller_audio():
     """The held audio of every session back from a tool is replayed before the bound, none of it skipped

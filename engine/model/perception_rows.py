@@ -41,11 +41,17 @@ class PerceptionRows:
     def step(self, audio: torch.Tensor, exec_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """audio [rows, samples] and exec_mask [rows] bool for the slots `rows` [rows] (distinct) ->
         [rows, out_dim]: `Perception.step` over those rows, their state updated where the mask is set."""
+        return self.steps(audio.unsqueeze(0), exec_mask.unsqueeze(0), rows)[0]
+
+    def steps(self, audio: torch.Tensor, exec_mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """audio [k, rows, samples] and exec_mask [k, rows] bool -> [k, rows, out_dim]: k `Perception.step`s
+        in order over the slots `rows`, their state gathered once before the first and written back once
+        after the last (the same as k gathered steps: the copies are exact)."""
         buffers = self.view._buffers
         for name, full in self.full.items():
             buffers[name] = full.index_select(0, rows)
         try:
-            out = self.view.step(audio, exec_mask)
+            out = torch.stack([self.view.step(audio[j], exec_mask[j]) for j in range(audio.shape[0])])
             for name, full in self.full.items():
                 full.index_copy_(0, rows, buffers[name])
         finally:

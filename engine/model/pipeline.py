@@ -201,13 +201,22 @@ class Pipeline(nn.Module):
         audio [S, samples], active [S] bool; rows [b]: distinct slots, the replaying ones and others as
         padding (not `active`: their state stays). Perception and the thinker run over these b rows alone
         (`PerceptionRows`), so a piece's work scales with the rows it replays, not with the slots."""
+        self.replay_frames(audio.unsqueeze(0), active.unsqueeze(0), rows)
+
+    @torch.inference_mode()
+    def replay_frames(self, audio: torch.Tensor, active: torch.Tensor, rows: torch.Tensor) -> None:
+        """`replay_step` k times in one piece: audio [k, S, samples], active [k, S] bool (frame j of a row
+        replayed where active[j] is set; a row with fewer frames held is inactive on the last ones). The
+        rows' perception state is gathered once for the k frames; the result is k `replay_step`s'."""
+        k = audio.shape[0]
         view = self._replay_rows.get(rows.shape[0])
         if view is None:
             view = self._replay_rows[rows.shape[0]] = PerceptionRows(self.perception, rows.shape[0])
-        live = active.index_select(0, rows)
-        emb = view.step(audio.index_select(0, rows), live, rows)
-        slots = torch.where(live, rows, -1)  # -1: padding, computed on the thinker's scratch row
+        live = active.index_select(1, rows)
+        emb = view.steps(audio.index_select(1, rows), live, rows)
         pad = self._pad(rows.shape[0], rows.device)
-        out = self.thinker.step_rows(emb, slots, pad, pad)
         end = self.tok.response_end
-        self.thinker.set_func_rows(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))
+        for j in range(k):
+            slots = torch.where(live[j], rows, -1)  # -1: padding, computed on the thinker's scratch row
+            out = self.thinker.step_rows(emb[j], slots, pad, pad)
+            self.thinker.set_func_rows(slots, torch.where(out.func_logits.argmax(-1) == end, end, pad))

@@ -12,6 +12,9 @@ from engine.tick.graph import pow2_at_least, pow2_pieces
 # traces it: about 0.6 GiB at the 11B shape)
 MAX_PREFILL_ROWS = 8
 MAX_PREFILL_POSITIONS = 512
+# held caller frames one replay piece gives each of its rows (a power of two): its frames are replayed in
+# order over the rows' gathered state, so a session back from a tool catches up faster than its audio comes
+MAX_REPLAY_FRAMES = 4
 
 
 def prefill_pieces(positions: int, rows: int, max_positions: int = MAX_PREFILL_POSITIONS) -> list[int]:
@@ -29,7 +32,10 @@ def longest_prefill_piece(rows: int, max_chunk: int) -> int:
 
 
 def work_buckets(kind: str, b: int, t: int = 1) -> list[tuple[str, int, int]]:
-    """The buckets one piece of `kind` over `b` rows and `t` positions runs, in order."""
+    """The buckets one piece of `kind` over `b` rows and `t` positions (a replay's: frames) runs, in
+    order."""
+    if kind == "replay":
+        return [(kind, pow2_at_least(b), t)]
     if kind not in ("result", "prompt"):
         return [(kind, pow2_at_least(b), 1)]
     out = []

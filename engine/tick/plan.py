@@ -111,8 +111,18 @@ class ToolWork:
     sessions: list[Session]
     slots: np.ndarray  # [b] int64
     tokens: np.ndarray  # call: forced func token [b, 1] (-1 none); result/prompt: ids [b, T]; replay: unused
-    audio: np.ndarray | None = None  # replay: [S, 1280] with the replayed frames in the replaying rows
-    active: np.ndarray | None = None  # replay: [S] bool
+    # replay: [S, 1280] with the replayed frames in the replaying rows, or [k, S, 1280] for k frames a row
+    audio: np.ndarray | None = None
+    active: np.ndarray | None = None  # replay: [S] bool, or [k, S] (frame j of the row replayed)
+
+    @property
+    def positions(self) -> int:
+        """Positions a row advances: a prefill's tokens, a replay's frames, one call token."""
+        if self.kind in ("result", "prompt"):
+            return self.tokens.shape[1]
+        if self.kind == "replay" and self.audio is not None and self.audio.ndim == 3:
+            return self.audio.shape[0]
+        return 1
 
 
 @dataclass

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.model.pipeline import PROMPT_STAGES, LiveOutput, Pipeline, all_inactive
-from engine.tick.buckets import MAX_PREFILL_ROWS, longest_prefill_piece, prefill_pieces
+from engine.tick.buckets import MAX_PREFILL_ROWS, MAX_REPLAY_FRAMES, longest_prefill_piece, prefill_pieces
 from engine.tick.device_time import device_times
 from engine.tick.graph import StepGraph, StepGraphs, pow2_at_least
 from engine.tick.plan import LivePlan, LiveResult, ToolResult, ToolWork
@@ -126,6 +126,9 @@ class Runner:
         self.force_func = torch.full((S,), -1, dtype=torch.long, device=device)
         self.reset_mask = torch.zeros(S, dtype=torch.bool, device=device)
         self.quiet = torch.zeros(S, dtype=torch.bool, device=device)
+        # a replay piece of k frames a row reads the first k of these (one frame: the live step's buffers)
+        self.replay_audio = torch.zeros(MAX_REPLAY_FRAMES, S, n_in, device=device)
+        self.replay_active = torch.zeros(MAX_REPLAY_FRAMES, S, dtype=torch.bool, device=device)
         # prompt key -> the slot state a prompt sets: the runner saves and loads, the scheduler asks for keys
         self.prompts = PromptCache(prompt_cache_size)
         n_out = pipeline.cfg.clock.output_samples
@@ -139,7 +142,8 @@ class Runner:
         self.step = StepGraph(live, inputs, capture=capture, prepare_warmup=all_inactive)
         # the slack work's steps, one per bucket of rows and positions
         # (no reference back to the runner: nothing but the engine keeps it alive, see Engine.close)
-        self.slack = StepGraphs(partial(_slack_step, pipeline, self.audio, self.active), capture=capture)
+        frames = (self.audio, self.active, self.replay_audio, self.replay_active)
+        self.slack = StepGraphs(partial(_slack_step, pipeline, frames), capture=capture)
         # device time (engine/tick/device_time.py): the live step's last, the slack pieces' since the fence
         self.times = device_times(device)
         self.asynchronous = self.times.asynchronous  # pieces return before the device has run them
@@ -175,12 +179,14 @@ class Runner:
     # -- slack work: one step per bucket (engine/tick/graph.py), captured on CUDA, eager elsewhere ----------
 
     def slack_buckets(self, max_chunk: int) -> list[tuple[str, int, int]]:
-        """Every bucket `tool` can run, for prefill chunks of at most `max_chunk` positions: tool-call and
-        replay steps for each power-of-two number of rows up to the slots, and for each power-of-two group of
-        prefill rows every power-of-two piece up to its bound."""
+        """Every bucket `tool` can run, for prefill chunks of at most `max_chunk` positions: tool-call
+        steps for each power-of-two number of rows up to the slots, replay steps for each of those and each
+        power-of-two number of frames up to MAX_REPLAY_FRAMES, and for each power-of-two group of prefill
+        rows every power-of-two piece up to its bound."""
         most = pow2_at_least(self.p.num_slots)
         rows = [1 << i for i in range(most.bit_length())]
-        keys = [(kind, r, 1) for kind in ("call", "replay") for r in rows]
+        keys = [("call", r, 1) for r in rows]
+        keys += [("replay", r, 1 << i) for r in rows for i in range(MAX_REPLAY_FRAMES.bit_length())]
         for r in rows:
             if r > MAX_PREFILL_ROWS:
                 break
@@ -256,18 +262,25 @@ class Runner:
             step.inputs[1][:b].copy_(torch.from_numpy(work.tokens[:, 0]))
             # slack work, not the live step: the host needs the tokens to decide each session's phase
             return ToolResult(func=self._timed(("call", len(slots), 1), step)[:b].cpu().numpy())
-        self.audio.copy_(torch.from_numpy(work.audio))
-        self.active.copy_(torch.from_numpy(work.active))
-        step = self.slack[("replay", len(slots), 1)]
+        k = work.positions
+        if work.audio.ndim == 3:
+            self.replay_audio[:k].copy_(torch.from_numpy(work.audio))
+            self.replay_active[:k].copy_(torch.from_numpy(work.active))
+        else:
+            self.audio.copy_(torch.from_numpy(work.audio))
+            self.active.copy_(torch.from_numpy(work.active))
+        step = self.slack[("replay", len(slots), k)]
         step.inputs[2].copy_(_replay_rows(work.slots, len(step.inputs[2])))
-        self._timed(("replay", len(slots), 1), step)
+        self._timed(("replay", len(slots), k), step)
         return ToolResult()
 
 
-def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tuple[str, int, int]):
+def _slack_step(p: Pipeline, frames: tuple[torch.Tensor, ...], key: tuple[str, int, int]):
     """(step, its static inputs, what makes them a step that changes no slot) for bucket `key`: (kind, rows,
-    positions). Padding rows have slot -1: the thinker computes them on its scratch row. Replay reads the
-    live step's audio and activity buffers."""
+    positions). Padding rows have slot -1: the thinker computes them on its scratch row. A replay of one
+    frame a row reads the live step's audio and activity buffers, one of t frames the first t of the
+    replay buffers (`frames`: those four)."""
+    audio, active, replay_audio, replay_active = frames
     kind, b, t = key
     slots = torch.full((b,), -1, dtype=torch.long, device=audio.device)
     if kind == "call":
@@ -276,7 +289,10 @@ def _slack_step(p: Pipeline, audio: torch.Tensor, active: torch.Tensor, key: tup
         ids = torch.full((b, t), p.tok.pad, dtype=torch.long, device=audio.device)
         return (p.prefill_result if kind == "result" else p.prefill_prompt), (slots, ids), _padding_only
     # replay runs over distinct rows (its perception writes them back): at most every slot
-    return p.replay_step, (audio, active, torch.arange(min(b, p.num_slots), device=audio.device)), _no_replay
+    rows = torch.arange(min(b, p.num_slots), device=audio.device)
+    if t == 1:
+        return p.replay_step, (audio, active, rows), _no_replay
+    return p.replay_frames, (replay_audio[:t], replay_active[:t], rows), _no_replay
 
 
 def _padded_slots(slots: np.ndarray) -> torch.Tensor:

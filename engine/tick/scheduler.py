@@ -41,6 +41,7 @@ from engine.api import (
     TurnStarted,
 )
 from engine.text.tokens import Tokens
+from engine.tick.buckets import MAX_REPLAY_FRAMES
 from engine.tick.plan import (
     PRIORITY,
     CallRecord,
@@ -297,10 +298,17 @@ class Scheduler:
                 return None
             return call_work(sorted(calls, key=lambda s: s.call.t_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
-            ready = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
-            ready += [s for s in by_phase.get(Phase.LIVE, []) if s.feed.catch_up and len(s.inbox) >= 1]
-            fit = largest_fit(self.costs, kind, len(ready), 1, budget_ms) if ready else None
-            return replay_work(ready[: fit[0]], self.S, self.frame_in) if fit else None
+            # several frames a row for sessions back from a tool (as many as the most held, at most
+            # MAX_REPLAY_FRAMES), the one nearest its bound first
+            back = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
+            back.sort(key=lambda s: s.progress.live_by or 0)
+            ready = back + [s for s in by_phase.get(Phase.LIVE, []) if s.feed.catch_up and len(s.inbox) >= 1]
+            most = max((len(s.inbox) - lim.reserve_frames for s in back), default=1)
+            frames = min(MAX_REPLAY_FRAMES, 1 << (most.bit_length() - 1))
+            fit = largest_fit(self.costs, kind, len(ready), frames, budget_ms) if ready else None
+            if not fit:
+                return None
+            return replay_work(ready[: fit[0]], self.S, self.frame_in, fit[1], lim.reserve_frames)
         phase, chunk = (
             (Phase.PREFILL, lim.result_chunk) if kind == "result" else (Phase.PROMPT, lim.prefill_chunk)
         )
@@ -352,7 +360,7 @@ class Scheduler:
         on to replay; with `ms`, its cost is learned (the tick learns its device time after its fence
         instead). Returns what the engine acts on."""
         done = SlackOutcome()
-        T = work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+        T = work.positions
         if ms is not None:
             self.costs.observe(work.kind, len(work.sessions), T, ms)
         k = tick.number

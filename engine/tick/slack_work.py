@@ -54,18 +54,26 @@ def prefill_work(kind: WorkKind, group: list[Session], T: int) -> ToolWork:
     return ToolWork(kind, group, _slots(group), ids)
 
 
-def replay_work(group: list[Session], S: int, frame_in: int) -> ToolWork:
-    audio = np.zeros((S, frame_in), dtype=np.float32)
-    active = np.zeros(S, dtype=bool)
+def replay_work(group: list[Session], S: int, frame_in: int, frames: int = 1, reserve: int = 0) -> ToolWork:
+    """A catch-up piece over `group`: one held frame a row, or with `frames` > 1 up to that many for a
+    session back from a tool (never its last `reserve`; a live session's catch-up is one frame), as
+    [frames, S, frame_in] audio and a [frames, S] mask (frame j of a row replayed where it is set)."""
+    shape = (frames, S) if frames > 1 else (1, S)
+    audio = np.zeros((*shape, frame_in), dtype=np.float32)
+    active = np.zeros(shape, dtype=bool)
     for s in group:
-        audio[s.slot] = s.inbox.pop()
-        active[s.slot] = True
+        n = min(frames, len(s.inbox) - reserve) if s.phase is Phase.REPLAY else 1
+        for j in range(n):
+            audio[j, s.slot] = s.inbox.pop()
+        active[:n, s.slot] = True
         f = s.feed
-        f.frames_consumed += 1
-        f.frames_replayed += 1
+        f.frames_consumed += n
+        f.frames_replayed += n
         if s.phase is Phase.LIVE:
             f.catch_up = False
             f.caught_up += 1
+    if frames == 1:  # one frame a row: the live step's own shapes
+        audio, active = audio[0], active[0]
     return ToolWork("replay", group, _slots(group), np.zeros((len(group), 0), np.int64), audio, active)
 
 

@@ -172,7 +172,7 @@ FORCED_POSITIONS = 16  # of such a piece: one row's, few enough to cost little o
 
 
 def work_positions(work: ToolWork) -> int:
-    return work.tokens.shape[1] if work.kind in ("result", "prompt") else 1
+    return work.positions
 
 
 def why_late(rec: TickRecord, live_late_ms: float) -> str:
