@@ -31,6 +31,7 @@ DOOR_STOPPED = 3  # the exit status of an engine whose door stopped
 def main() -> int:
     from engine.config.engine_config import EngineConfig
     from engine.door.host import EngineHost
+    from engine.observe.spans import start_spans
     from engine.tick.engine import Engine
 
     logging.basicConfig(
@@ -42,6 +43,7 @@ def main() -> int:
     config = EngineConfig.model_validate_json(os.environ[CONFIG_ENV])
     keys = DoorKeys(**json.loads(_first_line(0)))
     engine = Engine(config)
+    spans = start_spans(engine)  # the sessions' spans, off the tick; None without an OTLP endpoint
     host = EngineHost(engine, os.environ[ADDRESS_ENV], keys).start()
     print(READY, flush=True)
 
@@ -58,6 +60,8 @@ def main() -> int:
         return run_until_stopped(host, stop)
     finally:
         host.close()
+        if spans is not None:
+            spans.close()
         engine.close()
 
 

@@ -32,6 +32,7 @@ class Hold:
 
 PAUSED = (Phase.TOOL_CALL, Phase.WAITING, Phase.PREFILL, Phase.REPLAY)
 HEARD_PHASES = (Phase.LIVE, Phase.REPLAY)  # the live step takes a caller frame of these each tick
+MOVES_KEPT = 16  # a session's last moves between phases kept for the engine's spans (engine/observe/spans.py)
 
 # the only moves between phases (`Session.enter` refuses any other)
 MOVES: dict[Phase, frozenset[Phase]] = {
@@ -141,7 +142,7 @@ class Session:
     __slots__ = (
         "id", "slot", "tools", "inbox", "deliver", "label", "caller", "prompt_key", "prefix_key",
         "prefix_len", "keep_prompt", "opened_at", "requests", "playout", "private", "closed", "progress",
-        "feed", "turn", "call", "forcing", "_phase", "since", "trace",
+        "feed", "turn", "call", "forcing", "_phase", "since", "trace", "moves",
     )  # fmt: skip
 
     def __init__(
@@ -189,6 +190,8 @@ class Session:
         self.forcing = Forcing()
         self._phase = phase
         self.since = -1  # the tick the session entered its phase (-1: the phase it opened in)
+        # its last moves between phases, (phase, tick) each: the engine's spans read them off the tick thread
+        self.moves: deque[tuple[Phase, int]] = deque(maxlen=MOVES_KEPT)
 
     @property
     def phase(self) -> Phase:
@@ -222,6 +225,7 @@ class Session:
             if by is not None:
                 p.live_by = by
         self._phase, self.since = phase, tick
+        self.moves.append((phase, tick))
 
     def take_requests(self, result: Callable[[Session, dict], None]) -> None:
         """Apply what the agent's side asked for since the last call (the tick thread): forced tokens and
