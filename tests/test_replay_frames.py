@@ -78,6 +78,7 @@ def test_a_session_back_from_a_tool_gets_its_held_frames_in_order_several_a_piec
         for i in range(n):
             s.inbox.push(np.full(N, 0.01 * (slot + i + 1), np.float32))
         held[slot] = s
+    sch.costs.observe("replay", 1, 1, 1.0)  # a replay measured: pieces of several frames are sized on it
     t = sch.begin_tick(0, list(held.values()))
     w = sch.next_tool_work(t, 1000.0)
     assert w.kind == "replay" and w.positions == MAX_REPLAY_FRAMES == 4, w
@@ -90,6 +91,22 @@ def test_a_session_back_from_a_tool_gets_its_held_frames_in_order_several_a_piec
     assert held[3].feed.frames_replayed == 4
     w = sch.next_tool_work(t, 1000.0)  # three left: two frames a row is the largest power of two
     assert w.positions == 2 and w.slots.tolist() == [3] and np.allclose(w.audio[:, 3, 0], [0.08, 0.09])
+
+
+def test_the_first_replay_piece_replays_one_frame_a_row_until_a_replay_is_measured():
+    """With no replay timed yet (a CPU engine times no bucket at warm-up) a piece of several frames would
+    start on a guess: the first is one frame a row, and its measured time sizes the next."""
+    sch = Scheduler(16, Tokens(TokenConfig()), N, Limits())
+    s = Session("s3", 3, frozenset(), FrameInbox(N, 100), lambda _items: None, phase=Phase.WAITING)
+    s.enter(Phase.PREFILL, 0, ids=[1], by=12)
+    s.enter(Phase.REPLAY, 0, by=25)
+    for _ in range(7):
+        s.inbox.push(np.full(N, 0.1, np.float32))
+    t = sch.begin_tick(0, [s])
+    w = sch.next_tool_work(t, 1000.0)
+    assert w.positions == 1, w.positions
+    sch.apply_tool(t, w, ToolResult(), 2.0)  # measured: 2 ms a frame
+    assert sch.next_tool_work(t, 1000.0).positions == 4
 
 
 def test_the_runner_has_a_replay_bucket_for_each_frame_count():

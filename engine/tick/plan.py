@@ -165,6 +165,10 @@ class CostModel:
         (engine/tick/buckets.py)."""
         return sum(self.bucket(*key) for key in work_buckets(kind, b, t))
 
+    def knows(self, kind: str) -> bool:
+        """Whether a bucket of `kind` has been measured (else its predictions are `default_ms`, a guess)."""
+        return any(k == kind for k, _, _ in self.table)
+
     def bucket(self, kind: str, b: int, t: int = 1) -> float:
         """Measured cost of the same kind and shape, else the nearest measured shape scaled by work units."""
         key = self._key(kind, b, t)

@@ -299,12 +299,13 @@ class Scheduler:
             return call_work(sorted(calls, key=lambda s: s.call.t_start)[: fit[0]])
         if kind == "replay":  # catch-up steps beyond the one the live batch gives, down to an empty inbox
             # several frames a row for sessions back from a tool (as many as the most held, at most
-            # MAX_REPLAY_FRAMES), the one nearest its bound first
+            # MAX_REPLAY_FRAMES; one until a replay is measured, so no long piece starts on a guess), the
+            # one nearest its bound first
             back = [s for s in by_phase.get(Phase.REPLAY, []) if len(s.inbox) >= 1 + lim.reserve_frames]
             back.sort(key=lambda s: s.progress.live_by or 0)
             ready = back + [s for s in by_phase.get(Phase.LIVE, []) if s.feed.catch_up and len(s.inbox) >= 1]
             most = max((len(s.inbox) - lim.reserve_frames for s in back), default=1)
-            frames = min(MAX_REPLAY_FRAMES, 1 << (most.bit_length() - 1))
+            frames = min(MAX_REPLAY_FRAMES, 1 << (most.bit_length() - 1)) if self.costs.knows(kind) else 1
             fit = largest_fit(self.costs, kind, len(ready), frames, budget_ms) if ready else None
             if not fit:
                 return None
