@@ -212,13 +212,13 @@ class EngineHost(HostOps):
                 continue
             sock.setblocking(False)
             conn = RoomConn(sock, self.stats, self._post, peer)
-            self._conns.add(conn)
-            self.stats["connections"] += 1
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-            evicted = self.gate.pending(conn)
+            evicted = self.gate.pending(conn)  # the oldest without a key goes before the new one is held
             if evicted is not None:
                 self.stats["refused_keys"] += 1
                 self._drop(evicted)
+            self._conns.add(conn)
+            self.stats["connections"] += 1
+            self._sel.register(sock, selectors.EVENT_READ, conn)
             self._serve(conn, selectors.EVENT_READ)  # its key was sent with the connection: read it now
 
     def _read(self, conn: RoomConn) -> None:
