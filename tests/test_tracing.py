@@ -20,6 +20,7 @@ from agent import telemetry, tracing
 from agent.call_trace import CallTrace
 from engine.api import FunctionCall, ToolCallStarted, ToolResultConsumed, TurnEnded, TurnStarted
 from envsettings import SettingsError
+from tracing_support import exported_spans
 
 SETTINGS = telemetry.TraceSettings(endpoint="http://127.0.0.1:9", schedule_delay_ms=20)
 
@@ -28,19 +29,8 @@ SETTINGS = telemetry.TraceSettings(endpoint="http://127.0.0.1:9", schedule_delay
 def spans():
     """Chorus's spans, sent through the worker's export (redacted, bounded) to memory; finished spans by
     name once `read()` is called."""
-    memory = InMemorySpanExporter()
-    provider = telemetry.build_provider(memory, "test", SETTINGS)
-    telemetry.install(provider)
-
-    def read():
-        provider.force_flush(5000)
-        return memory.get_finished_spans()
-
-    try:
+    with exported_spans(SETTINGS) as read:
         yield read
-    finally:
-        telemetry.install(None)
-        provider.shutdown()
 
 
 def by_name(spans) -> dict[str, list]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from agent import telemetry, tracing
@@ -15,6 +14,7 @@ from agent.call import room_label
 from agent.call_trace import CallTrace
 from agent.log_privacy import CALLER_DATA_MASK
 from test_privacy import ADVERSARIAL, PERSONAL, PHONE_ROOM, ROOMS, left
+from tracing_support import exported_spans
 
 IDENTITY = "sip_+14155550123"
 SAID = " ".join(said for said, _ in ADVERSARIAL.values())
@@ -40,21 +40,8 @@ def spans_text(spans) -> str:
 
 @pytest.fixture
 def sent():
-    memory = InMemorySpanExporter()
-    provider = telemetry.build_provider(
-        memory, "test", telemetry.TraceSettings(endpoint="http://127.0.0.1:9")
-    )
-    telemetry.install(provider)
-
-    def read():
-        provider.force_flush(5000)
-        return memory.get_finished_spans()
-
-    try:
+    with exported_spans(telemetry.TraceSettings(endpoint="http://127.0.0.1:9")) as read:
         yield read
-    finally:
-        telemetry.install(None)
-        provider.shutdown()
 
 
 def test_no_span_carries_a_callers_name_number_or_words(sent):
