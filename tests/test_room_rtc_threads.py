@@ -17,9 +17,28 @@ import os, sys
 from agent import room_process
 room_process.rtc_threads(int(sys.argv[1]))
 from livekit.rtc._ffi_client import FfiClient
+import time
 FfiClient.instance  # the runtime starts here, as in a room's process
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(sum(n.startswith("tokio-rt-worker") for n in names))
+
+
+def workers():
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{t}/comm").read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return sum(n.startswith("tokio-rt-worker") for n in names)
+
+
+# the runtime's threads start on their own: read until some are up and their number holds for half a second
+seen, since, deadline = workers(), time.monotonic(), time.monotonic() + 30
+while time.monotonic() < deadline and (seen == 0 or time.monotonic() - since < 0.5):
+    time.sleep(0.05)
+    now = workers()
+    if now != seen:
+        seen, since = now, time.monotonic()
+print(seen)
 """
 
 
