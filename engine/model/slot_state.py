@@ -122,18 +122,6 @@ def keep_rows(state: torch.Tensor, new: torch.Tensor, exec_mask: torch.Tensor) -
     torch.where(keep, new if new.dtype == state.dtype else new.to(state.dtype), state, out=state)
 
 
-def ring_write(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    entry: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    exec_mask: torch.Tensor,
-) -> None:
-    """The live form's write of one key and one value per row into a pair of KV rings, at each row's ring
-    entry: where the mask is off, the entries keep what they hold (no host sync, fixed shapes; one kernel for
-    both rings on CUDA, engine/kernels/ring_write.py).
-
-    k_cache, v_cache [r, h, n, d]; entry [r] int64, the ring entry of each row; k, v [r, h, d];
-    exec_mask [r] bool."""
-    ring_write_kv(k_cache, v_cache, entry, k, v, exec_mask)
+# the live form's write of one key and one value per row into a pair of KV rings at each row's entry, rows
+# outside the mask untouched: one kernel for both rings on CUDA (engine/kernels/ring_write.py)
+ring_write = ring_write_kv
