@@ -1,6 +1,7 @@
 """The playout's start delay follows the measured jitter (agent/audio_out/playout_timing.py, `ArrivalJitter`):
-it grows at once after a turn whose frames came late, shrinks back after steady ones, and never drops below
-what the lateness in its window needs. On a manual clock, then through the buffer itself in real time, where a
+it grows at once after a turn whose frames came late, shrinks back after steady ones, never drops below what
+the lateness in its window needs, and covers a lone burst of late frames only briefly, recurring ones while
+they recur. On a manual clock, then through the buffer itself in real time, where a
 fixed one-frame delay (the playout before it adapted) gaps on the second of two late turns and starts every
 turn a frame late on a steady machine."""
 
@@ -19,6 +20,7 @@ from agent.audio_out.playout_timing import (
     JITTER_WINDOW_S,
     MAX_START_DELAY_FRAMES,
     MIN_START_DELAY_S,
+    PEAK_HOLD_S,
     ArrivalJitter,
 )
 
@@ -44,21 +46,75 @@ def test_the_delay_is_one_frame_until_the_jitter_has_been_measured():
     assert j.delay(3.1) == pytest.approx(max(MIN_START_DELAY_S, JITTER_MARGIN_S))
 
 
-def test_steady_frames_shrink_the_delay_and_a_late_one_raises_it_at_once_for_the_window():
+def steady_turns(j: ArrivalJitter, t: float, turns: int, seed: int) -> float:
+    """`turns` turns of 20 frames a second apart, each frame up to 4 ms behind its cadence."""
+    rng = np.random.default_rng(seed)
+    for _ in range(turns):
+        t = turn(j, t + 1.0, 20, {k: float(rng.uniform(0, 0.004)) for k in range(20)})
+    return t
+
+
+def test_steady_frames_shrink_the_delay_and_a_late_one_raises_it_at_once_for_its_hold():
     j = ArrivalJitter(FRAME_S, FRAME_S)
-    rng = np.random.default_rng(3)
-    t = turn(j, 0.0, JITTER_WARMUP)
-    for _ in range(5):  # steady turns: a few milliseconds of jitter
-        jitter = {k: float(rng.uniform(0, 0.004)) for k in range(20)}
-        t = turn(j, t + 1.0, 20, jitter)
+    t = steady_turns(j, turn(j, 0.0, JITTER_WARMUP), 5, 3)
     steady = j.delay(t)
     assert steady <= 0.004 + JITTER_MARGIN_S + 1e-9 < FRAME_S  # a fixed one-frame delay stays at 80 ms
-    t = turn(j, t + 1.0, 20, {7: 0.12, 8: 0.12, 9: 0.05})  # one tick 120 ms late
+    start = t + 1.0
+    t = turn(j, start, 20, {7: 0.12, 8: 0.12, 9: 0.05})  # one tick 120 ms late
     assert j.delay(t) == pytest.approx(0.12 + JITTER_MARGIN_S)  # above a frame: a fixed delay would gap
-    assert j.delay(t + JITTER_WINDOW_S - 2.0) == pytest.approx(0.12 + JITTER_MARGIN_S)  # still in the window
-    t = turn(j, t + 1.0, 20)
-    t = turn(j, t + JITTER_WINDOW_S, 20)  # steady again, the late frame out of the window
+    last_peak = start + 9 * FRAME_S + 0.05  # the late frames' last arrival
+    assert j.delay(last_peak + PEAK_HOLD_S - 0.05) == pytest.approx(0.12 + JITTER_MARGIN_S)  # held
+    # a lone peak is not paid for in every turn of the window: past its hold, the steady frames' delay
+    after = last_peak + PEAK_HOLD_S + 0.05
+    assert j.delay(after) <= steady + 1e-9
+    t = steady_turns(j, max(t, after), 2, 4)
+    t = turn(j, t + JITTER_WINDOW_S, 20)  # steady again, the late frames out of the window
     assert j.delay(t) == pytest.approx(max(MIN_START_DELAY_S, JITTER_MARGIN_S))
+
+
+def test_peaks_that_recur_are_covered_between_them_for_the_window():
+    """A frame 100 ms late every 3 s (a periodic stall): once two have come, the delay covers the third before
+    it comes, and keeps covering them while they recur; when they stop, it comes down within twice their
+    period."""
+    j = ArrivalJitter(FRAME_S, FRAME_S)
+    t = turn(j, 0.0, JITTER_WARMUP)
+    start, peaks = t + 1.0, []
+    j.begin_turn()
+    for k in range(150):  # one long turn: 12 s
+        late = 0.1 if k % 37 == 20 else 0.0  # every 2.96 s
+        j.observe(start + k * FRAME_S + late)
+        if late:
+            peaks.append(start + k * FRAME_S + late)
+    period = peaks[1] - peaks[0]
+    assert period > PEAK_HOLD_S
+    # between the second and the third peak, past a lone peak's hold: still covered
+    lone = ArrivalJitter(FRAME_S, FRAME_S)
+    turn(lone, 0.0, JITTER_WARMUP)
+    turn(lone, start, 60, {20: 0.1})
+    assert lone.delay(peaks[0] + period - 0.1) < 0.1  # one peak alone: forgotten after its hold
+    end = start + 150 * FRAME_S
+    assert j.delay(end) == pytest.approx(0.1 + JITTER_MARGIN_S)  # the fourth peak is 1 s away: covered
+    # when the next would have come: still covered; no peak for twice their period: down again
+    assert j.delay(peaks[-1] + period + 0.1) == pytest.approx(0.1 + JITTER_MARGIN_S)
+    assert j.delay(peaks[-1] + 2 * period + 0.1) < 0.1
+
+
+def test_a_burst_of_late_frames_costs_the_delay_only_while_it_lasts_and_briefly_after():
+    """Another call starting beside this one: for 2 s frames come in pairs, 80-160 ms late; then steady. The
+    turn's frames played after it wait the steady jitter, not the burst's lateness for the next 8 s."""
+    j = ArrivalJitter(FRAME_S, FRAME_S)
+    t = steady_turns(j, turn(j, 0.0, JITTER_WARMUP), 3, 5)
+    steady = j.delay(t)
+    start = t + 1.0
+    late = {k: 0.08 * (k % 2) + 0.08 for k in range(10, 35)}  # pairs: one late by 160 ms, the next by 80
+    j.begin_turn()
+    for k in range(120):
+        j.observe(start + k * FRAME_S + late.get(k, 0.0))
+    last = start + 34 * FRAME_S + late[34]
+    assert j.delay(last) == pytest.approx(0.16 + JITTER_MARGIN_S)  # during the burst: all of it
+    # the burst's peaks came every frame or two: held a lone peak's hold after the last
+    assert j.delay(last + PEAK_HOLD_S + 0.05) <= steady + 1e-9
+    assert j.delay(start + 120 * FRAME_S) <= steady + 1e-9
 
 
 def test_the_delay_never_drops_below_the_windows_lateness_and_is_capped():

@@ -33,7 +33,7 @@ LATE_HANDOVER_S = 0.02  # a chunk handed over this late still joins the one befo
 # played sooner: the excess (at most TRIM_MAX_S at a time, at least TRIM_MIN_S) is cut from the chunk's
 # quietest stretch with a short crossfade, as NetEQ's accelerate does (a turn that began before the jitter
 # was measured waited a whole frame; it need not for the rest of the turn)
-TRIM_AFTER = 4
+TRIM_AFTER = 2
 TRIM_MIN_S = 0.004
 TRIM_MAX_S = 0.04
 TRIM_FADE_S = 0.0025
