@@ -348,6 +348,20 @@ class TrackCapture:
         pcm = np.ascontiguousarray(samples, dtype=np.int16)
         return self._lib.pump_capture(self.handle, pcm.ctypes.data, pcm.size, self.rate) >= 0
 
+    async def answered(self, timeout_s: float, every_s: float = 0.001) -> bool:
+        """Whether every capture made so far has been answered (its samples are in the source's queue, where
+        `clear_queue` reaches them) within `timeout_s`: a capture still on its way lands after a clear made
+        meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            n = self.stats()
+            if n.get("sent", 0.0) <= n.get("done", 0.0) + n.get("errors", 0.0):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(every_s)
+
     def stats(self) -> dict[str, float]:
         out = (ctypes.c_double * len(CAPTURE_STATS))()
         if self._lib.pump_capture_stats(self.handle, out, len(CAPTURE_STATS)) != 0:

@@ -125,6 +125,10 @@ class RoomSink(_OwnOutput):
     # a capture the rtc runtime has not taken this long after it was due is given up (and counted), so a
     # stalled runtime costs the call that audio, never the rest of its turns
     CAPTURE_WAIT_S = 2.0
+    # the speech's first capture waits this long at most for the filler's captures still on their way to the
+    # source's queue: one the runtime takes after the clear would queue a whole filler frame of silence ahead
+    # of every word for the rest of the call (seen: a room whose caller heard the agent 1 s late throughout)
+    SETTLE_S = 0.05
     PUBLISH_TRIES = 3
     UNPUBLISH_WAIT_S = 2.0  # the server's answer to the track's unpublishing at the call's end
 
@@ -139,6 +143,7 @@ class RoomSink(_OwnOutput):
         self.track_sid: str | None = None  # the published track's, once `start` has published it
         self._room: rtc.Room | None = None  # the room it was published in
         self._stalls = 0  # captures given up after CAPTURE_WAIT_S
+        self._unsettled = 0  # the filler's silence still on its way when the speech cleared the queue
         self.subscriptions = 0  # the room's participants that have subscribed to the track so far
         self._subscribed = asyncio.Event()  # set at each subscription
         # the captures made natively, their answers taken off the room's loop (agent/audio_in/audio_pump.py),
@@ -154,11 +159,13 @@ class RoomSink(_OwnOutput):
 
     @property
     def stalls(self) -> int:
-        """Captures the rtc runtime took longer than CAPTURE_WAIT_S to answer, or refused."""
+        """Captures the rtc runtime took longer than CAPTURE_WAIT_S to answer, or refused, and turns whose
+        speech found the filler's silence not yet taken after SETTLE_S."""
         if self._native is None:
             return self._stalls
         n = self._native.stats()
-        return self._stalls + int(n.get("slow", 0) + n.get("refused", 0) + n.get("errors", 0))
+        answers = n.get("slow", 0) + n.get("refused", 0) + n.get("errors", 0)
+        return self._stalls + self._unsettled + int(answers)
 
     async def join(self, room: rtc.Room) -> None:
         """The track published, unless it is already (a phone call's is, while it rings)."""
@@ -224,6 +231,8 @@ class RoomSink(_OwnOutput):
     async def _capture(self, samples: np.ndarray, *, silence: bool = False) -> None:
         async with self._one_at_a_time:
             if self._silence_queued and not silence:  # speech goes out now, not after the idle silence
+                if self._native is not None and not await self._native.answered(self.SETTLE_S):
+                    self._unsettled += 1
                 self.source.clear_queue()
                 self._ends = time.monotonic()
             self._silence_queued = silence
