@@ -34,8 +34,12 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(PY) -m agent simulate --rooms 16 --tool-rooms 4 --seconds 30 --out out/simulate
 
+# The suite on TEST_WORKERS processes (pytest-xdist; 2, the CI machine's cores): the tests that share a service
+# or keep time on the wall clock run one after another on one of them, the rest beside them (tests/conftest.py).
+# TEST_WORKERS=0 runs the whole suite in this one process, one test after another.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

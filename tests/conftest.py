@@ -5,15 +5,14 @@ import torch
 
 from engine.process.malloc import tune_malloc
 
-# Tests run on the CPU with two threads (the machine's cores); without a CUDA device Triton kernels run in the
-# interpreter. The interpreter is chosen when a kernel is decorated, for the whole process: on a CUDA host the
-# files that interpret kernels on CPU tensors (test_kernels, test_decode_attention) switch it on themselves,
-# so the CUDA tests of the others run in a process of their own (scripts/gpu_check.sh: one pytest per file).
-# The allocator is the engine's (engine/process/malloc.py), for the tests that drive the stages without an
-# engine too.
+# Tests run on the CPU with two threads (the machine's cores; shared among xdist's workers, pytest_configure);
+# without a CUDA device Triton kernels run in the interpreter. The interpreter is chosen when a kernel is
+# decorated, for the whole process: on a CUDA host the files that interpret kernels on CPU tensors
+# (test_kernels, test_decode_attention) switch it on themselves, so the CUDA tests of the others run in a
+# process of their own (scripts/gpu_check.sh: one pytest per file). The allocator is the engine's
+# (engine/process/malloc.py), for the tests that drive the stages without an engine too.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
 tune_malloc()
 # scripts/livekit.sh's start_livekit exports the server for a worker; tests name their server explicitly
 # (CHORUS_TEST_LIVEKIT_*), so no test picks it up by accident
@@ -24,8 +23,38 @@ for _name in ("LIVEKIT_URL", "LIVEKIT_API_KEY", "LIVEKIT_API_SECRET"):
 # files whose CUDA tests call the kernels in this process (the others compile them in a child, run_compiled)
 COMPILED_ONLY = {"test_graph.py", "test_slack_graphs.py"}
 
+# `make test` runs the suite on two xdist workers (-n 2 --dist loadgroup). The tests that share a service
+# started outside pytest (the LiveKit server and its Redis, Jaeger, PostgreSQL: .ci/run starts them) or that
+# keep time on the wall clock go in one xdist group: one worker runs them one after another, as a run without
+# xdist does, while the other runs the rest beside them. A test is in it when it is marked `livekit` or
+# `serial`, when its module reaches the LiveKit server (it imports livekit_support's require_livekit), or when
+# it runs on PostgreSQL (a "postgres" parameter, hotel_support.BACKENDS).
+SERIAL = "serial"
 
+
+def pytest_configure(config):
+    """The machine's cores (two at most, as CI's) shared among xdist's workers: one thread each on 2 cores."""
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // workers)))
+
+
+def one_after_another(item) -> bool:
+    """Whether `item` goes in the SERIAL group (above)."""
+    if item.get_closest_marker("livekit") is not None or item.get_closest_marker(SERIAL) is not None:
+        return True
+    if hasattr(getattr(item, "module", None), "require_livekit"):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v == "postgres" for v in params.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group from the marker
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        serial = pytest.mark.xdist_group(SERIAL)
+        for item in items:
+            if one_after_another(item):
+                item.add_marker(serial)
     if torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":  # a file of interpreted kernels was imported first
             interpreted = pytest.mark.skip(

@@ -28,6 +28,8 @@ from engine.transport.wire import MAX_CONTEXT_CHARS, MAX_CONTEXT_TOKENS, encode
 from engine_support import TICK_S, hosted_engine, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 
+pytestmark = pytest.mark.serial  # ticks at the model's cadence on the wall clock (tests/conftest.py)
+
 HANG_S = 60.0  # no wait below takes this long unless the door hangs
 ANSWER_S = 1.0  # the worker's question and a room's open: answered within this, whoever else is at the door
 

@@ -28,6 +28,8 @@ from engine.api import EngineClosed
 from engine.client.remote import RemoteEngine
 from wait_support import await_until
 
+pytestmark = pytest.mark.serial  # the engine's deaths and restarts, timed on the wall clock
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

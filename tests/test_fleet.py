@@ -23,7 +23,10 @@ from agent.settings import AgentSettings
 from fleet_support import FakeLiveKit
 from fleet_support import fixture as _redis_url  # noqa: F401 (the fixture `redis_url`)
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+pytestmark = [  # a Redis of its own; the watch's sweeps on the wall clock (serial: tests/conftest.py)
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+    pytest.mark.serial,
+]
 
 
 def test_a_room_whose_agent_was_lost_gets_one_new_agent_however_many_workers_watch(redis_url, monkeypatch):

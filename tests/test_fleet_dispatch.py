@@ -20,7 +20,10 @@ from agent.lkapi import LiveKitFailure
 from fleet_support import FakeLiveKit
 from fleet_support import fixture as _redis_url  # noqa: F401 (the fixture `redis_url`)
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+pytestmark = [  # a Redis of its own; the watch's sweeps on the wall clock (serial: tests/conftest.py)
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server"),
+    pytest.mark.serial,
+]
 
 
 def timing_out(lk: FakeLiveKit, *, listable: bool = True) -> None:

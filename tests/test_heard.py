@@ -13,6 +13,8 @@ import pytest
 from agent.audio_out.heard import LATE_S, HeardCounter
 from agent.audio_out.playout_buffer import PlayoutBuffer
 
+pytestmark = pytest.mark.serial  # frames through the playout buffer in real time (tests/conftest.py)
+
 FRAME_S = 0.08
 RATE = 8000
 FRAME = int(RATE * FRAME_S)

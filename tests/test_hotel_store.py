@@ -26,6 +26,8 @@ from tools.audit import audit
 from tools.errors import Busy, HotelError, InvalidRequest, NotAllowed, NotFound, SoldOut
 from tools.store import LATEST_VERSION, SchemaTooNew, Tx
 
+pytestmark = pytest.mark.serial  # PostgreSQL (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

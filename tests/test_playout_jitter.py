@@ -24,6 +24,8 @@ from agent.audio_out.playout_timing import (
     ArrivalJitter,
 )
 
+pytestmark = pytest.mark.serial  # frames through the playout buffer in real time (tests/conftest.py)
+
 FRAME_S = 0.08
 RATE = 8000
 FRAME = int(RATE * FRAME_S)

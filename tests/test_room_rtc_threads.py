@@ -12,6 +12,8 @@ import pytest
 
 from testkit.server import ROOT
 
+pytestmark = pytest.mark.serial  # counts a fresh process's threads as they start (tests/conftest.py)
+
 PROBE = """
 import os, sys
 from agent import room_process

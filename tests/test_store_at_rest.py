@@ -27,6 +27,8 @@ from tools.errors import AlreadyExists, Busy
 from tools.settings import SQLITE_FILE, StoreSettings
 from tools.store import StoreError, open_store
 
+pytestmark = pytest.mark.serial  # PostgreSQL, and a process hung inside a write (tests/conftest.py)
+
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)

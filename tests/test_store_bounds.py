@@ -35,6 +35,8 @@ from tools.hotel import Hotel
 from tools.store import Store
 from wait_support import wait_until
 
+pytestmark = pytest.mark.serial  # PostgreSQL, which a test here freezes (tests/conftest.py)
+
 APP = "chorus-hotel"  # the application_name of the store's connections
 SLOW_GUEST = "Slow Commit"  # a booking for this guest spends a while inside its COMMIT (slow_commits)
 LOCKED = "wait_event_type = 'Lock'"  # a backend waiting for a row lock

@@ -27,6 +27,8 @@ from tools.store import Reservation, Store, StoreError
 from tools.store.statements import INTEGER_MAX
 from wait_support import wait_until
 
+pytestmark = pytest.mark.serial  # PostgreSQL (tests/conftest.py)
+
 ROOM = "deluxe_king"  # one room of its kind in TEST_HOTEL
 NIGHT = TODAY + timedelta(days=8)
 OTHER_APP = "chorus-test-other"  # the application_name of the test's second connection
