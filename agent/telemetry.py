@@ -1,16 +1,18 @@
 """Tracing's configuration, as OpenTelemetry is configured everywhere: the standard `OTEL_*` variables (read
 over `.env`), off when no OTLP endpoint is set.
 
-`configure(role)` gives this process (the worker, a room's) a tracer provider: spans in the job's trace
-(agent/tracing.py `JobIds`, `AdoptJobRoots`), livekit-agents' own spans on the same provider with its personal
-fields stripped (`telemetry.set_tracer_provider(..., allow_pii=False)`), and every span sent through
-`BoundedExport`: a queue of at most OTEL_BSP_MAX_QUEUE_SIZE spans that one thread of its own empties into the
-OTLP exporter with a short timeout. A collector that is down, slow or refusing costs a call nothing: a span
-that finds the queue full, or whose export failed, is dropped and counted (`chorus_trace_spans_dropped_total`
-on the worker's Prometheus port); nothing on a room's loop or the tick ever waits on the exporter. Before it
-leaves, a span is redacted as the log is (`RedactingExporter`, agent/log_privacy.py `scrub`): rooms and
-participants as their labels, names redacted, phone numbers masked, in names of spans, attributes, events
-and links. Knows OpenTelemetry's SDK and OTLP exporters; nothing of a call.
+The settings are envsettings/traces.py's `TraceSettings`, which the engine's process is given too, with its
+config (`engine_variables`). `configure(role)` gives this process (the worker, a room's) a tracer provider:
+spans in the job's trace (agent/tracing.py `JobIds`, `AdoptJobRoots`), livekit-agents' own spans on the same
+provider with its personal fields stripped (`telemetry.set_tracer_provider(..., allow_pii=False)`), and every
+span sent through `BoundedExport` (envsettings/traces.py): a queue of at most OTEL_BSP_MAX_QUEUE_SIZE spans
+that one thread of its own empties into the OTLP exporter with a short timeout. A collector that is down,
+slow or refusing costs a call nothing: a span that finds the queue full, or whose export failed, is dropped
+and counted (`chorus_trace_spans_dropped_total` on the worker's Prometheus port); nothing on a room's loop or
+the tick ever waits on the exporter. Before it leaves, a span is redacted as the log is (`RedactingExporter`,
+agent/log_privacy.py `scrub`): rooms and participants as their labels, names redacted, phone numbers masked,
+in names of spans, attributes, events and links. Knows OpenTelemetry's SDK and OTLP exporters; nothing of a
+call.
 """
 
 from __future__ import annotations
@@ -18,110 +20,30 @@ from __future__ import annotations
 import logging
 import multiprocessing.util
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider, sampling
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, Status, StatusCode
-from prometheus_client import Counter
-from pydantic import Field
 
 from agent import tracing
 from agent.log_privacy import CALLER_DATA_MASK, PII, scrub
-from envsettings import EnvSettings, whole
+from envsettings.traces import BoundedExport, TraceSettings
 
-log = logging.getLogger("chorus.agent.telemetry")
-
-SERVICE_NAME = "chorus"  # OTEL_SERVICE_NAME's default
-DROPPED = Counter(
-    "chorus_trace_spans_dropped",
-    "Spans not sent to the trace collector: its queue full (queue_full) or its export failed (export_failed)",
-    ["reason"],
-)
-EXPORTED = Counter("chorus_trace_spans_exported", "Spans the trace collector took")
-
-
-Sampler = Literal[
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
+__all__ = [
+    "BoundedExport",
+    "TraceSettings",
+    "build_provider",
+    "configure",
+    "engine_variables",
+    "flush",
+    "install",
+    "redact",
 ]
 
-
-class TraceSettings(EnvSettings):
-    """The OpenTelemetry SDK's own variables, as the SDK reads them but over `.env` too, and refused in one
-    line when bad."""
-
-    endpoint: str = Field("", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT", description="a URL")
-    traces_endpoint: str = Field(
-        "", validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", description="a URL"
-    )
-    protocol: Literal["http/protobuf", "grpc"] = Field(
-        "http/protobuf", validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL", description="http/protobuf or grpc"
-    )
-    exporter: Literal["otlp", "none"] = Field(
-        "otlp", validation_alias="OTEL_TRACES_EXPORTER", description="otlp or none"
-    )
-    disabled: bool = Field(False, validation_alias="OTEL_SDK_DISABLED", description="true or false")
-    service_name: str = Field(SERVICE_NAME, validation_alias="OTEL_SERVICE_NAME", description="a name")
-    resource_attributes: str = Field(
-        "",
-        validation_alias="OTEL_RESOURCE_ATTRIBUTES",
-        pattern=r"^([^=,]+=[^,]*)?(,[^=,]+=[^,]*)*$",
-        description="key=value pairs, comma separated",
-    )
-    sampler: Sampler = Field(
-        "parentbased_always_on",
-        validation_alias="OTEL_TRACES_SAMPLER",
-        description="one of the SDK's samplers",
-    )
-    sampler_arg: float = Field(
-        1.0, ge=0.0, le=1.0, validation_alias="OTEL_TRACES_SAMPLER_ARG", description="a ratio from 0 to 1"
-    )
-    max_queue_size: int = whole(2048, 1, 1_000_000, "OTEL_BSP_MAX_QUEUE_SIZE")
-    max_export_batch_size: int = whole(512, 1, 1_000_000, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
-    schedule_delay_ms: int = whole(500, 1, 60_000, "OTEL_BSP_SCHEDULE_DELAY")
-    # the SDK's default is 30 s; a collector that hangs would hold each batch that long while the queue drops
-    export_timeout_ms: int = whole(2000, 1, 60_000, "OTEL_BSP_EXPORT_TIMEOUT")
-
-    def make_sampler(self) -> sampling.Sampler:
-        """The sampler OTEL_TRACES_SAMPLER names (with OTEL_TRACES_SAMPLER_ARG for a ratio)."""
-        root = {
-            "on": sampling.ALWAYS_ON,
-            "off": sampling.ALWAYS_OFF,
-            "traceidratio": sampling.TraceIdRatioBased(self.sampler_arg),
-        }[self.sampler.removeprefix("parentbased_").removeprefix("always_")]
-        return sampling.ParentBased(root) if self.sampler.startswith("parentbased_") else root
-
-    def resource(self, role: str) -> Resource:
-        pairs = [p.split("=", 1) for p in self.resource_attributes.split(",") if "=" in p]
-        attributes = {k.strip(): v.strip() for k, v in pairs}
-        return Resource.create({**attributes, "service.name": self.service_name, "chorus.process": role})
-
-    @property
-    def on(self) -> bool:
-        return bool(self.endpoint or self.traces_endpoint) and self.exporter == "otlp" and not self.disabled
-
-
-def _exporter(settings: TraceSettings) -> SpanExporter:
-    timeout = settings.export_timeout_ms / 1000
-    if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-        return Grpc(endpoint=settings.traces_endpoint or settings.endpoint, timeout=timeout)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-    # the SDK's rule: the traces endpoint as it is; the general one with /v1/traces after it
-    url = settings.traces_endpoint or settings.endpoint.rstrip("/") + "/v1/traces"
-    return Http(endpoint=url, timeout=timeout)
+log = logging.getLogger("chorus.agent.telemetry")
 
 
 def _clean(key: str, value: Any) -> Any:
@@ -179,88 +101,13 @@ class RedactingExporter(SpanExporter):
         return True
 
 
-class BoundedExport(SpanProcessor):
-    """Sampled spans, as they end, into a queue of at most `max_queue` (a span that finds it full is dropped
-    and counted); a thread of its own sends them in batches of `batch` at least every `delay_s`, each export
-    bounded by the exporter's own timeout. `on_end` takes a lock held only to append."""
-
-    def __init__(self, exporter: SpanExporter, *, max_queue: int, batch: int, delay_s: float) -> None:
-        self.exporter = exporter
-        self.max_queue, self.batch, self.delay_s = max_queue, batch, delay_s
-        self._queue: deque[ReadableSpan] = deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="chorus-trace-export", daemon=True)
-        self._thread.start()
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if self._stopped or not span.context.trace_flags.sampled:
-            return
-        with self._lock:
-            full = len(self._queue) >= self.max_queue
-            if not full:
-                self._queue.append(span)
-                self._idle.clear()
-            waiting = len(self._queue)
-        if full:
-            DROPPED.labels("queue_full").inc()
-        elif waiting >= self.batch:
-            self._wake.set()
-
-    def _take(self) -> list[ReadableSpan]:
-        with self._lock:
-            n = min(self.batch, len(self._queue))
-            return [self._queue.popleft() for _ in range(n)]
-
-    def _run(self) -> None:
-        while not self._stopped:
-            self._wake.wait(self.delay_s)
-            self._wake.clear()
-            self._send_all()
-
-    def _send_all(self) -> None:
-        while spans := self._take():
-            try:
-                ok = self.exporter.export(spans) is SpanExportResult.SUCCESS
-            except Exception:  # noqa: BLE001 (an exporter that raises loses its batch, never the thread)
-                ok = False
-            (EXPORTED if ok else DROPPED.labels("export_failed")).inc(len(spans))
-        with self._lock:
-            if not self._queue:
-                self._idle.set()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Wait until every span queued so far was sent (or dropped), at most `timeout_millis`."""
-        self._wake.set()
-        return self._idle.wait(timeout_millis / 1000)
-
-    def shutdown(self) -> None:
-        """Send what is queued (at most one export timeout's wait), then stop."""
-        self.force_flush(int(1000 * max(self.delay_s, 2.0)))
-        self._stopped = True
-        self._wake.set()
-        self.exporter.shutdown()
-
-
 def build_provider(exporter: SpanExporter, role: str, settings: TraceSettings) -> TracerProvider:
     """A provider whose spans go, redacted, through a `BoundedExport` to `exporter`; ids of a job's trace."""
     provider = TracerProvider(
         sampler=settings.make_sampler(), resource=settings.resource(role), id_generator=tracing.JobIds()
     )
     provider.add_span_processor(tracing.AdoptJobRoots())
-    export = BoundedExport(
-        RedactingExporter(exporter),
-        max_queue=settings.max_queue_size,
-        batch=settings.max_export_batch_size,
-        delay_s=settings.schedule_delay_ms / 1000,
-    )
-    provider.add_span_processor(export)
+    provider.add_span_processor(settings.bounded(RedactingExporter(exporter)))
     return provider
 
 
@@ -279,6 +126,13 @@ def install(provider: TracerProvider | None) -> None:
 _configured: dict[int, TracerProvider | None] = {}  # by process id: a forked process configures its own
 
 
+def engine_variables() -> dict[str, str]:
+    """The `OTEL_*` settings as `configure` reads them (the environment over `.env`), by variable name: what
+    the engine's process is given with its config (`EngineConfig.traces`), so a setting in `.env` alone
+    reaches the engine's spans too. SettingsError when one is bad (the worker has refused it at start)."""
+    return TraceSettings.from_env().variables()
+
+
 def configure(role: str, settings: TraceSettings | None = None) -> TracerProvider | None:
     """This process's tracer provider for its `role` (the resource's `chorus.process`: worker, room), made
     once per process; None (tracing off) without an OTLP endpoint. Bad settings raise SettingsError."""
@@ -290,7 +144,7 @@ def configure(role: str, settings: TraceSettings | None = None) -> TracerProvide
         _configured[pid] = None
         tracing.use_provider(None)
         return None
-    provider = build_provider(_exporter(settings), role, settings)
+    provider = build_provider(settings.otlp_exporter(), role, settings)
     install(provider)
     _configured[pid] = provider
     # a room's process ends through multiprocessing, which runs its finalizers but not atexit's: what its

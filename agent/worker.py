@@ -84,7 +84,8 @@ def shared_engine(settings: AgentSettings, startup_s: float | None = None) -> En
                 from engine.client.process import EngineProcess
                 from engine.transport.wire import ADDRESS_ENV, KEY_ENV
 
-                config = settings.engine_config(warm_prompts=agent_prompts(settings)).model_dump_json()
+                prompts, traces = agent_prompts(settings), telemetry.engine_variables()  # OTEL_* as read here
+                config = settings.engine_config(warm_prompts=prompts, traces=traces).model_dump_json()
                 timeout = startup_timeout_s(settings) if startup_s is None else startup_s
                 process = EngineProcess(config, timeout=timeout).start()
                 os.environ[ADDRESS_ENV] = process.address

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine.api import FunctionCall
-from engine.observe.spans import SessionSpans, provider_from_env, start_spans
+from engine.observe.spans import SessionSpans, make_provider, start_spans
 from engine_support import CALL, drain, engine_on, run_ticks
 from testkit.concierge import PROMPT, TOOLS
 
@@ -74,11 +75,11 @@ def test_a_traced_sessions_phases_are_spans_under_its_calls_traceparent():
 def test_tracing_is_off_without_an_endpoint():
     engine = engine_on(num_slots=1, cuda_graph=False)
     try:
-        assert provider_from_env({}) is None and start_spans(engine, {}) is None
+        assert make_provider({}) is None and start_spans(engine, {}) is None
         on = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
-        assert provider_from_env({**on, "OTEL_SDK_DISABLED": "true"}) is None
-        assert provider_from_env({**on, "OTEL_TRACES_EXPORTER": "none"}) is None
-        provider = provider_from_env({**on, "OTEL_SERVICE_NAME": "hotel-a"})
+        assert make_provider({**on, "OTEL_SDK_DISABLED": "true"}) is None
+        assert make_provider({**on, "OTEL_TRACES_EXPORTER": "none"}) is None
+        provider = make_provider({**on, "OTEL_SERVICE_NAME": "hotel-a"})
         assert provider is not None
         attrs = provider.resource.attributes
         assert attrs["service.name"] == "hotel-a" and attrs["chorus.process"] == "engine"
@@ -99,13 +100,15 @@ def test_with_an_endpoint_the_spans_run_on_a_thread_of_their_own_and_stop_with_t
         engine.close()
 
 
-def test_the_engines_process_sends_a_sessions_spans_to_the_collector(monkeypatch):
+def test_the_engines_process_sends_a_sessions_spans_to_the_collector(monkeypatch, tmp_path):
     """Through the engine's own process (engine/door/serve.py, its tick thread running) and a collector of
-    the test's that takes OTLP/HTTP: a room's session opened with its call's traceparent has its admission
-    and its prompt's prefill sent, in the call's trace, children of the room's span, with the engine's
-    resource."""
+    the test's that takes OTLP/HTTP, named in `.env` alone (not in the environment): the worker's settings
+    reach the engine's process with its config, and a room's session opened with its call's traceparent has
+    its admission and its prompt's prefill sent, in the call's trace, children of the room's span, with the
+    engine's resource."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+    from agent import telemetry
     from engine.client.process import EngineProcess
     from engine.client.remote import RemoteEngine
     from engine.config.engine_config import EngineConfig
@@ -125,11 +128,15 @@ def test_the_engines_process_sends_a_sessions_spans_to_the_collector(monkeypatch
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    for name in telemetry.TraceSettings.model_fields.values():
+        monkeypatch.delenv(str(name.validation_alias), raising=False)
+    dotenv = (
+        f"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{server.server_port}\nOTEL_BSP_SCHEDULE_DELAY=50\n"
+    )
+    (tmp_path / ".env").write_text(dotenv)
+    with monkeypatch.context() as m:  # the worker's directory, with its .env
+        m.chdir(tmp_path)
+        traces = telemetry.engine_variables()  # as the worker gives them to its engine (agent/worker.py)
 
     def spans() -> dict[str, tuple]:
         out = {}
@@ -142,13 +149,14 @@ def test_the_engines_process_sends_a_sessions_spans_to_the_collector(monkeypatch
                         out[s.name] = (s.trace_id.hex(), s.parent_span_id.hex(), resource)
         return out
 
-    process = EngineProcess(EngineConfig(preset="tiny", num_slots=2).model_dump_json(), timeout=180).start()
+    config = EngineConfig(preset="tiny", num_slots=2, traces=traces)
+    process = EngineProcess(config.model_dump_json(), timeout=180).start()
     try:
 
         async def main():
             room = RemoteEngine(process.address, key=process.keys.room)
             handle = room.open_session(PROMPT, TOOLS, trace=f"00-{TRACE}-{PARENT_SPAN}-01")
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 90
             while "chorus.engine.prompt_prefill" not in spans() and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             handle.close()
@@ -163,3 +171,50 @@ def test_the_engines_process_sends_a_sessions_spans_to_the_collector(monkeypatch
         trace_id, parent, resource = got[name]
         assert (trace_id, parent) == (TRACE, PARENT_SPAN), name
         assert resource["chorus.process"] == "engine" and resource["service.name"] == "chorus"
+
+
+def dropped(reason: str) -> float:
+    """`chorus_trace_spans_dropped_total{reason}` as this process's /metrics serves it (the engine's: its
+    snapshot server sends this registry, engine/observe/metrics.py)."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    found = re.findall(rf'^chorus_trace_spans_dropped_total\{{reason="{reason}"\}} (\S+)$', text, re.M)
+    return float(found[0]) if found else 0.0
+
+
+def test_the_engines_spans_a_collector_refused_are_counted_on_its_metrics():
+    """A collector that answers every export with an error: the engine's spans of a traced session are
+    dropped, each counted as `export_failed` on the engine's /metrics, and the session serves on."""
+    posts: list[int] = []
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(1)
+            self.send_response(400)  # not to be tried again
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    engine = engine_on(num_slots=1, cuda_graph=False)
+    before = dropped("export_failed")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        spans = start_spans(engine, {"OTEL_EXPORTER_OTLP_ENDPOINT": url, "OTEL_BSP_SCHEDULE_DELAY": "20"})
+        assert spans is not None
+        traced = engine.open_session(PROMPT, TOOLS, label="room_t", trace=f"00-{TRACE}-{PARENT_SPAN}-01")
+        spans.poll()
+        run_ticks(engine, engine.tick + 1, 3)
+        spans.poll()
+        traced.close()
+        spans.close()  # what is queued is sent (and refused) before it returns
+    finally:
+        engine.close()
+        server.shutdown()
+    assert posts, "the collector was never asked"
+    assert dropped("export_failed") - before >= 2  # the session's admission and its prompt's prefill

@@ -145,6 +145,7 @@ MAY_IMPORT = {
         "engine.process",
         "engine.session_phase",
         "engine.transport",
+        "envsettings.traces",  # the OTEL_* settings, read as the worker reads them
         "redaction",
     },
     # the simulation (agent/sim/) included: it reaches its engine's process as a worker does (EngineProcess)

@@ -73,6 +73,9 @@ class EngineConfig(BaseModel):
     # prefilled at start, into a slot of their own, and kept in the prompt cache: an agent's prompts, so that
     # its first calls and every call carried on after a break (a new engine's) start from their state
     warm_prompts: list[WarmPrompt] = []
+    # the worker's OTEL_* settings by variable name (envsettings/traces.py `TraceSettings.variables`), read
+    # once by the worker over its environment and .env; empty: the engine's spans are off
+    traces: dict[str, str] = {}
     max_prompt_prefills: int = Field(
         4, ge=1
     )  # distinct new prompts admitted at once (each costs its prefill)

@@ -43,7 +43,7 @@ def main() -> int:
     config = EngineConfig.model_validate_json(os.environ[CONFIG_ENV])
     keys = DoorKeys(**json.loads(_first_line(0)))
     engine = Engine(config)
-    spans = start_spans(engine)  # the sessions' spans, off the tick; None without an OTLP endpoint
+    spans = start_spans(engine, config.traces)  # the sessions' spans, off the tick; None when untraced
     host = EngineHost(engine, os.environ[ADDRESS_ENV], keys).start()
     print(READY, flush=True)
 

@@ -9,30 +9,30 @@ each traced session's last moves between phases and the ticks they happened in (
 tick appends to as it moves the session; one copy, a call the tick thread cannot interleave), and, for a phase
 that ended, one copy of the ledger's last ticks. A span's times come from its ticks (`tick_ms` each, counted
 back from the tick running now), so they are exact to the tick whenever the poll reads them. The provider is
-made from the standard `OTEL_*` variables (`provider_from_env`, the SDK's own reading of them: endpoint,
-protocol, service name, resource attributes, sampler, batch queue), off when no OTLP endpoint is set: then no
-thread runs. The SDK's batch processor holds at most OTEL_BSP_MAX_QUEUE_SIZE spans and drops beyond; nothing
-of the tick waits on it. Spans carry ids, phases and counts, never a label or a word. Knows OpenTelemetry's
-SDK.
+made from the standard `OTEL_*` settings as the worker reads them (envsettings/traces.py `TraceSettings`:
+endpoint, protocol, service name, resource attributes, sampler, queue), off when no OTLP endpoint is set:
+then no thread runs. Its spans go through the same bounded export as the worker's (`BoundedExport`): at most
+OTEL_BSP_MAX_QUEUE_SIZE queued, a span beyond it or whose export failed dropped and counted on the engine's
+/metrics (`chorus_trace_spans_dropped_total{reason}`); nothing of the tick waits on it. Spans carry ids,
+phases and counts, never a label or a word. Knows OpenTelemetry's SDK.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from engine.session_phase import Phase
 from engine.transport.wire import TRACEPARENT
+from envsettings.traces import TraceSettings
 
 log = logging.getLogger("chorus.engine.spans")
 
@@ -65,25 +65,18 @@ class Traced(Protocol):
     tick_ms: float
 
 
-def provider_from_env(environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
-    """The engine process's tracer provider from the `OTEL_*` variables, or None (tracing off) without an
-    OTLP endpoint, with OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none."""
-    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if (
-        not endpoint
-        or environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-        or environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none"
-    ):
+def make_provider(
+    variables: Mapping[str, Any], exporter: SpanExporter | None = None
+) -> TracerProvider | None:
+    """The engine process's tracer provider from the `OTEL_*` settings in `variables` (by variable name), or
+    None (tracing off) without an OTLP endpoint, with OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none.
+    Its spans go to `exporter` (a test's), or to the OTLP exporter the settings name. SettingsError when one
+    is bad."""
+    settings = TraceSettings.from_variables(variables)
+    if not settings.on:
         return None
-    if environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    # OTEL_RESOURCE_ATTRIBUTES are added by the SDK; the service's name is OTEL_SERVICE_NAME's, or Chorus's
-    name = environ.get("OTEL_SERVICE_NAME", "").strip() or "chorus"
-    resource = Resource.create({"service.name": name, "chorus.process": "engine"})
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider = TracerProvider(sampler=settings.make_sampler(), resource=settings.resource("engine"))
+    provider.add_span_processor(settings.bounded(exporter or settings.otlp_exporter()))
     return provider
 
 
@@ -195,11 +188,12 @@ class _Seen:
         self.last: tuple[Phase, int] | None = None
 
 
-def start_spans(engine: Traced, environ: Mapping[str, str] = os.environ) -> SessionSpans | None:
-    """The engine's spans on a thread of their own, or None when tracing is off (no endpoint set) or its
-    exporter cannot be made from the settings (logged: the engine serves its calls untraced)."""
+def start_spans(engine: Traced, variables: Mapping[str, Any]) -> SessionSpans | None:
+    """The engine's spans on a thread of their own, from the worker's `OTEL_*` settings by variable name
+    (`EngineConfig.traces`: the engine reads none of its environment's), or None when tracing is off (no
+    endpoint set) or its exporter cannot be made from them (logged: the engine serves its calls untraced)."""
     try:
-        provider = provider_from_env(environ)
+        provider = make_provider(variables)
     except Exception as e:  # noqa: BLE001 (the worker refuses bad OTEL_* settings first; calls go on untraced)
         log.warning("the engine's spans are off: %s", type(e).__name__)
         return None
