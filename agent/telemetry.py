@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing.util
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,16 +45,22 @@ __all__ = [
 ]
 
 log = logging.getLogger("chorus.agent.telemetry")
+TRACE_ID = re.compile(r"[0-9a-f]{32}")  # an OpenTelemetry trace id as 32 hex digits
 
 
 def _clean(key: str, value: Any) -> Any:
     """An attribute's value as the log would carry a field of that name (`scrub`: `chorus.job_id` as `job_id`,
-    livekit-agents' personal `lk.pii.*` as they are named), its text with known names as labels."""
+    livekit-agents' personal `lk.pii.*` as they are named), its text with known names as labels. A trace id
+    (`chorus.previous.trace_id`) leaves whole, as the log's `trace_id`: random hex, whose digits are no one's
+    number."""
+    name = key if key.startswith(PII) else key.rpartition(".")[2]
+    if name == "trace_id" and isinstance(value, str) and TRACE_ID.fullmatch(value):
+        return value
     if isinstance(value, str):  # the names first: a masked number would hide the room's name it is part of
         value = CALLER_DATA_MASK.free_text(value)
     elif isinstance(value, list | tuple):
         value = [CALLER_DATA_MASK.free_text(x) if isinstance(x, str) else x for x in value]
-    return scrub(key if key.startswith(PII) else key.rpartition(".")[2], value)
+    return scrub(name, value)
 
 
 def _attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from agent import tracing
 from livekit_support import POLL_S, require_livekit, scripted_booking
 from test_livekit import booking_rows
 from testkit.callers import Caller, caller_pcm
+from testkit.fleet import kill_worker, one_fault, two_workers
 from testkit.worker import Worker
 from wait_support import await_until, wait_until
 
@@ -167,6 +168,49 @@ def test_a_calls_trace_with_a_tool_call_is_read_back_from_jaeger(server, store_d
     # nothing personal: the booking's guest, their contact, the room's name
     assert [p for p in [*PERSONAL, room] if p.lower() in text.lower()] == []
     assert tags(call)["chorus.end_reason"]
+
+
+def test_after_a_worker_sigkill_the_resumed_calls_trace_links_to_the_first(server, store_dir, jaeger):
+    """A caller on one of two workers; the worker serving it SIGKILLed; the call carried on by an agent of the
+    other (tests/test_livekit_fleet.py). Read back from Jaeger: the resumed call's `chorus.call` links to the
+    first call's trace (its worker's span of the job), with the re-dispatch's reason and the silence the
+    caller met."""
+    if not server.redis:
+        pytest.fail("the LiveKit server runs without Redis (scripts/livekit.sh starts one with redis-server)")
+    otlp, query = jaeger
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    name = f"chorus-test-{uuid.uuid4().hex[:8]}"
+    with two_workers(server, store_dir, name, **env) as stack:
+        got = asyncio.run(one_fault(server, stack.workers, name, kill_worker))
+        survivor = stack.workers[1 - got["victim"]]
+        # the caller has left: the resumed call's span ends, and is sent, before its job logs the call's end
+        # (agent/room.py); the workers are stopped only then, or the span would go down with its process
+        wait_until(lambda: "call ended" in survivor.log.read_text(errors="replace"), "the call's end", 60)
+        logs = [w.log.read_text(errors="replace") for w in stack.workers]
+    first_job, resumed_job = job_of(logs[got["victim"]]), job_of(logs[1 - got["victim"]])
+    assert f"job {resumed_job}: carries the call on after a break" in logs[1 - got["victim"]]
+    first_trace = tracing.trace_id_hex(tracing.job_trace_id(first_job))
+    resumed_trace = tracing.trace_id_hex(tracing.job_trace_id(resumed_job))
+
+    def resumed_call() -> dict | None:
+        calls = [s for s in get_trace(query, resumed_trace) if s["operationName"] == "chorus.call"]
+        return calls[0] if calls else None
+
+    seen = lambda: sorted({s["operationName"] for s in get_trace(query, resumed_trace)})  # noqa: E731
+    call = wait_until(resumed_call, "the resumed call's span in Jaeger", 60, every=POLL_S * 5, seen=seen)
+    print(json.dumps({"references": call["references"], "tags": tags(call)}, indent=1))
+    links = [r for r in call["references"] if r["refType"] == "FOLLOWS_FROM"]
+    assert [(r["traceID"], r["spanID"]) for r in links] == [
+        (first_trace, f"{tracing.job_span_id(first_job):016x}")
+    ]
+    t = tags(call)
+    assert t["chorus.redispatch_reason"] == "agent lost" and t["chorus.breaks"] == 1
+    assert t["chorus.previous.trace_id"] == first_trace
+    # from about when the first agent last spoke (its conversation's last save) to the new session's first
+    # frame: some time, and not more than the first turn's end to the new voice with the test's waits
+    assert 0 < t["chorus.silence_ms"] <= 1000 * (got["after_s"] + 60), (t, got["after_s"])
+    # the first call's trace is there too, its worker's span of the job sent before the kill
+    assert "chorus.job" in {s["operationName"] for s in get_trace(query, first_trace)}
 
 
 @contextlib.contextmanager

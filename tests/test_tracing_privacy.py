@@ -86,3 +86,22 @@ def test_no_span_carries_a_callers_name_number_or_words(sent):
     assert room_label(PHONE_ROOM) in json.loads(text)[0]["attributes"]["note"]  # a room's name, its label
     assert {s.attributes["chorus.room_label"] for s in calls} == {room_label(n) for n in ROOMS}
     assert "0123" in text  # a number keeps its last four digits, as in the log
+
+
+def test_a_carried_on_calls_previous_trace_id_leaves_whole_though_its_digits_look_like_a_number(sent):
+    """The trace id a carried-on call names (`chorus.previous.trace_id`) is random hex, no one's number: a
+    run of seven digits in it leaves unmasked, so an operator can follow it to the trace before."""
+    import re
+    import time
+
+    previous = next(
+        f"AJ_{i}"
+        for i in range(100000)
+        if re.search(r"\d{7}", tracing.trace_id_hex(tracing.job_trace_id(f"AJ_{i}")))
+    )
+    call = CallTrace("AJ_resumed", room="lobby")
+    call.carried_on(previous, "agent lost", 1, time.time() - 1.0)
+    call.end("the caller left")
+    (span,) = [s for s in sent() if s.name == "chorus.call"]
+    assert span.attributes["chorus.previous.trace_id"] == tracing.trace_id_hex(tracing.job_trace_id(previous))
+    assert [link.context.trace_id for link in span.links] == [tracing.job_trace_id(previous)]
