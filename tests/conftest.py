@@ -38,6 +38,20 @@ def pytest_configure(config):
     torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // workers)))
 
 
+def in_group(config, items) -> None:
+    """xdist's loadgroup finds a test's group at the end of its id ("<id>@serial"), which xdist 3.8 writes to
+    the node's `_nodeid`; pytest 9.2 keeps the id in `_id`, so the group is written there. Nothing to do where
+    the id has it already, or without loadgroup."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and not item.nodeid.endswith(f"@{group.args[0]}"):
+            item._id = NodeId.parse(f"{item.nodeid}@{group.args[0]}")
+
+
 def one_after_another(item) -> bool:
     """Whether `item` goes in the SERIAL group (above)."""
     if item.get_closest_marker("livekit") is not None or item.get_closest_marker(SERIAL) is not None:
@@ -55,6 +69,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if one_after_another(item):
                 item.add_marker(serial)
+    in_group(config, items)
     if torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":  # a file of interpreted kernels was imported first
             interpreted = pytest.mark.skip(
