@@ -79,11 +79,13 @@ def step_peaks(
 ) -> dict[str, int]:
     """Transient bytes of each kind of step the engine runs, traced on meta tensors at the preset's shape: the
     live step over `num_slots` slots, and the slack work's largest buckets as the runner pads and splits
-    them (engine/tick/runner.py): tool-call steps and replay over every slot, and for each power-of-two number
-    of rows up to MAX_PREFILL_ROWS the longest prefill piece it runs; and, from building the pipeline, the
-    talker's refresh of its derived tables. `live_only`: the live step alone."""
+    them (engine/tick/runner.py): tool-call steps and replay over every slot (a replay piece of each
+    power-of-two number of frames up to MAX_REPLAY_FRAMES: its k frames' embeddings live at once), and for
+    each power-of-two number of rows up to MAX_PREFILL_ROWS the longest prefill piece it runs; and, from
+    building the pipeline, the talker's refresh of its derived tables. `live_only`: the live step alone."""
     from engine.model.pipeline import Pipeline, live_inputs
     from engine.text.tokens import Tokens
+    from engine.tick.buckets import MAX_REPLAY_FRAMES
     from engine.tick.graph import pow2_at_least
     from engine.tick.runner import MAX_PREFILL_ROWS, longest_prefill_piece
 
@@ -101,6 +103,11 @@ def step_peaks(
     if not live_only:
         steps["call"] = (p.call_step, (slots(most), slots(most)))
         steps["replay"] = (p.replay_step, (live[0], live[1], slots(most)))
+        frames = 2
+        while frames <= MAX_REPLAY_FRAMES:
+            audio, active = (t.expand(frames, *t.shape) for t in live[:2])
+            steps[f"replay {frames} frames"] = (p.replay_frames, (audio, active, slots(most)))
+            frames *= 2
         rows = 1
         while rows <= min(most, MAX_PREFILL_ROWS):
             t = longest_prefill_piece(rows, cfg.thinker.attention_window)

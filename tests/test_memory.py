@@ -77,6 +77,10 @@ def _traced_and_measured(policy: str, slots: int, step: str) -> tuple[int, int]:
     def args(p: Pipeline, device: str) -> tuple:
         ids = torch.zeros(8, 64, dtype=torch.long, device=device)
         rows = torch.tensor([0, 2, 1, 5, 7, 3, -1, -1], device=device)
+        if step.startswith("replay"):  # a replay piece of k frames over every slot, as step_peaks traces it
+            k = int(step.removeprefix("replay"))
+            audio, active = (t.expand(k, *t.shape) for t in live_inputs(CFG, slots, device)[:2])
+            return p.replay_frames, (audio, active, torch.arange(slots, device=device))
         return {
             "live": (p.live_step, live_inputs(CFG, slots, device)),
             "prefill": (p.prefill_prompt, (rows, ids)),
@@ -114,6 +118,28 @@ def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, ste
     print(f"{policy} {step} at {slots} slots: traced {traced:,} bytes, allocator peak {measured:,}")
     assert traced > 2_000_000
     assert abs(measured - traced) <= 0.05 * traced + 2**18
+
+
+@glibc
+@pytest.mark.parametrize("frames", [2, 4])
+def test_the_prediction_counts_each_replay_piece_of_several_frames(frames):
+    """A replay piece of k frames holds its frames' embeddings ([k, rows, hidden]) and more of the rows'
+    perception at once: the prediction traces each such bucket, and what it counts is what the allocator
+    hands out for it (within 5% plus 256 KiB, as above)."""
+    peaks = step_peaks(CFG, dtype_policy("fp32"), 16, granule=1)
+    run = subprocess.run(
+        [sys.executable, __file__, "fp32", "16", f"replay{frames}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+    )
+    _, measured = json.loads(run.stdout.strip().splitlines()[-1])
+    predicted = peaks.get(f"replay {frames} frames")
+    print(f"replay piece of {frames} frames at 16 rows: predicted {predicted}, allocator peak {measured:,}")
+    assert predicted is not None and predicted > peaks["replay"]
+    assert abs(measured - predicted) <= 0.05 * predicted + 2**18
 
 
 def test_at_the_release_shape_the_runners_buckets_bound_the_transient_memory():

@@ -15,7 +15,7 @@ import contextlib
 import torch
 
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, triton
+from engine.kernels._triton import tl, to_bf16_rtne, triton
 
 
 def decode_attention_ref(
@@ -25,6 +25,7 @@ def decode_attention_ref(
     lengths: torch.Tensor,
     scale: float,
     rows: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Masked attention of one query position per row over the whole ring.
 
@@ -34,8 +35,9 @@ def decode_attention_ref(
       lengths [r] int, entries 0..lengths[i]-1 of row i's ring are attended, 1 <= lengths[i] <= n
       rows [r] int64 or None: query row i reads cache row rows[i] (the caches may then have any number of
         rows); None: cache row i
-    Returns [r, hk, g, d] in v_cache's dtype. Scores are a matmul in the cache dtype, scaled and
-    soft-maxed in float32; the probabilities are rounded to the cache dtype for the value matmul.
+    Returns [r, hk, g, d] in v_cache's dtype, then cast to `out_dtype` where one is given. Scores are a
+    matmul in the cache dtype, scaled and soft-maxed in float32; the probabilities are rounded to the cache
+    dtype for the value matmul.
     """
     if rows is not None:
         k_cache, v_cache = k_cache.index_select(0, rows), v_cache.index_select(0, rows)
@@ -43,7 +45,8 @@ def decode_attention_ref(
     hidden = (torch.arange(ring, device=k_cache.device) >= lengths[:, None])[:, None, None, :]
     sc = torch.matmul(q.to(k_cache.dtype), k_cache.transpose(2, 3)).float() * scale  # [r, hk, g, n]
     sc = sc.masked_fill(hidden, float("-inf"))
-    return torch.matmul(torch.softmax(sc, dim=-1).to(v_cache.dtype), v_cache)
+    out = torch.matmul(torch.softmax(sc, dim=-1).to(v_cache.dtype), v_cache)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 @_jit
@@ -84,6 +87,8 @@ def _decode_attention_kernel(
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,
     HAS_ROWS: tl.constexpr,
+    KV_BF16: tl.constexpr,
+    ROUND_V: tl.constexpr,
 ):
     # One program per (row, KV head, split); split s covers ring entries [s * chunk, (s + 1) * chunk).
     # With HAS_ROWS, query row `row` reads the caches' row rows_ptr[row].
@@ -109,7 +114,11 @@ def _decode_attention_kernel(
         + offs_d[None, :] * stride_q_d
     )
     q = tl.load(q_ptrs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    q = q.to(k_ptr.dtype.element_ty).to(tl.float32)  # rounded to the cache dtype, as the reference's
+    # rounded to the cache dtype to nearest even, as the reference's `to` (the interpreter's cast truncates)
+    if KV_BF16:
+        q = to_bf16_rtne(q.to(tl.float32)).to(tl.float32)
+    else:
+        q = q.to(k_ptr.dtype.element_ty).to(tl.float32)
     if HAS_ROWS:  # noqa: SIM108 (a compile-time branch)
         kv_row = tl.load(rows_ptr + row).to(tl.int64)
     else:
@@ -149,6 +158,8 @@ def _decode_attention_kernel(
             + offs_d[None, :] * stride_o_d
         )
         out = acc / l_i[:, None]
+        if ROUND_V:  # a bf16 ring's output, rounded as the reference's and handed out in fp32
+            out = to_bf16_rtne(out).to(tl.float32)
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     else:
         # Partials, contiguous [r, hk, SPLITS, BLOCK_G] (m, l) and [r, hk, SPLITS, BLOCK_G, BLOCK_D] (acc);
@@ -176,6 +187,7 @@ def _decode_attention_merge_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROUND_V: tl.constexpr,
 ):
     # One program per (row, KV head): rescale each split's partial sums to the common maximum and add them.
     row = tl.program_id(0)
@@ -203,6 +215,8 @@ def _decode_attention_merge_kernel(
         + offs_d[None, :] * stride_o_d
     )
     mask = (offs_g < group)[:, None] & (offs_d < dim)[None, :]
+    if ROUND_V:
+        out = to_bf16_rtne(out).to(tl.float32)
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -225,6 +239,7 @@ def decode_attention_triton(
     scale: float,
     splits: int | None = None,
     rows: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Triton version of `decode_attention_ref`: same contract, cost proportional to each row's length.
 
@@ -235,7 +250,8 @@ def decode_attention_triton(
       splits: ring splits per (row, head), None for the device's default; 1 runs a single kernel
       rows [r] int64 on q's device or None: query row i reads cache row rows[i] (0 <= rows[i] < R), with no
         gathered copy of the caches
-    Returns [r, hk, g, d] in v_cache's dtype. Dot products, softmax and the weighted sum are float32 (the
+    out_dtype: None for v_cache's dtype; fp32 for a bf16 ring rounds to bf16 first, as the reference does
+    Returns [r, hk, g, d] in out_dtype. Dot products, softmax and the weighted sum are float32 (the
     reference rounds scores and probabilities to the cache dtype). Only entries 0..lengths[i]-1 are read.
     """
     if triton is None:
@@ -255,8 +271,10 @@ def decode_attention_triton(
         raise ValueError(f"v_cache {v_cache.dtype} {tuple(v_cache.shape)} must match k_cache")
     if lengths.shape != (r,) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"lengths must be int32/int64 [{r}], got {lengths.dtype} {tuple(lengths.shape)}")
+    out_dtype = out_dtype or v_cache.dtype
+    round_v = v_cache.dtype == torch.bfloat16 and out_dtype == torch.float32
     ring = k_cache.shape[2]
-    out = torch.empty(r, hk, g, d, dtype=v_cache.dtype, device=q.device)
+    out = torch.empty(r, hk, g, d, dtype=out_dtype, device=q.device)
     if out.numel() == 0:
         return out
     block_g = triton.next_power_of_2(g)
@@ -298,6 +316,8 @@ def decode_attention_triton(
             BLOCK_D=block_d,
             SPLITS=splits,
             HAS_ROWS=rows is not None,
+            KV_BF16=k_cache.dtype == torch.bfloat16,
+            ROUND_V=round_v,
             num_warps=4,
         )
         if splits > 1:
@@ -313,6 +333,7 @@ def decode_attention_triton(
                 BLOCK_S=triton.next_power_of_2(splits),
                 BLOCK_G=block_g,
                 BLOCK_D=block_d,
+                ROUND_V=round_v,
                 num_warps=4,
             )
     return out
@@ -325,12 +346,13 @@ def decode_attention(
     lengths: torch.Tensor,
     scale: float,
     rows: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere. Same contract as the reference. On the
     meta device (memory planning, engine/memory.py) the kernel's output alone, as the kernel allocates
     it."""
     if triton is not None and q.is_cuda:
-        return decode_attention_triton(q, k_cache, v_cache, lengths, scale, rows=rows)
+        return decode_attention_triton(q, k_cache, v_cache, lengths, scale, rows=rows, out_dtype=out_dtype)
     if q.is_meta:
-        return torch.empty(q.shape, dtype=v_cache.dtype, device=q.device)
-    return decode_attention_ref(q, k_cache, v_cache, lengths, scale, rows)
+        return torch.empty(q.shape, dtype=out_dtype or v_cache.dtype, device=q.device)
+    return decode_attention_ref(q, k_cache, v_cache, lengths, scale, rows, out_dtype)

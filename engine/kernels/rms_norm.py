@@ -1,5 +1,6 @@
 """The thinker's two RMSNorms, each one kernel on CUDA: the block norm (fp32 arithmetic on a narrower
-residual, cast back) and the Mamba mixer's gated, group-wise norm (NemotronH's `mixer.norm`).
+residual, cast back), alone or with the residual join before it (`residual_rms_norm`), and the Mamba mixer's
+gated, group-wise norm (NemotronH's `mixer.norm`).
 
 Knows tensors only. `rms_norm` and `gated_rms_norm` dispatch to the Triton kernel on CUDA (one launch where
 the torch reference launches four and seven: the casts to fp32 and back, the gate's SiLU and product, the
@@ -24,6 +25,15 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     """`weight * (h * rsqrt(mean(h^2) + eps))` in fp32 over the last dim of `h = x.float()`, in x's dtype."""
     h = x.float()
     return F.rms_norm(h, (h.shape[-1],), weight.float(), eps).to(x.dtype)
+
+
+def residual_rms_norm_ref(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's residual join and the next block's norm: `h += y` in place (in h's dtype, as `h + y`
+    rounds), then (h, `rms_norm_ref(h)`). The residual stream moves on in its own memory."""
+    h.add_(y)
+    return h, rms_norm_ref(h, weight, eps)
 
 
 def gated_rms_norm_ref(
@@ -72,6 +82,65 @@ def _rms_norm_kernel(
         tl.store(out_ptr + row * stride_o + offs, to_bf16_rtne(y), mask=inside)
     else:
         tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@_jit
+def _residual_rms_norm_kernel(
+    h_ptr, y_ptr, w_ptr, out_ptr, n, eps, stride_h, stride_y, ROUND: tl.constexpr, BLOCK: tl.constexpr
+):
+    # One program per row (it reads its row whole before writing it): the sum rounded to the residual's
+    # dtype as torch's add rounds it, written over h, and the norm of it.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    h = tl.load(h_ptr + row * stride_h + offs, mask=inside, other=0.0).to(tl.float32)
+    h += tl.load(y_ptr + row * stride_y + offs, mask=inside, other=0.0).to(tl.float32)
+    if ROUND:
+        low = to_bf16_rtne(h)
+        tl.store(h_ptr + row * stride_h + offs, low, mask=inside)
+        h = low.to(tl.float32)
+    else:
+        tl.store(h_ptr + row * stride_h + offs, h, mask=inside)
+    y = h * tl.rsqrt(tl.sum(h * h, axis=0) / n + eps)
+    y = tl.load(w_ptr + offs, mask=inside, other=0.0).to(tl.float32) * y
+    if ROUND:
+        tl.store(out_ptr + row * n + offs, to_bf16_rtne(y), mask=inside)
+    else:
+        tl.store(out_ptr + row * n + offs, y, mask=inside)
+
+
+def residual_rms_norm_triton(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `residual_rms_norm_ref` for rows [r, n] (h and y one dtype, fp32 or bf16, with a
+    contiguous last dim): h updated in place, the norm in h's dtype."""
+    if triton is None:
+        raise RuntimeError("Triton is not installed; use the references")
+    if h.dim() != 2 or y.shape != h.shape or weight.shape != (h.shape[1],):
+        raise ValueError(f"h {tuple(h.shape)} and y {tuple(y.shape)} must be [r, n] with weight [n]")
+    if h.dtype != y.dtype or h.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"residual_rms_norm_triton: h and y fp32 or bf16 alike, got {h.dtype}, {y.dtype}")
+    if any(t.stride(-1) != 1 for t in (h, y, weight)):
+        raise ValueError("residual_rms_norm_triton: the last dim must be contiguous")
+    r, n = h.shape
+    out = torch.empty_like(h)
+    if r == 0:
+        return h, out
+    with torch.cuda.device(h.device) if h.is_cuda else contextlib.nullcontext():
+        _residual_rms_norm_kernel[(r,)](
+            h,
+            y,
+            weight,
+            out,
+            n,
+            eps,
+            h.stride(0),
+            y.stride(0),
+            ROUND=h.dtype == torch.bfloat16,
+            BLOCK=triton.next_power_of_2(n),
+            num_warps=8 if n >= 2048 else 4,
+        )
+    return h, out
 
 
 def _launch(
@@ -143,6 +212,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.is_meta:  # the operator count (benchmarks/step_ops.py): one kernel, its output
         return torch.empty_like(x)
     return rms_norm_ref(x, weight, eps)
+
+
+def residual_rms_norm(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch: the Triton kernel on CUDA for rows [r, n], the reference elsewhere. Same contract as the
+    reference."""
+    fits = h.dim() == 2 and h.dtype == y.dtype and h.stride(-1) == y.stride(-1) == 1
+    if FUSED and h.is_cuda and fits and _kernel_fits(h, weight):
+        return residual_rms_norm_triton(h, y, weight, eps)
+    if h.is_meta:  # the operator count: one kernel, its output (the sum is written over h)
+        return h, torch.empty_like(h)
+    return residual_rms_norm_ref(h, y, weight, eps)
 
 
 def gated_rms_norm(

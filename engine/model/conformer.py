@@ -13,7 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.kernels.add_layer_norm import add_layer_norm
+from engine.kernels.causal_conv1d_update import causal_conv1d_update
 from engine.kernels.scaled_softmax import scaled_softmax
+from engine.model.joint import JointParams
 
 _MASKED = -10000.0  # NeMo's fill for masked attention scores (exp underflows to exactly 0 in fp32)
 
@@ -105,16 +108,18 @@ class ConvModule(nn.Module):
         y = F.conv1d(F.pad(g, (k - 1, 0)), self.depthwise_conv.weight, groups=g.shape[1])
         return self._tail(y.transpose(1, 2))
 
-    def step(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, d], cache [B, d, k - 1] (the last k - 1 GLU outputs, oldest first)
-        -> (y [B, d], new cache)."""
-        window = torch.cat([cache, self._glu(x)[:, :, None]], dim=-1)
-        y = (window * self.depthwise_conv.weight[:, 0, :]).sum(-1)
-        return self._tail(y), window[:, :, 1:]
+    def step(self, x: torch.Tensor, cache: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """x [B, d], cache [B, d, k - 1] (the last k - 1 GLU outputs, oldest first) -> y [B, d]. The rows
+        `live` [B] names (`slot_state.live_rows`; -1: a row that keeps its cache, its y zeros) take the new
+        GLU output into their cache, in the depthwise conv's one kernel on CUDA."""
+        w = self.depthwise_conv.weight[:, 0, :]
+        return self._tail(causal_conv1d_update(self._glu(x), cache, w, None, live, silu=False))
 
 
-class RelPositionAttention(nn.Module):
-    """Transformer-XL relative-position multi-head attention with a limited left context, no bias."""
+class RelPositionAttention(JointParams):
+    """Transformer-XL relative-position multi-head attention with a limited left context, no bias.
+
+    The step reads q, k and v as one projection and both position biases as one tensor (`JointParams`)."""
 
     def __init__(self, d_model: int, num_heads: int) -> None:
         super().__init__()
@@ -126,6 +131,12 @@ class RelPositionAttention(nn.Module):
         self.linear_pos = nn.Linear(d_model, d_model, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.d_k))
+        self.join_params(
+            {
+                "qkv": ("linear_q.weight", "linear_k.weight", "linear_v.weight"),
+                "uv": ("pos_bias_u", "pos_bias_v"),
+            }
+        )
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.h, self.d_k))
@@ -161,10 +172,10 @@ class RelPositionAttention(nn.Module):
         """
         b, w, dk = x.shape[0], k_cache.shape[2], self.d_k
         bh = b * self.h
-        q, k, v = (self._heads(lin(x)) for lin in (self.linear_q, self.linear_k, self.linear_v))
+        q, k, v = (self._heads(y) for y in F.linear(x, self.joint("qkv")).chunk(3, dim=-1))
         p = self._heads(self.linear_pos(pe)).permute(1, 2, 0)  # [H, dk, W + 1]
-        qu = q + self.pos_bias_u
-        bd_all = ((q + self.pos_bias_v).transpose(0, 1) @ p).transpose(0, 1)  # [B, H, W + 1]
+        qu, qv = q + self.joint("uv").view(2, 1, self.h, dk)  # q + pos_bias_u, q + pos_bias_v: one add
+        bd_all = (qv.transpose(0, 1) @ p).transpose(0, 1)  # [B, H, W + 1]
         bd_ring = bd_all.gather(-1, dist[:, None, :].expand(-1, self.h, -1))
         # attention runs in the caches' dtype (every cast a no-op when it is x's), the current frame's key and
         # value as the ring will hold them; scores and softmax in float32
@@ -212,20 +223,25 @@ class ConformerLayer(nn.Module):
         conv_cache: Tensor,
         dist: Tensor,
         hidden: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """One frame x [B, d] -> (y [B, d], new key [B, H, dk], new value [B, H, dk], new conv cache).
+        live: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One frame x [B, d] -> (y [B, d], new key [B, H, dk], new value [B, H, dk]).
 
-        `hidden` is the additive score bias of RelPositionAttention.step.
-
-        Caches are read, never written: the caller commits the returned state for the rows it keeps.
+        `hidden` is the additive score bias of RelPositionAttention.step; `live` [B] the rows that move on
+        (`slot_state.live_rows`). The attention caches are read, never written: the caller commits the key
+        and value for the rows it keeps; the conv cache of the `live` rows moves on here.
         """
-        x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
-        a, k, v = self.self_attn.step(self.norm_self_att(x), pe, k_cache, v_cache, dist, hidden)
-        x = x + a
-        c, conv_cache = self.conv.step(self.norm_conv(x), conv_cache)
-        x = x + c
-        x = torch.add(x, self.feed_forward2(self.norm_feed_forward2(x)), alpha=0.5)
-        return self.norm_out(x), k, v, conv_cache
+        # each residual join and the norm after it run as one kernel on CUDA (add_layer_norm)
+        x, h = _join(x, self.feed_forward1(self.norm_feed_forward1(x)), 0.5, self.norm_self_att)
+        a, k, v = self.self_attn.step(h, pe, k_cache, v_cache, dist, hidden)
+        x, h = _join(x, a, 1.0, self.norm_conv)
+        x, h = _join(x, self.conv.step(h, conv_cache, live), 1.0, self.norm_feed_forward2)
+        return _join(x, self.feed_forward2(h), 0.5, self.norm_out)[1], k, v
+
+
+def _join(x: Tensor, y: Tensor, alpha: float, norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+    """(`x + alpha * y`, `norm` of it): a residual join and the LayerNorm after it."""
+    return add_layer_norm(x, y, alpha, norm.weight, norm.bias, norm.eps)
 
 
 def relative_positions(window: int, d_model: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch import nn
 
 from engine.config.stage_config import PerceptionConfig
 from engine.model.conformer import ConformerEncoder
-from engine.model.slot_state import SlotState, keep_rows, register_slot_state, ring_write
+from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state, ring_write
 
 _MASKED = -10000.0  # NeMo's score for a hidden key; exp underflows to exactly 0 in fp32
 
@@ -202,13 +202,13 @@ class Perception(SlotState, nn.Module):
         slot_in_ring = torch.remainder(self.frames, w)
         dist = self.ring_dist[slot_in_ring]
         hidden = self.ring_hidden[self.frames.clamp(max=w)]
+        live = live_rows(exec_mask)  # the executed rows as the conv kernel's row indices
         for i, layer in enumerate(self.encoder.layers):
             kc, vc, cc = (getattr(self, f"{kind}_cache{i}") for kind in ("k", "v", "conv"))
-            x, k, v, conv = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden)
-            # commit the state of the executed rows only (after the layer has read it): ring write at
-            # frame % w
+            # the layer moves the executed rows' conv cache on; their key and value are committed here
+            # (after the layer has read the ring): ring write at frame % w
+            x, k, v = layer.step(x, self.encoder.pe, kc, vc, cc, dist, hidden, live)
             ring_write(kc, vc, slot_in_ring, k, v, exec_mask)
-            keep_rows(cc, conv, exec_mask)
         out = self.proj(x)
 
         tail = torch.cat([self.audio_tail, audio], dim=-1)[:, -self.audio_tail_len :]

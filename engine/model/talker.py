@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.config.stage_config import TalkerConfig
+from engine.kernels.add_rms_norm import add_rms_norm
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
 from engine.model.talker_backbone import Attention, TalkerBackbone
 from engine.model.talker_heads import (
@@ -275,7 +276,7 @@ class Talker(SlotState, nn.Module):
             else:
                 e = self.embed_code(acc)
                 e = self._rows(e) + hidden
-            x = m.mlp_stack(e.to(self.dtype)).float()  # sampling is float32 whatever the stack's dtype
+            x = self._mlp_stack(e.to(self.dtype)).float()  # sampling is float32 whatever the stack's dtype
             if cfg.use_cfg:
                 xc, xu = x.view(n, 2, -1).unbind(1)
                 x = xc + cfg.cfg_scale * (xc - xu)
@@ -307,6 +308,18 @@ class Talker(SlotState, nn.Module):
                     acc = acc + e_l
             level += k
         return torch.stack(codes, 1)
+
+    def _mlp_stack(self, x: Tensor) -> Tensor:
+        """`mog_head.mlp_stack(x)`, each residual join and the norm after it (the next layer's pre-norm, or
+        the stack's final norm) in one kernel on CUDA (add_rms_norm)."""
+        *layers, final = self.mog_head.mlp_stack
+        if not layers:
+            return final(x)
+        h = layers[0].pre_norm(x)
+        for i, layer in enumerate(layers):
+            after = layers[i + 1].pre_norm if i + 1 < len(layers) else final
+            x, h = add_rms_norm(x, layer.mlp(h), layer.post_norm.scale, after.scale, after.eps)
+        return h
 
     # ------------------------------------------------------------------ weights
 

@@ -172,8 +172,9 @@ class TalkerBackbone(nn.Module):
             kc, vc = (c.view(r, hk, ring, d) for c in self.caches(i))
             # attention runs in the KV dtype: no copy of the ring in another dtype (no-ops when they agree)
             ring_write(kc, vc, entry[ring], k, v, exec_rows)
-            qg = q.view(r, hk, hq // hk, d).to(kc.dtype)
-            o = decode_attention(qg, kc, vc, filled[ring], scale).reshape(r, hq * d).to(x.dtype)
+            # the queries rounded to the ring's dtype and the output cast back to x's inside decode_attention
+            qg = q.view(r, hk, hq // hk, d)
+            o = decode_attention(qg, kc, vc, filled[ring], scale, out_dtype=x.dtype).view(r, hq * d)
             post, pre = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             x, h = add_rms_norm(x, a.o_proj(o), post.scale, pre.scale, eps)
             after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm

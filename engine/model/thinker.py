@@ -12,12 +12,14 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.config.stage_config import ThinkerConfig
 from engine.kernels.relu_square import relu_square
 from engine.kernels.reset_rows import reset_rows
-from engine.kernels.rms_norm import rms_norm
+from engine.kernels.rms_norm import residual_rms_norm, rms_norm
+from engine.model.joint import JointParams
 from engine.model.mamba import Mamba2Mixer, _normal
 from engine.model.slot_state import SlotState, keep_rows, live_rows, register_slot_state
 from engine.model.thinker_attention import Attention
@@ -62,16 +64,17 @@ class Block(nn.Module):
         else:
             self.mixer = MLP(cfg, dtype)
 
-    def step(
-        self, h: torch.Tensor, pos: torch.Tensor, exec_mask: torch.Tensor, live: torch.Tensor
+    def mix(
+        self, x: torch.Tensor, pos: torch.Tensor, exec_mask: torch.Tensor, live: torch.Tensor
     ) -> torch.Tensor:
-        """The live form; `live` is `exec_mask` as the kernels' slot indices (`live_rows`)."""
-        x = self.norm(h)
+        """The live form's mixer on the normed input x, before the residual join (the caller joins it with
+        the next norm: `residual_rms_norm`); `live` is `exec_mask` as the kernels' slot indices
+        (`live_rows`)."""
         if self.kind == "M":
-            return h + self.mixer.step(x, live)
+            return self.mixer.step(x, live)
         if self.kind == "*":
-            return h + self.mixer.step(x, pos, exec_mask)
-        return h + self.mixer(x)
+            return self.mixer.step(x, pos, exec_mask)
+        return self.mixer(x)
 
     def step_rows(self, h: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         x = self.norm(h)
@@ -112,7 +115,7 @@ class ThinkerOutput:
     func_token: torch.Tensor  # [b] int64, greedy unless forced
 
 
-class Thinker(SlotState, nn.Module):
+class Thinker(SlotState, JointParams):
     """NemotronH thinker with per-slot state. Module names follow the release's `stt_model.*` tensors.
 
     `dtype`: weights, activations and the Mamba conv state; `kv_dtype` (default `dtype`): the attention
@@ -140,6 +143,9 @@ class Thinker(SlotState, nn.Module):
         self.llm = Backbone(cfg, rows, dtype, kv_dtype or dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.function_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
+        # both heads as one projection over the final hidden (`JointParams`: the checkpoint's two tensors,
+        # rows of one)
+        self.join_params({"heads": ("lm_head.weight", "function_head.weight")})
         register_slot_state(self, "pos", torch.zeros(rows, dtype=torch.long))
         register_slot_state(self, "prev_text", torch.full((rows,), pad_id, dtype=torch.long))
         register_slot_state(self, "prev_func", torch.full((rows,), pad_id, dtype=torch.long))
@@ -192,7 +198,9 @@ class Thinker(SlotState, nn.Module):
         return c.text_weight * e(text) + c.audio_weight * audio.to(self.dtype) + c.function_weight * e(func)
 
     def heads(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.lm_head(hidden).float(), self.function_head(hidden).float()
+        """(text logits, function logits) [..., vocab] fp32: one matmul over both heads' rows."""
+        logits = F.linear(hidden, self.joint("heads")).float()
+        return logits.split(self.cfg.vocab_size, dim=-1)
 
     def prefill_embeds(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """T positions per row in one chunked forward (T <= attention window); slots must be distinct
@@ -231,10 +239,15 @@ class Thinker(SlotState, nn.Module):
         pos = self.pos[:s]
         live = live_rows(exec_mask)
         h = self.embed(audio, self.prev_text[:s], self.prev_func[:s])
-        for block in self.llm.layers:
-            h = block.step(h, pos, exec_mask, live)
+        layers = self.llm.layers
+        x = layers[0].norm(h)
+        # each residual join and the norm after it (the next block's, or the final one) run as one kernel
+        # on CUDA (residual_rms_norm); the residual stream h moves on in place
+        for i, block in enumerate(layers):
+            after = layers[i + 1].norm if i + 1 < len(layers) else self.llm.norm_f
+            h, x = residual_rms_norm(h, block.mix(x, pos, exec_mask, live), after.weight, after.eps)
         keep_rows(pos, pos + 1, exec_mask)
-        out = self._tokens(self.llm.norm_f(h), force_text, force_func)
+        out = self._tokens(x, force_text, force_func)
         keep_rows(self.prev_text[:s], out.text_token, exec_mask)
         keep_rows(self.prev_func[:s], out.func_token, exec_mask)
         return out

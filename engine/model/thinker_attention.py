@@ -8,17 +8,20 @@ layers, tokens or time.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.config.stage_config import ThinkerConfig
 from engine.kernels.decode_attention import decode_attention
+from engine.model.joint import JointParams
 from engine.model.slot_state import register_slot_state, ring_write
 
 RING_SLICE = 1024  # ring entries a prefill's attention holds at once (per row and KV head)
 
 
-class Attention(nn.Module):
+class Attention(JointParams):
     """Grouped-query attention without positional encoding, over a per-slot ring KV cache of `window` entries.
+    q, k and v are one projection (`JointParams`: the checkpoint's three tensors, rows of one).
 
     With no RoPE the order of cached entries is irrelevant, so position p lives at ring index p % window
     and a conversation never reaches a context limit: it attends to its last `window` positions.
@@ -35,6 +38,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.d, bias=False, dtype=dtype)
         self.o_proj = nn.Linear(self.nq * self.d, cfg.hidden_size, bias=False, dtype=dtype)
+        self.join_params({"qkv": ("q_proj.weight", "k_proj.weight", "v_proj.weight")})
+        self.split = (self.nq * self.d, self.nkv * self.d, self.nkv * self.d)
         shape = (state_rows, self.nkv, self.window, self.d)
         kv_dtype = kv_dtype or dtype
         register_slot_state(self, "k_cache", torch.zeros(shape, dtype=kv_dtype))
@@ -44,9 +49,9 @@ class Attention(nn.Module):
         """x [b, hidden] -> q [b, kv, g, d], k and v [b, kv, d], in the cache's dtype (in which attention
         runs; the casts are no-ops when it is x's)."""
         b, kv = x.shape[0], self.k_cache.dtype
-        q = self.q_proj(x).view(b, self.nkv, self.nq // self.nkv, self.d).to(kv)
-        k = self.k_proj(x).view(b, self.nkv, self.d).to(kv)
-        return q, k, self.v_proj(x).view(b, self.nkv, self.d).to(kv)
+        q, k, v = F.linear(x, self.joint("qkv")).split(self.split, dim=-1)
+        q = q.view(b, self.nkv, self.nq // self.nkv, self.d).to(kv)
+        return q, k.view(b, self.nkv, self.d).to(kv), v.view(b, self.nkv, self.d).to(kv)
 
     def _out(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.o_proj(o.reshape(x.shape[0], self.nq * self.d).to(x.dtype))
@@ -81,9 +86,10 @@ class Attention(nn.Module):
         b, T, _ = x.shape
         g, W = self.nq // self.nkv, self.window
         kv = self.k_cache.dtype  # as in `step`: attention in the cache's dtype, the new keys as it holds them
-        q = self.q_proj(x).view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4).to(kv)  # [b, kv, g, T, d]
-        k = self.k_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)  # [b, kv, T, d]
-        v = self.v_proj(x).view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)
+        q, k, v = F.linear(x, self.joint("qkv")).split(self.split, dim=-1)
+        q = q.view(b, T, self.nkv, g, self.d).permute(0, 2, 3, 1, 4).to(kv)  # [b, kv, g, T, d]
+        k = k.view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)  # [b, kv, T, d]
+        v = v.view(b, T, self.nkv, self.d).transpose(1, 2).to(kv)
         t = torch.arange(T, device=x.device)
         query_pos = pos0[:, None] + t  # [b, T]
         m = torch.full((b, self.nkv, g, T, 1), -torch.inf, device=x.device)
