@@ -17,7 +17,9 @@
 # from WHEELS (a folder of wheels, default .whl) into a private folder, with no network;
 # `scripts/gpu_wheels.sh` fills that folder on a machine with PyPI.
 # Settings (environment): PRESET (nemotron-voicechat-11b), SLOTS (1,64,256), SESSIONS (64), TOOL_SESSIONS (16),
-# SECONDS (60), SWEEP_BUDGET_S (120), SWEEP_MAX (512), DEVICE (cuda), CAPACITY (1: capacity mode). A CPU smoke run of the same script:
+# SECONDS (60), SWEEP_BUDGET_S (120), SWEEP_SECONDS (10: each size's run), SWEEP_MAX (512), DEVICE (cuda), CAPACITY (1:
+# capacity mode), GPU_TESTS (the test files whose CUDA tests run: every file below that has them). A CPU smoke run
+# of the same script (tests/test_gpu_check.py runs a smaller one, its CUDA tests from one file):
 # PRESET=tiny DEVICE=cpu SLOTS=1,4 SESSIONS=4 TOOL_SESSIONS=1 SECONDS=3 SWEEP_BUDGET_S=10 SWEEP_MAX=8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,7 @@ SESSIONS=${SESSIONS:-64}
 TOOL_SESSIONS=${TOOL_SESSIONS:-16}
 SECONDS_=${SECONDS:-60}
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-120}
+SWEEP_SECONDS=${SWEEP_SECONDS:-10}
 SWEEP_MAX=${SWEEP_MAX:-512}
 DEVICE=${DEVICE:-cuda}
 # capacity mode (a 1,000-position talker window, its KV in bf16) by default: at the release's windows 64 sessions of the 11B
@@ -79,6 +82,7 @@ for t in tests/test_decode_attention.py tests/test_ring_write.py tests/test_rms_
   tests/test_fused_kernels.py; do
   [ -f "$t" ] && TESTS+=("$t")
 done
+[ -n "${GPU_TESTS:-}" ] && read -ra TESTS <<<"$GPU_TESTS"
 # one pytest per file: the Triton interpreter, which the kernel files turn on for their CPU tests, is per process
 step gpu_tests 150 bash -c 'rc=0; for t in "${@:3}"; do
   "$1" -m pytest -q -m gpu -p no:cacheprovider "$t" --junitxml="$2/gpu_tests-$(basename "$t" .py).xml" || rc=1
@@ -90,7 +94,7 @@ step profile 60 "$PY" -m benchmarks.profile_step --preset "$PRESET" --device "$D
 step serve 150 "$PY" -m benchmarks.engine_bench serve --preset "$PRESET" --device "$DEVICE" --sessions "$SESSIONS" \
   --tool-sessions "$TOOL_SESSIONS" --seconds "$SECONDS_" --baseline-seconds 0 --plot "$OUT_DIR/serve-64.png" "${WIN[@]}"
 step sweep $((SWEEP_BUDGET_S + 90)) "$PY" -m benchmarks.engine_bench serve --sweep --preset "$PRESET" --device "$DEVICE" \
-  --sessions "$SESSIONS" --sweep-seconds 10 --sweep-max "$SWEEP_MAX" --sweep-budget-s "$SWEEP_BUDGET_S" \
+  --sessions "$SESSIONS" --sweep-seconds "$SWEEP_SECONDS" --sweep-max "$SWEEP_MAX" --sweep-budget-s "$SWEEP_BUDGET_S" \
   --baseline-seconds 0 "${WIN[@]}"
 
 "$PY" - "$OUT_DIR" gpu_tests="${RC[gpu_tests]}" pipeline="${RC[pipeline]}" attention="${RC[attention]}" \
