@@ -20,7 +20,10 @@ from livekit.rtc._proto import ffi_pb2
 from agent.audio_in import audio_pump
 from engine.transport.link import IN_R, IN_W, Layout, SessionLink
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+pytestmark = [  # frames timed against the tick on the wall clock (serial: tests/conftest.py)
+    pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler"),
+    pytest.mark.serial,
+]
 
 RATE, FRAME = 16_000, 1280
 LOUD = (0.02 * 32768.0) ** 2  # agent/duplex.py VOICED_ENERGY
