@@ -9,7 +9,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/debian.sh"
 
 PG_PORT="${PG_PORT:-55432}"
-PG_DIR="${PG_DIR:-/tmp/chorus-pg-$(id -u)}"
+# the server's data, socket and log: one per network namespace, as scripts/livekit.sh keeps its server's, so that
+# two stacks on one machine (each in a namespace of its own) never stop or remove each other's
+_PG_NETNS="$(ip netns identify $$ 2>/dev/null || true)"
+PG_DIR="${PG_DIR:-/tmp/chorus-pg-$(id -u)${_PG_NETNS:+-$_PG_NETNS}}"
 
 _pg_bin() {
     local dir
