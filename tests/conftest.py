@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -52,6 +53,24 @@ def in_group(config, items) -> None:
             item._id = NodeId.parse(f"{item.nodeid}@{group.args[0]}")
 
 
+# the longest of the group, which hold a call's silences to seconds: last in the group, so that they run when
+# the other worker has run out of tests and the machine is theirs
+LAST = ("tests/test_livekit_fleet.py::test_a_rolling_restart", "tests/test_soak.py::")
+AHEAD_NICE, BESIDE_NICE = 0, 10  # the group's tests ahead of the rest on the CPU
+
+
+def pytest_runtest_setup(item):
+    """On an xdist worker the group's tests (and the workers, engines and rooms they start, which inherit it)
+    run at the usual priority, the others beside them at a lower one: the rest only has the CPU where the
+    group's calls leave it. Raising a priority back needs the privilege CI runs with; without it the rest
+    keeps the lower one for the run, which is still what the group needs."""
+    if not hasattr(item.config, "workerinput"):
+        return
+    nice = AHEAD_NICE if item.get_closest_marker("xdist_group") is not None else BESIDE_NICE
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
 def one_after_another(item) -> bool:
     """Whether `item` goes in the SERIAL group (above)."""
     if item.get_closest_marker("livekit") is not None or item.get_closest_marker(SERIAL) is not None:
@@ -69,6 +88,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if one_after_another(item):
                 item.add_marker(serial)
+    items.sort(key=lambda item: item.nodeid.startswith(LAST))  # stable: the rest keeps its order
     in_group(config, items)
     if torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") == "1":  # a file of interpreted kernels was imported first

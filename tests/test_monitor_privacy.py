@@ -75,7 +75,11 @@ UNCAUGHT = {
         " thanks grace, that's john smith at gmail dot com, at twelve baker street.",
         ["grace", "john", "smith", "gmail", "baker"],
     ),
-    PHONE_ROOM: (" Hopper is the name; we'll call you on +1 415 555 0100.", ["hopper", "415", "0100"]),
+    # the number's groups as they would show, not "415" alone: a figure of the page (a count) may be 415
+    PHONE_ROOM: (
+        " Hopper is the name; we'll call you on +1 415 555 0100.",
+        ["hopper", "415 555", "555 0100", "0100"],
+    ),
     "room_plain": (" Of course, I can help with that.", ["of course", "help"]),
 }
 EVERYWHERE = [
