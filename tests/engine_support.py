@@ -26,6 +26,21 @@ CALL = [{"name": "check_availability", "arguments": {"guests": 2}}]
 TICK_S = 0.08  # the clock's move from one hand-driven tick to the next (the model's frame)
 
 
+def pipeline_with_history(cfg, slots: int, seed: int, steps: int = 3):
+    """A prepared pipeline (eval) of `slots` slots after `steps` live steps of seeded caller noise on every
+    slot, so that the state a test looks at is not the fresh one."""
+    from engine.model.pipeline import Pipeline
+    from engine.text.tokens import Tokens
+
+    p = Pipeline(cfg, slots, Tokens(cfg.tokens)).eval()
+    p.prepare()
+    gen = torch.Generator().manual_seed(seed)
+    minus, every = torch.full((slots,), -1), torch.ones(slots, dtype=torch.bool)
+    for _ in range(steps):
+        p.live_step(0.1 * torch.randn(slots, cfg.clock.input_samples, generator=gen), every, minus, minus)
+    return p
+
+
 def caller_audio(seed: int, seconds: float) -> np.ndarray:
     """A caller's voice at 16 kHz: a tone of the seed's own pitch with a little noise."""
     rng = np.random.default_rng(seed)

@@ -18,6 +18,7 @@ from engine.tick.runner import Runner
 from engine.tick.scheduler import Scheduler
 from engine.tick.session import Phase, Session
 from engine.tick.slots import FrameInbox
+from engine_support import pipeline_with_history
 
 CFG = load_preset("tiny")
 S = 8
@@ -25,13 +26,7 @@ N = CFG.clock.input_samples
 
 
 def pipeline() -> Pipeline:
-    p = Pipeline(CFG, S, Tokens(CFG.tokens)).eval()
-    p.prepare()
-    gen = torch.Generator().manual_seed(5)
-    minus, every = torch.full((S,), -1), torch.ones(S, dtype=torch.bool)
-    for _ in range(3):  # a history, so that the state under test is not the fresh one
-        p.live_step(0.1 * torch.randn(S, N, generator=gen), every, minus, minus)
-    return p
+    return pipeline_with_history(CFG, S, seed=5)
 
 
 def state(p: Pipeline) -> dict[str, torch.Tensor]:

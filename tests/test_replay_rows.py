@@ -13,9 +13,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from engine.config.presets import load_preset
 from engine.model.perception_rows import PerceptionRows
 from engine.model.pipeline import Pipeline
-from engine.text.tokens import Tokens
 from engine.tick.plan import ToolWork
 from engine.tick.runner import Runner
+from engine_support import pipeline_with_history
 
 CFG = load_preset("tiny")
 S = 8
@@ -23,13 +23,7 @@ TOL = {"rtol": 0, "atol": 2e-5}  # float rounding of another batch size (fp32)
 
 
 def pipeline() -> Pipeline:
-    p = Pipeline(CFG, S, Tokens(CFG.tokens)).eval()
-    p.prepare()
-    gen = torch.Generator().manual_seed(3)
-    minus, every = torch.full((S,), -1), torch.ones(S, dtype=torch.bool)
-    for _ in range(3):  # a history, so that the state under test is not the fresh one
-        p.live_step(0.1 * torch.randn(S, CFG.clock.input_samples, generator=gen), every, minus, minus)
-    return p
+    return pipeline_with_history(CFG, S, seed=3)
 
 
 @torch.inference_mode()
