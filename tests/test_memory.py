@@ -97,15 +97,9 @@ def _traced_and_measured(policy: str, slots: int, step: str) -> tuple[int, int]:
     return traced, measured.peak
 
 
-@glibc
-@pytest.mark.parametrize(
-    ("policy", "slots", "step"),
-    [("fp32", 32, "live"), ("gpu", 64, "live"), ("fp32", 8, "prefill"), ("gpu", 8, "prefill")],
-)
-def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, step):
-    """Within 5% plus 256 KiB (other threads' small allocations land in the same count; measured 0.5-2% on
-    these sizes). Tool-call steps are left out: the trace follows the CUDA kernels, which read the rings in
-    place, where the CPU's references gather them."""
+def traced_and_measured(policy: str, slots: int, step: str) -> tuple[int, int]:
+    """This file run as a script in a process of its own (the allocator's peak is the process's): the step's
+    traced transient and the allocator's peak for it, in bytes."""
     run = subprocess.run(
         [sys.executable, __file__, policy, str(slots), step],
         capture_output=True,
@@ -115,6 +109,19 @@ def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, ste
         cwd=Path(__file__).parent.parent,
     )
     traced, measured = json.loads(run.stdout.strip().splitlines()[-1])
+    return traced, measured
+
+
+@glibc
+@pytest.mark.parametrize(
+    ("policy", "slots", "step"),
+    [("fp32", 32, "live"), ("gpu", 64, "live"), ("fp32", 8, "prefill"), ("gpu", 8, "prefill")],
+)
+def test_the_traced_transient_is_what_the_allocator_hands_out(policy, slots, step):
+    """Within 5% plus 256 KiB (other threads' small allocations land in the same count; measured 0.5-2% on
+    these sizes). Tool-call steps are left out: the trace follows the CUDA kernels, which read the rings in
+    place, where the CPU's references gather them."""
+    traced, measured = traced_and_measured(policy, slots, step)
     print(f"{policy} {step} at {slots} slots: traced {traced:,} bytes, allocator peak {measured:,}")
     assert traced > 2_000_000
     assert abs(measured - traced) <= 0.05 * traced + 2**18
@@ -127,15 +134,7 @@ def test_the_prediction_counts_each_replay_piece_of_several_frames(frames):
     perception at once: the prediction traces each such bucket, and what it counts is what the allocator
     hands out for it (within 5% plus 256 KiB, as above)."""
     peaks = step_peaks(CFG, dtype_policy("fp32"), 16, granule=1)
-    run = subprocess.run(
-        [sys.executable, __file__, "fp32", "16", f"replay{frames}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-        cwd=Path(__file__).parent.parent,
-    )
-    _, measured = json.loads(run.stdout.strip().splitlines()[-1])
+    _, measured = traced_and_measured("fp32", 16, f"replay{frames}")
     predicted = peaks.get(f"replay {frames} frames")
     print(f"replay piece of {frames} frames at 16 rows: predicted {predicted}, allocator peak {measured:,}")
     assert predicted is not None and predicted > peaks["replay"]
