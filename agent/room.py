@@ -217,9 +217,13 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     )
 
 
-def _cancel_on_end(task: asyncio.Task):
+def _cancel_on_end(task: asyncio.Task, wait_s: float = 3.0):
+    """A shutdown callback: `task` cancelled, and waited for (at most `wait_s`) to finish what its end does
+    (the link's watch leaves a lost connection's room marked down) before the job's process exits."""
+
     async def cancel(*_args: Any) -> None:
         task.cancel()
+        await asyncio.wait({task}, timeout=wait_s)
 
     return cancel
 

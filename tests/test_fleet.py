@@ -293,6 +293,62 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
     assert events == [("AJ_old", "down"), ("AJ_old", "replaced")]  # the blip's job: no event
 
 
+def test_a_job_that_ends_with_its_connection_down_leaves_its_room_alone_while_its_worker_still_lists_it(
+    redis_url, monkeypatch
+):
+    """A LiveKit node dies under a job, whose SDK gives up: the job ends while its connection is down, and the
+    server drops its agent from the room. Its worker lists the job, and marks the room live at every beat,
+    until the job's process has exited: the room, its agent seen in it before, must not be held by that mark
+    meanwhile. The job's watch, cancelled by the job's end, leaves the room marked down (ENDED_DOWN_MS), so
+    the worker's beats no longer mark it live and another worker's sweep finds the caller alone at once."""
+    monkeypatch.setattr(timing, "BEAT_S", 0.02)
+    monkeypatch.setattr(timing, "DOWN_GRACE_S", 10.0)  # ends before its grace: marked down by its end alone
+    lk = FakeLiveKit()
+    room = lk.add("boathouse", "desk", caller_joined=time.time() - 60)
+    lk.agent("boathouse", "AJ_gone")
+    settings = AgentSettings(redis_url=redis_url, agent_name="desk")
+    keys = marks.Keys("desk")
+
+    async def main():
+        worker = fleet.Fleet(
+            marks.redis_client(redis_url),
+            "desk",
+            "w-a",
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a")),
+        )
+        other = fleet.Fleet(
+            marks.redis_client(redis_url),
+            "desk",
+            "w-b",
+            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-b")),
+        )
+        jobs = [(room.sid, "AJ_gone")]
+        await worker.beat(jobs)
+        held = await other.sweep(lk)  # its agent in the room: held (and agreed with)
+        link = Link()
+        task = asyncio.create_task(
+            room_job.watch_link(link, settings, room.sid, "AJ_gone", lambda d: None, lambda: None)
+        )
+        await asyncio.sleep(0.05)
+        link.connection_state = link.down
+        await asyncio.sleep(0.05)
+        lk.rooms["boathouse"][1].pop()  # the server drops its agent
+        task.cancel()  # the job ends
+        await asyncio.wait({task}, timeout=5)
+        ttl = await other.redis.pttl(keys.down(room.sid))
+        await worker.beat(jobs)  # its process not exited yet: its worker lists it still
+        asked = await other.sweep(lk)
+        await other.redis.delete(*(k(room.sid) for k in (keys.live, keys.down, keys.claim, keys.served)))
+        for f in (worker, other):
+            await f.redis.aclose()
+            await f.presence.aclose()
+        return held, ttl, asked
+
+    held, ttl, asked = asyncio.run(main())
+    assert held == 0 and timing.ENDED_DOWN_MS - 5_000 < ttl <= timing.ENDED_DOWN_MS
+    assert asked == 1 and [d.room for d in lk.created] == [room.name]
+
+
 def test_a_job_back_in_its_room_alone_keeps_it(redis_url, monkeypatch):
     monkeypatch.setattr(timing, "BEAT_S", 0.02)
     monkeypatch.setattr(timing, "DOWN_GRACE_S", 0.05)

@@ -63,7 +63,7 @@ def run(
 
 
 LIVE = "w-a AJ_1"  # the live mark of job AJ_1, run by worker w-a
-AGREED = Memory(agreed=LIVE)  # its agent was seen in the room
+AGREED = Memory(agreed=LIVE, agreed_at=NOW - 1)  # its agent was seen in the room a second ago
 LATE = Memory(first=("w-x AJ_made_up", NOW - timing.JOIN_S - 1))  # a mark first seen longer than JOIN_S ago
 MOVING = Memory(node="ND_live", moved_at=NOW - 1)  # made again on ND_live a second ago
 FORGED_LATELY = Memory(forged_at=NOW - 1)
@@ -351,5 +351,30 @@ def test_a_moved_room_whose_agent_stays_away_is_lost_after_absent_s_and_its_job_
         memory = v.memory
         out.append((v.why, v.take_down, v.moved))
     assert out == [(None, None, True), (None, None, False), (LOST, "AJ_1", False)]
-    v, _ = run(state, memory=memory, now=NOW + timing.MOVED_S + 1)  # settled on its new node
+    # settled on its new node, its agent in it
+    v, _ = run(state, memory=memory, people=(CALLER, agent("AJ_1", WALL)), now=NOW + timing.MOVED_S + 1)
     assert (v.why, v.take_down) == (None, None)
+
+
+def test_a_held_rooms_mark_is_looked_at_again_after_agreed_s_and_its_caller_found_alone_once_its_agent_left():
+    """A job its worker still lists whose agent left the room with no down mark (its process ending after
+    its connection was lost): the mark holds the room without a read for AGREED_S after its agent was last
+    seen in it, then LiveKit's list is read again; the agent gone, the caller is alone."""
+    held = RoomState(live=LIVE, served=True)
+    memory = replace(AGREED, agreed_at=NOW)
+    out = []
+    for t, people in (
+        (timing.AGREED_S - 0.1, (CALLER,)),  # (its agent left meanwhile: not read yet)
+        (timing.AGREED_S, (CALLER, agent("AJ_1"))),  # looked at again: still there
+        (timing.AGREED_S + 1, (CALLER,)),
+        (2 * timing.AGREED_S, (CALLER,)),
+    ):
+        v, reads = run(held, people=people, memory=memory, now=NOW + t)
+        memory = v.memory
+        out.append((v.why, reads, v.memory.agreed_at - NOW))
+    assert out == [
+        (None, [], 0.0),
+        (None, [P], timing.AGREED_S),
+        (None, [], timing.AGREED_S),
+        (LOST, [P], timing.AGREED_S),
+    ]

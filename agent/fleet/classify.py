@@ -8,7 +8,9 @@ A room is:
 - **closed to the fleet** when its call ended on purpose, or a handover asked for is on its way (its
   draining worker alive);
 - **held** while its live mark (of a worker not gone, a job not down) is believed: LiveKit lists the job's
-  agent in the room, or the mark is younger than JOIN_S;
+  agent in the room (looked at again every AGREED_S: a job its worker still lists may have left the room
+  without a down mark, its process ending after its connection was lost, or hung), or the mark is younger
+  than JOIN_S;
 - **not ours** when it was never served and has no dispatch of this agent;
 - **over** when it was served, has no agent, and no caller has been in it for OVER_S;
 - **alone** (`Reason`) when a caller is in it and no agent serves it: served and lost (AGENT_LOST), served
@@ -60,6 +62,7 @@ class Memory:
     absent_since: float | None = None  # moved, and its agent not in it since
     empty_since: float | None = None  # served, no agent, and no caller in it since
     agreed: str | None = None  # the live mark whose job's agent was seen in the room
+    agreed_at: float = -math.inf  # when it was last seen there
     first: tuple[str, float] | None = None  # (the live mark, when first seen)
     forged_at: float = -math.inf  # when a mark LiveKit disagreed with was last seen
     warned: bool = False  # a mark LiveKit disagreed with was said
@@ -105,10 +108,10 @@ def classify(seen: Seen, memory: Memory, now: float, wall: float) -> Verdict:
     since = min(p.joined_at for p in present) if mem.moved_at > -math.inf and present else 0
     forged, warn = False, None  # a mark LiveKit does not agree with: a down job's agent in the room, say
     if live:
-        mem, live, warn = _holds(mem, s.live, s.job, s.down, people, since, now)
+        mem, live, warn = _holds(mem, s.live, s.job, s.down, people, since, now, fresh=not moved)
         forged = not live and s.job != s.down
     elif s.live is None and s.down is not None:
-        mem, forged, warn = _holds(mem, s.down, s.down, s.down, people, since, now)
+        mem, forged, warn = _holds(mem, s.down, s.down, s.down, people, since, now, fresh=not moved)
     if forged:
         mem = replace(mem, forged_at=now)
     elif s.live is None and s.down is None and s.served:
@@ -161,11 +164,12 @@ def _moved(mem: Memory, node: str | None, now: float) -> tuple[Memory, bool, boo
     return mem, now - mem.moved_at < timing.MOVED_S, False
 
 
-def _known(mem: Memory, mark: str, now: float) -> tuple[Memory, bool]:
-    """Whether the live mark `mark` was agreed with (its agent seen in the room), or is new enough to be
-    believed without a look (JOIN_S)."""
+def _known(mem: Memory, mark: str, now: float, fresh: bool = True) -> tuple[Memory, bool]:
+    """Whether the live mark `mark` was agreed with (its agent seen in the room; with `fresh`, within
+    AGREED_S), or is new enough to be believed without a look (JOIN_S). A mark agreed with longer ago is not
+    new: it is looked at again. (A moved room's agent is looked for apart: its mark holds while it moves.)"""
     if mem.agreed == mark:
-        return mem, True
+        return mem, not fresh or now - mem.agreed_at < timing.AGREED_S
     if mem.first is None or mem.first[0] != mark:
         mem = replace(mem, first=(mark, now))
     assert mem.first is not None
@@ -173,7 +177,7 @@ def _known(mem: Memory, mark: str, now: float) -> tuple[Memory, bool]:
 
 
 def _holds(
-    mem: Memory, mark: str, job: str | None, down: str | None, people, since: int, now: float
+    mem: Memory, mark: str, job: str | None, down: str | None, people, since: int, now: float, fresh: bool
 ) -> tuple[Memory, bool, str | None]:
     """Whether a mark naming `job` holds the room as LiveKit lists it (`people`): a live mark while its agent
     is in it, or while the mark is new (JOIN_S); a down mark (`job` == `down`) only while its agent is not.
@@ -183,8 +187,8 @@ def _holds(
         mem, warn = _warned(mem, "a down mark names a job whose agent is in the room", present)
         return mem, present, warn
     if present:
-        return replace(mem, agreed=mark), True, None
-    mem, known = _known(mem, mark, now)
+        return replace(mem, agreed=mark, agreed_at=now), True, None
+    mem, known = _known(mem, mark, now, fresh)
     if known:
         return mem, True, None
     mem, warn = _warned(mem, "a live mark names a job whose agent is not in the room", True)

@@ -14,9 +14,12 @@ found no worker, each leaves its caller in silence until they hang up.
 - **Down.** A job whose own connection to its room has been down DOWN_GRACE_S (the rtc SDK reconnecting:
   its LiveKit node died, its host lost the network) sets `...:down:<room sid>` to its job id while it lasts:
   its worker's mark no longer counts, and the room is alone. When the connection is back and another job has
-  marked the room meanwhile, this one leaves: the room has its new agent (`watch_link`).
+  marked the room meanwhile, this one leaves: the room has its new agent (`watch_link`). A job that ends
+  while its connection is down leaves the mark standing (ENDED_DOWN_MS): its worker lists it, and would mark
+  the room live, until its process has exited.
 - **Believed.** A mark is anyone's to write who can write to Redis, while only the server puts an agent in a
-  room: a live mark counts while LiveKit lists its job's agent in the room (or for its first JOIN_S), a down
+  room: a live mark counts while LiveKit lists its job's agent in the room (read again every AGREED_S for a
+  room held; or for its first JOIN_S), a down
   mark only while LiveKit does not, and a room whose live mark names a job LiveKit does not know is its
   agent's still while an agent of one of the room's jobs is in it (agent/fleet/agreed.py). So a mark forged
   by hand neither makes a call's agent leave nor swaps it.

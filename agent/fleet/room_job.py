@@ -202,7 +202,8 @@ async def watch_link(
     and the watch ends; else `on_down(False)`. While up, every HELD_S, the same look (two jobs dispatched to
     one room: the one marked first keeps it), except while `handing_over()` (its worker drains: the new agent
     removes this one once its own session is live). The state is polled every BEAT_S. A failure of Redis is
-    logged once and tried again."""
+    logged once and tried again. Cancelled (the job ends) while its connection is down, it leaves the room
+    marked down for ENDED_DOWN_MS: its worker lists the job until its process has exited."""
     from livekit import rtc
 
     up = rtc.ConnectionState.CONN_CONNECTED
@@ -252,4 +253,9 @@ async def watch_link(
                 failing = True
     finally:
         room.off("reconnected", back.set)
+        if room.connection_state != up:
+            # the job ends with its connection down: its worker lists it (and marks the room live) until its
+            # process has exited, so its down mark stands past that, and the fleet finds the room alone
+            with contextlib.suppress(OSError, ConnectionError, TimeoutError, _redis_errors()):
+                await client.set(keys.down(sid), job, px=timing.ENDED_DOWN_MS)
         await client.aclose()

@@ -42,6 +42,10 @@ MOVED_DOWN_MS = 2 * CLAIM_MS
 # a job's mark is believed this long before its agent is in the room: a new job marks its room at launch, and
 # its agent joins seconds later (more on a busy host)
 JOIN_S = 10.0
+# a held room's live mark, its agent seen in the room, is believed this long before LiveKit's list is read
+# again: a job its worker still lists may have left the room with no down mark (its process ending after its
+# connection was lost, or hung), and its caller is alone; one join, twenty sweeps between a room's reads
+AGREED_S = JOIN_S
 # a room whose marks were forged this long ago or less: a live mark missing there is asked of LiveKit too
 # (removing a forged mark, by its writer or by the room's job, leaves the room unmarked until the next beat);
 # three joins, so a forger's mark written again while a job joins is still caught
@@ -60,6 +64,10 @@ HANDOVERS_AT_ONCE = 4
 # a job's room connection down this long is lost: not a blip the SDK mends by itself (a resume on a busy
 # machine can take more than a second), and well inside the time a node's callers take to come back (3 s+)
 DOWN_GRACE_S = 3.0
+# a job that ends while its connection is down leaves the room marked down this long: its worker lists it, and
+# marks the room live, until its process has exited (livekit-agents gives a closing process 10 s; a busy
+# host's may take longer), and a live mark of a job that has left the room must not hold it meanwhile
+ENDED_DOWN_MS = 60_000
 HELD_S = 4 * BEAT_S  # how often a job that is up looks whether another job holds its room
 GONE_WAIT_S = 5.0  # how long a room whose connection closed is looked for (the server lists a closing room)
 GONE_POLL_S = BEAT_S  # ... how often
