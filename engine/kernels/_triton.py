@@ -1,7 +1,10 @@
 """Triton, imported guarded: `triton` and `tl` are None where it is missing, and `jit` then leaves the
 kernel a plain function that is never launched (the torch references run instead)."""
 
+import contextlib
 import os
+
+import torch
 
 try:
     import triton
@@ -15,6 +18,12 @@ except ImportError:  # the references still work without Triton
 # codec's channel norm) run as Triton kernels on CUDA; CHORUS_FUSED_KERNELS=0 keeps them on their torch
 # references (one operator each again), to tell on a device whether a fused kernel is at fault.
 FUSED = triton is not None and os.environ.get("CHORUS_FUSED_KERNELS", "1") != "0"
+
+
+def on_device(t: torch.Tensor):
+    """The context a kernel reading `t` launches in: `t`'s CUDA device made current (Triton launches on the
+    current device, which need not be the tensor's); off CUDA, none."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def jit(fn):

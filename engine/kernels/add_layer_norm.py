@@ -11,12 +11,10 @@ the order of the sums only.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -86,7 +84,7 @@ def add_layer_norm_triton(
     s, out = torch.empty(2, r, d, dtype=x.dtype, device=x.device).unbind(0)  # one allocation
     if r == 0:
         return s, out
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _add_layer_norm_kernel[(r,)](
             x,
             y,

@@ -9,11 +9,9 @@ only.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.kernels._triton import FUSED, tl, triton
+from engine.kernels._triton import FUSED, on_device, tl, triton
 from engine.kernels._triton import jit as _jit
 from engine.kernels.qk_norm_rope import gemma_rms_norm_ref
 
@@ -56,7 +54,7 @@ def add_rms_norm_triton(
     s, out = torch.empty(2, r, d, dtype=x.dtype, device=x.device).unbind(0)  # one allocation
     if r == 0:
         return s, out
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _add_rms_norm_kernel[(r,)](
             x,
             y,

@@ -8,14 +8,12 @@ row that neither reads nor writes state; the live batch is row i on slot i (`slo
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
 from engine.kernels._rows import write_rows
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, triton
+from engine.kernels._triton import on_device, tl, triton
 
 
 def causal_conv1d_update_ref(
@@ -150,7 +148,7 @@ def causal_conv1d_update_triton(
         return out
     block_d = min(256, triton.next_power_of_2(d))
     grid = (triton.cdiv(d, block_d), b)
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _causal_conv1d_update_kernel[grid](
             x,
             conv_state,

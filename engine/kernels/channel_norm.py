@@ -10,11 +10,9 @@ holds all C channels; on the GPU it differs from the reference by the order of t
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.kernels._triton import FUSED, tl, triton
+from engine.kernels._triton import FUSED, on_device, tl, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -70,7 +68,7 @@ def channel_norm_triton(
         return out
     block_c = triton.next_power_of_2(c)
     block_n = max(1, min(triton.next_power_of_2(columns), 8192 // block_c))
-    with torch.cuda.device(y.device) if y.is_cuda else contextlib.nullcontext():
+    with on_device(y):
         _channel_norm_kernel[(triton.cdiv(columns, block_n),)](
             y, weight, bias, out, c, columns, eps, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=8
         )

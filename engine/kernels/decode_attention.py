@@ -10,12 +10,10 @@ syncs and a grid that depends on shapes only, so it can be captured in a CUDA gr
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, to_bf16_rtne, triton
+from engine.kernels._triton import on_device, tl, to_bf16_rtne, triton
 
 
 def decode_attention_ref(
@@ -290,7 +288,7 @@ def decode_attention_triton(
         part_acc = torch.empty(r, hk, splits, block_g, block_d, dtype=torch.float32, device=q.device)
     else:
         part_m = part_l = part_acc = out  # not written
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    with on_device(q):
         _decode_attention_kernel[(r, hk, splits)](
             q,
             k_cache,

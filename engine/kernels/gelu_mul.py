@@ -9,12 +9,10 @@ differs from the device's tanh within a few fp32 ulps.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 _BLOCK = 1024
@@ -55,7 +53,7 @@ def gelu_mul_triton(gu: torch.Tensor) -> torch.Tensor:
     rows = gu.reshape(-1, 2 * n)
     out = torch.empty(rows.shape[0], n, dtype=gu.dtype, device=gu.device)
     if out.numel() > 0:
-        with torch.cuda.device(gu.device) if gu.is_cuda else contextlib.nullcontext():
+        with on_device(gu):
             _gelu_mul_kernel[(rows.shape[0], triton.cdiv(n, _BLOCK))](
                 rows, out, n, rows.stride(0), ROUND=gu.dtype == torch.bfloat16, BLOCK=_BLOCK, num_warps=4
             )

@@ -10,12 +10,10 @@ order of the sum of squares only.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import FUSED, tl, triton
+from engine.kernels._triton import FUSED, on_device, tl, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -114,7 +112,7 @@ def qk_norm_rope_triton(
     out = torch.empty(r, hq + hk, d, dtype=q.dtype, device=q.device)
     if r == 0:
         return out
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    with on_device(q):
         _qk_norm_rope_kernel[(r, hq + hk)](
             q,
             k,

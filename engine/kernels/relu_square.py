@@ -7,11 +7,9 @@ to nearest even, as torch's bf16 arithmetic does, so it is bit for bit the refer
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 _BLOCK = 1024
@@ -44,7 +42,7 @@ def relu_square_triton(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return out
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _relu_square_kernel[(triton.cdiv(n, _BLOCK),)](
             x, out, n, ROUND=x.dtype == torch.bfloat16, BLOCK=_BLOCK, num_warps=4
         )

@@ -10,12 +10,10 @@ with no host sync and no pass over the other slots' rows (gigabytes of KV rings 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, triton
+from engine.kernels._triton import on_device, tl, triton
 
 
 def reset_rows_ref(state: torch.Tensor, mask: torch.Tensor, head: torch.Tensor | None = None) -> None:
@@ -96,7 +94,7 @@ def reset_rows_triton(state: torch.Tensor, mask: torch.Tensor, head: torch.Tenso
     block = 1024
     splits = min(triton.cdiv(row, block), 64)
     chunk = triton.cdiv(triton.cdiv(row, splits), block) * block
-    with torch.cuda.device(state.device) if state.is_cuda else contextlib.nullcontext():
+    with on_device(state):
         _reset_rows_kernel[(s, splits)](
             state,
             head if head is not None else state,  # not read without a head

@@ -11,11 +11,9 @@ captures into the step's CUDA graph.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -135,7 +133,7 @@ def ring_write_kv_triton(
     r, h, _, d = k_cache.shape
     if r == 0:
         return
-    with torch.cuda.device(k_cache.device) if k_cache.is_cuda else contextlib.nullcontext():
+    with on_device(k_cache):
         _ring_write_kv_kernel[(r,)](
             k_cache,
             v_cache,

@@ -12,12 +12,10 @@ sum of squares and the hardware's exp, within one rounding of the output dtype.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -126,7 +124,7 @@ def residual_rms_norm_triton(
     out = torch.empty_like(h)
     if r == 0:
         return h, out
-    with torch.cuda.device(h.device) if h.is_cuda else contextlib.nullcontext():
+    with on_device(h):
         _residual_rms_norm_kernel[(r,)](
             h,
             y,
@@ -162,7 +160,7 @@ def _launch(
     for t, name in ((rows, "x"), (gates, "gate"), (weight, "weight")):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: the last dim must be contiguous")
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _rms_norm_kernel[(rows.shape[0], n // group)](
             rows,
             gates,

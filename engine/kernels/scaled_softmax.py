@@ -9,11 +9,9 @@ reference by the hardware's exp and the order of the row's sum, within one round
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from engine.kernels._triton import FUSED, tl, to_bf16_rtne, triton
+from engine.kernels._triton import FUSED, on_device, tl, to_bf16_rtne, triton
 from engine.kernels._triton import jit as _jit
 
 
@@ -71,7 +69,7 @@ def scaled_softmax_triton(
     out = torch.empty(bsz, heads, length, dtype=dtype, device=scores.device)
     if out.numel() == 0:
         return out
-    with torch.cuda.device(scores.device) if scores.is_cuda else contextlib.nullcontext():
+    with on_device(scores):
         _scaled_softmax_kernel[(bsz * heads,)](
             scores,
             bias,

@@ -8,14 +8,12 @@ row that neither reads nor writes state; the live batch is row i on slot i (`slo
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
 from engine.kernels._rows import write_rows
 from engine.kernels._triton import jit as _jit
-from engine.kernels._triton import tl, triton
+from engine.kernels._triton import on_device, tl, triton
 
 
 def selective_state_update_ref(
@@ -205,7 +203,7 @@ def selective_state_update_triton(
         (32, 4) if n <= 16 else (16, 4) if n <= 32 else (8, 4) if n <= 64 else (4, 4) if n <= 128 else (4, 8)
     )
     grid = (triton.cdiv(p, block_p), b, h)
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _selective_state_update_kernel[grid](
             state,
             x,
