@@ -115,7 +115,7 @@ def test_every_entry_point_runs_under_narrow_policies(policy):
     assert p.perception.proj.weight.dtype == p.perception.encoder.layers[0].feed_forward1.linear1.weight.dtype
     assert p.perception.proj.weight.dtype == want["perception"]
     assert p.thinker.embed_tokens.weight.dtype == p.thinker.lm_head.weight.dtype == want["thinker"]
-    assert p.talker.backbone.layers[0].self_attn.qkv.dtype == want["talker"]
+    assert p.talker.backbone.layers[0].self_attn.joint("qkv").dtype == want["talker"]
     assert p.codec.decoder.layers[1].pwconv1.weight.dtype == want["codec"]
     kv = {
         "perception": [p.perception.k_cache0, p.perception.v_cache0],

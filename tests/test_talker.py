@@ -229,3 +229,41 @@ def test_full_size_counts_match_the_release():
     print({k: f"{v / 1e9:.4f} B" for k, v in counts.items()})
     for group, billions in (("backbone", 0.595), ("mog_head", 0.159), ("embed_subword", 0.023)):
         assert abs(counts[group] / 1e9 - billions) / billions < 0.01, group
+
+
+def test_the_talkers_joint_projections_are_its_weights_with_no_second_copy(release):
+    """q/k/v, gate/up and the MoG head's three projections are each read as one matrix (`JointParams`): the
+    checkpoint's tensors are rows of it, so weights loaded or changed in place are what the next step reads,
+    with no copy to rebuild; at the 11B shape the copies the talker held (1.69 GiB) are gone from its derived
+    buffers."""
+    from engine.model.talker_backbone import Attention
+    from engine.model.talker_heads import GatedMLP
+    from engine.sizing.info import report
+
+    talker = _loaded(release, 2, **DETERMINISTIC)
+    groups = [
+        (m, "qkv", ("q_proj", "k_proj", "v_proj")) for m in talker.modules() if isinstance(m, Attention)
+    ]
+    groups += [(m, "gate_up", ("gate_proj", "up_proj")) for m in talker.modules() if isinstance(m, GatedMLP)]
+    groups.append((talker, "head", ("mog_head.proj_logits", "mog_head.proj_else", "mog_head.proj_logs")))
+    assert len(groups) > 2 * TINY.num_layers  # each layer's two, the MoG head's MLPs and its projections
+    for module, name, parts in groups:
+        joint = module.joint(name)
+        weights = [module.get_submodule(p).weight for p in parts]
+        assert {w.untyped_storage().data_ptr() for w in weights} == {joint.untyped_storage().data_ptr()}
+        assert torch.equal(joint, torch.cat(weights))
+    buffers = {id(b) for b in talker.buffers()}
+    assert not any(id(module.joint(name)) in buffers for module, name, _ in groups)
+    # a weight changed in place is what the step reads: the same frames as a talker loaded with it
+    text = torch.tensor([5, 6])
+    rows = torch.ones(2, dtype=torch.bool)
+    changed = {k: v.clone() for k, v in release.items()}
+    key = next(k for k in changed if k.endswith("layers.0.self_attn.k_proj.weight"))
+    changed[key] = changed[key] * 1.5
+    loaded = _loaded(changed, 2, **DETERMINISTIC)
+    with torch.no_grad():
+        talker.backbone.layers[0].self_attn.k_proj.weight.mul_(1.5)
+        for _ in range(3):
+            assert torch.equal(talker.step(text, rows), loaded.step(text, rows))
+    full = report(load_preset("nemotron-voicechat-11b"), gpu_mem_gb=141)
+    assert full["derived_bytes"]["talker"] < 0.75 * 2**30

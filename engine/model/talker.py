@@ -17,11 +17,11 @@ from torch import Tensor, nn
 
 from engine.config.stage_config import TalkerConfig
 from engine.kernels.add_rms_norm import add_rms_norm
+from engine.model.joint import JointParams
 from engine.model.slot_state import SlotState, keep_rows, register_slot_state
-from engine.model.talker_backbone import Attention, TalkerBackbone
+from engine.model.talker_backbone import TalkerBackbone
 from engine.model.talker_heads import (
     CharAwareSubwordEncoder,
-    GatedMLP,
     GatedProjectedSumRMSNorm,
     GemmaRMSNorm,
     MoGHead,
@@ -52,14 +52,15 @@ IGNORED = (
 )
 
 
-class Talker(SlotState, nn.Module):
+class Talker(SlotState, JointParams):
     """EAR-TTS over `num_slots` slots; `step` advances every slot by one frame (inactive rows keep state).
 
     With `cfg.use_cfg` each slot has a second, unconditional stream: its state holds both streams
     (`[num_slots, 2, ...]`), and the backbone runs `2 * num_slots` rows, slot-major (slot i's conditional
-    stream in row 2i, its unconditional one in row 2i + 1). Derived tensors (subword table, warm-up KV,
-    fused heads) are rebuilt by `refresh()`, which `load_release_weights` calls; call it yourself after
-    changing weights any other way.
+    stream in row 2i, its unconditional one in row 2i + 1). Derived tensors (subword table, codebooks, norm
+    scales, warm-up KV) are rebuilt by `refresh()`, which `load_release_weights` calls; call it yourself after
+    changing weights any other way. Projections read together (q/k/v, gate/up, the MoG head's three) are
+    views of one tensor each (`JointParams`): no copy to rebuild.
 
     `dtype`: the backbone's and the MoG head's MLP stack's weights and activations; `kv_dtype` (default
     `dtype`): the KV rings, in which attention runs (queries rounded to it, scores and softmax float32).
@@ -89,6 +90,10 @@ class Talker(SlotState, nn.Module):
         self.gated_fusion_audio_text = GatedProjectedSumRMSNorm(h, q, cfg.rms_eps)
         self.mog_head = MoGHead(cfg)
         self.mog_head.mlp_stack.to(dtype)
+        # the MoG head's three projections of the final hidden as one (`JointParams`)
+        self.join_params(
+            {"head": tuple(f"mog_head.{p}.weight" for p in ("proj_logits", "proj_else", "proj_logs"))}
+        )
         for mod in self.modules():  # `1 + w` of every norm stays float32: the norms compute in float32
             if isinstance(mod, GemmaRMSNorm):
                 mod.scale = mod.scale.float()
@@ -105,7 +110,6 @@ class Talker(SlotState, nn.Module):
         buf("rvq_padded", torch.zeros(q, v + 1, d))
         buf("rvq_sq", torch.zeros(q, v))
         buf("rvq_neg2t", torch.zeros(q, d, v))
-        buf("head_weight", torch.zeros(cfg.mog_components + d + 1, h))
         # per-slot state beside the backbone's KV rings: positions per stream, the codes fed back, the
         # sampling seed and the frame counter that key each slot's noise
         register_slot_state(self, "pos", torch.zeros(num_slots, streams, dtype=torch.long))
@@ -151,23 +155,21 @@ class Talker(SlotState, nn.Module):
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Rebuild every derived tensor from the weights: subword table, padded codebooks, fused MoG
-        projections and the speaker warm-up KV (identical for every slot, so computed once)."""
+        """Rebuild every derived tensor from the weights: subword table, padded codebooks, norm scales
+        and the speaker warm-up KV (identical for every slot, so computed once)."""
         if self._token_chars is None:
             raise ValueError(
                 "tokenizer: need the thinker's tokenizer (vocab_size entries) to build the subword table"
             )
         cfg = self.cfg
         for mod in self.modules():
-            if isinstance(mod, GatedMLP | Attention | GemmaRMSNorm):
+            if isinstance(mod, GemmaRMSNorm):
                 mod.fuse()
         self.embed_subword.table(self._token_chars, out=self.subword_table)
         self.rvq_padded.zero_()
         self.rvq_padded[:, : cfg.codebook_size].copy_(self.rvq_embs)
         self.rvq_sq.copy_(self.rvq_embs.pow(2).sum(-1))
         self.rvq_neg2t.copy_(-2 * self.rvq_embs.transpose(1, 2))
-        m = self.mog_head
-        self.head_weight.copy_(torch.cat([m.proj_logits.weight, m.proj_else.weight, m.proj_logs.weight]))
         self._build_warmup()
 
     def _build_warmup(self) -> None:
@@ -280,7 +282,7 @@ class Talker(SlotState, nn.Module):
             if cfg.use_cfg:
                 xc, xu = x.view(n, 2, -1).unbind(1)
                 x = xc + cfg.cfg_scale * (xc - xu)
-            y = F.linear(x, self.head_weight)
+            y = F.linear(x, self.joint("head"))
             logits, mu_res, logs = y[:, :nc], y[:, nc : nc + dl], y[:, nc + dl :]
             if cfg.gumbel:
                 if cfg.top_p < 1.0:

@@ -16,6 +16,7 @@ from engine.kernels.add_rms_norm import add_rms_norm
 from engine.kernels.decode_attention import decode_attention
 from engine.kernels.qk_norm_rope import qk_norm_rope
 from engine.kernels.reset_rows import reset_rows
+from engine.model.joint import JointParams
 from engine.model.slot_state import register_slot_state, ring_write
 from engine.model.talker_heads import (
     GatedMLP,
@@ -27,7 +28,10 @@ from engine.model.talker_heads import (
 )
 
 
-class Attention(nn.Module):
+class Attention(JointParams):
+    """One layer's attention projections and q/k norms; q, k and v are one projection (`JointParams`: the
+    checkpoint's three tensors, rows of one)."""
+
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
@@ -38,15 +42,10 @@ class Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(d, cfg.rms_eps)
         self.k_norm = GemmaRMSNorm(d, cfg.rms_eps)
         self.split = (cfg.num_heads * d, cfg.num_kv_heads * d, cfg.num_kv_heads * d)
-        # q, k, v stacked into one matmul; rebuilt by `fuse()` whenever the weights change
-        self.register_buffer("qkv", torch.zeros(sum(self.split), h), persistent=False)
-
-    @torch.no_grad()
-    def fuse(self) -> None:
-        self.qkv.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        self.join_params({"qkv": ("q_proj.weight", "k_proj.weight", "v_proj.weight")})
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return F.linear(x, self.qkv).split(self.split, dim=-1)
+        return F.linear(x, self.joint("qkv")).split(self.split, dim=-1)
 
 
 class Layer(nn.Module):

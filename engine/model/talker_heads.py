@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from engine.config.stage_config import TalkerConfig
 from engine.kernels.gelu_mul import gelu_mul
+from engine.model.joint import JointParams
 
 _MASK32 = 0xFFFFFFFF
 
@@ -39,24 +40,19 @@ class GemmaRMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.shape[-1],), self.scale, self.eps).type_as(x)
 
 
-class GatedMLP(nn.Module):
-    """`down(gelu_tanh(gate(x)) * up(x))`, no bias."""
+class GatedMLP(JointParams):
+    """`down(gelu_tanh(gate(x)) * up(x))`, no bias; gate and up are one projection (`JointParams`)."""
 
     def __init__(self, hidden: int, inner: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
-        # gate and up stacked into one matmul; rebuilt by `fuse()` whenever the weights change
-        self.register_buffer("gate_up", torch.zeros(2 * inner, hidden), persistent=False)
-
-    @torch.no_grad()
-    def fuse(self) -> None:
-        self.gate_up.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+        self.join_params({"gate_up": ("gate_proj.weight", "up_proj.weight")})
 
     def forward(self, x: Tensor) -> Tensor:
         # the GELU and the product: one kernel on CUDA
-        return self.down_proj(gelu_mul(F.linear(x, self.gate_up)))
+        return self.down_proj(gelu_mul(F.linear(x, self.joint("gate_up"))))
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None = None) -> Tensor:
