@@ -718,6 +718,50 @@ def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis
     assert {json.loads(d.metadata)[fleet.REASON_KEY] for d in lk.created} == {"handed over"}
 
 
+def test_a_handover_whose_new_agent_marks_the_room_before_the_dispatch_is_answered_holds_no_turn(redis_url):
+    """On a busy server the answer to a dispatch can come after its job has launched and marked the room: the
+    handover is done then, and the turn it took is free at the next sweep, while the draining worker, whose
+    agent talks on, still marks the room handed over (the turn was held HANDING_MS, and a drain's fifth call
+    waited 30 s for it)."""
+    lk = FakeLiveKit()
+    now = time.time()
+    rooms = [
+        lk.add(f"annex-{i}", "desk", caller_joined=now - 60) for i in range(timing.HANDOVERS_AT_ONCE + 1)
+    ]
+    keys = marks.Keys("desk")
+    create = lk.create_dispatch
+
+    async def main():
+        drainer = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old"))
+        await drainer.ping()  # the draining worker is alive
+        for r in rooms:
+            await drainer.set(keys.served(r.sid), "AJ_old")
+            await drainer.set(keys.drained(r.sid), "w-old", ex=60)
+        a = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
+        b = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")  # where the new agents run
+
+        async def create_dispatch(req):  # the new job launched and marked its room before the answer
+            made = await create(req)
+            sid = next(r.sid for r in rooms if r.name == req.room)
+            await b.beat([*((s, j) for s, j in b.marked.items()), (sid, f"AJ_{req.room}")])
+            # the draining worker's beat marks its rooms handed over while its agents talk on
+            await drainer.set(keys.drained(sid), "w-old", ex=60)
+            return made
+
+        lk.api.agent_dispatch.create_dispatch = create_dispatch
+        asked = [await a.sweep(lk), await a.sweep(lk)]
+        left = [await a.redis.exists(keys.handover_asked(r.sid)) for r in rooms]
+        for f in (a, b):
+            await f.redis.aclose()
+        await drainer.aclose()
+        return asked, left
+
+    asked, left = asyncio.run(main())
+    assert asked == [timing.HANDOVERS_AT_ONCE, 1], asked  # the last one at the next sweep
+    assert left == [0] * len(rooms)
+    assert sorted(d.room for d in lk.created) == sorted(r.name for r in rooms)
+
+
 def test_the_rooms_of_a_draining_worker_that_died_are_not_kept_waiting_their_turn(redis_url):
     """A draining worker dies while its calls wait their turn to be handed over: they are lost calls now,
     asked for at once, not HANDOVERS_AT_ONCE at a time."""

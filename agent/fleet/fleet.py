@@ -284,18 +284,22 @@ class Fleet:
             return 0
         count = self.keys.count(room.sid)
         times = int(await self.redis.get(count) or 0) + 1
+        handing = self.keys.handover_asked(room.sid)
+        if reason is Reason.HANDED_OVER:
+            # on its way from before the ask: the new job removes it when it first marks the room, which on a
+            # busy server can come before the ask's answer (marked after, it would hold a turn HANDING_MS)
+            await self.redis.set(handing, self.worker, px=timing.HANDING_MS)
         try:
             meta = await last_metadata(lk, room.name, self.agent_name)
             asked = await ask_for_agent(lk, self.agent_name, room.name, meta, times, reason)
         except LiveKitFailure as e:  # not made (its node just died, say): the room made again is asked anew
             await self.redis.eval(_UNMARK, 1, claim, self.worker)
+            await self.redis.eval(_UNMARK, 1, handing, self.worker)
             log.info("room %s: a new agent could not be dispatched (%s)", pseudonym("room", room.name), e)
             return 0
         # made, or not known to be: counted as made, its claim kept (the room is asked for again once it
         # expires if no agent came)
         await self.redis.set(count, times, ex=timing.SERVED_S)
-        if reason is Reason.HANDED_OVER:
-            await self.redis.set(self.keys.handover_asked(room.sid), self.worker, px=timing.HANDING_MS)
         self.counts[reason.value] += 1
         log.warning(
             "room %s had a caller and no live agent (%s): a new agent was dispatched (%d for this room%s)",
