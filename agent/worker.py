@@ -40,7 +40,7 @@ from agent.room import entrypoint
 from agent.room_process import close_room, prewarm
 from agent.settings import AgentSettings
 from agent.startup import HEALTH_PORTS as HEALTH_PORTS  # where a worker's health port is looked for
-from agent.startup import exit_on_failed_start, free_health_port
+from agent.startup import exit_on_failed_start, free_health_port, port_problem
 
 if TYPE_CHECKING:
     from agent.fleet.engine_watch import EngineWatch
@@ -288,6 +288,10 @@ class ChorusServer(DrainingServer):
         self.handing_over = False  # draining with the fleet's watch: its calls go on with other workers
 
     async def run(self, *, devmode: bool = False, unregistered: bool = False) -> None:
+        # the ports first, whichever CLI runs the worker (`python -m agent` checked them; livekit-agents' own
+        # has not): a port in use ends the start in a moment, not after the engine's seconds to minutes
+        if problem := port_problem(self.settings):
+            raise OSError(problem)
         keeper = await asyncio.to_thread(start_keeping, self.settings)  # the store migrated before any room
         # the startup timeout this server was built with: the weights are not sized a second time
         engine = await asyncio.to_thread(shared_engine, self.settings, self._initialize_process_timeout)
