@@ -116,6 +116,7 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     log.info("job %s: %s caller joined", ctx.job.id, kind)
     presence = CallerPresence(ctx.room, caller.identity, job=ctx.job.id)
     left = presence.left
+    _end_call_on_shutdown(ctx, presence)
     hotel = await asyncio.to_thread(shared_hotel)
     # what the call has said and done, kept while it lasts; a job that replaces a lost agent carries it on
     convo = await ConversationLog.open(
@@ -215,6 +216,19 @@ async def run_job(ctx: JobContext, settings: AgentSettings) -> None:
     ctx.shutdown(
         "the caller left" if line is None or line.outcome != "transferred" else "the call was handed over"
     )
+
+
+def _end_call_on_shutdown(ctx: JobContext, presence: CallerPresence) -> None:
+    """A job told to shut down while its call runs (`ctx.shutdown`, by whatever part of the job) ends the call
+    now, as one ended on purpose: livekit-agents waits 15 s for an entrypoint that does not notice, then
+    cancels it, and the call's slot and store stay held meanwhile."""
+    shutdown = ctx.shutdown
+
+    def shutdown_now(reason: str = "user requested") -> None:
+        presence.end(f"the job was shut down ({reason})")
+        shutdown(reason)
+
+    ctx.shutdown = shutdown_now  # type: ignore[method-assign]
 
 
 def _cancel_on_end(task: asyncio.Task, wait_s: float = 3.0):

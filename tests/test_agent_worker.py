@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 90.0
 
 
-def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, monkeypatch):
+def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, monkeypatch, caplog):
     # the slots alone decide here: on a busy shared machine the engine may also report no headroom. The jobs
     # are threads here (the harness's fake jobs, watched from this process); they still reach the engine
     # through its door (engine/door/host.py), as rooms in their own processes do
@@ -70,10 +71,14 @@ def test_four_calls_fill_a_four_slot_worker_and_one_ending_frees_it(seeded_env, 
         await asyncio.wait_for(run, TIMEOUT_S)
         return seen
 
+    caplog.set_level(logging.INFO)
     full, freed = asyncio.run(main())
     print("full", full, "after one ended", freed)
     assert full == (4, 1.0, False)  # four jobs, every slot taken: the worker tells LiveKit it is full
     assert freed == (3, 0.75, True)
+    # the job told to shut down ended its call itself, at once (livekit-agents would wait 15 s for it)
+    ended = [r.getMessage() for r in caplog.records if "call ended" in r.getMessage()]
+    assert any("call ended, the job was shut down (the caller left)" in m for m in ended), ended
 
 
 def test_shared_engine_is_built_once_across_threads(seeded_env):
