@@ -5,7 +5,9 @@ own. Both reach an agent. Then the node that hosts the second caller's room dies
 servers' own map in Redis says which node hosts a room, which need not be the node the caller connected to):
 each caller whose room was there is reconnected by its SDK, as LiveKit's clients do, to the URL it was given,
 which the balancer now leads to the node that lives, and hears an agent there; a caller whose room is on the
-node that lives keeps its agent throughout."""
+node that lives keeps its agent throughout, or, if that agent's own connection went through the dead node,
+hears a new one once the server has dropped it (a down mark is believed only where the server no longer
+lists the job's agent)."""
 
 from __future__ import annotations
 
@@ -73,16 +75,26 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
         cluster.nodes[victim].kill()
         lost = [c for c, h in zip(callers, hosts, strict=True) if h == victim]
         back: dict[int, float] = {}
+        since: dict[int, float] = {}  # from when an agent's voice is waited for
         voice: dict[int, float] = {}
 
         def all_heard_again() -> bool:
             # an agent's voice once the caller is back (a new agent, or theirs): each caller of the lost node,
-            # and any other whose own connection went through that node and was rebuilt
+            # and any other whose own connection went through that node and was rebuilt. A room that lived
+            # whose agent's connection went through the dead node keeps that agent, as the server lists it,
+            # until the server drops it (its participant timeout, some 15-20 s): its new agent is waited for
+            # from then (a down mark LiveKit does not agree with is not believed, agent/fleet/classify.py)
             for i, c in enumerate(callers):
                 if i not in back and any(s.startswith("reconnected") for s in c.heard.connection):
                     back[i] = loop.time()
+                if i not in back:
+                    continue
+                left = [t for t in c.heard.left_at.values() if c not in lost]
+                since[i] = max([back[i], *left])
+                if i in voice and voice[i] <= since[i]:
+                    del voice[i]  # its agent spoke, then left: the new one's voice is waited for
                 at = c.heard.last_speech_at
-                if i in back and i not in voice and at is not None and at > back[i]:
+                if i not in voice and at is not None and at > since[i]:
                     voice[i] = at
             return all(i in voice for i, c in enumerate(callers) if c in lost or c.heard.connection)
 
@@ -99,6 +111,7 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
             {
                 "lost": c in lost,
                 "back_s": back[i] - t0 if i in back else None,
+                "since_s": since[i] - t0 if i in since else None,
                 "voice_s": voice[i] - t0 if i in voice else None,
                 "agents": sorted(c.heard.agents),
                 "connection": list(c.heard.connection),
@@ -130,7 +143,7 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
         assert c["agents_now"] == 1 and "disconnected" not in " ".join(c["connection"]), c
         if c["lost"] or c["connection"]:  # back by its SDK on the node that lives, an agent heard there
             assert c["connection"][:2] == ["reconnecting", "reconnected"], c
-            assert c["voice_s"] - c["back_s"] <= NODE_REHEARD_S, c
+            assert c["voice_s"] - c["since_s"] <= NODE_REHEARD_S, c
         # else its connection and its room's node lived: its agent, or, if that agent's own connection went
         # through the dead node, the one that replaced it
     assert any(c["lost"] for c in got)
