@@ -29,6 +29,16 @@ pytestmark = [  # a Redis of its own; the watch's sweeps on the wall clock (seri
 ]
 
 
+def present_fleet(redis_url: str, worker: str) -> fleet.Fleet:
+    """Worker `worker`'s part in the fleet of agent "desk", with its presence connection (it is alive)."""
+    return fleet.Fleet(
+        marks.redis_client(redis_url),
+        "desk",
+        worker,
+        presence=marks.redis_client(redis_url, name=marks.presence_name("desk", worker)),
+    )
+
+
 def test_a_room_whose_agent_was_lost_gets_one_new_agent_however_many_workers_watch(redis_url, monkeypatch):
     monkeypatch.setattr(timing, "LIVE_MS", 300)
     lk = FakeLiveKit()
@@ -161,19 +171,9 @@ def test_a_worker_whose_process_died_has_its_rooms_served_before_their_marks_exp
     )
 
     async def main():
-        watcher = fleet.Fleet(
-            marks.redis_client(redis_url),
-            "desk",
-            "w-b",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-b")),
-        )
+        watcher = present_fleet(redis_url, "w-b")
         await watcher.beat([])
-        live = fleet.Fleet(
-            marks.redis_client(redis_url),
-            "desk",
-            "w-c",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-c")),
-        )
+        live = present_fleet(redis_url, "w-c")
         await live.beat([(other.sid, "AJ_2")])
         first = [await watcher.sweep(lk)]  # the other worker is there: its room is live
         await asyncio.sleep(timing.GONE_S + 0.05)
@@ -237,18 +237,8 @@ def test_a_job_whose_room_connection_is_down_leaves_its_room_to_the_fleet_and_le
     keys = marks.Keys("desk")
 
     async def main():
-        worker = fleet.Fleet(  # alive throughout: its named connection stays
-            marks.redis_client(redis_url),
-            "desk",
-            "w-old",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old")),
-        )
-        other = fleet.Fleet(
-            marks.redis_client(redis_url),
-            "desk",
-            "w-new",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-new")),
-        )
+        worker = present_fleet(redis_url, "w-old")  # alive throughout: its named connection stays
+        other = present_fleet(redis_url, "w-new")
         await worker.beat([(room.sid, "AJ_old"), (calm.sid, "AJ_calm")])
         links, events = {"AJ_old": Link(), "AJ_calm": Link()}, []
         tasks = [
@@ -310,18 +300,8 @@ def test_a_job_that_ends_with_its_connection_down_leaves_its_room_alone_while_it
     keys = marks.Keys("desk")
 
     async def main():
-        worker = fleet.Fleet(
-            marks.redis_client(redis_url),
-            "desk",
-            "w-a",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-a")),
-        )
-        other = fleet.Fleet(
-            marks.redis_client(redis_url),
-            "desk",
-            "w-b",
-            presence=marks.redis_client(redis_url, name=marks.presence_name("desk", "w-b")),
-        )
+        worker = present_fleet(redis_url, "w-a")
+        other = present_fleet(redis_url, "w-b")
         jobs = [(room.sid, "AJ_gone")]
         await worker.beat(jobs)
         held = await other.sweep(lk)  # its agent in the room: held (and agreed with)
@@ -532,15 +512,7 @@ def test_a_rooms_mark_stays_with_the_job_there_first_unless_that_one_is_down_or_
     keys = marks.Keys("desk")
 
     async def main():
-        def worker(name: str) -> fleet.Fleet:
-            return fleet.Fleet(
-                marks.redis_client(redis_url),
-                "desk",
-                name,
-                presence=marks.redis_client(redis_url, name=marks.presence_name("desk", name)),
-            )
-
-        a, b = worker("w-a"), worker("w-b")
+        a, b = present_fleet(redis_url, "w-a"), present_fleet(redis_url, "w-b")
         r = a.redis
         seen = []
         for _ in range(2):
@@ -685,6 +657,18 @@ def test_of_two_jobs_one_worker_runs_for_one_room_the_oldest_up_keeps_the_mark(r
     assert seen == [b"w-two AJ_older", b"w-two AJ_older", "AJ_older", b"w-two AJ_newer"], seen
 
 
+async def draining(redis_url: str, rooms: list[api.Room]):
+    """Worker w-old, alive (its presence connection), draining: each of `rooms` served by its job AJ_old and
+    marked handed over. Returns its connection."""
+    keys = marks.Keys("desk")
+    drainer = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old"))
+    await drainer.ping()
+    for r in rooms:
+        await drainer.set(keys.served(r.sid), "AJ_old")
+        await drainer.set(keys.drained(r.sid), "w-old", ex=60)
+    return drainer
+
+
 def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis_url):
     """A draining worker's six rooms are all alone at once; the two workers that sweep ask for new agents for
     HANDOVERS_AT_ONCE of them (the same ones: the lowest sids) and for no more while those are on their way;
@@ -692,14 +676,9 @@ def test_a_drains_calls_are_handed_over_a_few_at_a_time_across_the_workers(redis
     lk = FakeLiveKit()
     now = time.time()
     rooms = [lk.add(f"suite-{i}", "desk", caller_joined=now - 60) for i in range(6)]
-    keys = marks.Keys("desk")
 
     async def main():
-        drainer = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old"))
-        await drainer.ping()  # the draining worker is alive
-        for r in rooms:
-            await drainer.set(keys.served(r.sid), "AJ_old")
-            await drainer.set(keys.drained(r.sid), "w-old", ex=60)
+        drainer = await draining(redis_url, rooms)
         a, b = (fleet.Fleet(marks.redis_client(redis_url), "desk", w) for w in ("w-a", "w-b"))
         asked = [await a.sweep(lk) + await b.sweep(lk)]
         first = sorted(d.room for d in lk.created)
@@ -732,11 +711,7 @@ def test_a_handover_whose_new_agent_marks_the_room_before_the_dispatch_is_answer
     create = lk.create_dispatch
 
     async def main():
-        drainer = marks.redis_client(redis_url, name=marks.presence_name("desk", "w-old"))
-        await drainer.ping()  # the draining worker is alive
-        for r in rooms:
-            await drainer.set(keys.served(r.sid), "AJ_old")
-            await drainer.set(keys.drained(r.sid), "w-old", ex=60)
+        drainer = await draining(redis_url, rooms)
         a = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-a")
         b = fleet.Fleet(marks.redis_client(redis_url), "desk", "w-b")  # where the new agents run
 
