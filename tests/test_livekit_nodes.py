@@ -89,7 +89,7 @@ def test_callers_on_either_node_reach_an_agent_and_a_dead_nodes_callers_get_one_
                     back[i] = loop.time()
                 if i not in back:
                     continue
-                left = [t for t in c.heard.left_at.values() if c not in lost]
+                left = [] if c in lost else list(c.heard.left_at.values())
                 since[i] = max([back[i], *left])
                 if i in voice and voice[i] <= since[i]:
                     del voice[i]  # its agent spoke, then left: the new one's voice is waited for

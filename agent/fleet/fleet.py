@@ -19,10 +19,9 @@ found no worker, each leaves its caller in silence until they hang up.
   the room live, until its process has exited.
 - **Believed.** A mark is anyone's to write who can write to Redis, while only the server puts an agent in a
   room: a live mark counts while LiveKit lists its job's agent in the room (read again every AGREED_S for a
-  room held; or for its first JOIN_S), a down
-  mark only while LiveKit does not, and a room whose live mark names a job LiveKit does not know is its
-  agent's still while an agent of one of the room's jobs is in it (agent/fleet/agreed.py). So a mark forged
-  by hand neither makes a call's agent leave nor swaps it.
+  room held; or for its first JOIN_S), a down mark only while LiveKit does not, and a room whose live mark
+  names a job LiveKit does not know is its agent's still while an agent of one of the room's jobs is in it
+  (agent/fleet/agreed.py). So a mark forged by hand neither makes a call's agent leave nor swaps it.
 - **Alone.** Every SWEEP_S each worker lists the server's rooms; a room of this agent (served, or with a
   dispatch of its name) with no live mark (or the mark of a job that is down) and a caller (a standard or SIP
   participant) is alone if it was served, or if its caller has waited FIRST_AGENT_S for the server's own
@@ -284,8 +283,8 @@ class Fleet:
             return 0
         count = self.keys.count(room.sid)
         times = int(await self.redis.get(count) or 0) + 1
-        handing = self.keys.handover_asked(room.sid)
-        if reason is Reason.HANDED_OVER:
+        handing = self.keys.handover_asked(room.sid) if reason is Reason.HANDED_OVER else None
+        if handing is not None:
             # on its way from before the ask: the new job removes it when it first marks the room, which on a
             # busy server can come before the ask's answer (marked after, it would hold a turn HANDING_MS)
             await self.redis.set(handing, self.worker, px=timing.HANDING_MS)
@@ -294,7 +293,8 @@ class Fleet:
             asked = await ask_for_agent(lk, self.agent_name, room.name, meta, times, reason)
         except LiveKitFailure as e:  # not made (its node just died, say): the room made again is asked anew
             await self.redis.eval(_UNMARK, 1, claim, self.worker)
-            await self.redis.eval(_UNMARK, 1, handing, self.worker)
+            if handing is not None:
+                await self.redis.eval(_UNMARK, 1, handing, self.worker)
             log.info("room %s: a new agent could not be dispatched (%s)", pseudonym("room", room.name), e)
             return 0
         # made, or not known to be: counted as made, its claim kept (the room is asked for again once it
